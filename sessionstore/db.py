@@ -1,0 +1,479 @@
+"""StateDB: one RocksDB instance (rocksdict, raw mode) shared by many logical stores.
+
+Column families:
+
+* ``meta`` – reserved keys: the format version, each store's recorded spec
+  (``store:<name>``) and each store's observed stream time (``stream_time:<name>``).
+* ``<store>.<segment id>`` – time segments of a store (see :mod:`sessionstore.segments`).
+* ``<store>.latest`` – the latest-value family of a versioned store.
+
+Writes go through a :class:`~sessionstore.write_buffer.WriteBuffer` and reach RocksDB
+as one atomic ``WriteBatch`` when the outermost :meth:`StateDB.batch` ends (or at
+once, outside a batch). Stores write their metadata into that same batch, so a
+crash never separates data from the stream time that describes it. Reads see the
+pending writes of the current batch.
+
+rocksdict pitfalls handled here (measured, see DESIGN.md section 7): every family is
+passed with its options on reopen, family objects and iterators are released before
+``drop_column_family`` and ``close``, and ``ReadOptions`` outlive their iterators.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import msgpack
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    DBCompressionType,
+    Options,
+    ReadOptions,
+    Rdict,
+    WriteBatch,
+    WriteOptions,
+)
+
+from sessionstore.errors import SessionStoreError, StateDBLockedError, StoreSpecMismatchError
+from sessionstore.write_buffer import MISSING, WriteBuffer
+
+__all__ = ["StateDB", "META_CF", "FORMAT_VERSION"]
+
+META_CF = "meta"
+FORMAT_VERSION = 1
+_FORMAT_KEY = b"format_version"
+_STORE_PREFIX = b"store:"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,120}$")
+_RESERVED = {"meta", "default"}
+
+_COMPRESSION = {
+    "none": DBCompressionType.none(),
+    "lz4": DBCompressionType.lz4(),
+    "zstd": DBCompressionType.zstd(),
+    "snappy": DBCompressionType.snappy(),
+}
+
+
+class Participant(Protocol):
+    """A store that keeps in-memory state tied to the current batch."""
+
+    def _before_commit(self) -> None: ...
+
+    def _after_rollback(self) -> None: ...
+
+
+def _make_options(
+    block_cache_mb: int,
+    bloom_bits_per_key: float,
+    write_buffer_mb: int,
+    compression: str,
+    create_if_missing: bool,
+) -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(create_if_missing)
+    opts.create_missing_column_families(True)
+    opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
+    try:
+        opts.set_compression_type(_COMPRESSION[compression])
+    except KeyError:
+        raise ValueError(
+            f"unknown compression {compression!r}; choose one of {sorted(_COMPRESSION)}"
+        ) from None
+    table = BlockBasedOptions()
+    table.set_block_cache(Cache(block_cache_mb * 1024 * 1024))
+    if bloom_bits_per_key > 0:
+        table.set_bloom_filter(bloom_bits_per_key, False)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+class StateDB:
+    """One RocksDB database holding the stores of one operator partition.
+
+    Open it with :meth:`open`; use it as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, path: str, rdict: Rdict, options: Options) -> None:
+        self.path = path
+        self._rdict: Rdict | None = rdict
+        self._options = options
+        self._families: set[str] = {n for n in Rdict.list_cf(path) if n != "default"}
+        self._cf_objects: dict[str, Rdict] = {}
+        self._cf_handles: dict[str, Any] = {}
+        self._buffer = WriteBuffer()
+        self._depth = 0
+        self._participants: dict[int, Participant] = {}
+        self._iterators: weakref.WeakSet = weakref.WeakSet()
+        self._stores: dict[str, Any] = {}
+        self._commit_listeners: list[Callable[[WriteBuffer], None]] = []
+        self._write_options = WriteOptions()
+        if META_CF not in self._families:
+            self.create_column_family(META_CF)
+        recorded = self._rdict_cf(META_CF).get(_FORMAT_KEY)
+        if recorded is None:
+            self.put(META_CF, _FORMAT_KEY, msgpack.packb(FORMAT_VERSION))
+        elif msgpack.unpackb(recorded) != FORMAT_VERSION:
+            version = msgpack.unpackb(recorded)
+            self.close()
+            raise SessionStoreError(
+                f"state database {path!r} has format version {version}, this sessionstore "
+                f"reads version {FORMAT_VERSION}; restore it with a matching release"
+            )
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        block_cache_mb: int = 64,
+        bloom_bits_per_key: float = 10,
+        write_buffer_mb: int = 16,
+        compression: str = "lz4",
+        create_if_missing: bool = True,
+    ) -> StateDB:
+        """Open (or create) the database at ``path`` with every column family it has.
+
+        Raises :class:`StateDBLockedError` when another handle holds the database.
+        """
+        path = os.fspath(path)
+        opts = _make_options(
+            block_cache_mb, bloom_bits_per_key, write_buffer_mb, compression, create_if_missing
+        )
+        families: dict[str, Options] = {}
+        if os.path.exists(os.path.join(path, "CURRENT")):
+            families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
+        elif not create_if_missing:
+            raise FileNotFoundError(f"no state database at {path!r}")
+        try:
+            rdict = Rdict(path, opts, column_families=families)
+        except Exception as exc:  # rocksdict raises a bare Exception for IO errors
+            if "lock" in str(exc).lower():
+                raise StateDBLockedError(path, str(exc).splitlines()[0]) from exc
+            raise
+        return cls(path, rdict, opts)
+
+    def __enter__(self) -> StateDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._rdict is None
+
+    def close(self) -> None:
+        """Close the database and release its lock, even if iterators are still open.
+
+        Pending writes of an unfinished batch are discarded.
+        """
+        if self._rdict is None:
+            return
+        for it in list(self._iterators):
+            it.close()
+        self._iterators.clear()
+        self._buffer = WriteBuffer()
+        self._participants.clear()
+        self._release_families()
+        rdict, self._rdict = self._rdict, None
+        rdict.close()
+        del rdict
+
+    def _release_families(self) -> None:
+        # rocksdict keeps the lock (and refuses drops) while family objects live.
+        self._cf_objects.clear()
+        self._cf_handles.clear()
+
+    def _db(self) -> Rdict:
+        if self._rdict is None:
+            raise SessionStoreError(f"state database {self.path!r} is closed")
+        return self._rdict
+
+    # ------------------------------------------------------------ column families
+    def column_families(self) -> list[str]:
+        """Names of every column family, ``default`` excluded, sorted."""
+        return sorted(self._families)
+
+    def has_column_family(self, name: str) -> bool:
+        return name in self._families
+
+    def create_column_family(self, name: str) -> None:
+        """Create ``name`` now (RocksDB cannot create families transactionally)."""
+        if name in self._families:
+            return
+        if name in self._buffer.dropped:
+            raise SessionStoreError(f"column family {name!r} is being dropped in this batch")
+        self._db().create_column_family(name, self._options)
+        self._families.add(name)
+
+    def drop_column_family(self, name: str) -> None:
+        """Drop ``name``: at once outside a batch, after the batch's write inside one."""
+        if name not in self._families:
+            return
+        if self._depth:
+            self._buffer.drop_family(name)
+        else:
+            self._drop_now(name)
+
+    def _drop_now(self, name: str) -> None:
+        self._release_families()
+        self._db().drop_column_family(name)
+        self._families.discard(name)
+
+    def _rdict_cf(self, name: str) -> Rdict:
+        cf = self._cf_objects.get(name)
+        if cf is None:
+            cf = self._cf_objects[name] = self._db().get_column_family(name)
+        return cf
+
+    def _handle(self, name: str) -> Any:
+        h = self._cf_handles.get(name)
+        if h is None:
+            h = self._cf_handles[name] = self._db().get_column_family_handle(name)
+        return h
+
+    # ------------------------------------------------------------------ batches
+    @contextmanager
+    def batch(self) -> Iterator[StateDB]:
+        """Group writes into one atomic RocksDB write; re-entrant (inner joins outer).
+
+        If the block raises, every write of the outermost batch is discarded.
+        """
+        self._db()
+        self._depth += 1
+        try:
+            yield self
+        except BaseException:
+            self._depth -= 1
+            if self._depth == 0:
+                self._rollback()
+            raise
+        self._depth -= 1
+        if self._depth == 0:
+            self._commit()
+
+    @property
+    def in_batch(self) -> bool:
+        return self._depth > 0
+
+    def enlist(self, participant: Participant) -> None:
+        """Have ``participant`` flush its state at commit and reset it on rollback."""
+        self._participants[id(participant)] = participant
+
+    def add_commit_listener(self, listener: Callable[[WriteBuffer], None]) -> None:
+        """Call ``listener(buffer)`` after every successful commit (used by changelogs)."""
+        self._commit_listeners.append(listener)
+
+    def _commit(self) -> None:
+        participants = list(self._participants.values())
+        self._participants.clear()
+        for p in participants:
+            p._before_commit()
+        buf, self._buffer = self._buffer, WriteBuffer()
+        if buf.families:
+            wb = WriteBatch(raw_mode=True)
+            for cf, entries in buf.families.items():
+                handle = self._handle(cf)
+                for key, value in entries.items():
+                    if value is None:
+                        wb.delete(key, handle)
+                    else:
+                        wb.put(key, value, handle)
+            self._db().write(wb, self._write_options)
+        for cf in buf.dropped:
+            if cf in self._families:
+                self._drop_now(cf)
+        for listener in self._commit_listeners:
+            listener(buf)
+
+    def _rollback(self) -> None:
+        self._buffer = WriteBuffer()
+        participants = list(self._participants.values())
+        self._participants.clear()
+        for p in participants:
+            p._after_rollback()
+
+    # ------------------------------------------------------------ reads and writes
+    def put(self, cf: str, key: bytes, value: bytes | None) -> None:
+        """Write ``value`` (or delete when None) under ``key`` in family ``cf``."""
+        self._buffer.put(cf, key, value)
+        if self._depth == 0:
+            self._commit()
+
+    def delete(self, cf: str, key: bytes) -> None:
+        self.put(cf, key, None)
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        """Value of ``key`` in ``cf`` including pending writes, or None."""
+        pending = self._buffer.get(cf, key)
+        if pending is not MISSING:
+            return pending  # type: ignore[return-value]
+        return self._rdict_cf(cf).get(key)
+
+    def get_many(self, cf: str, keys: list[bytes]) -> list[bytes | None]:
+        """Multi-get: one RocksDB call for every key the batch has not written."""
+        if not self._buffer.has_family(cf):
+            return self._rdict_cf(cf).get(keys)
+        out: list[Any] = [self._buffer.get(cf, k) for k in keys]
+        missing = [i for i, v in enumerate(out) if v is MISSING]
+        if missing:
+            found = self._rdict_cf(cf).get([keys[i] for i in missing])
+            for i, v in zip(missing, found, strict=True):
+                out[i] = v
+        return out
+
+    def scan(
+        self, cf: str, lo: bytes | None = None, hi: bytes | None = None, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Entries of ``cf`` with ``lo <= key < hi`` in key order, pending writes included.
+
+        The iterator is closed (and its RocksDB resources freed) by :meth:`close`.
+        """
+        it = self._scan(cf, lo, hi, reverse)
+        self._iterators.add(it)
+        return it
+
+    def _scan(
+        self, cf: str, lo: bytes | None, hi: bytes | None, reverse: bool
+    ) -> Iterator[tuple[bytes, bytes]]:
+        pending = self._buffer.range(cf, lo, hi)
+        family = self._rdict_cf(cf)
+        read_opts = ReadOptions()  # must outlive the iterator
+        if reverse:
+            raw = family.items(backwards=True, from_key=hi, read_opt=read_opts)
+            rows = _reverse_bounded(raw, lo, hi)
+            pending.reverse()
+        else:
+            if hi is not None:
+                read_opts.set_iterate_upper_bound(hi)
+            rows = family.items(from_key=lo, read_opt=read_opts)
+        if not pending:
+            yield from rows
+        else:
+            yield from _merge(rows, pending, reverse)
+        del rows, family, read_opts
+
+    # ------------------------------------------------------------------ metadata
+    def get_meta(self, key: bytes) -> bytes | None:
+        return self.get(META_CF, key)
+
+    def put_meta(self, key: bytes, value: bytes | None) -> None:
+        self.put(META_CF, key, value)
+
+    def store_specs(self) -> dict[str, dict[str, Any]]:
+        """The recorded spec of every store in this database, by name."""
+        specs = {}
+        for key, value in self.scan(META_CF, _STORE_PREFIX, _STORE_PREFIX[:-1] + b";"):
+            specs[key[len(_STORE_PREFIX) :].decode()] = msgpack.unpackb(value)
+        return specs
+
+    def record_store_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """Check ``spec`` against the recorded one for ``name`` and record it.
+
+        ``kind`` and ``segment_interval_ms`` are fixed for a store's life (its bytes
+        depend on them); a ``None`` interval adopts the recorded one. Retention may
+        change. Returns the effective spec.
+        """
+        if not isinstance(name, str) or not _NAME_RE.match(name) or name in _RESERVED:
+            raise ValueError(
+                f"invalid store name {name!r}: use 1-120 letters, digits, '_' or '-', "
+                f"not {sorted(_RESERVED)}"
+            )
+        key = _STORE_PREFIX + name.encode()
+        raw = self.get_meta(key)
+        effective = dict(spec)
+        if raw is not None:
+            recorded = msgpack.unpackb(raw)
+            for field in ("kind", "segment_interval_ms"):
+                want = spec.get(field)
+                if want is None:
+                    effective[field] = recorded[field]
+                elif want != recorded[field]:
+                    raise StoreSpecMismatchError(name, field, recorded[field], want)
+            if effective == recorded:
+                return effective
+        self.put_meta(key, msgpack.packb(effective))
+        return effective
+
+    # ------------------------------------------------------------------ stores
+    def session_store(
+        self,
+        name: str,
+        retention_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ):
+        """The RocksDB session store ``name`` (created on first use, restored on reopen)."""
+        from sessionstore.session_store import SessionStore
+
+        return self._open_store(
+            SessionStore, name, retention_ms, segment_interval_ms, key_serde, value_serde
+        )
+
+    def versioned_store(
+        self,
+        name: str,
+        history_retention_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ):
+        """The versioned store ``name`` (KIP-889), created on first use."""
+        from sessionstore.versioned_store import VersionedStore
+
+        return self._open_store(
+            VersionedStore, name, history_retention_ms, segment_interval_ms, key_serde, value_serde
+        )
+
+    def _open_store(self, cls, name, retention_ms, segment_interval_ms, key_serde, value_serde):
+        store = self._stores.get(name)
+        if store is not None and type(store) is cls:
+            store.reconfigure(retention_ms, segment_interval_ms)
+            return store
+        store = cls(self, name, retention_ms, segment_interval_ms, key_serde, value_serde)
+        self._stores[name] = store
+        return store
+
+
+def _reverse_bounded(
+    rows: Iterator[tuple[bytes, bytes]], lo: bytes | None, hi: bytes | None
+) -> Iterator[tuple[bytes, bytes]]:
+    # seek_for_prev lands on hi itself when present; hi is exclusive.
+    for key, value in rows:
+        if hi is not None and key >= hi:
+            continue
+        if lo is not None and key < lo:
+            return
+        yield key, value
+
+
+def _merge(
+    rows: Iterator[tuple[bytes, bytes]],
+    pending: list[tuple[bytes, bytes | None]],
+    reverse: bool,
+) -> Iterator[tuple[bytes, bytes]]:
+    """Merge committed rows with pending writes (which win; None hides a row)."""
+    i, n = 0, len(pending)
+    for key, value in rows:
+        while i < n and (pending[i][0] > key if reverse else pending[i][0] < key):
+            pk, pv = pending[i]
+            i += 1
+            if pv is not None:
+                yield pk, pv
+        if i < n and pending[i][0] == key:
+            pv = pending[i][1]
+            i += 1
+            if pv is not None:
+                yield key, pv
+            continue
+        yield key, value
+    for pk, pv in pending[i:]:
+        if pv is not None:
+            yield pk, pv

@@ -1,0 +1,71 @@
+"""What every store living in a :class:`~sessionstore.db.StateDB` shares.
+
+A store records its spec in the ``meta`` family when first opened, keeps its time
+segments as column families, and persists its observed stream time in the same
+write batch as the data it wrote. On rollback it reloads both from the database.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+from sessionstore.segments import Segments
+
+if TYPE_CHECKING:
+    from sessionstore.db import StateDB
+
+__all__ = ["DBStoreMixin"]
+
+_STREAM_TIME = struct.Struct(">q")
+
+
+class DBStoreMixin:
+    """Spec, segments and persisted stream time of a store inside a StateDB."""
+
+    name: str
+    _stream_time: int | None
+    _db: StateDB
+    _segments: Segments
+
+    # The store class provides spec() -> dict and _set_retention(ms); they are not
+    # declared here because this mixin comes first in the method resolution order.
+
+    def _attach(self, db: StateDB, requested_interval: int | None) -> None:
+        """Record (or check) the spec, then load segments and stream time."""
+        self._db = db
+        self._meta_key = b"stream_time:" + self.name.encode()
+        spec = self.spec()
+        spec["segment_interval_ms"] = requested_interval
+        with db.batch():
+            spec = db.record_store_spec(self.name, spec)
+        self.segment_interval_ms = spec["segment_interval_ms"]
+        self._segments = Segments(db, self.name, self.segment_interval_ms)
+        self._load_stream_time()
+
+    def reconfigure(self, retention_ms: int, segment_interval_ms: int | None) -> None:
+        """Change the retention (allowed) and check the segment interval (fixed)."""
+        self._set_retention(retention_ms)
+        spec = self.spec()
+        spec["segment_interval_ms"] = segment_interval_ms
+        self._db.record_store_spec(self.name, spec)
+
+    def segment_ids(self) -> list[int]:
+        """Ids of the live history segments."""
+        return self._segments.ids()
+
+    def _load_stream_time(self) -> None:
+        raw = self._db.get_meta(self._meta_key)
+        self._stream_time = None if raw is None else _STREAM_TIME.unpack(raw)[0]
+
+    def _stream_time_changed(self) -> None:
+        self._db.enlist(self)
+
+    # StateDB calls these around a commit or a rollback.
+    def _before_commit(self) -> None:
+        if self._stream_time is not None:
+            self._db.put_meta(self._meta_key, _STREAM_TIME.pack(self._stream_time))
+
+    def _after_rollback(self) -> None:
+        self._load_stream_time()
+        self._segments.reload()

@@ -1,0 +1,32 @@
+"""Exception types that carry the facts a user needs to act."""
+
+from __future__ import annotations
+
+__all__ = ["SessionStoreError", "StoreSpecMismatchError", "StateDBLockedError"]
+
+
+class SessionStoreError(Exception):
+    """Base class of every error raised by sessionstore."""
+
+
+class StoreSpecMismatchError(SessionStoreError, ValueError):
+    """A store was reopened with a kind or layout different from the recorded one."""
+
+    def __init__(self, store: str, field: str, recorded: object, requested: object) -> None:
+        self.store, self.field = store, field
+        self.recorded, self.requested = recorded, requested
+        super().__init__(
+            f"store {store!r} was created with {field}={recorded!r} but is now opened with "
+            f"{field}={requested!r}; open it with the recorded {field} or use a new store name"
+        )
+
+
+class StateDBLockedError(SessionStoreError):
+    """Another process (or an unclosed handle in this one) holds the RocksDB lock."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        super().__init__(
+            f"state database {path!r} is locked by another open handle ({detail}); "
+            "close the other handle, or read a copy or checkpoint instead"
+        )

@@ -1,0 +1,1 @@
+"""Spark glue for sessionstore: everything that imports pyspark lives here."""
