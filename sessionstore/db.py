@@ -33,8 +33,8 @@ from rocksdict import (
     Cache,
     DBCompressionType,
     Options,
-    ReadOptions,
     Rdict,
+    ReadOptions,
     WriteBatch,
     WriteOptions,
 )
@@ -373,29 +373,30 @@ class StateDB:
             specs[key[len(_STORE_PREFIX) :].decode()] = msgpack.unpackb(value)
         return specs
 
-    def record_store_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    def record_store_spec(
+        self, name: str, spec: dict[str, Any], explicit_interval: bool = True
+    ) -> dict[str, Any]:
         """Check ``spec`` against the recorded one for ``name`` and record it.
 
         ``kind`` and ``segment_interval_ms`` are fixed for a store's life (its bytes
-        depend on them); a ``None`` interval adopts the recorded one. Retention may
-        change. Returns the effective spec.
+        depend on them). Without ``explicit_interval`` the recorded interval is
+        adopted. Retention and serdes may change. Returns the effective spec.
         """
-        if not isinstance(name, str) or not _NAME_RE.match(name) or name in _RESERVED:
-            raise ValueError(
-                f"invalid store name {name!r}: use 1-120 letters, digits, '_' or '-', "
-                f"not {sorted(_RESERVED)}"
-            )
+        check_store_name(name)
         key = _STORE_PREFIX + name.encode()
         raw = self.get_meta(key)
         effective = dict(spec)
         if raw is not None:
             recorded = msgpack.unpackb(raw)
-            for field in ("kind", "segment_interval_ms"):
-                want = spec.get(field)
-                if want is None:
-                    effective[field] = recorded[field]
-                elif want != recorded[field]:
-                    raise StoreSpecMismatchError(name, field, recorded[field], want)
+            if spec["kind"] != recorded["kind"]:
+                raise StoreSpecMismatchError(name, "kind", recorded["kind"], spec["kind"])
+            interval = recorded["segment_interval_ms"]
+            if not explicit_interval:
+                effective["segment_interval_ms"] = interval
+            elif spec["segment_interval_ms"] != interval:
+                raise StoreSpecMismatchError(
+                    name, "segment_interval_ms", interval, spec["segment_interval_ms"]
+                )
             if effective == recorded:
                 return effective
         self.put_meta(key, msgpack.packb(effective))
@@ -433,6 +434,7 @@ class StateDB:
         )
 
     def _open_store(self, cls, name, retention_ms, segment_interval_ms, key_serde, value_serde):
+        check_store_name(name)
         store = self._stores.get(name)
         if store is not None and type(store) is cls:
             store.reconfigure(retention_ms, segment_interval_ms)
@@ -440,6 +442,15 @@ class StateDB:
         store = cls(self, name, retention_ms, segment_interval_ms, key_serde, value_serde)
         self._stores[name] = store
         return store
+
+
+def check_store_name(name: Any) -> None:
+    """Raise ``ValueError`` unless ``name`` can name a store (and its column families)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in _RESERVED:
+        raise ValueError(
+            f"invalid store name {name!r}: use 1-120 letters, digits, '_' or '-', "
+            f"not {sorted(_RESERVED)}"
+        )
 
 
 def _reverse_bounded(

@@ -8,7 +8,7 @@ write batch as the data it wrote. On rollback it reloads both from the database.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sessionstore.segments import Segments
 
@@ -35,20 +35,28 @@ class DBStoreMixin:
         """Record (or check) the spec, then load segments and stream time."""
         self._db = db
         self._meta_key = b"stream_time:" + self.name.encode()
-        spec = self.spec()
-        spec["segment_interval_ms"] = requested_interval
         with db.batch():
-            spec = db.record_store_spec(self.name, spec)
+            spec = db.record_store_spec(
+                self.name, self.spec(), explicit_interval=requested_interval is not None
+            )
         self.segment_interval_ms = spec["segment_interval_ms"]
         self._segments = Segments(db, self.name, self.segment_interval_ms)
         self._load_stream_time()
 
     def reconfigure(self, retention_ms: int, segment_interval_ms: int | None) -> None:
         """Change the retention (allowed) and check the segment interval (fixed)."""
-        self._set_retention(retention_ms)
+        old_retention = self.spec()["retention_ms"]
+        self._set_retention(retention_ms)  # validates
         spec = self.spec()
-        spec["segment_interval_ms"] = segment_interval_ms
-        self._db.record_store_spec(self.name, spec)
+        if segment_interval_ms is not None:
+            spec["segment_interval_ms"] = segment_interval_ms
+        try:
+            self._db.record_store_spec(
+                self.name, spec, explicit_interval=segment_interval_ms is not None
+            )
+        except Exception:
+            self._set_retention(old_retention)
+            raise
 
     def segment_ids(self) -> list[int]:
         """Ids of the live history segments."""

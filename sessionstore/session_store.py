@@ -288,8 +288,7 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
             # Segments partition one key's rows by end, so concatenation keeps order.
             return self._single_rows(segments, lo, hi, min_end, latest_start, backward)
         streams = [
-            self._filtered(cf, kb_lo, kb_hi, min_end, latest_start, backward)
-            for _, cf in segments
+            self._filtered(cf, kb_lo, kb_hi, min_end, latest_start, backward) for _, cf in segments
         ]
         if len(streams) == 1:
             return streams[0]

@@ -62,7 +62,9 @@ class WriteBuffer:
     def has_family(self, cf: str) -> bool:
         return cf in self.families
 
-    def range(self, cf: str, lo: bytes | None, hi: bytes | None) -> list[tuple[bytes, bytes | None]]:
+    def range(
+        self, cf: str, lo: bytes | None, hi: bytes | None
+    ) -> list[tuple[bytes, bytes | None]]:
         """Pending entries with ``lo <= key < hi`` in key order (None bounds are open)."""
         entries = self.families.get(cf)
         if not entries:

@@ -61,8 +61,13 @@ class VersionedStoreMachine(RuleBasedStateMachine):
         as_of = None if latest else self._times(data)
         assert self.store.get(key, as_of) == self.model.get(key, as_of)
 
-    @rule(key=KEYS, data=st.data(), ascending=st.booleans(), open_lo=st.booleans(),
-          open_hi=st.booleans())
+    @rule(
+        key=KEYS,
+        data=st.data(),
+        ascending=st.booleans(),
+        open_lo=st.booleans(),
+        open_hi=st.booleans(),
+    )
     def get_versions(self, key, data, ascending, open_lo, open_hi):
         lo = None if open_lo else self._times(data)
         hi = None if open_hi else self._times(data)
