@@ -273,8 +273,12 @@ class StateDB:
     def _commit(self) -> None:
         participants = list(self._participants.values())
         self._participants.clear()
-        for p in participants:
-            p._before_commit()
+        self._depth += 1  # their metadata joins this batch instead of committing alone
+        try:
+            for p in participants:
+                p._before_commit()
+        finally:
+            self._depth -= 1
         buf, self._buffer = self._buffer, WriteBuffer()
         if buf.families:
             wb = WriteBatch(raw_mode=True)

@@ -216,3 +216,14 @@ def test_closed_db_is_a_clear_error(tmp_path):
     db.close()  # idempotent
     with pytest.raises(SessionStoreError, match="is closed"):
         s.put("k", 1, 2, 3)
+
+
+def test_a_batch_is_one_commit_with_its_metadata(db):
+    store = db.session_store("s", 1000)
+    commits = []
+    db.add_commit_listener(lambda buf: commits.append(sorted(buf.families)))
+    with db.batch():
+        for i in range(5):
+            store.put(f"k{i}", i, i, i)
+    store.put("solo", 9, 9, 9)  # outside a batch: its own commit
+    assert commits == [["meta", "s.0"], ["meta", "s.0"]]
