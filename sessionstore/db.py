@@ -310,15 +310,28 @@ class StateDB:
         if self._depth == 0:
             self._commit()
 
+    def bulk_writer(self, cf: str) -> dict[bytes, bytes | None]:
+        """Pending-write dict of ``cf`` in the current batch: assign ``d[key] = value``
+        (None deletes) for many keys without a call per key. Only inside a batch."""
+        if not self._depth:
+            raise SessionStoreError("bulk_writer() needs an open db.batch()")
+        return self._buffer.family_for_bulk_write(cf)
+
     def delete(self, cf: str, key: bytes) -> None:
         self.put(cf, key, None)
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         """Value of ``key`` in ``cf`` including pending writes, or None."""
-        pending = self._buffer.get(cf, key)
-        if pending is not MISSING:
-            return pending  # type: ignore[return-value]
-        return self._rdict_cf(cf).get(key)
+        # Inlined buffer and family lookups: this is the hottest read path.
+        entries = self._buffer.families.get(cf)
+        if entries is not None:
+            pending = entries.get(key, MISSING)
+            if pending is not MISSING:
+                return pending  # type: ignore[return-value]
+        family = self._cf_objects.get(cf)
+        if family is None:
+            family = self._rdict_cf(cf)
+        return family.get(key)
 
     def get_many(self, cf: str, keys: list[bytes]) -> list[bytes | None]:
         """Multi-get: one RocksDB call for every key the batch has not written."""
@@ -331,6 +344,34 @@ class StateDB:
             for i, v in zip(missing, found, strict=True):
                 out[i] = v
         return out
+
+    def scan_list(
+        self, cf: str, lo: bytes | None = None, hi: bytes | None = None, reverse: bool = False
+    ) -> list[tuple[bytes, bytes]]:
+        """Like :meth:`scan`, read eagerly into a list: faster for small ranges such
+        as the rows of one key, and it holds no RocksDB iterator afterwards."""
+        family = self._cf_objects.get(cf)
+        if family is None:
+            family = self._rdict_cf(cf)
+        read_opts = ReadOptions()
+        if reverse:
+            rows = list(
+                _reverse_bounded(
+                    family.items(backwards=True, from_key=hi, read_opt=read_opts), lo, hi
+                )
+            )
+        else:
+            if hi is not None:
+                read_opts.set_iterate_upper_bound(hi)
+            rows = list(family.items(from_key=lo, read_opt=read_opts))
+        del read_opts
+        if cf in self._buffer.families:
+            pending = self._buffer.range(cf, lo, hi)
+            if pending:
+                if reverse:
+                    pending.reverse()
+                rows = list(_merge(iter(rows), pending, reverse))
+        return rows
 
     def scan(
         self, cf: str, lo: bytes | None = None, hi: bytes | None = None, reverse: bool = False

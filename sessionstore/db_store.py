@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
+from sessionstore.keys import TS_MIN
 from sessionstore.segments import Segments
 
 if TYPE_CHECKING:
@@ -71,9 +72,12 @@ class DBStoreMixin:
 
     # StateDB calls these around a commit or a rollback.
     def _before_commit(self) -> None:
+        self._time_dirty = False
         if self._stream_time is not None:
             self._db.put_meta(self._meta_key, _STREAM_TIME.pack(self._stream_time))
 
     def _after_rollback(self) -> None:
+        self._time_dirty = False
+        self._first_live_segment = TS_MIN  # recomputed at the next advance
         self._load_stream_time()
         self._segments.reload()

@@ -6,17 +6,18 @@ and sessions in (end, start) order is therefore exactly the RocksDB byte order o
 ``enc(key) ‖ end ‖ start``. Values are kept serialised, so both stores return the
 same objects (msgpack returns tuples as lists in both).
 
-Expiry uses the same segment arithmetic as the RocksDB store: a segment's rows are
+Range reads are materialised at call time, like the snapshot a RocksDB iterator
+reads. Expiry uses the same segment arithmetic as the RocksDB store: a segment's rows are
 forgotten once all of them are out of retention. Stream time lives in memory only.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections.abc import Iterator
 from typing import Any
 
-from sessionstore.keys import TS_MAX, TS_MIN
+from sessionstore.keys import TS_MIN
 from sessionstore.session_store import Row, SessionStoreBase
 
 __all__ = ["InMemorySessionStore"]
@@ -94,32 +95,33 @@ class InMemorySessionStore(SessionStoreBase):
             for kb, end, start in self._segments.pop(seg):
                 self._delete(kb, end, start)
 
-    def _rows(
+    def _key_rows(
+        self, kb: bytes, min_end: int, latest_start: int, backward: bool
+    ) -> list[tuple[int, int, bytes]]:
+        sessions = self._sessions.get(kb)
+        if sessions is None:
+            return []
+        order, values = sessions.order, sessions.values
+        lo = bisect_left(order, (min_end, TS_MIN))
+        out = [(s, e, values[(e, s)]) for e, s in order[lo:] if s <= latest_start]
+        if backward:
+            out.reverse()
+        return out
+
+    def _range_rows(
         self,
         kb_lo: bytes | None,
         kb_hi: bytes | None,
-        single: bool,
         min_end: int,
         latest_start: int,
         backward: bool,
     ) -> Iterator[Row]:
-        # Materialised at the first next(), like a RocksDB iterator's implicit snapshot.
-        if single:
-            keys = [kb_lo] if kb_lo in self._sessions else []
-        else:
-            i = 0 if kb_lo is None else bisect_left(self._keys, kb_lo)
-            j = len(self._keys) if kb_hi is None else bisect_left(self._keys, kb_hi)
-            keys = self._keys[i:j]
+        i = 0 if kb_lo is None else bisect_left(self._keys, kb_lo)
+        j = len(self._keys) if kb_hi is None else bisect_left(self._keys, kb_hi)
         rows: list[Row] = []
-        for kb in keys:
-            sessions = self._sessions[kb]
-            order = sessions.order
-            lo = bisect_left(order, (min_end, TS_MIN))
-            hi = bisect_right(order, (TS_MAX, TS_MAX))
-            values = sessions.values
-            for end, start in order[lo:hi]:
-                if start <= latest_start:
-                    rows.append((kb, start, end, values[(end, start)]))
+        for kb in self._keys[i:j]:
+            for start, end, value in self._key_rows(kb, min_end, latest_start, False):
+                rows.append((kb, start, end, value))
         if backward:
             rows.reverse()
         return iter(rows)

@@ -30,7 +30,7 @@ def default_segment_interval(retention_ms: int) -> int:
 class Segments:
     """Maps timestamps to segment column families of one store and expires them."""
 
-    __slots__ = ("_db", "_prefix", "interval", "_ids", "_names")
+    __slots__ = ("_db", "_prefix", "interval", "_ids", "names")
 
     def __init__(self, db: StateDB, store: str, interval: int) -> None:
         if type(interval) is not int or interval <= 0:
@@ -39,7 +39,8 @@ class Segments:
         self._prefix = store + "."
         self.interval = interval
         self._ids: list[int] = []
-        self._names: dict[int, str] = {}
+        #: Column family name of each live segment id (updated in place).
+        self.names: dict[int, str] = {}
         self.reload()
 
     def reload(self) -> None:
@@ -52,22 +53,23 @@ class Segments:
                 if suffix.lstrip("-").isdigit():
                     ids.append(int(suffix))
         self._ids = sorted(ids)
-        self._names = {i: f"{self._prefix}{i}" for i in self._ids}
+        self.names.clear()
+        self.names.update((i, f"{self._prefix}{i}") for i in self._ids)
 
     def segment_id(self, ts: int) -> int:
         return ts // self.interval
 
     def name(self, segment_id: int) -> str | None:
         """Column family of a live segment, or None if it does not exist."""
-        return self._names.get(segment_id)
+        return self.names.get(segment_id)
 
     def get_or_create(self, segment_id: int) -> str:
-        name = self._names.get(segment_id)
+        name = self.names.get(segment_id)
         if name is None:
             name = f"{self._prefix}{segment_id}"
             self._db.create_column_family(name)
             insort(self._ids, segment_id)
-            self._names[segment_id] = name
+            self.names[segment_id] = name
         return name
 
     def ids(self) -> list[int]:
@@ -78,7 +80,7 @@ class Segments:
         ids = self._ids[bisect_left(self._ids, min_id) :]
         if reverse:
             ids.reverse()
-        names = self._names
+        names = self.names
         return ((i, names[i]) for i in ids)
 
     def expire_below(self, min_live_ts: int) -> int:
@@ -94,5 +96,5 @@ class Segments:
         cut = bisect_left(ids, first_live)
         expired, self._ids = ids[:cut], ids[cut:]
         for seg in expired:
-            self._db.drop_column_family(self._names.pop(seg))
+            self._db.drop_column_family(self.names.pop(seg))
         return len(expired)

@@ -14,6 +14,7 @@ therefore stay distinct.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import msgpack
@@ -47,13 +48,12 @@ class MsgpackSerde:
     name = "msgpack"
 
     def __init__(self) -> None:
-        self._packer = msgpack.Packer(use_bin_type=True)
-
-    def dumps(self, obj: Any) -> bytes:
-        return self._packer.pack(obj)
-
-    def loads(self, data: bytes) -> Any:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+        # dumps(obj) -> bytes and loads(bytes) -> obj are C-level callables, so the
+        # hot paths pay no Python frame per value.
+        self.dumps: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+        self.loads: Callable[[bytes], Any] = partial(
+            msgpack.unpackb, raw=False, strict_map_key=False
+        )
 
 
 class BytesSerde:
@@ -124,12 +124,37 @@ def serde_from_name(name: str) -> Any:
         ) from None
 
 
+_KEY_CACHE_SIZE = 65_536
+
+
+def _cached_str_encoder() -> Callable[[Any], bytes]:
+    """``encode_key`` with a bounded cache for str keys, which repeat heavily in
+    streams (hot users, Zipf-distributed ids).
+
+    Only exact ``str`` keys are cached: ``1``, ``True`` and ``1.0`` are equal as
+    dict keys but must encode differently (or be refused).
+    """
+    cache: dict[str, bytes] = {}
+
+    def encode(key: Any) -> bytes:
+        if type(key) is str:
+            kb = cache.get(key)
+            if kb is None:
+                if len(cache) >= _KEY_CACHE_SIZE:
+                    cache.clear()
+                kb = cache[key] = encode_key(key)
+            return kb
+        return encode_key(key)
+
+    return encode
+
+
 def key_codec(
     key_serde: Any | None,
 ) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
     """Return ``(encode, decode)`` giving prefix-free, ordered key bytes for a key serde."""
     if key_serde is None or isinstance(key_serde, KeyCodecSerde):
-        return encode_key, decode_key
+        return _cached_str_encoder(), decode_key
     dumps, loads = key_serde.dumps, key_serde.loads
 
     def encode(key: Any) -> bytes:

@@ -18,25 +18,26 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["session_key", "split_session_key", "TIMES_LEN"]
+__all__ = ["session_key", "split_session_key", "times_of", "TIMES", "TIME_SIGN", "TIMES_LEN"]
 
-_SIGN = 2**63
-_TIMES = struct.Struct(">QQ")
+TIME_SIGN = 2**63
+#: ``end ‖ start`` as unsigned big-endian; subtract TIMETIME_SIGN to get signed times.
+TIMES = struct.Struct(">QQ")
 TIMES_LEN = 16
 
 
 def session_key(key_bytes: bytes, start: int, end: int) -> bytes:
     """Row key for the session ``[start, end]`` of the encoded user key."""
-    return key_bytes + _TIMES.pack(end + _SIGN, start + _SIGN)
+    return key_bytes + TIMES.pack(end + TIME_SIGN, start + TIME_SIGN)
 
 
 def split_session_key(raw: bytes) -> tuple[bytes, int, int]:
     """Inverse of :func:`session_key`: ``(key_bytes, start, end)``."""
-    end, start = _TIMES.unpack_from(raw, len(raw) - TIMES_LEN)
-    return raw[:-TIMES_LEN], start - _SIGN, end - _SIGN
+    end, start = TIMES.unpack_from(raw, len(raw) - TIMES_LEN)
+    return raw[:-TIMES_LEN], start - TIME_SIGN, end - TIME_SIGN
 
 
 def times_of(raw: bytes) -> tuple[int, int]:
     """``(start, end)`` of a row key without copying the key bytes."""
-    end, start = _TIMES.unpack_from(raw, len(raw) - TIMES_LEN)
-    return start - _SIGN, end - _SIGN
+    end, start = TIMES.unpack_from(raw, len(raw) - TIMES_LEN)
+    return start - TIME_SIGN, end - TIME_SIGN

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from sessionstore.db_store import DBStoreMixin
@@ -27,7 +28,7 @@ from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp, prefix_upper_boun
 from sessionstore.records import SessionWindow
 from sessionstore.segments import default_segment_interval
 from sessionstore.serde import MsgpackSerde, key_codec, serde_name
-from sessionstore.session_key import session_key, times_of
+from sessionstore.session_key import TIME_SIGN, TIMES, session_key, times_of
 
 if TYPE_CHECKING:
     from sessionstore.db import StateDB
@@ -68,6 +69,8 @@ class SessionStoreBase:
         self._dumps = self.value_serde.dumps
         self._loads = self.value_serde.loads
         self._stream_time: int | None = None
+        self._time_dirty = False  # stream time changed since the last commit
+        self._first_live_segment = TS_MIN  # expiry has run up to this segment
         #: Puts dropped because their session was already outside retention.
         self.dropped_records = 0
 
@@ -78,16 +81,22 @@ class SessionStoreBase:
     def _read(self, kb: bytes, start: int, end: int) -> bytes | None:
         raise NotImplementedError
 
-    def _rows(
+    def _key_rows(
+        self, kb: bytes, min_end: int, latest_start: int, backward: bool
+    ) -> list[tuple[int, int, bytes]]:
+        """``(start, end, value)`` of one key with ``end >= min_end``, ``start <=
+        latest_start``, in (end, start) order (reversed when ``backward``)."""
+        raise NotImplementedError
+
+    def _range_rows(
         self,
         kb_lo: bytes | None,
         kb_hi: bytes | None,
-        single: bool,
         min_end: int,
         latest_start: int,
         backward: bool,
     ) -> Iterator[Row]:
-        """Rows with ``kb_lo <= kb < kb_hi`` (``kb == kb_lo`` when single), filtered."""
+        """Rows with ``kb_lo <= kb < kb_hi`` (None is open), filtered likewise."""
         raise NotImplementedError
 
     def _expire(self, min_visible_end: int) -> None:
@@ -134,7 +143,8 @@ class SessionStoreBase:
     def put(self, key: Any, start: int, end: int, value: Any) -> None:
         """Store ``value`` for the session ``[start, end]`` of ``key``; None deletes."""
         kb = self._encode_key(key)
-        start, end = self._window(start, end)
+        if not (type(start) is int and type(end) is int and TS_MIN <= start <= end <= TS_MAX):
+            start, end = self._window(start, end)
         if value is None:
             if end >= self.min_visible_end():
                 self._write(kb, start, end, None)
@@ -142,13 +152,34 @@ class SessionStoreBase:
         vb = self._dumps(value)
         st = self._stream_time
         if st is None or end > st:
-            self._stream_time = end
-            self._stream_time_changed()
-            self._expire(self.min_visible_end())
-        elif end < st - self.retention_ms + 1:
+            self._advance(end)
+        elif end <= st - self.retention_ms:
             self.dropped_records += 1
             return
         self._write(kb, start, end, vb)
+
+    def put_many(self, rows: Iterable[tuple[Any, int, int, Any]]) -> None:
+        """``put`` each ``(key, start, end, value)`` in order, as one atomic batch."""
+        put = self.put
+        with self._batch():
+            for key, start, end, value in rows:
+                put(key, start, end, value)
+
+    def _batch(self):
+        """Context manager grouping writes atomically (a no-op in memory)."""
+        return nullcontext()
+
+    def _advance(self, end: int) -> None:
+        """Move stream time forward to ``end`` and expire what fell out of retention."""
+        self._stream_time = end
+        if not self._time_dirty:
+            self._time_dirty = True
+            self._stream_time_changed()
+        min_visible = end - self.retention_ms + 1
+        first_live = min_visible // self.segment_interval_ms
+        if first_live > self._first_live_segment:
+            self._first_live_segment = first_live
+            self._expire(min_visible)
 
     def remove(self, key: Any, start: int, end: int) -> None:
         """Delete the session ``[start, end]`` of ``key`` (no-op if absent)."""
@@ -169,16 +200,16 @@ class SessionStoreBase:
     ) -> Iterator[tuple[SessionWindow, Any]]:
         """Sessions of ``key`` with ``end >= earliest_end`` and ``start <= latest_start``."""
         kb = self._encode_key(key)
-        earliest_end = check_timestamp("earliest_end", earliest_end)
-        latest_start = check_timestamp("latest_start", latest_start)
-        min_end = max(earliest_end, self.min_visible_end())
-        rows = self._rows(kb, None, True, min_end, latest_start, backward)
-        return self._single_key_results(key, rows)
-
-    def _single_key_results(self, key: Any, rows: Iterable[Row]):
-        loads = self._loads
-        for _kb, start, end, vb in rows:
-            yield SessionWindow(key, start, end), loads(vb)
+        if not (type(earliest_end) is int and type(latest_start) is int):
+            earliest_end = check_timestamp("earliest_end", earliest_end)
+            latest_start = check_timestamp("latest_start", latest_start)
+        min_end = self.min_visible_end()
+        if earliest_end > min_end:
+            min_end = earliest_end
+        loads, new, window = self._loads, tuple.__new__, SessionWindow
+        rows = self._key_rows(kb, min_end, latest_start, backward)
+        # tuple.__new__ skips the NamedTuple's Python-level __new__
+        return iter([(new(window, (key, s, e)), loads(v)) for s, e, v in rows])
 
     def find_sessions_in_range(
         self,
@@ -197,7 +228,7 @@ class SessionStoreBase:
             return iter(())
         hi = None if hi_key is None else prefix_upper_bound(hi_key)
         min_end = max(earliest_end, self.min_visible_end())
-        rows = self._rows(lo, hi, False, min_end, latest_start, backward)
+        rows = self._range_rows(lo, hi, min_end, latest_start, backward)
         return self._range_results(rows)
 
     def _range_results(self, rows: Iterable[Row]):
@@ -253,16 +284,52 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         self._segments.expire_below(min_visible_end)
 
     def _write(self, kb: bytes, start: int, end: int, value: bytes | None) -> None:
-        segments = self._segments
-        seg = end // segments.interval
-        if value is None:
-            cf = segments.name(seg)
-            if cf is None:
+        seg = end // self.segment_interval_ms
+        cf = self._segments.names.get(seg)
+        if cf is None:
+            if value is None:
                 return
-        else:
-            cf = segments.get_or_create(seg)
+            cf = self._segments.get_or_create(seg)
         # Outside a batch db.put commits at once, stream time included.
-        self._db.put(cf, session_key(kb, start, end), value)
+        self._db.put(cf, kb + TIMES.pack(end + TIME_SIGN, start + TIME_SIGN), value)
+
+    def _batch(self):
+        return self._db.batch()
+
+    def put_many(self, rows: Iterable[tuple[Any, int, int, Any]]) -> None:
+        """``put`` each ``(key, start, end, value)`` in order, as one atomic batch.
+
+        Same rules as :meth:`put` (the property tests hold them equal), with the
+        per-row work inlined: this is the path micro-batch operators use.
+        """
+        encode, dumps, pack = self._encode_key, self._dumps, TIMES.pack
+        names, interval, db = self._segments.names, self.segment_interval_ms, self._db
+        with db.batch():
+            writers: dict[str, dict[bytes, bytes | None]] = {}
+            for key, start, end, value in rows:
+                if value is None or not (
+                    type(start) is int and type(end) is int and TS_MIN <= start <= end <= TS_MAX
+                ):
+                    self.put(key, start, end, value)  # deletes and odd input: the slow path
+                    writers.clear()  # put() may have dropped or created families
+                    continue
+                kb = encode(key)
+                vb = dumps(value)
+                st = self._stream_time
+                if st is None or end > st:
+                    self._advance(end)
+                    writers.clear()
+                elif end <= st - self.retention_ms:
+                    self.dropped_records += 1
+                    continue
+                seg = end // interval
+                cf = names.get(seg)
+                if cf is None:
+                    cf = self._segments.get_or_create(seg)
+                entries = writers.get(cf)
+                if entries is None:
+                    entries = writers[cf] = db.bulk_writer(cf)
+                entries[kb + pack(end + TIME_SIGN, start + TIME_SIGN)] = vb
 
     def _read(self, kb: bytes, start: int, end: int) -> bytes | None:
         cf = self._segments.name(end // self._segments.interval)
@@ -270,37 +337,40 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
             return None
         return self._db.get(cf, session_key(kb, start, end))
 
-    def _rows(
+    def _key_rows(
+        self, kb: bytes, min_end: int, latest_start: int, backward: bool
+    ) -> list[tuple[int, int, bytes]]:
+        segments = self._segments
+        lo = session_key(kb, TS_MIN, min_end)
+        hi = prefix_upper_bound(kb)
+        scan_list = self._db.scan_list
+        unpack, sign = TIMES.unpack_from, TIME_SIGN
+        out: list[tuple[int, int, bytes]] = []
+        # Segments partition one key's rows by end, so concatenation keeps order.
+        for _, cf in segments.names_from(segments.segment_id(min_end), reverse=backward):
+            for raw, vb in scan_list(cf, lo, hi, backward):
+                end, start = unpack(raw, len(raw) - 16)
+                start -= sign
+                if start <= latest_start:
+                    out.append((start, end - sign, vb))
+        return out
+
+    def _range_rows(
         self,
         kb_lo: bytes | None,
         kb_hi: bytes | None,
-        single: bool,
         min_end: int,
         latest_start: int,
         backward: bool,
     ) -> Iterator[Row]:
-        segments = list(
-            self._segments.names_from(self._segments.segment_id(min_end), reverse=backward)
-        )
-        if single:
-            lo = session_key(kb_lo, TS_MIN, min_end)
-            hi = prefix_upper_bound(kb_lo)
-            # Segments partition one key's rows by end, so concatenation keeps order.
-            return self._single_rows(segments, lo, hi, min_end, latest_start, backward)
+        segments = self._segments
         streams = [
-            self._filtered(cf, kb_lo, kb_hi, min_end, latest_start, backward) for _, cf in segments
+            self._filtered(cf, kb_lo, kb_hi, min_end, latest_start, backward)
+            for _, cf in segments.names_from(segments.segment_id(min_end), reverse=backward)
         ]
         if len(streams) == 1:
             return streams[0]
-        return heapq.merge(*streams, key=_ROW_KEY, reverse=backward)
-
-    def _single_rows(self, segments, lo, hi, min_end, latest_start, backward) -> Iterator[Row]:
-        scan = self._db.scan
-        for _, cf in segments:
-            for raw, vb in scan(cf, lo, hi, backward):
-                start, end = times_of(raw)
-                if start <= latest_start:
-                    yield raw[:-16], start, end, vb
+        return heapq.merge(*streams, key=_row_sort_key, reverse=backward)
 
     def _filtered(self, cf, lo, hi, min_end, latest_start, backward) -> Iterator[Row]:
         for raw, vb in self._db.scan(cf, lo, hi, backward):
@@ -311,6 +381,3 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
 
 def _row_sort_key(row: Row) -> tuple[bytes, int, int]:
     return row[0], row[2], row[1]
-
-
-_ROW_KEY = _row_sort_key

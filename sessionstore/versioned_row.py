@@ -24,7 +24,15 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-__all__ = ["VersionRow", "encode_latest", "decode_latest", "ROW_HEADER", "ENTRY"]
+__all__ = [
+    "VersionRow",
+    "lookup",
+    "push_newest",
+    "encode_latest",
+    "decode_latest",
+    "ROW_HEADER",
+    "ENTRY",
+]
 
 ROW_HEADER = struct.Struct(">qqI")
 ENTRY = struct.Struct(">qi")
@@ -37,6 +45,70 @@ def encode_latest(timestamp: int, value: bytes) -> bytes:
 
 def decode_latest(raw: bytes) -> tuple[int, bytes]:
     return _TS.unpack_from(raw)[0], raw[8:]
+
+
+_ENTRIES: dict[int, struct.Struct] = {}
+
+
+def _entries_struct(count: int) -> struct.Struct:
+    fmt = _ENTRIES.get(count)
+    if fmt is None:
+        fmt = _ENTRIES[count] = struct.Struct(">" + "qi" * count)
+    return fmt
+
+
+def lookup(raw: bytes, ts: int) -> tuple[int, int, bytes | None] | None:
+    """Find, without decoding the whole row, the oldest version whose ``valid_to`` is
+    after ``ts``: ``(valid_from, valid_to, value or None for a tombstone)``.
+
+    Returns None when every version of the row ends at or before ``ts``.
+    """
+    next_ts, _min_ts, count = ROW_HEADER.unpack_from(raw)
+    if next_ts <= ts:
+        return None
+    flat = _entries_struct(count).unpack_from(raw, ROW_HEADER.size)
+    # flat = (from_0, size_0, from_1, size_1, ...), newest first
+    i = count - 1
+    while i > 0 and flat[2 * i - 2] <= ts:
+        i -= 1
+    valid_to = next_ts if i == 0 else flat[2 * i - 2]
+    size = flat[2 * i + 1]
+    if size < 0:
+        return flat[2 * i], valid_to, None
+    pos = ROW_HEADER.size + count * ENTRY.size
+    for j in range(i):
+        if flat[2 * j + 1] > 0:
+            pos += flat[2 * j + 1]
+    return flat[2 * i], valid_to, raw[pos : pos + size]
+
+
+def push_newest(raw: bytes | None, from_ts: int, value: bytes | None, next_ts: int) -> bytes:
+    """Row bytes with ``(from_ts, value)`` added as the newest entry, valid until
+    ``next_ts``, without decoding the rest (the common, in-order write).
+
+    A newest entry that already starts at ``from_ts`` (a zero-length tombstone) is
+    replaced rather than stacked.
+    """
+    size = -1 if value is None else len(value)
+    if raw is None:
+        return ROW_HEADER.pack(next_ts, from_ts, 1) + ENTRY.pack(from_ts, size) + (value or b"")
+    _next, min_ts, count = ROW_HEADER.unpack_from(raw)
+    top_ts = ENTRY.unpack_from(raw, ROW_HEADER.size)[0]
+    if top_ts == from_ts:
+        row = VersionRow.decode(raw)
+        row.entries[0] = (from_ts, value)
+        row.next_ts = next_ts
+        return row.encode()
+    split = ROW_HEADER.size + count * ENTRY.size
+    return b"".join(
+        (
+            ROW_HEADER.pack(next_ts, min_ts, count + 1),
+            ENTRY.pack(from_ts, size),
+            raw[ROW_HEADER.size : split],
+            value or b"",
+            raw[split:],
+        )
+    )
 
 
 @dataclass

@@ -35,7 +35,13 @@ from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp
 from sessionstore.records import PUT_REJECTED, VALID_TO_UNDEFINED, VersionedRecord
 from sessionstore.segments import default_segment_interval
 from sessionstore.serde import MsgpackSerde, key_codec, serde_name
-from sessionstore.versioned_row import VersionRow, decode_latest, encode_latest
+from sessionstore.versioned_row import (
+    VersionRow,
+    decode_latest,
+    encode_latest,
+    lookup,
+    push_newest,
+)
 
 if TYPE_CHECKING:
     from sessionstore.db import StateDB
@@ -81,6 +87,8 @@ class VersionedStore(DBStoreMixin):
         self._dumps = self.value_serde.dumps
         self._loads = self.value_serde.loads
         self._stream_time: int | None = None
+        self._time_dirty = False
+        self._first_live_segment = TS_MIN
         #: Puts and deletes rejected because they were older than the grace period.
         self.dropped_records = 0
         self._attach(db, segment_interval_ms)
@@ -129,6 +137,9 @@ class VersionedStore(DBStoreMixin):
             self.dropped_records += 1
             return PUT_REJECTED
         vb = None if value is None else self._dumps(value)
+        if self._db.in_batch:  # skip the context manager on the hot path
+            self._advance(ts)
+            return self._put(kb, vb, ts)
         with self._db.batch():
             self._advance(ts)
             return self._put(kb, vb, ts)
@@ -150,8 +161,14 @@ class VersionedStore(DBStoreMixin):
         st = self._stream_time
         if st is None or ts > st:
             self._stream_time = ts
-            self._stream_time_changed()
-            self._segments.expire_below(self._min_live())
+            if not self._time_dirty:
+                self._time_dirty = True
+                self._stream_time_changed()
+            min_live = self._min_live()
+            first_live = min_live // self.segment_interval_ms
+            if first_live > self._first_live_segment:
+                self._first_live_segment = first_live
+                self._segments.expire_below(min_live)
 
     def _put(self, kb: bytes, vb: bytes | None, ts: int) -> int:
         db, latest_cf = self._db, self._latest
@@ -162,7 +179,8 @@ class VersionedStore(DBStoreMixin):
             if ts >= latest_ts:
                 if ts > latest_ts:  # the old latest becomes history, valid until ts
                     self._push_top(kb, latest_ts, latest_value, valid_to=ts)
-                self._set_newest(kb, vb, ts)
+                # a latest value means no newest tombstone exists to replace
+                self._set_newest(kb, vb, ts, had_latest=True)
                 return VALID_TO_UNDEFINED
         found = self._row_valid_after(kb, ts)
         if found is None:
@@ -195,10 +213,11 @@ class VersionedStore(DBStoreMixin):
             self._push_top(kb, ts, vb, valid_to=from_ts)
         return from_ts
 
-    def _set_newest(self, kb: bytes, vb: bytes | None, ts: int) -> None:
+    def _set_newest(self, kb: bytes, vb: bytes | None, ts: int, had_latest: bool = False) -> None:
         """Make ``(ts, vb)`` the newest version, replacing one at the same ts."""
         if vb is not None:
-            self._drop_degenerate(kb, ts)
+            if not had_latest:
+                self._drop_degenerate(kb, ts)
             self._db.put(self._latest, kb, encode_latest(ts, vb))
         else:
             self._db.delete(self._latest, kb)
@@ -220,22 +239,14 @@ class VersionedStore(DBStoreMixin):
 
     def _push_top(self, kb: bytes, from_ts: int, vb: bytes | None, valid_to: int) -> None:
         """Add a version as the newest entry of the row of its ``valid_to`` segment."""
-        segments = self._segments
         if valid_to < self._min_live():
             return  # it could never answer a valid query; Kafka skips it too
-        seg = segments.segment_id(valid_to)
-        cf = segments.get_or_create(seg)
-        raw = self._db.get(cf, kb)
-        if raw is None:
-            row = VersionRow(valid_to, [(from_ts, vb)])
-        else:
-            row = VersionRow.decode(raw)
-            if row.entries[0][0] == from_ts:  # a zero-length tombstone at from_ts
-                row.entries[0] = (from_ts, vb)
-            else:
-                row.entries.insert(0, (from_ts, vb))
-            row.next_ts = valid_to
-        self._db.put(cf, kb, row.encode())
+        seg = valid_to // self.segment_interval_ms
+        cf = self._segments.names.get(seg)
+        if cf is None:
+            cf = self._segments.get_or_create(seg)
+        db = self._db
+        db.put(cf, kb, push_newest(db.get(cf, kb), from_ts, vb, valid_to))
 
     def _write_row(self, seg: int, kb: bytes, row: VersionRow) -> None:
         cf = self._segments.get_or_create(seg)
@@ -265,22 +276,27 @@ class VersionedStore(DBStoreMixin):
         return self._get(key, kb, check_timestamp("as_of", as_of))
 
     def _get(self, key: Any, kb: bytes, as_of: int) -> VersionedRecord | None:
-        raw = self._db.get(self._latest, kb)
+        db = self._db
+        raw = db.get(self._latest, kb)
         if raw is not None:
             ts, vb = decode_latest(raw)
             if ts <= as_of:
                 return VersionedRecord(self._loads(vb), ts, None)
         if as_of < self._grace_floor():
             return None  # outside history retention only the latest may answer
-        found = self._row_valid_after(kb, as_of)
-        if found is None:
-            return None
-        row = found[1]
-        i = row.first_valid_after(as_of)
-        from_ts, vb = row.entries[i]
-        if from_ts > as_of or vb is None:
-            return None
-        return VersionedRecord(self._loads(vb), from_ts, row.valid_to(i))
+        segments = self._segments
+        for _, cf in segments.names_from(segments.segment_id(as_of)):
+            raw = db.get(cf, kb)
+            if raw is None:
+                continue
+            found = lookup(raw, as_of)
+            if found is None:
+                continue
+            from_ts, valid_to, vb = found
+            if from_ts > as_of or vb is None:
+                return None
+            return VersionedRecord(self._loads(vb), from_ts, valid_to)
+        return None
 
     def get_versions(
         self,

@@ -47,10 +47,21 @@ class WriteBuffer:
         entries = self.families.get(cf)
         if entries is None:
             entries = self.families[cf] = {}
-        index = self._sorted.get(cf)
-        if index is not None and key not in entries:
-            insort(index, key)
+        elif cf in self._sorted and key not in entries:
+            insort(self._sorted[cf], key)
         entries[key] = value
+
+    def family_for_bulk_write(self, cf: str) -> dict[bytes, bytes | None]:
+        """The pending-write dict of ``cf``, for callers that write many keys at once.
+
+        Its sorted index is dropped (rebuilt on the next range read), so callers may
+        assign ``entries[key] = value`` directly.
+        """
+        self._sorted.pop(cf, None)
+        entries = self.families.get(cf)
+        if entries is None:
+            entries = self.families[cf] = {}
+        return entries
 
     def get(self, cf: str, key: bytes) -> bytes | None | _Missing:
         """The pending value, ``None`` for a pending delete, or ``MISSING``."""

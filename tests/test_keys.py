@@ -125,3 +125,14 @@ def test_check_timestamp():
         check_timestamp("ts", 1.0)
     with pytest.raises(TypeError, match="bool"):
         check_timestamp("ts", True)
+
+
+def test_store_key_encoder_cache_keeps_equal_but_distinct_keys_apart():
+    from sessionstore.serde import key_codec
+
+    encode, decode = key_codec(None)
+    assert encode("a") == encode("a") == encode_key("a")
+    assert encode(1) != encode(True)
+    with pytest.raises(TypeError, match="float"):
+        encode(1.0)
+    assert decode(encode(True)) is True

@@ -120,6 +120,20 @@ class SessionStoreMachine(RuleBasedStateMachine):
             want = self.model.find(None, None, -(2**63), 2**63 - 1, True)
             assert list(self.rocks.fetch_range(None, None, backward=True)) == want
 
+    @rule(
+        ops=st.lists(
+            st.tuples(KEYS, TIMES, st.integers(0, 15), st.one_of(st.none(), VALUES)),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    def put_many(self, ops):
+        rows = [(key, start, start + length, value) for key, start, length, value in ops]
+        self.rocks.put_many(rows)
+        self.mem.put_many(rows)
+        for row in rows:
+            self.model.put(*row)
+
     @rule(ops=st.lists(st.tuples(KEYS, TIMES, st.integers(0, 15), VALUES), min_size=1, max_size=6))
     def aborted_batch(self, ops):
         dropped_before = self.rocks.dropped_records

@@ -221,3 +221,31 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(store, call, exc, words):
 def test_bad_history_retention(db, retention):
     with pytest.raises(ValueError, match="history_retention_ms must be a non-negative int"):
         db.versioned_store("v", retention)
+
+
+def test_row_lookup_agrees_with_the_decoded_row():
+    from sessionstore.versioned_row import lookup
+
+    row = VersionRow(40, [(30, b"c"), (20, None), (10, b""), (5, b"aa")])
+    raw = row.encode()
+    assert lookup(raw, 40) is None
+    assert lookup(raw, 35) == (30, 40, b"c")
+    assert lookup(raw, 30) == (30, 40, b"c")
+    assert lookup(raw, 29) == (20, 30, None)
+    assert lookup(raw, 12) == (10, 20, b"")
+    assert lookup(raw, 9) == (5, 10, b"aa")
+    assert lookup(raw, 0) == (5, 10, b"aa")  # the caller checks valid_from <= ts
+
+
+def test_push_newest_matches_decode_insert_encode():
+    from sessionstore.versioned_row import push_newest
+
+    assert push_newest(None, 5, b"ab", 9) == VersionRow(9, [(5, b"ab")]).encode()
+    base = VersionRow(10, [(7, b"x"), (3, None), (1, b"")])
+    want = VersionRow(12, [(10, b"yz"), (7, b"x"), (3, None), (1, b"")]).encode()
+    assert push_newest(base.encode(), 10, b"yz", 12) == want
+    # a zero-length tombstone at the same timestamp is replaced, not stacked
+    tomb = VersionRow(10, [(10, None), (4, b"a")])
+    assert (
+        push_newest(tomb.encode(), 10, b"v", 15) == VersionRow(15, [(10, b"v"), (4, b"a")]).encode()
+    )
