@@ -73,6 +73,8 @@ class SessionStoreBase:
         self._first_live_segment = TS_MIN  # expiry has run up to this segment
         #: Puts dropped because their session was already outside retention.
         self.dropped_records = 0
+        self._aux: dict[str, bytes] = {}
+        self._end_index = None
 
     # ----------------------------------------------------------- row storage API
     def _write(self, kb: bytes, start: int, end: int, value: bytes | None) -> None:
@@ -168,6 +170,32 @@ class SessionStoreBase:
     def _batch(self):
         """Context manager grouping writes atomically (a no-op in memory)."""
         return nullcontext()
+
+    def set_min_retention(self, retention_ms: int) -> None:
+        """Raise retention to at least ``retention_ms``."""
+        if retention_ms > self.retention_ms:
+            self.retention_ms = _check_retention("retention_ms", retention_ms)
+
+    def batch(self):
+        """Group writes into one atomic unit (the StateDB's batch; a no-op in memory)."""
+        return self._batch()
+
+    # Operators keep a little state of their own next to the store (stream time,
+    # emitted close time); it is written atomically with the store's rows.
+    def read_aux(self, name: str) -> bytes | None:
+        """Operator metadata saved with :meth:`write_aux`, or None."""
+        return self._aux.get(name)
+
+    def write_aux(self, name: str, value: bytes) -> None:
+        self._aux[name] = value
+
+    def end_index(self):
+        """The end-ordered index of open sessions used by emit-on-close."""
+        from sessionstore.end_index import MemoryEndIndex
+
+        if self._end_index is None:
+            self._end_index = MemoryEndIndex()
+        return self._end_index
 
     def _advance(self, end: int) -> None:
         """Move stream time forward to ``end`` and expire what fell out of retention."""
@@ -295,6 +323,24 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
 
     def _batch(self):
         return self._db.batch()
+
+    def read_aux(self, name: str) -> bytes | None:
+        return self._db.get_meta(b"aux:" + self.name.encode() + b":" + name.encode())
+
+    def write_aux(self, name: str, value: bytes) -> None:
+        self._db.put_meta(b"aux:" + self.name.encode() + b":" + name.encode(), value)
+
+    def end_index(self):
+        from sessionstore.end_index import RocksDBEndIndex
+
+        if self._end_index is None:
+            self._end_index = RocksDBEndIndex(self._db, self.name)
+        return self._end_index
+
+    def set_min_retention(self, retention_ms: int) -> None:
+        """Raise retention to at least ``retention_ms`` (recorded in the spec)."""
+        if retention_ms > self.retention_ms:
+            self.reconfigure(retention_ms, None)
 
     def put_many(self, rows: Iterable[tuple[Any, int, int, Any]]) -> None:
         """``put`` each ``(key, start, end, value)`` in order, as one atomic batch.

@@ -1,0 +1,80 @@
+"""Arrow in, Arrow out: turning record batches into the operators' columns and
+their emitted updates back into tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["columns_of", "epoch_millis", "updates_to_arrow"]
+
+_UNIT_TO_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
+
+
+def epoch_millis(column: pa.Array | pa.ChunkedArray) -> list[int | None]:
+    """Epoch milliseconds of an integer or timestamp column (nulls stay None)."""
+    if pa.types.is_timestamp(column.type):
+        unit = column.type.unit
+        ints = pc.cast(column, pa.int64())
+        if unit == "s":
+            ints = pc.multiply(ints, 1000)
+        elif _UNIT_TO_MS[unit] != 1:
+            ints = pc.floor(pc.divide(pc.cast(ints, pa.float64()), _UNIT_TO_MS[unit]))
+            ints = pc.cast(ints, pa.int64())
+        return ints.to_pylist()
+    if pa.types.is_integer(column.type):
+        return column.to_pylist()
+    raise TypeError(
+        f"timestamp column must be an integer (epoch ms) or timestamp type, got {column.type}"
+    )
+
+
+def _column(batch: Any, name: str) -> Any:
+    try:
+        return batch.column(name)
+    except KeyError:
+        raise KeyError(f"column {name!r} not in batch; it has {batch.schema.names}") from None
+
+
+def columns_of(
+    batch: Any,
+    key: str | Sequence[str],
+    timestamp: str,
+    value: str | Sequence[str] | None,
+) -> tuple[list[Any], list[int | None], list[Any]]:
+    """``(keys, timestamps, values)`` as Python lists from a table or record batch."""
+    if isinstance(key, str):
+        keys = _column(batch, key).to_pylist()
+    else:
+        cols = [_column(batch, k).to_pylist() for k in key]
+        keys = [
+            None if any(p is None for p in parts) else tuple(parts)
+            for parts in zip(*cols, strict=True)
+        ]
+    timestamps = epoch_millis(_column(batch, timestamp))
+    if value is None:
+        values: list[Any] = [None] * batch.num_rows
+    elif isinstance(value, str):
+        values = _column(batch, value).to_pylist()
+    else:
+        cols = [_column(batch, v).to_pylist() for v in value]
+        values = [dict(zip(value, row, strict=True)) for row in zip(*cols, strict=True)]
+    return keys, timestamps, values
+
+
+def updates_to_arrow(updates: Sequence[Any], key: str | Sequence[str] = "key") -> pa.Table:
+    """A table with the key column(s), ``start``, ``end``, ``value`` and ``timestamp``."""
+    data: dict[str, Any] = {}
+    if isinstance(key, str):
+        data[key] = [u.key for u in updates]
+    else:
+        for i, name in enumerate(key):
+            data[name] = [u.key[i] for u in updates]
+    data["start"] = pa.array([u.start for u in updates], pa.int64())
+    data["end"] = pa.array([u.end for u in updates], pa.int64())
+    data["value"] = [u.value for u in updates]
+    data["timestamp"] = pa.array([u.timestamp for u in updates], pa.int64())
+    return pa.table(data)

@@ -1,0 +1,410 @@
+"""Session-window aggregation (KIP-94) over a session store, record by record or per batch.
+
+Rules (README "Session windows" has the full list):
+
+* **Merge candidates** of a record at ``ts`` are the stored sessions of its key with
+  ``end >= ts - gap`` and ``start <= ts + gap`` (an inclusive gap, as Spark's
+  ``session_window`` and KIP-94). They are folded in (end, start) order:
+  ``acc = initializer(); acc = merger(key, acc, c)…; acc = aggregator(key, value, acc)``.
+* **Stream time** is the largest timestamp seen; ``close_time = stream_time - gap -
+  grace``. A session is closed when ``end < close_time``. A record whose merged
+  window ends before ``close_time`` is dropped and counted, as is a record with a
+  None key or timestamp.
+* ``emit="update"`` forwards every change: merged-away sessions as tombstones
+  (value None, stamped with their old end), then the merged session stamped with
+  its end. ``emit="final"`` forwards each session once, when it closes, ordered by
+  (end, start, key); a closed session is never merged into or re-emitted.
+
+:meth:`SessionWindowAggregator.process_batch` gives exactly the updates and final
+state of calling :meth:`~SessionWindowAggregator.process` on each record in order,
+while reading the store once per key and writing each surviving session once: it
+replays each key's records in memory against the stream-time prefix of the whole
+batch, which decides closing and visibility exactly as the record path does.
+Accumulators must round-trip unchanged through the store's value serde (msgpack:
+use lists, not tuples).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sessionstore.keys import check_timestamp
+from sessionstore.operators.aggregations import Aggregation, Aggregations
+
+__all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
+
+_I64 = struct.Struct(">q")
+_FAR_PAST = -(2**62)  # below any real time, far enough from int64 overflow
+
+
+@dataclass(frozen=True)
+class SessionWindows:
+    """Gap-based sessions: records at most ``gap_ms`` apart share a session; late
+    records are accepted for ``grace_ms`` after a session's end."""
+
+    gap_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("gap_ms", "grace_ms"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(
+                    f"{name} must be a non-negative int of milliseconds, got {value!r}"
+                )
+
+
+class SessionUpdate(NamedTuple):
+    """One emitted change. ``value`` is None for a tombstone (a merged-away session)."""
+
+    key: Any
+    start: int
+    end: int
+    value: Any
+    timestamp: int
+
+
+class _Session:
+    __slots__ = ("start", "end", "acc", "loaded", "removed_at")
+
+    def __init__(self, start: int, end: int, acc: Any, loaded: bool) -> None:
+        self.start, self.end, self.acc, self.loaded = start, end, acc, loaded
+        self.removed_at: int | None = None
+
+
+def _make_aggregation(
+    initializer: Callable | None,
+    aggregator: Callable | None,
+    merger: Callable | None,
+    aggregations: Aggregation | Mapping | None,
+) -> Aggregation:
+    if aggregations is not None:
+        if initializer or aggregator or merger:
+            raise ValueError("pass either aggregations= or initializer/aggregator/merger, not both")
+        if isinstance(aggregations, Aggregation):
+            return aggregations
+        return Aggregations(aggregations)
+    if not (callable(initializer) and callable(aggregator) and callable(merger)):
+        raise ValueError(
+            "a custom aggregation needs initializer, aggregator and merger callables "
+            f"(got {initializer!r}, {aggregator!r}, {merger!r})"
+        )
+    return Aggregation(initializer, aggregator, merger)
+
+
+class SessionWindowAggregator:
+    """The KIP-94 session-window processor over a session store (RocksDB or memory)."""
+
+    def __init__(
+        self,
+        store: Any,
+        windows: SessionWindows,
+        initializer: Callable[[], Any] | None = None,
+        aggregator: Callable[[Any, Any, Any], Any] | None = None,
+        merger: Callable[[Any, Any, Any], Any] | None = None,
+        *,
+        aggregations: Aggregation | Mapping | None = None,
+        emit: str = "update",
+    ) -> None:
+        if emit not in ("update", "final"):
+            raise ValueError(f"emit must be 'update' or 'final', got {emit!r}")
+        if not isinstance(windows, SessionWindows):
+            raise TypeError(f"windows must be SessionWindows, got {type(windows).__name__}")
+        self.store = store
+        self.windows = windows
+        self.emit = emit
+        self.aggregation = _make_aggregation(initializer, aggregator, merger, aggregations)
+        self._gap, self._grace = windows.gap_ms, windows.grace_ms
+        # Open sessions must stay visible: Kafka's default retention (gap + grace)
+        # would hide a session that can still be merged into.
+        store.set_min_retention(windows.gap_ms + windows.grace_ms + 1)
+        self._final = emit == "final"
+        self._index = store.end_index() if self._final else None
+        self._encode = store._encode_key
+        self._decode = store._decode_key
+        self._stream_time = self._read_time("stream_time")
+        self._emitted_close = self._read_time("emitted_close")
+        #: Records dropped: None key or timestamp, or late beyond grace.
+        self.dropped_records = 0
+
+    # ----------------------------------------------------------------- state
+    def _read_time(self, name: str) -> int | None:
+        raw = self.store.read_aux(name)
+        return None if raw is None else _I64.unpack(raw)[0]
+
+    def _save_times(self) -> None:
+        if self._stream_time is not None:
+            self.store.write_aux("stream_time", _I64.pack(self._stream_time))
+        if self._emitted_close is not None:
+            self.store.write_aux("emitted_close", _I64.pack(self._emitted_close))
+
+    @property
+    def stream_time(self) -> int | None:
+        return self._stream_time
+
+    def close_time(self) -> int | None:
+        """Sessions ending before this are closed (None before the first record)."""
+        st = self._stream_time
+        return None if st is None else st - self._gap - self._grace
+
+    # ------------------------------------------------------------ record path
+    def process(self, key: Any, value: Any, timestamp: int | None) -> list[SessionUpdate]:
+        """Process one record; return what it emits."""
+        if key is None or timestamp is None:
+            self.dropped_records += 1
+            return []
+        ts = check_timestamp("timestamp", timestamp)
+        kb = self._encode(key)
+        with self.store.batch():
+            out = self._process(key, kb, value, ts)
+            self._save_times()
+        return out
+
+    def _process(self, key: Any, kb: bytes, value: Any, ts: int) -> list[SessionUpdate]:
+        store, gap, agg = self.store, self._gap, self.aggregation
+        if self._stream_time is None or ts > self._stream_time:
+            self._stream_time = ts
+        close = self._stream_time - gap - self._grace
+        out: list[SessionUpdate] = []
+        if self._final:
+            out.extend(self._close_until(close))
+        candidates = list(store.find_sessions(key, ts - gap, ts + gap))
+        if self._final:
+            candidates = [c for c in candidates if c[0].end >= close]
+        start = min([ts] + [w.start for w, _ in candidates])
+        end = max([ts] + [w.end for w, _ in candidates])
+        if end < close:
+            self.dropped_records += 1
+            return out
+        acc = agg.initializer()
+        for _, merged in candidates:
+            acc = agg.merger(key, acc, merged)
+        acc = agg.add(key, value, ts, acc)
+        for window, _ in candidates:
+            store.remove(key, window.start, window.end)
+            if self._final:
+                self._index.discard(kb, window.start, window.end)
+            else:
+                out.append(SessionUpdate(key, window.start, window.end, None, window.end))
+        store.put(key, start, end, acc)
+        if self._final:
+            self._index.add(kb, start, end)
+        else:
+            out.append(SessionUpdate(key, start, end, agg.finish(acc), end))
+        return out
+
+    def _close_until(self, close: int) -> list[SessionUpdate]:
+        """Emit (and forget from the index) every open session ending before ``close``."""
+        if self._emitted_close is not None and close <= self._emitted_close:
+            return []
+        self._emitted_close = close
+        out = []
+        finish, store, index, decode = (
+            self.aggregation.finish,
+            self.store,
+            self._index,
+            self._decode,
+        )
+        for end, start, kb in index.below(close):
+            index.discard(kb, start, end)
+            key = decode(kb)
+            acc = store.fetch_session(key, start, end)
+            if acc is not None:
+                out.append(SessionUpdate(key, start, end, finish(acc), end))
+        return out
+
+    # ------------------------------------------------------------- batch path
+    def process_rows(
+        self, keys: Sequence[Any], timestamps: Sequence[int | None], values: Sequence[Any]
+    ) -> list[SessionUpdate]:
+        """Process a batch given as columns; same result as :meth:`process` per row."""
+        n = len(keys)
+        if not (len(timestamps) == n == len(values)):
+            raise ValueError(
+                f"keys, timestamps and values differ in length: {n}, {len(timestamps)}, "
+                f"{len(values)}"
+            )
+        if n == 0:
+            return []
+        store = self.store
+        if store.observed_stream_time != self._stream_time:
+            # Someone else wrote to the store: its visibility no longer follows our
+            # stream time, so replay record by record (still exact, just slower).
+            out: list[SessionUpdate] = []
+            with store.batch():
+                for k, t, v in zip(keys, timestamps, values, strict=True):
+                    out.extend(self.process(k, v, t))
+            return out
+        with store.batch():
+            out = self._process_rows(keys, timestamps, values)
+            self._save_times()
+        return out
+
+    def _process_rows(self, keys, timestamps, values) -> list[SessionUpdate]:
+        store, agg, encode = self.store, self.aggregation, self._encode
+        gap, grace, final = self._gap, self._grace, self._final
+        n = len(keys)
+        groups: dict[bytes, list[int]] = {}
+        ts_fill = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            key, t = keys[i], timestamps[i]
+            if key is None or t is None:
+                self.dropped_records += 1
+                ts_fill[i] = _FAR_PAST
+                continue
+            ts_fill[i] = check_timestamp("timestamp", t)
+            kb = encode(key)
+            group = groups.get(kb)
+            if group is None:
+                groups[kb] = [i]
+            else:
+                group.append(i)
+        if not groups:
+            return []
+        st0 = _FAR_PAST if self._stream_time is None else self._stream_time
+        prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
+        close_arr = prefix - (gap + grace)
+        # store visibility during record i's lookup uses the stream time before it
+        before = np.empty(n, dtype=np.int64)
+        before[0] = st0
+        before[1:] = prefix[:-1]
+        vis_arr = before - store.retention_ms + 1
+        close_l, vis_l = close_arr.tolist(), vis_arr.tolist()
+        ts_l = ts_fill.tolist()
+
+        emitted: list[tuple[tuple, SessionUpdate]] = []
+        tracked: list[tuple[Any, bytes, _Session]] = []  # every session the replay knows
+        loaded_ids: set[tuple[bytes, int, int]] = set()
+        emitted_close = self._emitted_close
+        add, merger, init, finish = agg.add, agg.merger, agg.initializer, agg.finish
+        for kb, idxs in groups.items():
+            key = keys[idxs[0]]
+            tmin = min(ts_l[i] for i in idxs)
+            tmax = max(ts_l[i] for i in idxs)
+            sessions: list[_Session] = []
+            for window, acc in store.find_sessions(key, tmin - gap, tmax + gap):
+                s = _Session(window.start, window.end, acc, True)
+                sessions.append(s)
+                tracked.append((key, kb, s))
+                loaded_ids.add((kb, window.start, window.end))
+            for i in idxs:
+                t, close, vis = ts_l[i], close_l[i], vis_l[i]
+                lo_end, hi_start = t - gap, t + gap
+                lo_end = max(lo_end, vis)
+                if final:
+                    lo_end = max(lo_end, close)
+                cands = [s for s in sessions if s.end >= lo_end and s.start <= hi_start]
+                start, end = t, t
+                for s in cands:
+                    if s.start < start:
+                        start = s.start
+                    if s.end > end:
+                        end = s.end
+                if end < close:
+                    self.dropped_records += 1
+                    continue
+                acc = init()
+                for s in cands:
+                    acc = merger(key, acc, s.acc)
+                acc = add(key, values[i], t, acc)
+                seq = 0
+                for s in cands:
+                    s.removed_at = i
+                    sessions.remove(s)
+                    if not final:
+                        emitted.append(((i, seq), SessionUpdate(key, s.start, s.end, None, s.end)))
+                        seq += 1
+                new = _Session(start, end, acc, False)
+                _insert_sorted(sessions, new)
+                tracked.append((key, kb, new))
+                if not final:
+                    emitted.append(((i, seq), SessionUpdate(key, start, end, finish(acc), end)))
+
+        final_vis = int(prefix[-1]) - store.retention_ms + 1
+        index = self._index
+        if final:
+            final_close = int(close_arr[-1])
+            # open sessions the replay did not load close by time alone
+            for end, start, kb in index.below(final_close):
+                if (kb, start, end) in loaded_ids:
+                    continue
+                j = int(np.searchsorted(close_arr, end, side="right"))
+                key = self._decode(kb)
+                acc = store.fetch_session(key, start, end)
+                index.discard(kb, start, end)
+                if acc is not None:
+                    emitted.append(
+                        ((j, end, start, kb), SessionUpdate(key, start, end, finish(acc), end))
+                    )
+        # write back: removals first, so that a re-put of the same window wins
+        for key, kb, s in tracked:
+            if s.loaded and s.removed_at is not None:
+                store.remove(key, s.start, s.end)
+                if final:
+                    index.discard(kb, s.start, s.end)
+        for key, kb, s in tracked:
+            if s.removed_at is not None:
+                continue
+            closes_at = None
+            if final:
+                was_open = not s.loaded or emitted_close is None or s.end >= emitted_close
+                if was_open:
+                    j = int(np.searchsorted(close_arr, s.end, side="right"))
+                    if j < n:
+                        closes_at = j
+                        emitted.append(
+                            (
+                                (j, s.end, s.start, kb),
+                                SessionUpdate(key, s.start, s.end, finish(s.acc), s.end),
+                            )
+                        )
+                    if s.loaded and closes_at is not None:
+                        index.discard(kb, s.start, s.end)
+                    elif not s.loaded and closes_at is None:
+                        index.add(kb, s.start, s.end)
+            if not s.loaded and s.end >= final_vis:
+                store.put(key, s.start, s.end, s.acc)
+        if self._stream_time is None or int(prefix[-1]) > self._stream_time:
+            self._stream_time = int(prefix[-1])
+        if final:
+            last_close = int(close_arr[-1])
+            if emitted_close is None or last_close > emitted_close:
+                self._emitted_close = last_close
+        emitted.sort(key=lambda e: e[0])
+        return [u for _, u in emitted]
+
+    def process_batch(
+        self,
+        batch: Any,
+        key: str | Sequence[str] = "key",
+        timestamp: str = "timestamp",
+        value: str | Sequence[str] | None = "value",
+    ) -> Any:
+        """Process an Arrow table or record batch; return the updates as an Arrow table.
+
+        ``key`` names one column or several (tuple keys); ``value`` names one column,
+        several (each value is a dict of them) or None. Timestamps are epoch
+        milliseconds or an Arrow timestamp column.
+        """
+        from sessionstore.operators.arrow_io import columns_of, updates_to_arrow
+
+        keys, timestamps, values = columns_of(batch, key, timestamp, value)
+        return updates_to_arrow(self.process_rows(keys, timestamps, values), key)
+
+    def process_records(self, records: Iterable[tuple[Any, Any, int]]) -> list[SessionUpdate]:
+        """Batch path for ``(key, value, timestamp)`` tuples."""
+        rows = list(records)
+        return self.process_rows([r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows])
+
+
+def _insert_sorted(sessions: list[_Session], new: _Session) -> None:
+    """Keep ``sessions`` in (end, start) order, the order candidates are merged in."""
+    i = len(sessions)
+    while i > 0 and (sessions[i - 1].end, sessions[i - 1].start) > (new.end, new.start):
+        i -= 1
+    sessions.insert(i, new)

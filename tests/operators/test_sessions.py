@@ -1,0 +1,270 @@
+"""Session-window aggregation: exact vectors for each rule, through both paths."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from sessionstore import InMemorySessionStore, StateDB
+from sessionstore.operators import (
+    Aggregation,
+    SessionUpdate,
+    SessionWindowAggregator,
+    SessionWindows,
+)
+
+U = SessionUpdate
+
+
+def make(gap, grace=0, emit="update", retention=None, aggs=None):
+    store = InMemorySessionStore("s", retention or gap + grace + 1)
+    return SessionWindowAggregator(
+        store, SessionWindows(gap, grace), aggregations=aggs or {"n": "count"}, emit=emit
+    )
+
+
+@pytest.fixture(params=["records", "batch"])
+def feed(request):
+    """Feed records one call each, or all at once through the batch path."""
+
+    def run(agg, records):
+        if request.param == "records":
+            out = []
+            for key, ts in records:
+                out.extend(agg.process(key, None, ts))
+            return out
+        return agg.process_records([(k, None, t) for k, t in records])
+
+    return run
+
+
+def sessions(agg):
+    return [(w.key, w.start, w.end, acc) for w, acc in agg.store.fetch_range(None, None)]
+
+
+def test_merging_two_sessions(feed):
+    agg = make(gap=10, retention=1000)
+    out = feed(agg, [("a", 0), ("a", 20), ("a", 10)])
+    assert out == [
+        U("a", 0, 0, {"n": 1}, 0),
+        U("a", 20, 20, {"n": 1}, 20),
+        U("a", 0, 0, None, 0),
+        U("a", 20, 20, None, 20),
+        U("a", 0, 20, {"n": 3}, 20),
+    ]
+    assert sessions(agg) == [("a", 0, 20, [3])]
+
+
+def test_chain_merges_of_three_sessions(feed):
+    agg = make(gap=5, grace=100, retention=1000)  # grace: a@5 is late but accepted
+    feed(agg, [("a", 0), ("a", 10), ("a", 20)])
+    assert [s[1:3] for s in sessions(agg)] == [(0, 0), (10, 10), (20, 20)]
+    out = feed(agg, [("a", 5), ("a", 15)])
+    assert out == [
+        U("a", 0, 0, None, 0),
+        U("a", 10, 10, None, 10),
+        U("a", 0, 10, {"n": 3}, 10),
+        U("a", 0, 10, None, 10),
+        U("a", 20, 20, None, 20),
+        U("a", 0, 20, {"n": 5}, 20),
+    ]
+    assert sessions(agg) == [("a", 0, 20, [5])]
+
+
+def test_same_timestamp_and_record_inside_a_session(feed):
+    agg = make(gap=10, retention=1000)
+    out = feed(agg, [("a", 5), ("a", 5), ("a", 0), ("a", 3)])
+    assert out[-2:] == [U("a", 0, 5, None, 5), U("a", 0, 5, {"n": 4}, 5)]
+    assert out[:3] == [U("a", 5, 5, {"n": 1}, 5), U("a", 5, 5, None, 5), U("a", 5, 5, {"n": 2}, 5)]
+
+
+def test_gap_is_inclusive(feed):
+    agg = make(gap=10, retention=1000)
+    feed(agg, [("a", 0), ("a", 10), ("a", 21)])
+    assert [s[1:] for s in sessions(agg)] == [(0, 10, [2]), (21, 21, [1])]
+
+
+def test_grace_zero_drops_late_records(feed):
+    agg = make(gap=10, grace=0)
+    out = feed(agg, [("a", 100), ("b", 85), ("a", 92)])
+    # close time 90: b@85 alone ends before it; a@92 merges with a[100, 100]
+    assert out == [
+        U("a", 100, 100, {"n": 1}, 100),
+        U("a", 100, 100, None, 100),
+        U("a", 92, 100, {"n": 2}, 100),
+    ]
+    assert agg.dropped_records == 1
+
+
+def test_grace_accepts_late_records_until_it_runs_out(feed):
+    agg = make(gap=10, grace=20)
+    out = feed(agg, [("a", 100), ("a", 75), ("b", 69), ("a", 69)])
+    assert out == [
+        U("a", 100, 100, {"n": 1}, 100),
+        U("a", 75, 75, {"n": 1}, 75),
+        # a@69 is before close time 70 but merges into a[75, 75], which is not
+        U("a", 75, 75, None, 75),
+        U("a", 69, 75, {"n": 2}, 75),
+    ]
+    assert agg.dropped_records == 1  # b@69 alone ends before 100 - 10 - 20
+
+
+def test_none_key_and_none_timestamp_are_dropped(feed):
+    agg = make(gap=10)
+    assert feed(agg, [(None, 5), ("a", None)]) == []
+    assert agg.dropped_records == 2
+    assert agg.stream_time is None
+
+
+def test_final_mode_emits_once_at_close_in_end_start_key_order(feed):
+    agg = make(gap=10, emit="final", retention=1000)
+    assert feed(agg, [("z", 1), ("x", 3), ("y", 5), ("z", 5), ("w", 5)]) == []
+    # x@3 and z[1,5] and y@5 and w@5 close when stream time passes 5 + 10
+    out = feed(agg, [("q", 15), ("q", 16)])
+    assert out == [
+        U("x", 3, 3, {"n": 1}, 3),
+        U("z", 1, 5, {"n": 2}, 5),
+        U("w", 5, 5, {"n": 1}, 5),
+        U("y", 5, 5, {"n": 1}, 5),
+    ]
+    assert feed(agg, [("q", 40)]) == [U("q", 15, 16, {"n": 2}, 16)]
+
+
+def test_final_mode_never_merges_into_a_closed_session(feed):
+    update = make(gap=10, grace=5, retention=1000)
+    final = make(gap=10, grace=5, emit="final", retention=1000)
+    records = [("a", 0), ("b", 16), ("a", 9)]  # b@16 closes a[0, 0] (close time 1)
+    feed(update, records)
+    out = feed(final, records)
+    assert out == [U("a", 0, 0, {"n": 1}, 0)]
+    assert [s[:3] for s in sessions(update)] == [("a", 0, 9), ("b", 16, 16)]
+    assert [s[:3] for s in sessions(final)] == [("a", 0, 0), ("a", 9, 9), ("b", 16, 16)]
+    assert feed(final, [("c", 100)]) == [U("a", 9, 9, {"n": 1}, 9), U("b", 16, 16, {"n": 1}, 16)]
+
+
+def test_update_mode_merges_closed_but_retained_sessions(feed):
+    # Kafka's rule: with a long retention a closed session can still be extended by a
+    # record that is not late itself.
+    agg = make(gap=10, retention=1000)
+    out = feed(agg, [("a", 0), ("b", 20), ("a", 10)])
+    assert out[-1] == U("a", 0, 10, {"n": 2}, 10)
+    short = make(gap=10)  # retention gap + 1: a[0, 0] is gone once stream time is 20
+    out = feed(short, [("a", 0), ("b", 20), ("a", 10)])
+    assert out[-1] == U("a", 10, 10, {"n": 1}, 10)
+
+
+def test_retention_is_raised_to_cover_open_sessions():
+    store = InMemorySessionStore("s", 5)
+    SessionWindowAggregator(store, SessionWindows(10, 2), aggregations={"n": "count"})
+    assert store.retention_ms == 13
+
+
+def test_builtin_aggregations_over_columns(feed):
+    agg = make(
+        gap=10,
+        retention=1000,
+        aggs={
+            "n": "count",
+            "spent": ("sum", "amount"),
+            "cheapest": ("min", "amount"),
+            "dearest": ("max", "amount"),
+            "entry": ("first", "page"),
+            "exit": ("last", "page"),
+            "pages": ("collect", "page"),
+        },
+    )
+    rows = [("u", {"amount": 5, "page": "/b"}, 3), ("u", {"amount": 2, "page": "/a"}, 1)]
+    rows.append(("u", {"amount": 9, "page": "/c"}, 8))
+    for key, value, ts in rows:
+        out = agg.process(key, value, ts)
+    assert out[-1].value == {
+        "n": 3,
+        "spent": 16,
+        "cheapest": 2,
+        "dearest": 9,
+        "entry": "/a",
+        "exit": "/c",
+        "pages": ["/b", "/a", "/c"],
+    }
+
+
+def test_custom_aggregation():
+    store = InMemorySessionStore("s", 1000)
+    agg = SessionWindowAggregator(
+        store,
+        SessionWindows(10),
+        initializer=lambda: "",
+        aggregator=lambda key, value, acc: acc + value,
+        merger=lambda key, a, b: a + b,
+    )
+    agg.process("k", "x", 0)
+    agg.process("k", "z", 20)
+    assert agg.process("k", "y", 10)[-1] == U("k", 0, 20, "xzy", 20)
+    with pytest.raises(ValueError, match="initializer, aggregator and merger"):
+        SessionWindowAggregator(store, SessionWindows(10), initializer=list)
+    assert isinstance(agg.aggregation, Aggregation)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        ({"emit": "sometimes"}, "emit must be 'update' or 'final'"),
+        ({"aggregations": {"n": "median"}}, "expected 'count' or"),
+        ({"aggregations": {}}, "non-empty dict"),
+    ],
+)
+def test_bad_configuration(kwargs, error):
+    with pytest.raises(ValueError, match=error):
+        SessionWindowAggregator(InMemorySessionStore("s", 10), SessionWindows(5), **kwargs)
+
+
+def test_bad_windows_and_timestamps():
+    with pytest.raises(ValueError, match="gap_ms must be a non-negative int"):
+        SessionWindows(-1)
+    agg = make(gap=10)
+    agg.process("a", None, 5)
+    with pytest.raises(TypeError, match="timestamp must be an int"):
+        agg.process("a", None, 5.5)
+    with pytest.raises(ValueError, match="does not fit"):
+        agg.process_records([("a", None, 2**63)])
+    assert sessions(agg) == [("a", 5, 5, [1])]  # nothing committed was lost
+
+
+def test_final_mode_state_survives_reopen_without_duplicates(tmp_path):
+    def open_agg(db):
+        store = db.session_store("s", 1000)
+        return SessionWindowAggregator(
+            store, SessionWindows(10), aggregations={"n": "count"}, emit="final"
+        )
+
+    with StateDB.open(tmp_path) as db:
+        agg = open_agg(db)
+        agg.process_records([("a", None, 0), ("b", None, 5), ("c", None, 30)])
+    with StateDB.open(tmp_path) as db:
+        agg = open_agg(db)
+        assert agg.stream_time == 30
+        assert agg.process("d", None, 31) == []  # a and b were emitted before the reopen
+        assert agg.process("d", None, 41) == [U("c", 30, 30, {"n": 1}, 30)]
+
+
+def test_process_batch_with_arrow(tmp_path):
+    agg = make(gap=10_000, retention=10**6, aggs={"n": "count", "spent": ("sum", "amount")})
+    table = pa.table(
+        {
+            "user": ["a", "a", "b", None],
+            "ts": pa.array([0, 5000, 3000, 1], pa.timestamp("ms")),
+            "amount": [1, 2, 3, 4],
+        }
+    )
+    out = agg.process_batch(table, key="user", timestamp="ts", value=["amount"])
+    assert out.column_names == ["user", "start", "end", "value", "timestamp"]
+    assert out.to_pylist()[-1] == {
+        "user": "b",
+        "start": 3000,
+        "end": 3000,
+        "value": {"n": 1, "spent": 3},
+        "timestamp": 3000,
+    }
+    assert agg.dropped_records == 1
+    with pytest.raises(KeyError, match="column 'nope' not in batch"):
+        agg.process_batch(table, key="nope", timestamp="ts")
