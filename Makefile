@@ -31,6 +31,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/stores.py
+	$(PY) bench/operators.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check sessionstore spark_integration tests bench

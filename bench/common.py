@@ -57,3 +57,54 @@ def print_table(title: str, headers: list[str], rows: list[list[str]]) -> str:
     text = "\n".join([f"### {title}", "", line, sep, *body, ""])
     print(text, flush=True)
     return text
+
+
+class Trace:
+    """Records the RocksDB-level operations a StateDB performs."""
+
+    def __init__(self, db) -> None:
+        self.ops: list[tuple] = []
+        self._db = db
+        orig_get, orig_many, orig_scan = db.get, db.get_many, db._scan
+        orig_scan_list = db.scan_list
+        orig_commit = db._commit
+        ops = self.ops
+
+        def get(cf, key):
+            ops.append(("get", cf, key))
+            return orig_get(cf, key)
+
+        def get_many(cf, keys):
+            ops.append(("multi", cf, list(keys)))
+            return orig_many(cf, keys)
+
+        def scan(cf, lo, hi, reverse):
+            ops.append(("scan", cf, lo, hi, reverse))
+            return orig_scan(cf, lo, hi, reverse)
+
+        def scan_list(cf, lo=None, hi=None, reverse=False):
+            ops.append(("scan", cf, lo, hi, reverse))
+            return orig_scan_list(cf, lo, hi, reverse)
+
+        def commit():
+            buf = db._buffer
+            ops.append(("write", [(cf, dict(e)) for cf, e in buf.families.items()]))
+            orig_commit()
+
+        db.get, db.get_many, db._scan, db._commit = get, get_many, scan, commit
+        db.scan_list = scan_list
+
+    def counts(self) -> dict[str, int]:
+        """RocksDB operations by kind: gets (each key of a multi-get counts), scans
+        and written entries."""
+        out = {"get": 0, "scan": 0, "write": 0}
+        for op in self.ops:
+            if op[0] == "get":
+                out["get"] += 1
+            elif op[0] == "multi":
+                out["get"] += len(op[2])
+            elif op[0] == "scan":
+                out["scan"] += 1
+            else:
+                out["write"] += sum(len(e) for _, e in op[1])
+        return out

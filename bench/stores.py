@@ -23,46 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rocksdict import Rdict, ReadOptions, WriteBatch  # noqa: E402
 
-from bench.common import machine, print_table, raw_rdict, scratch_dir  # noqa: E402
+from bench.common import Trace, machine, print_table, raw_rdict, scratch_dir  # noqa: E402
 from sessionstore import StateDB  # noqa: E402
 
 HOUR = 3_600_000
-
-
-class Trace:
-    """Records the RocksDB-level operations a StateDB performs."""
-
-    def __init__(self, db: StateDB) -> None:
-        self.ops: list[tuple] = []
-        self._db = db
-        orig_get, orig_many, orig_scan = db.get, db.get_many, db._scan
-        orig_scan_list = db.scan_list
-        orig_commit = db._commit
-        ops = self.ops
-
-        def get(cf, key):
-            ops.append(("get", cf, key))
-            return orig_get(cf, key)
-
-        def get_many(cf, keys):
-            ops.append(("multi", cf, list(keys)))
-            return orig_many(cf, keys)
-
-        def scan(cf, lo, hi, reverse):
-            ops.append(("scan", cf, lo, hi, reverse))
-            return orig_scan(cf, lo, hi, reverse)
-
-        def scan_list(cf, lo=None, hi=None, reverse=False):
-            ops.append(("scan", cf, lo, hi, reverse))
-            return orig_scan_list(cf, lo, hi, reverse)
-
-        def commit():
-            buf = db._buffer
-            ops.append(("write", [(cf, dict(e)) for cf, e in buf.families.items()]))
-            orig_commit()
-
-        db.get, db.get_many, db._scan, db._commit = get, get_many, scan, commit
-        db.scan_list = scan_list
 
 
 def replay(rd: Rdict, ops: list[tuple]) -> None:
