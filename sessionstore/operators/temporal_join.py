@@ -1,0 +1,106 @@
+"""Temporal stream-table join on a versioned store (KIP-889's motivating case).
+
+Table-side records become versions (``put(key, value, ts)``; a None value deletes).
+Each stream-side record is joined with the table value valid at the stream
+record's own event time (``get(key, as_of=ts)``), so an out-of-order stream
+record still meets the version it would have met in order::
+
+    B: b0 @0, b3 @3     A: a1 @1 -> (a1, b0), a4 @4 -> (a4, b3), a2 @2 -> (a2, b0)
+
+``how="inner"`` emits only matches; ``how="left"`` also emits stream records
+without a table value, joined with None. A stream record older than the table's
+history retention (``ts < table stream time - history_retention_ms``) is dropped
+and counted: only the latest version survives that far back, and joining with it
+would be silently wrong. So are records with a None key or timestamp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from sessionstore.keys import check_timestamp
+from sessionstore.versioned_store import VersionedStore
+
+__all__ = ["TemporalJoin", "JoinedRecord", "STREAM", "TABLE"]
+
+STREAM = "stream"
+TABLE = "table"
+
+
+class JoinedRecord(NamedTuple):
+    """A stream record joined with the table value valid at its event time."""
+
+    key: Any
+    timestamp: int
+    value: Any
+
+
+def _pair(stream_value: Any, table_value: Any) -> tuple[Any, Any]:
+    return stream_value, table_value
+
+
+class TemporalJoin:
+    """Join a stream with a versioned table, as of each stream record's event time."""
+
+    def __init__(
+        self,
+        table: VersionedStore,
+        joiner: Callable[[Any, Any], Any] = _pair,
+        how: str = "inner",
+    ) -> None:
+        if how not in ("inner", "left"):
+            raise ValueError(f"how must be 'inner' or 'left', got {how!r}")
+        if not isinstance(table, VersionedStore):
+            raise TypeError(f"table must be a VersionedStore, got {type(table).__name__}")
+        self.table = table
+        self.joiner = joiner
+        self.how = how
+        #: Stream records dropped: None key or timestamp, or older than history retention.
+        self.dropped_records = 0
+
+    def process_table(self, key: Any, value: Any, timestamp: int) -> int:
+        """Record a table version (None deletes); returns the versioned put result."""
+        return self.table.put(key, value, timestamp)
+
+    def process_stream(self, key: Any, value: Any, timestamp: int | None) -> JoinedRecord | None:
+        """Join one stream record; None when nothing is emitted."""
+        if key is None or timestamp is None:
+            self.dropped_records += 1
+            return None
+        ts = check_timestamp("timestamp", timestamp)
+        table = self.table
+        st = table.observed_stream_time
+        if st is not None and ts < st - table.history_retention_ms:
+            self.dropped_records += 1
+            return None
+        found = table.get(key, ts)
+        if found is None:
+            if self.how == "inner":
+                return None
+            return JoinedRecord(key, ts, self.joiner(value, None))
+        return JoinedRecord(key, ts, self.joiner(value, found.value))
+
+    def process_rows(
+        self,
+        sides: Sequence[str],
+        keys: Sequence[Any],
+        timestamps: Sequence[int | None],
+        values: Sequence[Any],
+    ) -> list[JoinedRecord]:
+        """Process interleaved table and stream records in arrival order, atomically."""
+        out: list[JoinedRecord] = []
+        with self.table._db.batch():
+            for side, key, ts, value in zip(sides, keys, timestamps, values, strict=True):
+                if side == TABLE:
+                    if key is None or ts is None:
+                        self.dropped_records += 1
+                        continue
+                    self.process_table(key, value, ts)
+                elif side == STREAM:
+                    joined = self.process_stream(key, value, ts)
+                    if joined is not None:
+                        out.append(joined)
+                else:
+                    raise ValueError(f"side must be {STREAM!r} or {TABLE!r}, got {side!r}")
+        return out
