@@ -433,8 +433,9 @@ class StateDB:
         effective = dict(spec)
         if raw is not None:
             recorded = msgpack.unpackb(raw)
-            if spec["kind"] != recorded["kind"]:
-                raise StoreSpecMismatchError(name, "kind", recorded["kind"], spec["kind"])
+            for field in ("kind", "window_size_ms"):  # they decide what the bytes mean
+                if spec.get(field) != recorded.get(field):
+                    raise StoreSpecMismatchError(name, field, recorded.get(field), spec.get(field))
             interval = recorded["segment_interval_ms"]
             if not explicit_interval:
                 effective["segment_interval_ms"] = interval
@@ -462,6 +463,29 @@ class StateDB:
         return self._open_store(
             SessionStore, name, retention_ms, segment_interval_ms, key_serde, value_serde
         )
+
+    def window_store(
+        self,
+        name: str,
+        retention_ms: int,
+        window_size_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ):
+        """The window store ``name`` (fixed-size windows per key), created on first use."""
+        from sessionstore.window_store import WindowStore
+
+        check_store_name(name)
+        store = self._stores.get(name)
+        if isinstance(store, WindowStore) and store.window_size_ms == window_size_ms:
+            store.reconfigure(retention_ms, segment_interval_ms)
+            return store
+        store = WindowStore(
+            self, name, retention_ms, window_size_ms, segment_interval_ms, key_serde, value_serde
+        )
+        self._stores[name] = store
+        return store
 
     def versioned_store(
         self,

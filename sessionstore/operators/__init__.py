@@ -2,6 +2,8 @@
 
 from sessionstore.operators.aggregations import Aggregation, Aggregations
 from sessionstore.operators.sessions import SessionUpdate, SessionWindowAggregator, SessionWindows
+from sessionstore.operators.temporal_join import JoinedRecord, TemporalJoin
+from sessionstore.operators.windows import TimeWindows, WindowAggregator, WindowUpdate
 
 __all__ = [
     "Aggregation",
@@ -9,4 +11,9 @@ __all__ = [
     "SessionWindows",
     "SessionUpdate",
     "SessionWindowAggregator",
+    "TemporalJoin",
+    "JoinedRecord",
+    "TimeWindows",
+    "WindowAggregator",
+    "WindowUpdate",
 ]
