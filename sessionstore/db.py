@@ -487,6 +487,21 @@ class StateDB:
         self._stores[name] = store
         return store
 
+    def message_store(
+        self,
+        name: str,
+        retention_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ):
+        """The message store ``name`` (messages by key, time and offset)."""
+        from sessionstore.message_store import MessageStore
+
+        return self._open_store(
+            MessageStore, name, retention_ms, segment_interval_ms, key_serde, value_serde
+        )
+
     def versioned_store(
         self,
         name: str,

@@ -147,6 +147,9 @@ class SessionStoreBase:
         kb = self._encode_key(key)
         if not (type(start) is int and type(end) is int and TS_MIN <= start <= end <= TS_MAX):
             start, end = self._window(start, end)
+        return self._put_checked(kb, start, end, value)
+
+    def _put_checked(self, kb: bytes, start: int, end: int, value: Any) -> None:
         if value is None:
             if end >= self.min_visible_end():
                 self._write(kb, start, end, None)

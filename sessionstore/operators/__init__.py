@@ -3,6 +3,7 @@
 from sessionstore.operators.aggregations import Aggregation, Aggregations
 from sessionstore.operators.sessions import SessionUpdate, SessionWindowAggregator, SessionWindows
 from sessionstore.operators.temporal_join import JoinedRecord, TemporalJoin
+from sessionstore.operators.window_join import JoinedPair, WindowedJoin
 from sessionstore.operators.windows import TimeWindows, WindowAggregator, WindowUpdate
 
 __all__ = [
@@ -16,4 +17,6 @@ __all__ = [
     "TimeWindows",
     "WindowAggregator",
     "WindowUpdate",
+    "WindowedJoin",
+    "JoinedPair",
 ]
