@@ -487,6 +487,17 @@ class StateDB:
         self._stores[name] = store
         return store
 
+    def kv_store(self, name: str, key_serde: Any = None, value_serde: Any = None):
+        """The key-value store ``name``, created on first use."""
+        from sessionstore.kv_store import KeyValueStore
+
+        check_store_name(name)
+        store = self._stores.get(name)
+        if isinstance(store, KeyValueStore):
+            return store
+        store = self._stores[name] = KeyValueStore(self, name, key_serde, value_serde)
+        return store
+
     def message_store(
         self,
         name: str,

@@ -1,6 +1,7 @@
 """Engine-agnostic operators: they take records and stores, and return what to emit."""
 
 from sessionstore.operators.aggregations import Aggregation, Aggregations
+from sessionstore.operators.count_windows import CountWindowAggregator, CountWindowUpdate
 from sessionstore.operators.sessions import SessionUpdate, SessionWindowAggregator, SessionWindows
 from sessionstore.operators.temporal_join import JoinedRecord, TemporalJoin
 from sessionstore.operators.window_join import JoinedPair, WindowedJoin
@@ -19,4 +20,6 @@ __all__ = [
     "WindowUpdate",
     "WindowedJoin",
     "JoinedPair",
+    "CountWindowAggregator",
+    "CountWindowUpdate",
 ]
