@@ -70,10 +70,11 @@ class SessionUpdate(NamedTuple):
 
 
 class _Session:
-    __slots__ = ("start", "end", "acc", "loaded", "removed_at")
+    __slots__ = ("start", "end", "acc", "offsets", "loaded", "removed_at")
 
-    def __init__(self, start: int, end: int, acc: Any, loaded: bool) -> None:
+    def __init__(self, start: int, end: int, acc: Any, offsets: list | None, loaded: bool) -> None:
         self.start, self.end, self.acc, self.loaded = start, end, acc, loaded
+        self.offsets = offsets
         self.removed_at: int | None = None
 
 
@@ -110,6 +111,7 @@ class SessionWindowAggregator:
         *,
         aggregations: Aggregation | Mapping | None = None,
         emit: str = "update",
+        track_offsets: bool = False,
     ) -> None:
         if emit not in ("update", "final"):
             raise ValueError(f"emit must be 'update' or 'final', got {emit!r}")
@@ -129,8 +131,13 @@ class SessionWindowAggregator:
         self._decode = store._decode_key
         self._stream_time = self._read_time("stream_time")
         self._emitted_close = self._read_time("emitted_close")
+        # With offsets tracked a session is stored as [acc, sorted record offsets], and
+        # a record whose offset a candidate session already holds is a replay.
+        self.track_offsets = track_offsets
         #: Records dropped: None key or timestamp, or late beyond grace.
         self.dropped_records = 0
+        #: Records ignored because their offset was already in their session.
+        self.replayed_records = 0
 
     # ----------------------------------------------------------------- state
     def _read_time(self, name: str) -> int | None:
@@ -153,19 +160,39 @@ class SessionWindowAggregator:
         return None if st is None else st - self._gap - self._grace
 
     # ------------------------------------------------------------ record path
-    def process(self, key: Any, value: Any, timestamp: int | None) -> list[SessionUpdate]:
-        """Process one record; return what it emits."""
+    def process(
+        self, key: Any, value: Any, timestamp: int | None, offset: int | None = None
+    ) -> list[SessionUpdate]:
+        """Process one record; return what it emits.
+
+        ``offset`` (the record's position in its partition) is required with
+        ``track_offsets=True`` and ignored otherwise.
+        """
         if key is None or timestamp is None:
             self.dropped_records += 1
             return []
         ts = check_timestamp("timestamp", timestamp)
+        offset = self._check_offset(offset)
         kb = self._encode(key)
         with self.store.batch():
-            out = self._process(key, kb, value, ts)
+            out = self._process(key, kb, value, ts, offset)
             self._save_times()
         return out
 
-    def _process(self, key: Any, kb: bytes, value: Any, ts: int) -> list[SessionUpdate]:
+    def _check_offset(self, offset: Any) -> int | None:
+        if not self.track_offsets:
+            return None
+        if type(offset) is not int:
+            if offset is None or isinstance(offset, bool) or not hasattr(offset, "__index__"):
+                raise ValueError(
+                    f"track_offsets=True needs an int offset per record, got {offset!r}"
+                )
+            offset = int(offset)
+        return offset
+
+    def _process(
+        self, key: Any, kb: bytes, value: Any, ts: int, offset: int | None
+    ) -> list[SessionUpdate]:
         store, gap, agg = self.store, self._gap, self.aggregation
         if self._stream_time is None or ts > self._stream_time:
             self._stream_time = ts
@@ -176,6 +203,16 @@ class SessionWindowAggregator:
         candidates = list(store.find_sessions(key, ts - gap, ts + gap))
         if self._final:
             candidates = [c for c in candidates if c[0].end >= close]
+        offsets: list[int] = []
+        if self.track_offsets:
+            for _, (_, held) in candidates:
+                if offset in held:
+                    self.replayed_records += 1
+                    return out
+                offsets.extend(held)
+            offsets.append(offset)
+            offsets.sort()
+            candidates = [(w, stored[0]) for w, stored in candidates]
         start = min([ts] + [w.start for w, _ in candidates])
         end = max([ts] + [w.end for w, _ in candidates])
         if end < close:
@@ -191,7 +228,7 @@ class SessionWindowAggregator:
                 self._index.discard(kb, window.start, window.end)
             else:
                 out.append(SessionUpdate(key, window.start, window.end, None, window.end))
-        store.put(key, start, end, acc)
+        store.put(key, start, end, [acc, offsets] if self.track_offsets else acc)
         if self._final:
             self._index.add(kb, start, end)
         else:
@@ -215,16 +252,24 @@ class SessionWindowAggregator:
             key = decode(kb)
             acc = store.fetch_session(key, start, end)
             if acc is not None:
+                if self.track_offsets:
+                    acc = acc[0]
                 out.append(SessionUpdate(key, start, end, finish(acc), end))
         return out
 
     # ------------------------------------------------------------- batch path
     def process_rows(
-        self, keys: Sequence[Any], timestamps: Sequence[int | None], values: Sequence[Any]
+        self,
+        keys: Sequence[Any],
+        timestamps: Sequence[int | None],
+        values: Sequence[Any],
+        offsets: Sequence[int | None] | None = None,
     ) -> list[SessionUpdate]:
         """Process a batch given as columns; same result as :meth:`process` per row."""
         n = len(keys)
-        if not (len(timestamps) == n == len(values)):
+        if offsets is None:
+            offsets = [None] * n
+        if not (len(timestamps) == n == len(values) == len(offsets)):
             raise ValueError(
                 f"keys, timestamps and values differ in length: {n}, {len(timestamps)}, "
                 f"{len(values)}"
@@ -237,18 +282,20 @@ class SessionWindowAggregator:
             # stream time, so replay record by record (still exact, just slower).
             out: list[SessionUpdate] = []
             with store.batch():
-                for k, t, v in zip(keys, timestamps, values, strict=True):
-                    out.extend(self.process(k, v, t))
+                for k, t, v, o in zip(keys, timestamps, values, offsets, strict=True):
+                    out.extend(self.process(k, v, t, o))
             return out
         with store.batch():
-            out = self._process_rows(keys, timestamps, values)
+            out = self._process_rows(keys, timestamps, values, offsets)
             self._save_times()
         return out
 
-    def _process_rows(self, keys, timestamps, values) -> list[SessionUpdate]:
+    def _process_rows(self, keys, timestamps, values, offsets) -> list[SessionUpdate]:
         store, agg, encode = self.store, self.aggregation, self._encode
         gap, grace, final = self._gap, self._grace, self._final
+        track = self.track_offsets
         n = len(keys)
+        offsets = list(offsets)
         groups: dict[bytes, list[int]] = {}
         ts_fill = np.empty(n, dtype=np.int64)
         for i in range(n):
@@ -258,6 +305,8 @@ class SessionWindowAggregator:
                 ts_fill[i] = _FAR_PAST
                 continue
             ts_fill[i] = check_timestamp("timestamp", t)
+            if track:
+                offsets[i] = self._check_offset(offsets[i])
             kb = encode(key)
             group = groups.get(kb)
             if group is None:
@@ -288,7 +337,10 @@ class SessionWindowAggregator:
             tmax = max(ts_l[i] for i in idxs)
             sessions: list[_Session] = []
             for window, acc in store.find_sessions(key, tmin - gap, tmax + gap):
-                s = _Session(window.start, window.end, acc, True)
+                held = None
+                if track:
+                    acc, held = acc
+                s = _Session(window.start, window.end, acc, held, True)
                 sessions.append(s)
                 tracked.append((key, kb, s))
                 loaded_ids.add((kb, window.start, window.end))
@@ -299,6 +351,13 @@ class SessionWindowAggregator:
                 if final:
                     lo_end = max(lo_end, close)
                 cands = [s for s in sessions if s.end >= lo_end and s.start <= hi_start]
+                merged_offsets = None
+                if track:
+                    offset = offsets[i]
+                    if any(offset in s.offsets for s in cands):
+                        self.replayed_records += 1
+                        continue
+                    merged_offsets = sorted([o for s in cands for o in s.offsets] + [offset])
                 start, end = t, t
                 for s in cands:
                     if s.start < start:
@@ -319,7 +378,7 @@ class SessionWindowAggregator:
                     if not final:
                         emitted.append(((i, seq), SessionUpdate(key, s.start, s.end, None, s.end)))
                         seq += 1
-                new = _Session(start, end, acc, False)
+                new = _Session(start, end, acc, merged_offsets, False)
                 _insert_sorted(sessions, new)
                 tracked.append((key, kb, new))
                 if not final:
@@ -337,6 +396,8 @@ class SessionWindowAggregator:
                 key = self._decode(kb)
                 acc = store.fetch_session(key, start, end)
                 index.discard(kb, start, end)
+                if acc is not None and track:
+                    acc = acc[0]
                 if acc is not None:
                     emitted.append(
                         ((j, end, start, kb), SessionUpdate(key, start, end, finish(acc), end))
@@ -368,7 +429,7 @@ class SessionWindowAggregator:
                     elif not s.loaded and closes_at is None:
                         index.add(kb, s.start, s.end)
             if not s.loaded and s.end >= final_vis:
-                store.put(key, s.start, s.end, s.acc)
+                store.put(key, s.start, s.end, [s.acc, s.offsets] if track else s.acc)
         if self._stream_time is None or int(prefix[-1]) > self._stream_time:
             self._stream_time = int(prefix[-1])
         if final:
@@ -396,10 +457,14 @@ class SessionWindowAggregator:
         keys, timestamps, values = columns_of(batch, key, timestamp, value)
         return updates_to_arrow(self.process_rows(keys, timestamps, values), key)
 
-    def process_records(self, records: Iterable[tuple[Any, Any, int]]) -> list[SessionUpdate]:
-        """Batch path for ``(key, value, timestamp)`` tuples."""
+    def process_records(self, records: Iterable[tuple]) -> list[SessionUpdate]:
+        """Batch path for ``(key, value, timestamp)`` or ``(key, value, timestamp,
+        offset)`` tuples."""
         rows = list(records)
-        return self.process_rows([r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows])
+        offsets = [r[3] for r in rows] if rows and len(rows[0]) > 3 else None
+        return self.process_rows(
+            [r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows], offsets
+        )
 
 
 def _insert_sorted(sessions: list[_Session], new: _Session) -> None:

@@ -268,3 +268,27 @@ def test_process_batch_with_arrow(tmp_path):
     assert agg.dropped_records == 1
     with pytest.raises(KeyError, match="column 'nope' not in batch"):
         agg.process_batch(table, key="nope", timestamp="ts")
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_replayed_records_are_not_collected_or_counted_twice(batch):
+    store = InMemorySessionStore("s", 1000)
+    agg = SessionWindowAggregator(
+        store,
+        SessionWindows(10),
+        aggregations={"n": "count", "pages": ("collect", None)},
+        track_offsets=True,
+    )
+    records = [("u", "/a", 1, 100), ("u", "/b", 5, 101), ("u", "/a", 1, 100), ("u", "/c", 8, 102)]
+    if batch:
+        agg.process_records(records)
+    else:
+        for key, value, ts, offset in records:
+            agg.process(key, value, ts, offset)
+    assert agg.replayed_records == 1
+    # stored as [accumulator, offsets]: count 3, pages collected once each
+    assert [(w.start, w.end, v) for w, v in store.fetch("u")] == [
+        (1, 8, [[3, ["/a", "/b", "/c"]], [100, 101, 102]])
+    ]
+    with pytest.raises(ValueError, match="needs an int offset"):
+        agg.process("u", "/d", 9)

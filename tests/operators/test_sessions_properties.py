@@ -34,19 +34,25 @@ def snapshot(store, agg):
     return rows, index, agg.stream_time, agg._emitted_close, agg.dropped_records
 
 
-def run_both(make_store, batches, gap, grace, emit, retention):
+def run_both(make_store, batches, gap, grace, emit, retention, track=False):
     one = make_store("one", retention)
     many = make_store("many", retention)
     windows = SessionWindows(gap, grace)
-    rec = SessionWindowAggregator(one, windows, aggregations=AGGS, emit=emit)
-    bat = SessionWindowAggregator(many, windows, aggregations=AGGS, emit=emit)
+    rec = SessionWindowAggregator(one, windows, aggregations=AGGS, emit=emit, track_offsets=track)
+    bat = SessionWindowAggregator(many, windows, aggregations=AGGS, emit=emit, track_offsets=track)
     for batch in batches:
+        # with tracking, a record's value doubles as its offset, so values repeat
+        # exactly when a record is replayed
+        offsets = [r[1] for r in batch] if track else None
         expected = []
         for key, value, ts in batch:
-            expected.extend(rec.process(key, value, ts))
-        got = bat.process_rows([r[0] for r in batch], [r[2] for r in batch], [r[1] for r in batch])
+            expected.extend(rec.process(key, value, ts, value if track else None))
+        got = bat.process_rows(
+            [r[0] for r in batch], [r[2] for r in batch], [r[1] for r in batch], offsets
+        )
         assert got == expected
         assert snapshot(many, bat) == snapshot(one, rec)
+        assert bat.replayed_records == rec.replayed_records
 
 
 @settings(max_examples=150, deadline=None)
@@ -62,6 +68,20 @@ def test_batch_equals_records_in_memory(batches, gap, grace, emit, extra_retenti
         return InMemorySessionStore(name, retention, segment_interval_ms=7)
 
     run_both(make, batches, gap, grace, emit, gap + grace + 1 + extra_retention)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    batches=BATCHES,
+    gap=st.integers(0, 15),
+    grace=st.integers(0, 20),
+    emit=st.sampled_from(["update", "final"]),
+)
+def test_batch_equals_records_with_replayed_offsets(batches, gap, grace, emit):
+    def make(name, retention):
+        return InMemorySessionStore(name, retention, segment_interval_ms=7)
+
+    run_both(make, batches, gap, grace, emit, gap + grace + 1 + 100, track=True)
 
 
 @settings(max_examples=40, deadline=None)
