@@ -1,7 +1,8 @@
 """``make demo``: a click stream through the stores, then a look at what they hold.
 
 It generates clicks from Zipf-distributed users (some arriving late and out of
-order), merges them into gap-based sessions in a RocksDB session store, records
+order), sessionizes them with the session-window aggregator over a RocksDB
+session store, one micro-batch of 1,000 clicks at a time, records
 each user's plan changes in a versioned store, joins every click with the plan
 that was valid at its event time, and prints a sample with the store sizes.
 """
@@ -15,9 +16,11 @@ import shutil
 from collections import Counter
 
 from sessionstore import StateDB
+from sessionstore.operators import SessionWindowAggregator, SessionWindows
 
 GAP_MS = 30 * 60_000  # 30 minutes of inactivity closes a session
 RETENTION_MS = 24 * 3_600_000
+AGGREGATIONS = {"clicks": "count", "entry": ("first", None), "exit": ("last", None)}
 
 
 def click_stream(n: int, users: int, seed: int = 42) -> list[tuple[str, int, str]]:
@@ -33,19 +36,6 @@ def click_stream(n: int, users: int, seed: int = 42) -> list[tuple[str, int, str
         ts = now - (rng.randrange(0, 20 * 60_000) if rng.random() < 0.05 else 0)
         clicks.append((rng.choices(names, weights)[0], ts, rng.choice(pages)))
     return clicks
-
-
-def sessionize(store, clicks) -> None:
-    """Merge each click into the sessions of its user within the gap (KIP-94)."""
-    for user, ts, page in clicks:
-        merged_start, merged_end, count, pages = ts, ts, 1, Counter({page: 1})
-        for window, agg in list(store.find_sessions(user, ts - GAP_MS, ts + GAP_MS)):
-            merged_start = min(merged_start, window.start)
-            merged_end = max(merged_end, window.end)
-            count += agg["clicks"]
-            pages.update(agg["pages"])
-            store.remove(user, window.start, window.end)
-        store.put(user, merged_start, merged_end, {"clicks": count, "pages": dict(pages)})
 
 
 def dir_size(path: str) -> int:
@@ -75,20 +65,26 @@ def main(argv: list[str] | None = None) -> None:
                 plans.put(user, "free", t0 - 1)
                 if rng.random() < 0.3:
                     plans.put(user, "pro", t0 + rng.randrange(0, clicks[-1][1] - t0))
+        aggregator = SessionWindowAggregator(
+            sessions, SessionWindows(GAP_MS, grace_ms=RETENTION_MS), aggregations=AGGREGATIONS
+        )
         for i in range(0, len(clicks), 1_000):  # one atomic batch per "micro-batch"
-            with db.batch():
-                sessionize(sessions, clicks[i : i + 1_000])
+            chunk = clicks[i : i + 1_000]
+            aggregator.process_rows(
+                [c[0] for c in chunk], [c[1] for c in chunk], [c[2] for c in chunk]
+            )
 
         print(f"{len(clicks):,} clicks from {args.users} users into {args.dir}\n")
         all_sessions = list(sessions.fetch_range(None, None))
         per_user = Counter(window.key for window, _ in all_sessions)
         user, count = per_user.most_common(1)[0]
         print(f"{user} has the most sessions ({count}, gap 30 min); the first five:")
-        for window, agg in list(sessions.fetch(user))[:5]:
+        for window, acc in list(sessions.fetch(user))[:5]:
             minutes = (window.end - window.start) / 60_000
+            result = aggregator.aggregation.finish(acc)
             print(
-                f"  {window.key}  start={window.start}  end={window.end}  "
-                f"({minutes:5.1f} min)  clicks={agg['clicks']:4d}  pages={agg['pages']}"
+                f"  {window.key}  start={window.start}  end={window.end}  ({minutes:5.1f} min)  "
+                f"clicks={result['clicks']:3d}  entry={result['entry']:9s} exit={result['exit']}"
             )
 
         upgraded = next(

@@ -35,8 +35,6 @@ def test_demo_sessions_equal_offline_sessionization(tmp_path, capsys):
     assert "Store sizes:" in printed
     with StateDB.open(state) as db:
         store = db.session_store("sessions", 24 * 3_600_000)
-        stored = sorted(
-            (w.key, w.start, w.end, agg["clicks"]) for w, agg in store.fetch_range(None, None)
-        )
+        stored = sorted((w.key, w.start, w.end, acc[0]) for w, acc in store.fetch_range(None, None))
     assert stored == offline_sessions(click_stream(3000, 40))
     assert any(count > 1 for *_, count in stored)
