@@ -476,16 +476,15 @@ class StateDB:
         """The window store ``name`` (fixed-size windows per key), created on first use."""
         from sessionstore.window_store import WindowStore
 
-        check_store_name(name)
-        store = self._stores.get(name)
-        if isinstance(store, WindowStore) and store.window_size_ms == window_size_ms:
-            store.reconfigure(retention_ms, segment_interval_ms)
-            return store
-        store = WindowStore(
-            self, name, retention_ms, window_size_ms, segment_interval_ms, key_serde, value_serde
+        return self._open_store(
+            WindowStore,
+            name,
+            retention_ms,
+            segment_interval_ms,
+            key_serde,
+            value_serde,
+            window_size_ms=window_size_ms,
         )
-        self._stores[name] = store
-        return store
 
     def kv_store(self, name: str, key_serde: Any = None, value_serde: Any = None):
         """The key-value store ``name``, created on first use."""
@@ -528,13 +527,28 @@ class StateDB:
             VersionedStore, name, history_retention_ms, segment_interval_ms, key_serde, value_serde
         )
 
-    def _open_store(self, cls, name, retention_ms, segment_interval_ms, key_serde, value_serde):
+    def _open_store(
+        self, cls, name, retention_ms, segment_interval_ms, key_serde, value_serde, **layout
+    ):
+        """The open store ``name`` if it has this class and layout, else a new one."""
         check_store_name(name)
         store = self._stores.get(name)
-        if store is not None and type(store) is cls:
+        if (
+            store is not None
+            and type(store) is cls
+            and all(getattr(store, k) == v for k, v in layout.items())
+        ):
             store.reconfigure(retention_ms, segment_interval_ms)
             return store
-        store = cls(self, name, retention_ms, segment_interval_ms, key_serde, value_serde)
+        store = cls(
+            self,
+            name,
+            retention_ms,
+            segment_interval_ms=segment_interval_ms,
+            key_serde=key_serde,
+            value_serde=value_serde,
+            **layout,
+        )
         self._stores[name] = store
         return store
 

@@ -8,17 +8,31 @@ write batch as the data it wrote. On rollback it reloads both from the database.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sessionstore.keys import TS_MIN
 from sessionstore.segments import Segments
+from sessionstore.serde import serde_name
 
 if TYPE_CHECKING:
     from sessionstore.db import StateDB
 
-__all__ = ["DBStoreMixin"]
+__all__ = ["DBStoreMixin", "describe_store"]
 
 _STREAM_TIME = struct.Struct(">q")
+
+
+def describe_store(
+    kind: str, retention_ms: int, segment_interval_ms: int, key_serde: Any, value_serde: Any
+) -> dict[str, Any]:
+    """The spec a store records in the ``meta`` family (and checks on reopen)."""
+    return {
+        "kind": kind,
+        "retention_ms": retention_ms,
+        "segment_interval_ms": segment_interval_ms,
+        "key_serde": serde_name(key_serde) if key_serde else "keycodec",
+        "value_serde": serde_name(value_serde),
+    }
 
 
 class DBStoreMixin:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from sessionstore.serde import MsgpackSerde, key_codec, serde_name
+from sessionstore.db_store import describe_store
+from sessionstore.serde import MsgpackSerde, key_codec
 
 if TYPE_CHECKING:
     from sessionstore.db import StateDB
@@ -37,13 +38,7 @@ class KeyValueStore:
         db.create_column_family(self._cf)
 
     def spec(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "retention_ms": 0,
-            "segment_interval_ms": 0,
-            "key_serde": serde_name(self.key_serde) if self.key_serde else "keycodec",
-            "value_serde": serde_name(self.value_serde),
-        }
+        return describe_store(self.kind, 0, 0, self.key_serde, self.value_serde)
 
     def reconfigure(self, retention_ms: int, segment_interval_ms: int | None) -> None:
         """Key-value stores have no retention or segments; nothing to change."""

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from sessionstore.db_store import DBStoreMixin
+from sessionstore.db_store import DBStoreMixin, describe_store
 from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp, prefix_upper_bound
 from sessionstore.records import SessionWindow
 from sessionstore.segments import default_segment_interval
-from sessionstore.serde import MsgpackSerde, key_codec, serde_name
+from sessionstore.serde import MsgpackSerde, key_codec
 from sessionstore.session_key import TIME_SIGN, TIMES, session_key, times_of
 
 if TYPE_CHECKING:
@@ -122,13 +122,9 @@ class SessionStoreBase:
 
     def spec(self) -> dict[str, Any]:
         """The recorded description of this store."""
-        return {
-            "kind": self.kind,
-            "retention_ms": self.retention_ms,
-            "segment_interval_ms": self.segment_interval_ms,
-            "key_serde": serde_name(self.key_serde) if self.key_serde else "keycodec",
-            "value_serde": serde_name(self.value_serde),
-        }
+        return describe_store(
+            self.kind, self.retention_ms, self.segment_interval_ms, self.key_serde, self.value_serde
+        )
 
     # --------------------------------------------------------------------- writes
     def _window(self, start: Any, end: Any) -> tuple[int, int]:

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sessionstore.db_store import DBStoreMixin
+from sessionstore.db_store import DBStoreMixin, describe_store
 from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp
 from sessionstore.records import PUT_REJECTED, VALID_TO_UNDEFINED, VersionedRecord
 from sessionstore.segments import default_segment_interval
-from sessionstore.serde import MsgpackSerde, key_codec, serde_name
+from sessionstore.serde import MsgpackSerde, key_codec
 from sessionstore.versioned_row import (
     VersionRow,
     decode_latest,
@@ -98,13 +98,13 @@ class VersionedStore(DBStoreMixin):
             self._segments.expire_below(self._min_live())
 
     def spec(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "retention_ms": self.history_retention_ms,
-            "segment_interval_ms": self.segment_interval_ms,
-            "key_serde": serde_name(self.key_serde) if self.key_serde else "keycodec",
-            "value_serde": serde_name(self.value_serde),
-        }
+        return describe_store(
+            self.kind,
+            self.history_retention_ms,
+            self.segment_interval_ms,
+            self.key_serde,
+            self.value_serde,
+        )
 
     def _set_retention(self, retention_ms: int) -> None:
         self.history_retention_ms = _check_history(retention_ms)

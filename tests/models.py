@@ -126,3 +126,26 @@ class VersionedModel:
                 out.append(VersionedRecord(value, ts, nxt))
         out.sort(key=lambda r: r.timestamp, reverse=not ascending)
         return out
+
+
+def offline_sessions(records, gap: int) -> list[tuple]:
+    """Sessionize ``(key, value, ts)`` records offline: sort each key's times and
+    start a new session where the gap is exceeded (the gap is inclusive).
+    Returns sorted ``(key, start, end, count)``."""
+    by_key: dict = {}
+    for key, _, ts in records:
+        by_key.setdefault(key, []).append(ts)
+    out = []
+    for key, times in by_key.items():
+        times.sort()
+        start = end = times[0]
+        count = 1
+        for ts in times[1:]:
+            if ts - end <= gap:
+                end, count = ts, count + 1
+            else:
+                out.append((key, start, end, count))
+                start = end = ts
+                count = 1
+        out.append((key, start, end, count))
+    return sorted(out)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sessionstore import InMemorySessionStore, StateDB
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
+from tests.models import offline_sessions
 
 KEYS = st.sampled_from(["a", "b", "aa", ("t", 1), None])
 RECORD = st.tuples(KEYS, st.integers(0, 9), st.one_of(st.none(), st.integers(0, 120)))
@@ -108,26 +109,6 @@ def test_batch_equals_records_in_rocksdb(batches, gap, grace, emit):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def offline(records, gap):
-    by_key = {}
-    for key, _, ts in records:
-        by_key.setdefault(key, []).append(ts)
-    out = []
-    for key, times in by_key.items():
-        times.sort()
-        start = end = times[0]
-        n = 1
-        for t in times[1:]:
-            if t - end <= gap:
-                end, n = t, n + 1
-            else:
-                out.append((key, start, end, n))
-                start = end = t
-                n = 1
-        out.append((key, start, end, n))
-    return sorted(out)
-
-
 @settings(max_examples=100, deadline=None)
 @given(
     times=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 6)), max_size=60),
@@ -144,7 +125,7 @@ def test_in_order_sessions_equal_offline_sessionization(times, gap, batch_size):
     for i in range(0, len(records), batch_size):
         agg.process_records(records[i : i + batch_size])
     got = sorted((w.key, w.start, w.end, acc[0]) for w, acc in store.fetch_range(None, None))
-    assert got == offline(records, gap)
+    assert got == offline_sessions(records, gap)
     assert agg.dropped_records == 0
 
 
