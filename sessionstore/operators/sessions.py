@@ -35,6 +35,11 @@ import numpy as np
 
 from sessionstore.keys import check_timestamp
 from sessionstore.operators.aggregations import Aggregation, Aggregations
+from sessionstore.operators.session_batch import (
+    fast_path_columns,
+    run_fast_final,
+    run_fast_keys,
+)
 
 __all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
 
@@ -326,6 +331,15 @@ class SessionWindowAggregator:
         close_l, vis_l = close_arr.tolist(), vis_arr.tolist()
         ts_l = ts_fill.tolist()
 
+        # keys that provably behave like a sorted stream take the vectorised path
+        fast_columns = None if track else fast_path_columns(agg, values)
+        if fast_columns is not None:
+            ok = (ts_fill >= close_arr) & (ts_fill - gap >= vis_arr)
+            if final:
+                ok &= ts_fill - gap >= close_arr
+            ok_l = ok.tolist()
+        fast_keys: list[tuple[Any, bytes, list[int], _Session | None]] = []
+
         emitted: list[tuple[tuple, SessionUpdate]] = []
         tracked: list[tuple[Any, bytes, _Session]] = []  # every session the replay knows
         loaded_ids: set[tuple[bytes, int, int]] = set()
@@ -344,6 +358,21 @@ class SessionWindowAggregator:
                 sessions.append(s)
                 tracked.append((key, kb, s))
                 loaded_ids.add((kb, window.start, window.end))
+            if fast_columns is not None:
+                if final:
+                    # only closures are emitted: any arrival order will do
+                    if all(ok_l[i] for i in idxs):
+                        ordered = sorted(idxs, key=ts_l.__getitem__)  # stable
+                        # Closed sessions end before tmin - gap and are not even
+                        # loaded here; the filter keeps the sweep from relying on it.
+                        open_stored = [
+                            s for s in sessions if emitted_close is None or s.end >= emitted_close
+                        ]
+                        fast_keys.append((key, kb, ordered, open_stored))
+                        continue
+                elif _sorted_stream(idxs, ts_l, ok_l, sessions, gap):
+                    fast_keys.append((key, kb, idxs, sessions[-1] if sessions else None))
+                    continue
             for i in idxs:
                 t, close, vis = ts_l[i], close_l[i], vis_l[i]
                 lo_end, hi_start = t - gap, t + gap
@@ -384,6 +413,21 @@ class SessionWindowAggregator:
                 if not final:
                     emitted.append(((i, seq), SessionUpdate(key, start, end, finish(acc), end)))
 
+        if fast_keys and final:
+            run_fast_final(fast_keys, ts_l, fast_columns, agg, gap, _Session, tracked)
+        elif fast_keys:
+            run_fast_keys(
+                fast_keys,
+                ts_l,
+                fast_columns,
+                agg,
+                gap,
+                False,
+                _Session,
+                emitted,
+                tracked,
+                SessionUpdate,
+            )
         final_vis = int(prefix[-1]) - store.retention_ms + 1
         index = self._index
         if final:
@@ -465,6 +509,27 @@ class SessionWindowAggregator:
         return self.process_rows(
             [r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows], offsets
         )
+
+
+def _sorted_stream(
+    idxs: list[int], ts: list[int], ok: list[bool], sessions: list[_Session], gap: int
+) -> bool:
+    """True when a key's records (in the order given) may take the vectorised path
+    (see session_batch): none late or near a hidden or closed session, in time
+    order, and starting at or after its latest stored session, which is then the
+    only possible candidate."""
+    prev = ts[idxs[0]]
+    if sessions:
+        if prev < sessions[-1].end:
+            return False
+        if len(sessions) > 1 and sessions[-2].end >= prev - gap:
+            return False
+    for i in idxs:
+        t = ts[i]
+        if t < prev or not ok[i]:
+            return False
+        prev = t
+    return True
 
 
 def _insert_sorted(sessions: list[_Session], new: _Session) -> None:

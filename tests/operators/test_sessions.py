@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from sessionstore import InMemorySessionStore, StateDB
+from sessionstore import InMemorySessionStore, SessionWindow, StateDB
 from sessionstore.operators import (
     Aggregation,
     SessionUpdate,
@@ -292,3 +292,104 @@ def test_replayed_records_are_not_collected_or_counted_twice(batch):
     ]
     with pytest.raises(ValueError, match="needs an int offset"):
         agg.process("u", "/d", 9)
+
+
+FAST = {"n": "count", "sum": ("sum", None), "lo": ("min", None), "hi": ("max", None)}
+FAST.update({"first": ("first", None), "last": ("last", None)})
+
+
+@pytest.fixture
+def fast_calls(monkeypatch):
+    """Counts how many keys took each vectorised path."""
+    from sessionstore.operators import sessions as module
+
+    calls = {"final": 0, "update": 0}
+    real_final, real_update = module.run_fast_final, module.run_fast_keys
+
+    def final(fast_keys, *args):
+        calls["final"] += len(fast_keys)
+        return real_final(fast_keys, *args)
+
+    def update(fast_keys, *args):
+        calls["update"] += len(fast_keys)
+        return real_update(fast_keys, *args)
+
+    monkeypatch.setattr(module, "run_fast_final", final)
+    monkeypatch.setattr(module, "run_fast_keys", update)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "emit,batches",
+    [
+        # records exactly gap apart share a session; duplicates tie on first/last
+        ("final", [[("a", 1, 0), ("a", 2, 5), ("a", 3, 5), ("b", 4, 5)], [("c", 0, 100)]]),
+        ("update", [[("a", 1, 0), ("a", 2, 5), ("a", 3, 5), ("a", 4, 11)], [("c", 0, 100)]]),
+        # out of order within a key, and a record exactly at a stored session's bounds
+        (
+            "final",
+            [
+                [("a", 1, 10), ("a", 2, 20)],
+                [("a", 3, 15), ("a", 4, 10), ("a", 5, 25)],
+                [("z", 0, 200)],
+            ],
+        ),
+        # a record bridges two stored sessions; stored first/last tie with records
+        (
+            "final",
+            [
+                [("a", 1, 0), ("a", 2, 12)],
+                [("a", 3, 6), ("a", 4, 0), ("a", 5, 12)],
+                [("z", 0, 300)],
+            ],
+        ),
+        ("update", [[("a", 1, 0), ("a", 2, 3)], [("a", 3, 3), ("a", 4, 8)], [("z", 0, 300)]]),
+    ],
+)
+def test_vectorised_paths_match_the_record_path(fast_calls, emit, batches):
+    def run(use_batches):
+        store = InMemorySessionStore("s", 10_000)
+        agg = SessionWindowAggregator(
+            store, SessionWindows(6, grace_ms=50), aggregations=FAST, emit=emit
+        )
+        out = []
+        for batch in batches:
+            if use_batches:
+                out += agg.process_records(batch)
+            else:
+                for key, value, ts in batch:
+                    out += agg.process(key, value, ts)
+        return out, list(store.fetch_range(None, None))
+
+    expected = run(False)
+    assert run(True) == expected
+    assert fast_calls["final" if emit == "final" else "update"] > 0
+
+
+def test_vectorised_final_never_merges_a_closed_stored_session(fast_calls):
+    # a[0, 0] closes at stream time 16 (close time 16 - 6 - 5 = 5); a@9 is within gap
+    # of it but must start a new session, in the batch path as in the record path
+    def run(use_batches):
+        store = InMemorySessionStore("s", 10_000)
+        agg = SessionWindowAggregator(
+            store, SessionWindows(10, grace_ms=5), aggregations=FAST, emit="final"
+        )
+        first = [("a", 1, 0), ("b", 1, 16)]
+        second = [("a", 2, 9), ("b", 2, 17)]
+        # a@19 continues a[9, 9], which lies within gap of the closed a[0, 0]
+        third = [("a", 3, 19), ("b", 3, 20)]
+        out = []
+        for batch in (first, second, third):
+            if use_batches:
+                out += agg.process_records(batch)
+            else:
+                for key, value, ts in batch:
+                    out += agg.process(key, value, ts)
+        return out, list(store.fetch_range(None, None))
+
+    assert run(True) == run(False)
+    assert [w for w, _ in run(False)[1]][:2] == [
+        SessionWindow("a", 0, 0),
+        SessionWindow("a", 9, 19),
+    ]
+    assert fast_calls["final"] > 0
