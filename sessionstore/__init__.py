@@ -4,6 +4,15 @@ The core is engine-agnostic and never imports pyspark; Spark glue lives in
 ``spark_integration``.
 """
 
+from sessionstore.checkpoint import (
+    CheckpointMismatchError,
+    CorruptChangelogError,
+    CorruptSnapshotError,
+    StateStoreProvider,
+    StoreHandle,
+    StoreSpec,
+    VersionNotFoundError,
+)
 from sessionstore.db import StateDB
 from sessionstore.errors import SessionStoreError, StateDBLockedError, StoreSpecMismatchError
 from sessionstore.keys import decode_key, encode_key
@@ -15,6 +24,13 @@ from sessionstore.versioned_store import VersionedStore
 
 __all__ = [
     "StateDB",
+    "StateStoreProvider",
+    "StoreHandle",
+    "StoreSpec",
+    "CorruptChangelogError",
+    "CorruptSnapshotError",
+    "CheckpointMismatchError",
+    "VersionNotFoundError",
     "SessionStore",
     "InMemorySessionStore",
     "VersionedStore",

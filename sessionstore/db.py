@@ -111,6 +111,7 @@ class StateDB:
         self._iterators: weakref.WeakSet = weakref.WeakSet()
         self._stores: dict[str, Any] = {}
         self._commit_listeners: list[Callable[[WriteBuffer], None]] = []
+        self._prepared: WriteBuffer | None = None
         self._write_options = WriteOptions()
         if META_CF not in self._families:
             self.create_column_family(META_CF)
@@ -211,6 +212,7 @@ class StateDB:
             raise SessionStoreError(f"column family {name!r} is being dropped in this batch")
         self._db().create_column_family(name, self._options)
         self._families.add(name)
+        self._buffer.created.append(name)
 
     def drop_column_family(self, name: str) -> None:
         """Drop ``name``: at once outside a batch, after the batch's write inside one."""
@@ -245,8 +247,7 @@ class StateDB:
 
         If the block raises, every write of the outermost batch is discarded.
         """
-        self._db()
-        self._depth += 1
+        self.begin()
         try:
             yield self
         except BaseException:
@@ -257,6 +258,49 @@ class StateDB:
         self._depth -= 1
         if self._depth == 0:
             self._commit()
+
+    def begin(self) -> None:
+        """Open a batch that lasts until :meth:`prepare` + :meth:`apply` or :meth:`rollback`
+        (for callers, like the checkpoint provider, whose unit of work spans calls)."""
+        self._db()
+        self._depth += 1
+
+    def prepare(self) -> WriteBuffer:
+        """End the outermost batch and return its writes, stores' metadata included,
+        without applying them: the caller persists them elsewhere first, then calls
+        :meth:`apply` (or :meth:`rollback` to discard them)."""
+        if self._depth != 1:
+            raise SessionStoreError(f"prepare() needs exactly one open batch, not {self._depth}")
+        self._flush_participants()
+        self._depth = 0
+        buf, self._buffer = self._buffer, WriteBuffer()
+        self._prepared = buf
+        return buf
+
+    def apply(self, buf: WriteBuffer) -> None:
+        """Write a prepared (or replayed) buffer to RocksDB atomically."""
+        self._prepared = None
+        self._apply(buf)
+
+    def rollback(self) -> None:
+        """Discard the open (or prepared) batch."""
+        self._depth = 0
+        self._rollback()
+        self._prepared = None
+
+    def checkpoint(self, path: str) -> None:
+        """Write a consistent RocksDB checkpoint of the committed state to ``path``
+        (hard links where possible, so it is cheap)."""
+        from rocksdict import Checkpoint
+
+        Checkpoint(self._db()).create_checkpoint(path)
+
+    def reload_stores(self) -> None:
+        """Re-read every open store's stream time and segments (after a replay)."""
+        for store in self._stores.values():
+            refresh = getattr(store, "_after_rollback", None)
+            if refresh is not None:
+                refresh()
 
     @property
     def in_batch(self) -> bool:
@@ -270,7 +314,7 @@ class StateDB:
         """Call ``listener(buffer)`` after every successful commit (used by changelogs)."""
         self._commit_listeners.append(listener)
 
-    def _commit(self) -> None:
+    def _flush_participants(self) -> None:
         participants = list(self._participants.values())
         self._participants.clear()
         self._depth += 1  # their metadata joins this batch instead of committing alone
@@ -279,7 +323,17 @@ class StateDB:
                 p._before_commit()
         finally:
             self._depth -= 1
+
+    def _commit(self) -> None:
+        self._flush_participants()
         buf, self._buffer = self._buffer, WriteBuffer()
+        self._apply(buf)
+
+    def _apply(self, buf: WriteBuffer) -> None:
+        for cf in buf.created:
+            if cf not in self._families and cf not in buf.dropped:
+                self._db().create_column_family(cf, self._options)
+                self._families.add(cf)
         if buf.families:
             wb = WriteBatch(raw_mode=True)
             for cf, entries in buf.families.items():
@@ -297,7 +351,13 @@ class StateDB:
             listener(buf)
 
     def _rollback(self) -> None:
+        # Families created in the batch exist anyway (RocksDB cannot undo that):
+        # keep them on record so that the next changelog still creates them.
+        created = [cf for cf in self._buffer.created if cf in self._families]
+        if self._prepared is not None:
+            created = [cf for cf in self._prepared.created if cf in self._families] + created
         self._buffer = WriteBuffer()
+        self._buffer.created.extend(created)
         participants = list(self._participants.values())
         self._participants.clear()
         for p in participants:

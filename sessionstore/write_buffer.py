@@ -32,15 +32,18 @@ MISSING = _Missing()
 class WriteBuffer:
     """Pending puts (value bytes) and deletes (``None``) per column family."""
 
-    __slots__ = ("families", "dropped", "_sorted")
+    __slots__ = ("families", "dropped", "created", "_sorted")
 
     def __init__(self) -> None:
         self.families: dict[str, dict[bytes, bytes | None]] = {}
         self.dropped: list[str] = []
+        #: Families created during the batch (RocksDB creates them at once; the
+        #: changelog needs them to rebuild the database elsewhere).
+        self.created: list[str] = []
         self._sorted: dict[str, list[bytes]] = {}
 
     def __bool__(self) -> bool:
-        return bool(self.families) or bool(self.dropped)
+        return bool(self.families) or bool(self.dropped) or bool(self.created)
 
     def put(self, cf: str, key: bytes, value: bytes | None) -> None:
         """Record a put (``value`` bytes) or a delete (``value`` None)."""

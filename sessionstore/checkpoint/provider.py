@@ -1,0 +1,356 @@
+"""StateStoreProvider: versioned state per (operator, partition), durable in object storage.
+
+Modelled on Spark's RocksDB state store provider with changelog checkpointing.
+Version N is the state after micro-batch N; version 0 is empty.
+
+Remote layout under ``<checkpoint_uri>/<operator_id>/``::
+
+    _metadata                      store specs, partition count, format (msgpack)
+    <partition>/changelog/<N>.changelog   every write of version N (see changelog.py)
+    <partition>/snapshot/<N>.manifest     files of the snapshot of version N
+    <partition>/files/<sha256>            content-addressed snapshot files
+
+Commit protocol: the stores write into one batch of the local StateDB; at commit
+the batch (stores' metadata and ``committed_version = N`` included) is serialised
+as changelog N and uploaded atomically. **That upload is the commit point.** Only
+then is the same batch written to the local RocksDB. A crash before the upload
+leaves version N-1 everywhere; a crash after it leaves the local copy one version
+behind, and the next load replays changelog N.
+
+Loading version N: if the local database is at N it is used as is; if it is
+behind and the changelogs up to N exist, they are replayed; otherwise (a new
+executor, a replayed batch whose local state is ahead, a gap in the changelogs)
+the newest snapshot at or below N is downloaded into a fresh directory, the
+changelogs after it are replayed, and the directory replaces the local copy only
+when complete: a store is never returned partly restored.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import struct
+import uuid
+from typing import Any
+
+import msgpack
+
+from sessionstore.checkpoint.changelog import decode_changelog, encode_changelog
+from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
+from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
+from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.db import StateDB, check_store_name
+from sessionstore.errors import SessionStoreError
+
+__all__ = ["StateStoreProvider", "StoreHandle", "CheckpointMismatchError", "VersionNotFoundError"]
+
+FORMAT = 1
+_VERSION_KEY = b"committed_version"
+_I64 = struct.Struct(">q")
+#: Test hook: the name of a commit step at which the process kills itself (SIGKILL).
+FAULT_ENV = "SESSIONSTORE_FAULT"
+
+
+class CheckpointMismatchError(SessionStoreError, ValueError):
+    """The checkpoint was written with other stores or another partition count."""
+
+
+class VersionNotFoundError(SessionStoreError, LookupError):
+    """The requested version was never committed (or was pruned)."""
+
+
+def _fault(step: str) -> None:
+    if os.environ.get(FAULT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StoreHandle:
+    """The stores of one partition loaded at ``version``, collecting the next version."""
+
+    def __init__(
+        self, provider: StateStoreProvider, version: int, db: StateDB, stores: dict[str, Any]
+    ) -> None:
+        self._provider = provider
+        self.version = version
+        self.db = db
+        self.stores = stores
+        self._open = True
+
+    def __getitem__(self, name: str) -> Any:
+        return self.stores[name]
+
+    def commit(self) -> int:
+        """Make version ``version + 1`` durable and return it."""
+        self._require_open()
+        self._open = False
+        return self._provider._commit(self)
+
+    def abort(self) -> None:
+        """Drop every change made through this handle."""
+        if self._open:
+            self._open = False
+            self.db.rollback()
+            self.db.reload_stores()
+
+    def _require_open(self) -> None:
+        if not self._open:
+            raise SessionStoreError(
+                f"handle for version {self.version} was already committed or aborted"
+            )
+
+
+class StateStoreProvider:
+    """Versioned, checkpointed stores of one operator partition."""
+
+    def __init__(
+        self,
+        checkpoint_uri: str,
+        operator_id: str,
+        partition_id: int,
+        store_specs: list[StoreSpec],
+        local_dir: str,
+        snapshot_interval: int = 10,
+        retain_versions: int = 100,
+        storage_options: dict[str, Any] | None = None,
+        num_partitions: int | None = None,
+    ) -> None:
+        check_store_name(operator_id)
+        if type(partition_id) is not int or partition_id < 0:
+            raise ValueError(f"partition_id must be a non-negative int, got {partition_id!r}")
+        for name, value in (
+            ("snapshot_interval", snapshot_interval),
+            ("retain_versions", retain_versions),
+        ):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not store_specs or not all(isinstance(s, StoreSpec) for s in store_specs):
+            raise ValueError("store_specs must be a non-empty list of StoreSpec")
+        self.operator_id, self.partition_id = operator_id, partition_id
+        self.store_specs = list(store_specs)
+        self.snapshot_interval, self.retain_versions = snapshot_interval, retain_versions
+        self.storage_options = redact(storage_options)
+        root = open_filesystem(checkpoint_uri, storage_options)
+        self._operator = root.child(operator_id)
+        self._remote: Storage = self._operator.child(str(partition_id))
+        self._check_metadata(num_partitions)
+        self._local = os.path.join(os.fspath(local_dir), operator_id, str(partition_id))
+        self._db_path = os.path.join(self._local, "db")
+        self._snap_dir = os.path.join(self._local, "snapshots")
+        self._db: StateDB | None = None
+        self._handle: StoreHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"StateStoreProvider({self._remote.uri!r}, storage_options={self.storage_options})"
+
+    # --------------------------------------------------------------- metadata
+    def _check_metadata(self, num_partitions: int | None) -> None:
+        wanted = {
+            "format": FORMAT,
+            "operator_id": self.operator_id,
+            "num_partitions": num_partitions,
+            "stores": [s.describe() for s in self.store_specs],
+        }
+        try:
+            recorded = msgpack.unpackb(self._operator.read("_metadata"), raw=False)
+        except FileNotFoundError:
+            self._operator.write_atomic("_metadata", msgpack.packb(wanted))
+            return
+        where = f"{self._operator.uri}/_metadata"
+        if recorded.get("format") != FORMAT:
+            raise CheckpointMismatchError(
+                f"{where} has checkpoint format {recorded.get('format')}; this sessionstore "
+                f"writes format {FORMAT}"
+            )
+        if recorded.get("stores") != wanted["stores"]:
+            raise CheckpointMismatchError(
+                f"{where} was written with stores {recorded.get('stores')}, but this query uses "
+                f"{wanted['stores']}; use a new checkpoint location for a changed operator"
+            )
+        old_n = recorded.get("num_partitions")
+        if num_partitions is not None and old_n is not None and old_n != num_partitions:
+            raise CheckpointMismatchError(
+                f"{where} was written with {old_n} partitions, but this query has "
+                f"{num_partitions}; the partition count is fixed for the life of a checkpoint"
+            )
+        if old_n is None and num_partitions is not None:
+            self._operator.write_atomic(
+                "_metadata", msgpack.packb({**recorded, "num_partitions": num_partitions})
+            )
+
+    # --------------------------------------------------------------- versions
+    def _changelogs(self) -> set[int]:
+        return {
+            int(n.split(".")[0]) for n in self._remote.list("changelog") if n.endswith(".changelog")
+        }
+
+    def _snapshots(self) -> set[int]:
+        return {
+            int(n.split(".")[0]) for n in self._remote.list("snapshot") if n.endswith(".manifest")
+        }
+
+    def list_versions(self) -> list[int]:
+        """Committed versions that can still be loaded, ascending: those with a
+        snapshot, or a changelog following a loadable version (0, the empty state,
+        always is)."""
+        changelogs, snapshots = self._changelogs(), self._snapshots()
+        loadable = {0}
+        for v in range(1, max(changelogs | snapshots, default=0) + 1):
+            if v in snapshots or (v in changelogs and v - 1 in loadable):
+                loadable.add(v)
+        return sorted(loadable - {0})
+
+    def latest_version(self) -> int:
+        """The newest committed version (0 when nothing was committed)."""
+        versions = self._changelogs() | self._snapshots()
+        return max(versions) if versions else 0
+
+    # ---------------------------------------------------------------- loading
+    def get_store(self, version: int) -> StoreHandle:
+        """The stores loaded at ``version``, ready to collect ``version + 1``."""
+        if type(version) is not int or version < 0:
+            raise ValueError(f"version must be a non-negative int, got {version!r}")
+        if self._handle is not None and self._handle._open:
+            self._handle.abort()  # a retried task abandons the previous attempt
+        db = self._load(version)
+        db.begin()
+        stores = {spec.name: spec.open(db) for spec in self.store_specs}
+        self._handle = StoreHandle(self, version, db, stores)
+        return self._handle
+
+    def _local_version(self, db: StateDB) -> int:
+        raw = db.get_meta(_VERSION_KEY)
+        return 0 if raw is None else _I64.unpack(raw)[0]
+
+    def _load(self, version: int) -> StateDB:
+        changelogs = self._changelogs()
+        snapshots = self._snapshots()
+        if version > 0 and version not in changelogs and version not in snapshots:
+            latest = max(changelogs | snapshots, default=0)
+            raise VersionNotFoundError(
+                f"version {version} of {self._remote.uri} does not exist (latest is {latest})"
+            )
+        if self._db is None and os.path.exists(os.path.join(self._db_path, "CURRENT")):
+            self._db = StateDB.open(self._db_path)
+        if self._db is not None:
+            local = self._local_version(self._db)
+            if local == version:
+                return self._db
+            if local < version and all(v in changelogs for v in range(local + 1, version + 1)):
+                for v in range(local + 1, version + 1):
+                    self._replay(self._db, v)
+                self._db.reload_stores()
+                return self._db
+        self._restore(version, snapshots)
+        return self._db
+
+    def _replay(self, db: StateDB, version: int) -> None:
+        rel = f"changelog/{version}.changelog"
+        try:
+            data = self._remote.read(rel)
+        except FileNotFoundError as exc:
+            raise VersionNotFoundError(
+                f"changelog of version {version} is missing: {exc}"
+            ) from None
+        _, buf = decode_changelog(data, f"{self._remote.uri}/{rel}", version)
+        db.apply(buf)
+        if self._local_version(db) != version:
+            raise SessionStoreError(
+                f"{self._remote.uri}/{rel} did not bring the state to version {version}"
+            )
+
+    def _restore(self, version: int, snapshots: set[int]) -> None:
+        """Rebuild the local copy at ``version`` from remote files, all or nothing."""
+        base = max((s for s in snapshots if s <= version), default=0)
+        tmp = f"{self._local}.restore-{uuid.uuid4().hex}"
+        try:
+            db_dir = os.path.join(tmp, "db")
+            if base:
+                download_snapshot(self._remote, base, db_dir)
+            db = StateDB.open(db_dir)
+            try:
+                if self._local_version(db) != base:
+                    raise SessionStoreError(
+                        f"snapshot {base} of {self._remote.uri} holds version "
+                        f"{self._local_version(db)}"
+                    )
+                for v in range(base + 1, version + 1):
+                    self._replay(db, v)
+            finally:
+                db.close()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        shutil.rmtree(self._db_path, ignore_errors=True)
+        os.makedirs(self._local, exist_ok=True)
+        os.replace(db_dir, self._db_path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        self._db = StateDB.open(self._db_path)
+
+    # -------------------------------------------------------------- committing
+    def _commit(self, handle: StoreHandle) -> int:
+        db, version = handle.db, handle.version + 1
+        db.put_meta(_VERSION_KEY, _I64.pack(version))
+        buf = db.prepare()
+        data = encode_changelog(buf, self.operator_id, self.partition_id, version)
+        rel = f"changelog/{version}.changelog"
+        _fault("before_upload")
+        if os.environ.get(FAULT_ENV) == "mid_upload":
+            self._remote.write_partial_for_test(rel, data[: len(data) // 2])
+            _fault("mid_upload")
+        self._remote.write_atomic(rel, data)
+        _fault("after_upload")
+        db.apply(buf)
+        _fault("after_apply")
+        if version % self.snapshot_interval == 0:
+            os.makedirs(self._snap_dir, exist_ok=True)
+            target = os.path.join(self._snap_dir, str(version))
+            shutil.rmtree(target, ignore_errors=True)
+            db.checkpoint(target)  # hard links: the upload waits for maintenance
+        return version
+
+    # ------------------------------------------------------------- maintenance
+    def do_maintenance(self) -> dict[str, Any]:
+        """Upload pending snapshots, prune versions beyond ``retain_versions`` and
+        delete files no retained snapshot uses. Returns what was done."""
+        report: dict[str, Any] = {"snapshots": [], "uploaded_bytes": 0, "deleted": []}
+        if os.path.isdir(self._snap_dir):
+            for name in sorted(os.listdir(self._snap_dir), key=int):
+                path = os.path.join(self._snap_dir, name)
+                manifest = upload_snapshot(self._remote, path, int(name))
+                report["snapshots"].append(int(name))
+                report["uploaded_bytes"] += manifest["uploaded_bytes"]
+                shutil.rmtree(path, ignore_errors=True)
+        changelogs, snapshots = self._changelogs(), self._snapshots()
+        latest = max(changelogs | snapshots, default=0)
+        oldest_kept = latest - self.retain_versions + 1
+        base = max((s for s in snapshots if s <= oldest_kept), default=None)
+        if base is not None:
+            for v in sorted(snapshots):
+                if v < base:
+                    self._remote.delete(f"snapshot/{v}.manifest")
+                    report["deleted"].append(f"snapshot/{v}.manifest")
+            for v in sorted(changelogs):
+                if v <= base:
+                    self._remote.delete(f"changelog/{v}.changelog")
+                    report["deleted"].append(f"changelog/{v}.changelog")
+        used = set()
+        for v in self._snapshots():
+            used.update(f["sha256"] for f in read_manifest(self._remote, v)["files"])
+        for name in self._remote.list("files"):
+            if name not in used:
+                self._remote.delete(f"files/{name}")
+                report["deleted"].append(f"files/{name}")
+        return report
+
+    def close(self) -> None:
+        """Abort any open handle and close the local database."""
+        if self._handle is not None:
+            self._handle.abort()
+            self._handle = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None

@@ -1,0 +1,60 @@
+"""Changelog format: round trip, and every kind of damage is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessionstore.checkpoint.changelog import (
+    CorruptChangelogError,
+    decode_changelog,
+    encode_changelog,
+)
+from sessionstore.write_buffer import WriteBuffer
+
+
+def sample() -> WriteBuffer:
+    buf = WriteBuffer()
+    buf.created.append("s.3")
+    buf.put("s.3", b"k1", b"v1")
+    buf.put("s.3", b"k2", b"")
+    buf.put("meta", b"stream_time:s", b"\x00" * 8)
+    buf.put("s.3", b"gone", None)
+    buf.dropped.append("s.1")
+    return buf
+
+
+def test_round_trip():
+    data = encode_changelog(sample(), "op", 3, 7)
+    header, buf = decode_changelog(data, "x/7.changelog", 7)
+    assert header == {"operator": "op", "partition": 3, "version": 7}
+    assert buf.created == ["s.3"]
+    assert buf.families == {
+        "s.3": {b"k1": b"v1", b"k2": b"", b"gone": None},
+        "meta": {b"stream_time:s": b"\x00" * 8},
+    }
+    assert buf.dropped == ["s.1"]
+    assert data[:4] == b"SSCL"
+
+
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        (lambda d: d[: len(d) // 2], "no footer"),
+        (lambda d: d[:10], "shorter than header and footer"),
+        (lambda d: d[:40] + bytes([d[40] ^ 1]) + d[41:], "checksum mismatch"),
+        (lambda d: b"XXXX" + d[4:], "bad magic"),
+        (lambda d: d[:4] + b"\x00\x09" + d[6:], "format 9"),
+    ],
+)
+def test_damage_is_detected_and_named(damage, reason):
+    data = damage(encode_changelog(sample(), "op", 3, 7))
+    with pytest.raises(CorruptChangelogError, match=reason) as err:
+        decode_changelog(data, "s3://b/op/3/changelog/7.changelog", 7)
+    assert "s3://b/op/3/changelog/7.changelog" in str(err.value)
+    assert "version 7" in str(err.value)
+
+
+def test_wrong_version_in_header():
+    data = encode_changelog(sample(), "op", 3, 7)
+    with pytest.raises(CorruptChangelogError, match="header says version 7"):
+        decode_changelog(data, "8.changelog", 8)

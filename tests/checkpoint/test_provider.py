@@ -1,0 +1,209 @@
+"""StateStoreProvider against a local folder and a real S3 endpoint (moto server)."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+from sessionstore import (
+    CheckpointMismatchError,
+    CorruptChangelogError,
+    StateStoreProvider,
+    StoreSpec,
+    VersionNotFoundError,
+)
+from sessionstore.checkpoint.filesystem import UnknownSchemeError, open_filesystem
+from sessionstore.checkpoint.snapshot import CorruptSnapshotError, manifest_name
+
+SPECS = [
+    StoreSpec("sessions", "session", 10**9),
+    StoreSpec("plans", "versioned", 10**9),
+]
+
+
+def provider(location, local, partition=0, **kw):
+    uri, options = location
+    return StateStoreProvider(uri, "op", partition, SPECS, local, storage_options=options, **kw)
+
+
+def write_versions(p, n, start=0):
+    """Version v puts session ("k", v, v) and plan version v."""
+    for v in range(start, start + n):
+        h = p.get_store(v)
+        h["sessions"].put("k", v, v, v)
+        h["plans"].put("k", f"plan{v}", v)
+        assert h.commit() == v + 1
+
+
+def state(p, version):
+    h = p.get_store(version)
+    out = (
+        [(w.start, v) for w, v in h["sessions"].fetch("k")],
+        h["plans"].get("k"),
+        h["plans"].get_versions("k"),
+    )
+    h.abort()
+    return out
+
+
+def expected(version):
+    if version == 0:
+        return [], None, []
+    plans = [(f"plan{v}", v) for v in range(version)]
+    return (
+        [(v, v) for v in range(version)],
+        (plans[-1][0], plans[-1][1], None),
+        [(name, ts, ts + 1 if ts < version - 1 else None) for name, ts in reversed(plans)],
+    )
+
+
+def test_commit_load_and_restore_on_a_new_executor(checkpoint_location, tmp_path):
+    p = provider(checkpoint_location, tmp_path / "exec1", snapshot_interval=3)
+    write_versions(p, 7)
+    assert p.do_maintenance()["snapshots"] == [3, 6]
+    assert p.latest_version() == 7
+    assert p.list_versions() == [1, 2, 3, 4, 5, 6, 7]
+    p.close()
+    fresh = provider(checkpoint_location, tmp_path / "exec2")  # snapshot 6 + changelog 7
+    for version in (7, 4, 0, 5):
+        assert state(fresh, version) == expected(version)
+    fresh.close()
+
+
+def test_abort_drops_changes_and_a_retry_sees_the_previous_version(checkpoint_location, tmp_path):
+    p = provider(checkpoint_location, tmp_path / "local")
+    write_versions(p, 2)
+    h = p.get_store(2)
+    h["sessions"].put("k", 100, 100, "lost")
+    h.abort()
+    h = p.get_store(2)
+    assert [w.start for w, _ in h["sessions"].fetch("k")] == [0, 1]
+    h["sessions"].put("k", 2, 2, 2)
+    assert h.commit() == 3
+    # a replayed batch: load version 2 again although the local copy is at 3
+    assert [w.start for w, _ in p.get_store(2)["sessions"].fetch("k")] == [0, 1]
+    p.close()
+
+
+def test_missing_version_is_a_clear_error(checkpoint_location, tmp_path):
+    p = provider(checkpoint_location, tmp_path / "local")
+    write_versions(p, 2)
+    with pytest.raises(VersionNotFoundError, match="version 5 .* does not exist \\(latest is 2\\)"):
+        p.get_store(5)
+    p.close()
+
+
+def test_corrupt_changelog_is_named_and_nothing_is_partly_restored(checkpoint_location, tmp_path):
+    p = provider(checkpoint_location, tmp_path / "exec1")
+    write_versions(p, 3)
+    p.close()
+    remote = open_filesystem(checkpoint_location[0], checkpoint_location[1]).child("op/0")
+    data = remote.read("changelog/2.changelog")
+    remote.write_atomic("changelog/2.changelog", data[:-5])
+    fresh = provider(checkpoint_location, tmp_path / "exec2")
+    with pytest.raises(CorruptChangelogError, match="2.changelog \\(version 2\\) is corrupt"):
+        fresh.get_store(3)
+    assert not os.path.exists(tmp_path / "exec2" / "op" / "0" / "db")
+    assert state(fresh, 1)[0] == [(0, 0)]  # earlier versions still load
+    fresh.close()
+
+
+def test_store_spec_and_partition_count_changes_are_refused(checkpoint_location, tmp_path):
+    uri, options = checkpoint_location
+    StateStoreProvider(
+        uri, "op", 0, SPECS, tmp_path / "a", storage_options=options, num_partitions=4
+    )
+    with pytest.raises(CheckpointMismatchError, match="written with 4 partitions"):
+        StateStoreProvider(
+            uri, "op", 0, SPECS, tmp_path / "b", storage_options=options, num_partitions=8
+        )
+    changed = [StoreSpec("sessions", "session", 5), SPECS[1]]
+    with pytest.raises(CheckpointMismatchError, match="written with stores"):
+        StateStoreProvider(uri, "op", 0, changed, tmp_path / "c", storage_options=options)
+
+
+def test_maintenance_prunes_old_versions_and_orphaned_files(checkpoint_location, tmp_path):
+    p = provider(checkpoint_location, tmp_path / "local", snapshot_interval=2, retain_versions=3)
+    for _ in range(4):
+        write_versions(p, 2, start=p.latest_version())
+        p.do_maintenance()
+    # latest 8, keep 6..8: snapshot 6 is the base; older snapshots and changelogs go
+    assert p.list_versions() == [6, 7, 8]
+    remote = open_filesystem(checkpoint_location[0], checkpoint_location[1]).child("op/0")
+    assert remote.list("changelog") == ["7.changelog", "8.changelog"]
+    assert remote.list("snapshot") == ["6.manifest", "8.manifest"]
+    used = {
+        f["sha256"] for v in (6, 8) for f in msgpack.unpackb(remote.read(manifest_name(v)))["files"]
+    }
+    assert set(remote.list("files")) == used
+    p.close()
+    fresh = provider(checkpoint_location, tmp_path / "fresh")
+    assert [w.start for w, _ in fresh.get_store(7)["sessions"].fetch("k")] == list(range(7))
+    fresh.close()
+
+
+def test_two_writers_of_the_same_version_agree(checkpoint_location, tmp_path):
+    # a speculative task: two attempts, separate local dirs, same input
+    a = provider(checkpoint_location, tmp_path / "a")
+    write_versions(a, 1)
+    b = provider(checkpoint_location, tmp_path / "b")
+    remote = open_filesystem(checkpoint_location[0], checkpoint_location[1]).child("op/0")
+    for p in (a, b):
+        h = p.get_store(1)
+        h["sessions"].put("k", 5, 5, "same")
+        assert h.commit() == 2
+        first = remote.read("changelog/2.changelog")
+    assert remote.read("changelog/2.changelog") == first
+    fresh = provider(checkpoint_location, tmp_path / "c")
+    assert [w.start for w, _ in fresh.get_store(2)["sessions"].fetch("k")] == [0, 5]
+    for p in (a, b, fresh):
+        p.close()
+
+
+def test_manifest_file_names_cannot_escape(tmp_path):
+    uri = f"file://{tmp_path}/remote"
+    p = StateStoreProvider(uri, "op", 0, SPECS, tmp_path / "l", snapshot_interval=1)
+    write_versions(p, 1)
+    p.do_maintenance()
+    p.close()
+    remote = open_filesystem(uri).child("op/0")
+    manifest = msgpack.unpackb(remote.read(manifest_name(1)))
+    for bad in ("../evil", "/etc/passwd", "a/b", ".."):
+        manifest["files"][0]["name"] = bad
+        remote.write_atomic(manifest_name(1), msgpack.packb(manifest))
+        fresh = StateStoreProvider(uri, "op", 0, SPECS, tmp_path / "fresh")
+        with pytest.raises(CorruptSnapshotError, match="not a plain file name"):
+            fresh.get_store(1)
+        fresh.close()
+    assert not (tmp_path / "evil").exists()
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(UnknownSchemeError, match="unsupported storage URI scheme 'ftp'"):
+        StateStoreProvider("ftp://x/y", "op", 0, SPECS, tmp_path)
+    with pytest.raises(ValueError, match="partition_id must be a non-negative int"):
+        StateStoreProvider(str(tmp_path), "op", -1, SPECS, tmp_path)
+    with pytest.raises(ValueError, match="store_specs must be a non-empty list"):
+        StateStoreProvider(str(tmp_path), "op", 0, [], tmp_path)
+    with pytest.raises(ValueError, match="window_size_ms is required"):
+        StoreSpec("w", "window", 10)
+
+
+def test_credentials_are_not_shown(tmp_path):
+    p = StateStoreProvider(
+        str(tmp_path / "r"),
+        "op",
+        0,
+        SPECS,
+        tmp_path / "l",
+        storage_options=None,
+    )
+    p.storage_options = {}
+    from sessionstore.checkpoint.filesystem import redact
+
+    shown = redact({"access_key": "AKIA", "secret_key": "s3cr3t", "region": "eu-west-1"})
+    assert shown == {"access_key": "***", "secret_key": "***", "region": "eu-west-1"}
+    assert "s3cr3t" not in repr(p)
+    p.close()
