@@ -227,6 +227,8 @@ class StateDB:
         self._release_families()
         self._db().drop_column_family(name)
         self._families.discard(name)
+        if name in self._buffer.created:  # gone before any changelog needed it
+            self._buffer.created.remove(name)
 
     def _rdict_cf(self, name: str) -> Rdict:
         cf = self._cf_objects.get(name)
