@@ -1,0 +1,83 @@
+"""Kill -9 a writer at each step of a commit: reloading gives exactly N-1 or N."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sessionstore import StateStoreProvider, StoreSpec
+
+SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
+KEYS_PER_VERSION = 40
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys
+    from sessionstore import StateStoreProvider, StoreSpec
+    from sessionstore.checkpoint.provider import FAULT_ENV
+
+    uri, local, step, versions = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    specs = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
+    p = StateStoreProvider(uri, "op", 0, specs, local, snapshot_interval=2)
+    for v in range(versions):
+        if v == versions - 1:
+            os.environ[FAULT_ENV] = step  # the last commit dies at this step
+        h = p.get_store(v)
+        for j in range(40):
+            h["sessions"].put(f"u{j}", v, v, [v, j])
+            h["plans"].put(f"u{j}", f"plan-{v}-{j}", v)
+        h.commit()
+        if v == 1:
+            p.do_maintenance()  # snapshot 2 exists before the crash
+    print("survived", flush=True)
+    """
+)
+
+
+def check_state(provider, version):
+    """Every key as the writer left it after ``version`` commits, nothing later."""
+    h = provider.get_store(version)
+    sessions, plans = h["sessions"], h["plans"]
+    for j in range(KEYS_PER_VERSION):
+        assert [(w.start, v) for w, v in sessions.fetch(f"u{j}")] == [
+            (v, [v, j]) for v in range(version)
+        ]
+        latest = plans.get(f"u{j}")
+        assert (latest.value, latest.timestamp) == (f"plan-{version - 1}-{j}", version - 1)
+        assert len(plans.get_versions(f"u{j}")) == version
+    h.abort()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "step,survivor",
+    [("before_upload", 3), ("mid_upload", 3), ("after_upload", 4), ("after_apply", 4)],
+)
+def test_kill_during_commit(tmp_path, step, survivor):
+    uri = f"file://{tmp_path}/remote"
+    local = str(tmp_path / "writer")
+    run = subprocess.run(
+        [sys.executable, "-c", WRITER, uri, local, step, "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == -9, run.stderr  # killed, never reached "survived"
+    assert "survived" not in run.stdout
+    # the crashed writer's own directory (its RocksDB lock died with it) ...
+    again = StateStoreProvider(uri, "op", 0, SPECS, local)
+    assert again.latest_version() == survivor
+    check_state(again, survivor)
+    check_state(again, survivor - 1)
+    again.close()
+    # ... and a new executor with nothing local
+    fresh = StateStoreProvider(uri, "op", 0, SPECS, tmp_path / "fresh")
+    check_state(fresh, survivor)
+    # the next batch commits normally on top
+    h = fresh.get_store(survivor)
+    h["sessions"].put("after", 1, 1, 1)
+    assert h.commit() == survivor + 1
+    fresh.close()
