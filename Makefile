@@ -32,6 +32,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/stores.py
 	$(PY) bench/operators.py
+	$(PY) bench/restore.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check sessionstore spark_integration tests bench
