@@ -233,10 +233,16 @@ class SessionStoreBase:
         min_end = self.min_visible_end()
         if earliest_end > min_end:
             min_end = earliest_end
+        return iter(self._key_results(key, kb, min_end, latest_start, backward))
+
+    def _key_results(
+        self, key: Any, kb: bytes, min_end: int, latest_start: int, backward: bool
+    ) -> list[tuple[SessionWindow, Any]]:
+        """``find_sessions`` results; backends may build them in one pass."""
         loads, new, window = self._loads, tuple.__new__, SessionWindow
         rows = self._key_rows(kb, min_end, latest_start, backward)
         # tuple.__new__ skips the NamedTuple's Python-level __new__
-        return iter([(new(window, (key, s, e)), loads(v)) for s, e, v in rows])
+        return [(new(window, (key, s, e)), loads(v)) for s, e, v in rows]
 
     def find_sessions_in_range(
         self,
@@ -382,22 +388,23 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
             return None
         return self._db.get(cf, session_key(kb, start, end))
 
-    def _key_rows(
-        self, kb: bytes, min_end: int, latest_start: int, backward: bool
-    ) -> list[tuple[int, int, bytes]]:
+    def _key_results(
+        self, key: Any, kb: bytes, min_end: int, latest_start: int, backward: bool
+    ) -> list[tuple[SessionWindow, Any]]:
+        # _key_rows and the result tuples in one pass: this is the hottest read
         segments = self._segments
         lo = session_key(kb, TS_MIN, min_end)
         hi = prefix_upper_bound(kb)
-        scan_list = self._db.scan_list
+        scan_list, loads = self._db.scan_list, self._loads
         unpack, sign = TIMES.unpack_from, TIME_SIGN
-        out: list[tuple[int, int, bytes]] = []
-        # Segments partition one key's rows by end, so concatenation keeps order.
+        new, window = tuple.__new__, SessionWindow
+        out: list[tuple[SessionWindow, Any]] = []
         for _, cf in segments.names_from(segments.segment_id(min_end), reverse=backward):
             for raw, vb in scan_list(cf, lo, hi, backward):
                 end, start = unpack(raw, len(raw) - 16)
                 start -= sign
                 if start <= latest_start:
-                    out.append((start, end - sign, vb))
+                    out.append((new(window, (key, start, end - sign)), loads(vb)))
         return out
 
     def _range_rows(

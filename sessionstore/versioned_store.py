@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 __all__ = ["VersionedStore"]
 
 
+def _record(value: Any, timestamp: int, valid_to: int | None) -> VersionedRecord:
+    # tuple.__new__ skips the NamedTuple's Python-level __new__ on the read path
+    return tuple.__new__(VersionedRecord, (value, timestamp, valid_to))
+
+
 def _check_history(value: Any) -> int:
     if type(value) is not int or value < 0:
         raise ValueError(
@@ -272,8 +277,10 @@ class VersionedStore(DBStoreMixin):
             if raw is None:
                 return None
             ts, vb = decode_latest(raw)
-            return VersionedRecord(self._loads(vb), ts, None)
-        return self._get(key, kb, check_timestamp("as_of", as_of))
+            return _record(self._loads(vb), ts, None)
+        if type(as_of) is not int or not TS_MIN <= as_of <= TS_MAX:
+            as_of = check_timestamp("as_of", as_of)
+        return self._get(key, kb, as_of)
 
     def _get(self, key: Any, kb: bytes, as_of: int) -> VersionedRecord | None:
         db = self._db
@@ -281,11 +288,12 @@ class VersionedStore(DBStoreMixin):
         if raw is not None:
             ts, vb = decode_latest(raw)
             if ts <= as_of:
-                return VersionedRecord(self._loads(vb), ts, None)
-        if as_of < self._grace_floor():
+                return _record(self._loads(vb), ts, None)
+        st = self._stream_time
+        if st is not None and as_of < st - self.history_retention_ms:
             return None  # outside history retention only the latest may answer
         segments = self._segments
-        for _, cf in segments.names_from(segments.segment_id(as_of)):
+        for _, cf in segments.names_from(as_of // self.segment_interval_ms):
             raw = db.get(cf, kb)
             if raw is None:
                 continue
@@ -295,7 +303,7 @@ class VersionedStore(DBStoreMixin):
             from_ts, valid_to, vb = found
             if from_ts > as_of or vb is None:
                 return None
-            return VersionedRecord(self._loads(vb), from_ts, valid_to)
+            return _record(self._loads(vb), from_ts, valid_to)
         return None
 
     def get_versions(
