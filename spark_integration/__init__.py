@@ -1,1 +1,6 @@
 """Spark glue for sessionstore: everything that imports pyspark lives here."""
+
+from spark_integration.backend import StateBackend
+from spark_integration.sessionize import SessionAggregation, sessionize
+
+__all__ = ["StateBackend", "sessionize", "SessionAggregation"]

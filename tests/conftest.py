@@ -38,3 +38,28 @@ def checkpoint_location(request, tmp_path):
     if request.param == "file":
         return f"file://{tmp_path}/remote", None
     return request.getfixturevalue("s3_bucket")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local[2] SparkSession whose Python workers use this interpreter."""
+    import os
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sessionstore-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.streaming.schemaInference", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

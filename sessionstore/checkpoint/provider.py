@@ -143,6 +143,11 @@ class StateStoreProvider:
     def __repr__(self) -> str:
         return f"StateStoreProvider({self._remote.uri!r}, storage_options={self.storage_options})"
 
+    @property
+    def operator_storage(self) -> Storage:
+        """The operator's directory in object storage (shared by its partitions)."""
+        return self._operator
+
     # --------------------------------------------------------------- metadata
     def _check_metadata(self, num_partitions: int | None) -> None:
         wanted = {

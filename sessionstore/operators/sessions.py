@@ -164,6 +164,22 @@ class SessionWindowAggregator:
         st = self._stream_time
         return None if st is None else st - self._gap - self._grace
 
+    def advance_to(self, event_time: int) -> list[SessionUpdate]:
+        """Move stream time to ``event_time`` without a record (never back): in final
+        mode this closes and emits the sessions it passes. Engines call it with the
+        query's event time, so sessions close in partitions that get no data."""
+        ts = check_timestamp("event_time", event_time)
+        with self.store.batch():
+            out: list[SessionUpdate] = []
+            if self._stream_time is None or ts > self._stream_time:
+                self._stream_time = ts
+                if self._final:
+                    out = self._close_until(ts - self._gap - self._grace)
+                self._save_times()
+            # the store follows, so its visibility keeps matching our stream time
+            self.store.advance_stream_time(self._stream_time)
+        return out
+
     # ------------------------------------------------------------ record path
     def process(
         self, key: Any, value: Any, timestamp: int | None, offset: int | None = None

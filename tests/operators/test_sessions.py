@@ -393,3 +393,22 @@ def test_vectorised_final_never_merges_a_closed_stored_session(fast_calls):
         SessionWindow("a", 9, 19),
     ]
     assert fast_calls["final"] > 0
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_advance_to_closes_sessions_without_records(batch):
+    agg = make(gap=10, grace=5, emit="final", retention=1000)
+    agg.process_records([("a", None, 0), ("b", None, 3)])
+    assert agg.advance_to(10) == []  # close time 10 - 15 < 0
+    assert agg.advance_to(19) == [U("a", 0, 0, {"n": 1}, 0), U("b", 3, 3, {"n": 1}, 3)]
+    assert agg.advance_to(5) == []  # never back
+    assert agg.stream_time == 19
+    assert agg.store.observed_stream_time == 19
+    # the batch path stays exact after an advance
+    records = [("c", None, 17), ("c", None, 30), ("a", None, 2)]
+    if batch:
+        out = agg.process_records(records)
+    else:
+        out = [u for k, v, t in records for u in agg.process(k, v, t)]
+    assert out == []
+    assert agg.dropped_records == 1  # a@2 is late

@@ -1,0 +1,79 @@
+"""StateBackend: where a streaming job keeps its sessionstore state."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessionstore.checkpoint.filesystem import redact
+
+__all__ = ["StateBackend", "CONF_PREFIX"]
+
+CONF_PREFIX = "spark.sessionstore."
+
+
+@dataclass(frozen=True)
+class StateBackend:
+    """Checkpoint location and settings, shipped to every task.
+
+    ``checkpoint_uri``: object storage for changelogs and snapshots (``file://``,
+    a path, ``s3://``, ``gs://``, ``hdfs://``). ``local_dir``: where executors keep
+    their RocksDB databases (default: ``<tmp>/sessionstore-local``).
+    """
+
+    checkpoint_uri: str
+    local_dir: str | None = None
+    snapshot_interval: int = 10
+    retain_versions: int = 100
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.checkpoint_uri, str) or not self.checkpoint_uri:
+            raise ValueError(
+                f"checkpoint_uri must be a non-empty string, got {self.checkpoint_uri!r}"
+            )
+        for name in ("snapshot_interval", "retain_versions"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+    def __repr__(self) -> str:
+        return (
+            f"StateBackend({self.checkpoint_uri!r}, local_dir={self.local_dir!r}, "
+            f"snapshot_interval={self.snapshot_interval}, retain_versions={self.retain_versions}, "
+            f"storage_options={redact(self.storage_options)})"
+        )
+
+    @property
+    def resolved_local_dir(self) -> str:
+        return self.local_dir or os.path.join(tempfile.gettempdir(), "sessionstore-local")
+
+    @classmethod
+    def from_conf(cls, spark: Any) -> StateBackend:
+        """Build from ``spark.sessionstore.*`` keys of a SparkSession's conf:
+
+        ``checkpointUri`` (required), ``localDir``, ``snapshotInterval``,
+        ``retainVersions`` and ``storage.<option>`` (passed to ``pyarrow.fs``, for
+        example ``spark.sessionstore.storage.endpoint_override``).
+        """
+        conf = spark.conf
+        uri = conf.get(CONF_PREFIX + "checkpointUri", None)
+        if not uri:
+            raise ValueError(
+                f"set {CONF_PREFIX}checkpointUri (for example s3://bucket/path) or pass a "
+                "StateBackend explicitly"
+            )
+        options = {}
+        prefix = CONF_PREFIX + "storage."
+        for key, value in spark.sparkContext.getConf().getAll():
+            if key.startswith(prefix):
+                options[key[len(prefix) :]] = value
+        return cls(
+            checkpoint_uri=uri,
+            local_dir=conf.get(CONF_PREFIX + "localDir", None),
+            snapshot_interval=int(conf.get(CONF_PREFIX + "snapshotInterval", "10")),
+            retain_versions=int(conf.get(CONF_PREFIX + "retainVersions", "100")),
+            storage_options=options,
+        )

@@ -1,0 +1,272 @@
+"""``sessionize``: session windows on a PySpark streaming DataFrame, state in sessionstore.
+
+The input is hash-partitioned by key (``repartition``) and each partition runs
+:class:`~sessionstore.operators.SessionWindowAggregator` in ``mapInArrow``, on the
+batch path. A task finds its partition and micro-batch id, loads version
+``batchId`` of its state through :class:`~sessionstore.StateStoreProvider` (the
+state after the batches before it), processes its rows, and commits version
+``batchId + 1``. A retried or replayed batch loads the same version again, so its
+output is the same: exactly-once with idempotent or replay-tolerant sinks.
+
+Event time is shared across partitions through the checkpoint
+(:mod:`sessionstore.checkpoint.event_time`): before batch N every partition
+advances to the largest event time of batch N-1, so sessions close in partitions
+that receive no data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.event_time import EventTimeExchange
+from sessionstore.intervals import interval_ms
+from sessionstore.operators import (
+    Aggregation,
+    Aggregations,
+    SessionWindowAggregator,
+    SessionWindows,
+)
+from sessionstore.operators.arrow_io import columns_of
+from spark_integration.backend import StateBackend
+
+__all__ = ["sessionize", "SessionAggregation"]
+
+_TS = "__sessionstore_ts"
+_BUILTIN = {"count", "sum", "min", "max", "first", "last", "collect"}
+
+
+@dataclass(frozen=True)
+class SessionAggregation:
+    """A custom aggregation producing one output column of Spark type ``output_type``
+    (a DDL string such as ``"bigint"`` or a DataType). ``value`` is a dict of the
+    input's non-key, non-timestamp columns."""
+
+    initializer: Callable[[], Any]
+    aggregator: Callable[[Any, Any, Any], Any]
+    merger: Callable[[Any, Any, Any], Any]
+    output_type: Any
+    finish: Callable[[Any], Any] | None = None
+
+
+def _parse_aggregations(aggregations: Mapping[str, Any], columns: Sequence[str]):
+    """``(Aggregation, value columns, [(output name, function, input column)])``."""
+    if not isinstance(aggregations, Mapping) or not aggregations:
+        raise ValueError(f"aggregations must be a non-empty dict, got {aggregations!r}")
+    custom = {k: v for k, v in aggregations.items() if isinstance(v, SessionAggregation)}
+    if custom:
+        if len(aggregations) != 1:
+            raise ValueError(
+                "a SessionAggregation must be the only aggregation (it produces one column); "
+                f"got {sorted(aggregations)}"
+            )
+        ((out_name, agg),) = custom.items()
+        finish = agg.finish or (lambda acc: acc)
+        aggregation = Aggregation(
+            agg.initializer, agg.aggregator, agg.merger, lambda acc: {out_name: finish(acc)}
+        )
+        return aggregation, list(columns), [(out_name, "custom", None)]
+    plan, spec, needed = [], {}, []
+    for out_name, how in aggregations.items():
+        if how == "count":
+            fn, column = "count", None
+        elif isinstance(how, (tuple, list)) and len(how) == 2 and how[0] in _BUILTIN - {"count"}:
+            fn, column = how
+            if column not in columns:
+                raise ValueError(
+                    f"aggregation {out_name!r} reads column {column!r}, which the input does not "
+                    f"have (it has {sorted(columns)})"
+                )
+            if column not in needed:
+                needed.append(column)
+        else:
+            raise ValueError(
+                f"aggregation {out_name!r}: expected 'count', (function, column) with function in "
+                f"{sorted(_BUILTIN - {'count'})}, or a SessionAggregation; got {how!r}"
+            )
+        spec[out_name] = "count" if fn == "count" else (fn, column)
+        plan.append((out_name, fn, column))
+    return Aggregations(spec), needed, plan
+
+
+def sessionize(
+    df: Any,
+    key: str | Sequence[str],
+    timestamp: str,
+    gap: str | int,
+    grace: str | int = "0 seconds",
+    aggregations: Mapping[str, Any] | None = None,
+    emit: str = "final",
+    backend: StateBackend | None = None,
+    name: str = "sessionize",
+    num_partitions: int | None = None,
+) -> Any:
+    """Session windows of a streaming (or batch) DataFrame.
+
+    Output columns: the key columns, ``session_start`` and ``session_end`` (the
+    first and last event; timestamps if ``timestamp`` is a timestamp column, epoch
+    milliseconds if it is a long), the aggregates, and in update mode ``change``:
+    ``"upsert"``, or ``"delete"`` for a session merged away. Use append output mode
+    with ``emit="final"`` and update mode with ``emit="update"``.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if emit not in ("final", "update"):
+        raise ValueError(f"emit must be 'final' or 'update', got {emit!r}")
+    keys = [key] if isinstance(key, str) else list(key)
+    if not keys:
+        raise ValueError("key must name at least one column")
+    fields = {f.name: f for f in df.schema.fields}
+    for column in [*keys, timestamp]:
+        if column not in fields:
+            raise ValueError(f"column {column!r} is not in the input (it has {sorted(fields)})")
+    gap_ms, grace_ms = interval_ms(gap, "gap"), interval_ms(grace, "grace")
+    ts_type = fields[timestamp].dataType
+    if isinstance(ts_type, (T.TimestampType, T.TimestampNTZType)):
+        ts_col, time_type = F.unix_millis(F.col(timestamp).cast("timestamp")), T.TimestampType()
+    elif isinstance(ts_type, (T.LongType, T.IntegerType)):
+        ts_col, time_type = F.col(timestamp).cast("long"), T.LongType()
+    else:
+        raise ValueError(
+            f"timestamp column {timestamp!r} must be a timestamp or epoch milliseconds (long), "
+            f"not {ts_type.simpleString()}"
+        )
+    others = [c for c in fields if c not in keys and c != timestamp]
+    aggregation, value_cols, plan = _parse_aggregations(aggregations or {"count": "count"}, others)
+    out_fields = [fields[k] for k in keys]
+    out_fields += [
+        T.StructField("session_start", time_type),
+        T.StructField("session_end", time_type),
+    ]
+    for out_name, fn, column in plan:
+        if fn == "count":
+            dtype = T.LongType()
+        elif fn == "custom":
+            custom = next(iter(aggregations.values()))
+            dtype = custom.output_type
+            if isinstance(dtype, str):
+                dtype = T._parse_datatype_string(dtype)
+        elif fn == "sum":
+            source = fields[column].dataType
+            dtype = T.LongType() if isinstance(source, T.IntegralType) else T.DoubleType()
+        elif fn == "collect":
+            dtype = T.ArrayType(fields[column].dataType)
+        else:
+            dtype = fields[column].dataType
+        out_fields.append(T.StructField(out_name, dtype))
+    if emit == "update":
+        out_fields.append(T.StructField("change", T.StringType()))
+    out_schema = T.StructType(out_fields)
+
+    spark = df.sparkSession
+    backend = backend or StateBackend.from_conf(spark)
+    n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    selected = df.select(
+        *[F.col(k) for k in keys], ts_col.alias(_TS), *[F.col(c) for c in value_cols]
+    )
+    task = _SessionizeTask(
+        backend=backend,
+        name=name,
+        num_partitions=n,
+        keys=keys,
+        value_cols=value_cols,
+        gap_ms=gap_ms,
+        grace_ms=grace_ms,
+        emit=emit,
+        aggregation=aggregation,
+        plan=plan,
+        time_is_timestamp=isinstance(time_type, T.TimestampType),
+        out_schema_json=out_schema.json(),
+    )
+    return selected.repartition(n, *keys).mapInArrow(task, out_schema)
+
+
+@dataclass
+class _SessionizeTask:
+    """What each task runs: picklable, so it ships to the executors."""
+
+    backend: StateBackend
+    name: str
+    num_partitions: int
+    keys: list[str]
+    value_cols: list[str]
+    gap_ms: int
+    grace_ms: int
+    emit: str
+    aggregation: Aggregation
+    plan: list
+    time_is_timestamp: bool
+    out_schema_json: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId()
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or 0)
+        inputs = [b for b in batches if b.num_rows]
+        backend = self.backend
+        spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
+        provider = StateStoreProvider(
+            backend.checkpoint_uri,
+            self.name,
+            partition,
+            [spec],
+            backend.resolved_local_dir,
+            snapshot_interval=backend.snapshot_interval,
+            retain_versions=backend.retain_versions,
+            storage_options=backend.storage_options,
+            num_partitions=self.num_partitions,
+        )
+        try:
+            handle = provider.get_store(batch_id)
+            agg = SessionWindowAggregator(
+                handle["sessions"],
+                SessionWindows(self.gap_ms, self.grace_ms),
+                aggregations=self.aggregation,
+                emit=self.emit,
+            )
+            exchange = EventTimeExchange(provider.operator_storage, partition)
+            updates = []
+            shared = exchange.after(batch_id - 1)
+            if shared is not None:
+                updates += agg.advance_to(shared)
+            if inputs:
+                table = pa.Table.from_batches(inputs)
+                key = self.keys[0] if len(self.keys) == 1 else self.keys
+                value = None if not self.value_cols else self.value_cols
+                keys, times, values = columns_of(table, key, _TS, value)
+                updates += agg.process_rows(keys, times, values)
+            exchange.publish(batch_id, agg.stream_time)
+            version = handle.commit()
+            if version % backend.snapshot_interval == 0:
+                provider.do_maintenance()
+        finally:
+            provider.close()
+        if updates:
+            yield self._to_arrow(updates)
+
+    def _to_arrow(self, updates: list) -> pa.RecordBatch:
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+
+        schema = to_arrow_schema(StructType.fromJson(json.loads(self.out_schema_json)))
+        columns: dict[str, list] = {}
+        single = len(self.keys) == 1
+        for i, k in enumerate(self.keys):
+            columns[k] = [u.key if single else u.key[i] for u in updates]
+        scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are microseconds
+        columns["session_start"] = [u.start * scale for u in updates]
+        columns["session_end"] = [u.end * scale for u in updates]
+        for out_name, _, _ in self.plan:
+            columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
+        if self.emit == "update":
+            columns["change"] = ["delete" if u.value is None else "upsert" for u in updates]
+        arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -1,0 +1,105 @@
+"""sessionize on real Spark streaming queries (local[2])."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from spark_integration import StateBackend, sessionize
+from tests.models import offline_sessions
+
+pytestmark = pytest.mark.slow
+
+GAP_MS = 10_000
+SCHEMA = "user string, ts long, amount long"
+
+
+def generated(seed=3, batches=5, per_batch=40):
+    """Events of 6 users, some out of order within a batch, then two far-future
+    events that close every session (the shared event time lags one batch)."""
+    rng = random.Random(seed)
+    out, t = [], 0
+    for _ in range(batches):
+        rows = []
+        for _ in range(per_batch):
+            t += rng.randrange(0, 3_000)
+            rows.append((f"u{rng.randrange(6)}", t - rng.randrange(0, 2_000), rng.randrange(1, 9)))
+        out.append(rows)
+    far = t + 10 * GAP_MS
+    out.append([("zz-close", far, 0)])
+    out.append([("zz-close", far + 1, 0)])
+    return out
+
+
+def write_file(folder, index, rows):
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".part-{index:04d}.tmp"
+    with open(tmp, "w") as f:
+        for user, ts, amount in rows:
+            f.write(json.dumps({"user": user, "ts": ts, "amount": amount}) + "\n")
+    tmp.rename(folder / f"part-{index:04d}.json")
+
+
+def run_query(spark, source, tmp_path, name, backend, batches, first=0):
+    """Feed ``batches`` one file (one micro-batch) at a time, in order, and return
+    every emitted row. A file is written only once the previous batch has run, so
+    the file source cannot reorder them."""
+    collected = []
+    source.mkdir(parents=True, exist_ok=True)
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    out = sessionize(
+        stream,
+        key="user",
+        timestamp="ts",
+        gap=f"{GAP_MS} ms",
+        aggregations={"n": "count", "spent": ("sum", "amount"), "entry": ("first", "amount")},
+        backend=backend,
+        name=name,
+    )
+    query = (
+        out.writeStream.outputMode("append")
+        .option("checkpointLocation", str(tmp_path / f"spark-ckpt-{name}"))
+        .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
+        .start()
+    )
+    try:
+        for i, rows in enumerate(batches, start=first):
+            write_file(source, i, rows)
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    return collected
+
+
+def as_sessions(rows):
+    return sorted((r["user"], r["session_start"], r["session_end"], r["n"]) for r in rows)
+
+
+def test_final_sessions_equal_offline_sessionization(spark, tmp_path):
+    batches = generated()
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    rows = run_query(spark, tmp_path / "in", tmp_path, "final", backend, batches)
+    events = [(u, None, ts) for rows_ in batches for u, ts, _ in rows_ if u != "zz-close"]
+    got = [s for s in as_sessions(rows) if s[0] != "zz-close"]
+    assert got == offline_sessions(events, GAP_MS)
+    spent = {(r["user"], r["session_start"]): r["spent"] for r in rows}
+    for user, start, end, _ in got:
+        expected = sum(
+            a for rows_ in batches for u, ts, a in rows_ if u == user and start <= ts <= end
+        )
+        assert spent[(user, start)] == expected
+
+
+def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path):
+    batches = generated(seed=11)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    reference = run_query(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
+    # the same stream, stopped after 3 batches and restarted with a new local dir
+    # (a new executor): the state comes back from the checkpoint
+    first = run_query(spark, tmp_path / "part", tmp_path, "restart", backend, batches[:3])
+    moved = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local2"))
+    second = run_query(spark, tmp_path / "part", tmp_path, "restart", moved, batches[3:], first=3)
+    assert as_sessions(first + second) == as_sessions(reference)
+    assert len(reference) > 20
