@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m sessionstore.demo
+	$(PY) -m spark_integration.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
