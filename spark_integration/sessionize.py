@@ -256,7 +256,10 @@ class _SessionizeTask:
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
-        schema = to_arrow_schema(StructType.fromJson(json.loads(self.out_schema_json)))
+        # timestamps travel as UTC instants; Spark converts them to its session zone
+        schema = to_arrow_schema(
+            StructType.fromJson(json.loads(self.out_schema_json)), timezone="UTC"
+        )
         columns: dict[str, list] = {}
         single = len(self.keys) == 1
         for i, k in enumerate(self.keys):

@@ -103,3 +103,54 @@ def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path)
     second = run_query(spark, tmp_path / "part", tmp_path, "restart", moved, batches[3:], first=3)
     assert as_sessions(first + second) == as_sessions(reference)
     assert len(reference) > 20
+
+
+def test_timestamp_columns_in_and_out(spark, tmp_path):
+    from datetime import UTC, datetime
+
+    from pyspark.sql import functions as F
+
+    rows = [("a", 1_000), ("a", 5_000), ("b", 2_000), ("a", 30_000), ("zz", 10**6)]
+    rows.append(("zz", 10**6 + 1))
+    source = tmp_path / "in"
+    source.mkdir()
+    stream = (
+        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+        .withColumn("t", F.timestamp_millis("ts"))
+        .drop("ts")
+    )  # fmt: skip
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    out = sessionize(stream, key="user", timestamp="t", gap="10 seconds", backend=backend)
+    assert dict(out.dtypes)["session_start"] == "timestamp"
+    collected = []
+    query = (
+        out.writeStream.outputMode("append")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
+        .start()
+    )
+    try:
+        for i, (user, ts) in enumerate(rows):
+            write_file(source, i, [(user, ts, 1)])
+            query.processAllAvailable()
+    finally:
+        query.stop()
+
+    def utc(ms):
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+    got = sorted(
+        (
+            r["user"],
+            r["session_start"].astimezone(UTC),
+            r["session_end"].astimezone(UTC),
+            r["count"],
+        )
+        for r in collected
+        if r["user"] != "zz"
+    )
+    assert got == [
+        ("a", utc(1_000), utc(5_000), 2),
+        ("a", utc(30_000), utc(30_000), 1),
+        ("b", utc(2_000), utc(2_000), 1),
+    ]

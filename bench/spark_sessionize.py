@@ -1,0 +1,170 @@
+"""End-to-end throughput on Spark: built-in session_window vs sessionize vs the floor.
+
+Workload: --events events over --keys Zipf-distributed keys (s=1.1), written as
+--batches Parquet files; each query reads one file per micro-batch, with
+``trigger(availableNow=True)``, on local[2] with 4 shuffle partitions, and writes
+to the noop sink. Event times advance ~10 ms per event; gap 60 s.
+
+1. Spark's built-in ``session_window`` count, with the RocksDB state store provider
+   and changelog checkpointing (watermark 60 s, append mode).
+2. ``sessionize`` with a count (emit on close), state checkpointed to ``file://``.
+3. The floor: ``repartition(4, key)`` + ``mapInArrow`` that only counts rows, the
+   cost Spark itself imposes on this architecture.
+
+Run: ``.venv/bin/python bench/spark_sessionize.py [--events N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import machine, print_table, scratch_dir  # noqa: E402
+
+PARTITIONS = 4
+
+
+def write_input(folder, events, keys, batches):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    ranks = rng.zipf(1.1, size=events * 2)
+    ranks = ranks[ranks <= keys][:events] - 1
+    names = np.array([f"user-{i:06d}" for i in range(keys)], dtype=object)[ranks]
+    ts = 1_700_000_000_000 + np.cumsum(rng.integers(0, 20, size=events))
+    os.makedirs(folder, exist_ok=True)
+    per = events // batches
+    for b in range(batches):
+        sl = slice(b * per, (b + 1) * per)
+        table = pa.table(
+            {
+                "user": pa.array(names[sl].tolist()),
+                "ts": pa.array(ts[sl] * 1000, pa.timestamp("us")),
+            }
+        )
+        path = os.path.join(folder, f"part-{b:04d}.parquet")
+        pq.write_table(table, path)
+        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))
+
+
+def count_rows(batches):
+    import pyarrow as pa
+
+    n = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
+
+
+def timed(query_factory):
+    t0 = time.perf_counter()
+    query = query_factory()
+    query.awaitTermination()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=int, default=20_000)
+    ap.add_argument("--batches", type=int, default=10)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from spark_integration import StateBackend, sessionize
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    rows = []
+    with scratch_dir("bench-spark-") as tmp:
+        source = os.path.join(tmp, "in")
+        write_input(source, args.events, args.keys, args.batches)
+        schema = "user string, ts timestamp"
+
+        def stream():
+            return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
+
+        def builtin():
+            spark.conf.set(
+                "spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            )
+            spark.conf.set(
+                "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true"
+            )
+            out = (
+                stream()
+                .withWatermark("ts", "60 seconds")
+                .groupBy(F.session_window("ts", "60 seconds"), "user")
+                .count()
+            )
+            return (
+                out.writeStream.format("noop").outputMode("append")
+                .option("checkpointLocation", os.path.join(tmp, "ck-builtin"))
+                .trigger(availableNow=True).start()
+            )  # fmt: skip
+
+        def ours():
+            backend = StateBackend(f"file://{tmp}/state", local_dir=os.path.join(tmp, "local"))
+            out = sessionize(
+                stream(), key="user", timestamp="ts", gap="60 seconds",
+                aggregations={"count": "count"}, emit="final", backend=backend,
+                num_partitions=PARTITIONS,
+            )  # fmt: skip
+            return (
+                out.writeStream.format("noop").outputMode("append")
+                .option("checkpointLocation", os.path.join(tmp, "ck-ours"))
+                .trigger(availableNow=True).start()
+            )  # fmt: skip
+
+        def floor():
+            out = stream().repartition(PARTITIONS, "user").mapInArrow(count_rows, "n long")
+            return (
+                out.writeStream.format("noop").outputMode("append")
+                .option("checkpointLocation", os.path.join(tmp, "ck-floor"))
+                .trigger(availableNow=True).start()
+            )  # fmt: skip
+
+        times = {
+            name: timed(fn) for name, fn in (("floor", floor), ("builtin", builtin), ("ours", ours))
+        }
+    spark.stop()
+    n = args.events
+    for label, name in (
+        ("Spark session_window + RocksDB provider (changelog)", "builtin"),
+        ("sessionize (sessionstore, file:// checkpoint)", "ours"),
+        ("floor: repartition + mapInArrow counting rows", "floor"),
+    ):
+        rows.append(
+            [
+                label,
+                f"{times[name]:.1f} s",
+                f"{n / times[name]:,.0f}",
+                f"{times['builtin'] / times[name]:.2f}x",
+            ]
+        )
+    return print_table(
+        f"Spark sessionization, {n:,} events, {args.keys:,} Zipf keys, {args.batches} micro-batches, "
+        f"local[2], {PARTITIONS} partitions ({machine()})",
+        ["pipeline", "time", "events/s", "speed vs built-in"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
