@@ -74,22 +74,12 @@ def main(argv=None) -> str:
     ap.add_argument("--keys", type=int, default=20_000)
     ap.add_argument("--batches", type=int, default=10)
     args = ap.parse_args(argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from spark_integration import StateBackend, sessionize
+    from spark_integration.local import local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.memory", "4g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("sessionstore-bench", partitions=PARTITIONS, spark__driver__memory="4g")
     rows = []
     with scratch_dir("bench-spark-") as tmp:
         source = os.path.join(tmp, "in")
@@ -99,7 +89,7 @@ def main(argv=None) -> str:
         def stream():
             return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
 
-        def builtin():
+        def builtin(run):
             spark.conf.set(
                 "spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -115,12 +105,14 @@ def main(argv=None) -> str:
             )
             return (
                 out.writeStream.format("noop").outputMode("append")
-                .option("checkpointLocation", os.path.join(tmp, "ck-builtin"))
+                .option("checkpointLocation", os.path.join(tmp, f"ck-builtin-{run}"))
                 .trigger(availableNow=True).start()
             )  # fmt: skip
 
-        def ours():
-            backend = StateBackend(f"file://{tmp}/state", local_dir=os.path.join(tmp, "local"))
+        def ours(run):
+            backend = StateBackend(
+                f"file://{tmp}/state-{run}", local_dir=os.path.join(tmp, f"local-{run}")
+            )
             out = sessionize(
                 stream(), key="user", timestamp="ts", gap="60 seconds",
                 aggregations={"count": "count"}, emit="final", backend=backend,
@@ -128,21 +120,24 @@ def main(argv=None) -> str:
             )  # fmt: skip
             return (
                 out.writeStream.format("noop").outputMode("append")
-                .option("checkpointLocation", os.path.join(tmp, "ck-ours"))
+                .option("checkpointLocation", os.path.join(tmp, f"ck-ours-{run}"))
                 .trigger(availableNow=True).start()
             )  # fmt: skip
 
-        def floor():
+        def floor(run):
             out = stream().repartition(PARTITIONS, "user").mapInArrow(count_rows, "n long")
             return (
                 out.writeStream.format("noop").outputMode("append")
-                .option("checkpointLocation", os.path.join(tmp, "ck-floor"))
+                .option("checkpointLocation", os.path.join(tmp, f"ck-floor-{run}"))
                 .trigger(availableNow=True).start()
             )  # fmt: skip
 
-        times = {
-            name: timed(fn) for name, fn in (("floor", floor), ("builtin", builtin), ("ours", ours))
-        }
+        # best of two interleaved rounds, each query on a fresh checkpoint
+        times: dict[str, float] = {}
+        for round_ in range(2):
+            for name, fn in (("floor", floor), ("builtin", builtin), ("ours", ours)):
+                elapsed = timed(lambda fn=fn, r=round_: fn(f"{r}"))
+                times[name] = min(times.get(name, elapsed), elapsed)
     spark.stop()
     n = args.events
     for label, name in (

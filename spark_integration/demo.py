@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from collections import Counter
 
 from sessionstore.checkpoint import StateStoreProvider, StoreSpec
@@ -43,19 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", default="demo-output/spark")
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from spark_integration.local import local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sessionstore-demo")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("sessionstore-demo")
     try:
         run(spark, args.clicks, args.users, args.batches, args.dir)
     finally:

@@ -43,23 +43,8 @@ def checkpoint_location(request, tmp_path):
 @pytest.fixture(scope="session")
 def spark():
     """A local[2] SparkSession whose Python workers use this interpreter."""
-    import os
-    import sys
+    from spark_integration.local import local_spark
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("sessionstore-tests")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.streaming.schemaInference", "false")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_spark("sessionstore-tests")
     yield session
     session.stop()

@@ -1,0 +1,35 @@
+"""A local SparkSession configured the way this project runs Spark (demo, tests,
+benchmarks): Python workers on this interpreter, loopback networking, no UI."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["local_spark"]
+
+
+def local_spark(app_name: str, partitions: int = 2, cores: int = 2, **conf: str) -> Any:
+    """``local[cores]`` SparkSession with ``partitions`` shuffle partitions.
+
+    Python workers must run this interpreter, or they miss the installed packages;
+    ``SPARK_LOCAL_IP`` keeps Spark on the loopback interface.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key.replace("__", "."), value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
