@@ -28,6 +28,10 @@ class StateBackend:
     snapshot_interval: int = 10
     retain_versions: int = 100
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Test hook: a path. When a file ``<path>/fail-<batch>-<partition>`` exists, the
+    #: first attempt of that task deletes it and fails right after committing its
+    #: state, before its output reaches Spark (the worst moment for exactly-once).
+    fail_marker_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_uri, str) or not self.checkpoint_uri:

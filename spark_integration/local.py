@@ -10,8 +10,11 @@ from typing import Any
 __all__ = ["local_spark"]
 
 
-def local_spark(app_name: str, partitions: int = 2, cores: int = 2, **conf: str) -> Any:
-    """``local[cores]`` SparkSession with ``partitions`` shuffle partitions.
+def local_spark(
+    app_name: str, partitions: int = 2, cores: int = 2, max_failures: int = 1, **conf: str
+) -> Any:
+    """``local[cores]`` SparkSession with ``partitions`` shuffle partitions; with
+    ``max_failures > 1`` a failed task is retried (local mode's default is never).
 
     Python workers must run this interpreter, or they miss the installed packages;
     ``SPARK_LOCAL_IP`` keeps Spark on the loopback interface.
@@ -22,7 +25,7 @@ def local_spark(app_name: str, partitions: int = 2, cores: int = 2, **conf: str)
     from pyspark.sql import SparkSession
 
     builder = (
-        SparkSession.builder.master(f"local[{cores}]")
+        SparkSession.builder.master(f"local[{cores},{max_failures}]")
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.ui.enabled", "false")

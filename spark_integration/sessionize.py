@@ -17,6 +17,7 @@ that receive no data.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -187,6 +188,18 @@ def sessionize(
     return selected.repartition(n, *keys).mapInArrow(task, out_schema)
 
 
+def _maybe_fail(backend: StateBackend, batch_id: int, partition: int, attempt: int) -> None:
+    """The failure-injection hook of ``StateBackend.fail_marker_dir`` (tests only)."""
+    if backend.fail_marker_dir is None or attempt > 0:
+        return
+    marker = os.path.join(backend.fail_marker_dir, f"fail-{batch_id}-{partition}")
+    if os.path.exists(marker):
+        os.remove(marker)
+        raise RuntimeError(
+            f"injected failure after commit: batch {batch_id}, partition {partition}"
+        )
+
+
 @dataclass
 class _SessionizeTask:
     """What each task runs: picklable, so it ships to the executors."""
@@ -249,6 +262,7 @@ class _SessionizeTask:
                 provider.do_maintenance()
         finally:
             provider.close()
+        _maybe_fail(backend, batch_id, partition, ctx.attemptNumber())
         if updates:
             yield self._to_arrow(updates)
 

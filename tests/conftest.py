@@ -45,6 +45,6 @@ def spark():
     """A local[2] SparkSession whose Python workers use this interpreter."""
     from spark_integration.local import local_spark
 
-    session = local_spark("sessionstore-tests")
+    session = local_spark("sessionstore-tests", max_failures=2)  # one retry per task
     yield session
     session.stop()

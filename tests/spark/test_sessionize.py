@@ -154,3 +154,21 @@ def test_timestamp_columns_in_and_out(spark, tmp_path):
         ("a", utc(30_000), utc(30_000), 1),
         ("b", utc(2_000), utc(2_000), 1),
     ]
+
+
+def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spark, tmp_path):
+    batches = generated(seed=5)
+    clean = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    reference = run_query(spark, tmp_path / "a", tmp_path, "clean", clean, batches)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    for batch_id, partition in ((1, 0), (3, 1)):
+        (markers / f"fail-{batch_id}-{partition}").touch()
+    failing = StateBackend(
+        f"file://{tmp_path}/state",
+        local_dir=str(tmp_path / "local"),
+        fail_marker_dir=str(markers),
+    )
+    rows = run_query(spark, tmp_path / "b", tmp_path, "failing", failing, batches)
+    assert list(markers.iterdir()) == []  # both injected failures happened
+    assert sorted(map(str, rows)) == sorted(map(str, reference))  # same rows, no duplicates
