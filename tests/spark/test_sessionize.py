@@ -42,25 +42,17 @@ def write_file(folder, index, rows):
     tmp.rename(folder / f"part-{index:04d}.json")
 
 
-def run_query(spark, source, tmp_path, name, backend, batches, first=0):
-    """Feed ``batches`` one file (one micro-batch) at a time, in order, and return
-    every emitted row. A file is written only once the previous batch has run, so
-    the file source cannot reorder them."""
+def feed(spark, source, checkpoint, batches, build, first=0):
+    """Run the query ``build(stream)`` over ``batches``, one file (one micro-batch)
+    at a time, in order, and return every emitted row. A file is written only once
+    the previous batch has run, so the file source cannot reorder them."""
     collected = []
     source.mkdir(parents=True, exist_ok=True)
     stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    out = sessionize(
-        stream,
-        key="user",
-        timestamp="ts",
-        gap=f"{GAP_MS} ms",
-        aggregations={"n": "count", "spent": ("sum", "amount"), "entry": ("first", "amount")},
-        backend=backend,
-        name=name,
-    )
     query = (
-        out.writeStream.outputMode("append")
-        .option("checkpointLocation", str(tmp_path / f"spark-ckpt-{name}"))
+        build(stream)
+        .writeStream.outputMode("append")
+        .option("checkpointLocation", str(checkpoint))
         .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
         .start()
     )
@@ -71,6 +63,23 @@ def run_query(spark, source, tmp_path, name, backend, batches, first=0):
     finally:
         query.stop()
     return collected
+
+
+def run_query(spark, source, tmp_path, name, backend, batches, first=0):
+    """``feed`` through sessionize (count, sum and first of amount per session)."""
+
+    def build(stream):
+        return sessionize(
+            stream,
+            key="user",
+            timestamp="ts",
+            gap=f"{GAP_MS} ms",
+            aggregations={"n": "count", "spent": ("sum", "amount"), "entry": ("first", "amount")},
+            backend=backend,
+            name=name,
+        )
+
+    return feed(spark, source, tmp_path / f"spark-ckpt-{name}", batches, build, first)
 
 
 def as_sessions(rows):
@@ -172,3 +181,45 @@ def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spar
     rows = run_query(spark, tmp_path / "b", tmp_path, "failing", failing, batches)
     assert list(markers.iterdir()) == []  # both injected failures happened
     assert sorted(map(str, rows)) == sorted(map(str, reference))  # same rows, no duplicates
+
+
+def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
+    """Differential test against Spark's built-in session_window (count and sum),
+    whose session end is the last event + gap."""
+    from pyspark.sql import functions as F
+
+    batches = generated(seed=8)
+
+    def builtin(stream):
+        return (
+            stream.withColumn("t", F.timestamp_millis("ts"))
+            .withWatermark("t", "1 minute")
+            .groupBy(F.session_window("t", f"{GAP_MS // 1000} seconds"), "user")
+            .agg(F.count("*").alias("n"), F.sum("amount").alias("spent"))
+        )
+
+    theirs = feed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    ours = run_query(spark, tmp_path / "in-ours", tmp_path, "ours", backend, batches)
+
+    def ms(value):
+        return round(value.timestamp() * 1000)  # float seconds: round, not truncate
+
+    spark_sessions = sorted(
+        (
+            r["user"],
+            ms(r["session_window"]["start"]),
+            ms(r["session_window"]["end"]) - GAP_MS,
+            r["n"],
+            r["spent"],
+        )
+        for r in theirs
+        if r["user"] != "zz-close"
+    )
+    our_sessions = sorted(
+        (r["user"], r["session_start"], r["session_end"], r["n"], r["spent"])
+        for r in ours
+        if r["user"] != "zz-close"
+    )
+    assert len(spark_sessions) > 20
+    assert our_sessions == spark_sessions
