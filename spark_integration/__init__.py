@@ -2,5 +2,6 @@
 
 from spark_integration.backend import StateBackend
 from spark_integration.sessionize import SessionAggregation, sessionize
+from spark_integration.temporal_join import temporal_join
 
-__all__ = ["StateBackend", "sessionize", "SessionAggregation"]
+__all__ = ["StateBackend", "sessionize", "SessionAggregation", "temporal_join"]

@@ -1,0 +1,204 @@
+"""``temporal_join``: join a stream with a table as of each stream row's event time.
+
+Both inputs are tagged, unioned and hash-partitioned by key; each partition keeps
+the table's versions in a :class:`~sessionstore.VersionedStore` (KIP-889) and runs
+:class:`~sessionstore.operators.TemporalJoin` in ``mapInArrow``. Within a
+micro-batch the table rows are applied before the stream rows are looked up: the
+answer depends only on event times (the version valid at the stream row's time),
+not on how the two inputs interleave in the batch. A stream row older than the
+table's history retention is dropped rather than joined with a wrong version.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.intervals import interval_ms
+from sessionstore.operators.arrow_io import epoch_millis
+from sessionstore.operators.temporal_join import TemporalJoin
+from spark_integration.backend import StateBackend
+from spark_integration.sessionize import _maybe_fail
+
+__all__ = ["temporal_join"]
+
+_SIDE, _TS, _STREAM, _TABLE = "__ss_side", "__ss_ts", "__ss_stream", "__ss_table"
+
+
+def temporal_join(
+    stream_df: Any,
+    table_df: Any,
+    key: str | Sequence[str],
+    stream_timestamp: str,
+    table_timestamp: str,
+    history_retention: str | int,
+    how: str = "inner",
+    backend: StateBackend | None = None,
+    name: str = "temporal_join",
+    num_partitions: int | None = None,
+) -> Any:
+    """Each stream row with the table's values valid at its event time.
+
+    Output: the stream's columns, then the table's other columns (prefixed with
+    ``table_`` where a name clashes). ``how="left"`` keeps stream rows without a
+    table value (table columns null). A table row whose value columns are all null
+    is a delete.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if how not in ("inner", "left"):
+        raise ValueError(f"how must be 'inner' or 'left', got {how!r}")
+    keys = [key] if isinstance(key, str) else list(key)
+    retention_ms = interval_ms(history_retention, "history_retention")
+    s_fields = {f.name: f for f in stream_df.schema.fields}
+    t_fields = {f.name: f for f in table_df.schema.fields}
+    for side, fields, ts in (
+        ("stream", s_fields, stream_timestamp),
+        ("table", t_fields, table_timestamp),
+    ):
+        for column in [*keys, ts]:
+            if column not in fields:
+                raise ValueError(f"{side} input has no column {column!r} (it has {sorted(fields)})")
+
+    def millis(df_fields, column):
+        dtype = df_fields[column].dataType
+        if isinstance(dtype, (T.TimestampType, T.TimestampNTZType)):
+            return F.unix_millis(F.col(column).cast("timestamp"))
+        if isinstance(dtype, (T.LongType, T.IntegerType)):
+            return F.col(column).cast("long")
+        raise ValueError(
+            f"{column!r} must be a timestamp or epoch milliseconds, not {dtype.simpleString()}"
+        )
+
+    table_values = [c for c in t_fields if c not in keys and c != table_timestamp]
+    out_fields = list(stream_df.schema.fields)
+    renamed = {}
+    for column in table_values:
+        out_name = f"table_{column}" if column in s_fields else column
+        renamed[column] = out_name
+        out_fields.append(T.StructField(out_name, t_fields[column].dataType, True))
+    out_schema = T.StructType(out_fields)
+
+    stream_cols = list(s_fields)
+    tagged_stream = stream_df.select(
+        *[F.col(k) for k in keys],
+        F.lit(1).alias(_SIDE),
+        millis(s_fields, stream_timestamp).alias(_TS),
+        F.struct(*[F.col(c) for c in stream_cols]).alias(_STREAM),
+    )
+    tagged_table = table_df.select(
+        *[F.col(k) for k in keys],
+        F.lit(0).alias(_SIDE),
+        millis(t_fields, table_timestamp).alias(_TS),
+        F.struct(*[F.col(c) for c in table_values]).alias(_TABLE),
+    )
+    combined = tagged_stream.unionByName(tagged_table, allowMissingColumns=True)
+    spark = stream_df.sparkSession
+    backend = backend or StateBackend.from_conf(spark)
+    n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    task = _TemporalJoinTask(
+        backend=backend,
+        name=name,
+        num_partitions=n,
+        keys=keys,
+        retention_ms=retention_ms,
+        how=how,
+        stream_cols=stream_cols,
+        table_values=table_values,
+        renamed=renamed,
+        out_schema_json=out_schema.json(),
+    )
+    return combined.repartition(n, *keys).mapInArrow(task, out_schema)
+
+
+@dataclass
+class _TemporalJoinTask:
+    backend: StateBackend
+    name: str
+    num_partitions: int
+    keys: list[str]
+    retention_ms: int
+    how: str
+    stream_cols: list[str]
+    table_values: list[str]
+    renamed: dict[str, str]
+    out_schema_json: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId()
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or 0)
+        inputs = [b for b in batches if b.num_rows]
+        backend = self.backend
+        provider = StateStoreProvider(
+            backend.checkpoint_uri,
+            self.name,
+            partition,
+            [StoreSpec("table", "versioned", self.retention_ms)],
+            backend.resolved_local_dir,
+            snapshot_interval=backend.snapshot_interval,
+            retain_versions=backend.retain_versions,
+            storage_options=backend.storage_options,
+            num_partitions=self.num_partitions,
+        )
+        joined = []
+        try:
+            handle = provider.get_store(batch_id)
+            join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
+            if inputs:
+                table = pa.Table.from_batches(inputs)
+                sides = table.column(_SIDE).to_pylist()
+                times = epoch_millis(table.column(_TS))
+                if len(self.keys) == 1:
+                    keys = table.column(self.keys[0]).to_pylist()
+                else:
+                    cols = [table.column(k).to_pylist() for k in self.keys]
+                    keys = [tuple(parts) for parts in zip(*cols, strict=True)]
+                stream_rows = (
+                    table.column(_STREAM).to_pylist()
+                    if _STREAM in table.column_names
+                    else [None] * len(sides)
+                )
+                table_rows = (
+                    table.column(_TABLE).to_pylist()
+                    if _TABLE in table.column_names
+                    else [None] * len(sides)
+                )
+                # table rows first: the answer then depends on event times only
+                for i, side in enumerate(sides):
+                    if side == 0 and keys[i] is not None and times[i] is not None:
+                        row = table_rows[i]
+                        deleted = row is None or all(v is None for v in row.values())
+                        join.process_table(keys[i], None if deleted else row, times[i])
+                for i, side in enumerate(sides):
+                    if side == 1:
+                        result = join.process_stream(keys[i], stream_rows[i], times[i])
+                        if result is not None:
+                            joined.append(result.value)
+            handle.commit()
+        finally:
+            provider.close()
+        _maybe_fail(backend, batch_id, partition, ctx.attemptNumber())
+        if joined:
+            yield self._to_arrow(joined)
+
+    def _to_arrow(self, joined: list) -> pa.RecordBatch:
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+
+        schema = to_arrow_schema(
+            StructType.fromJson(json.loads(self.out_schema_json)), timezone="UTC"
+        )
+        columns: dict[str, list] = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
+        for column in self.table_values:
+            columns[self.renamed[column]] = [None if t is None else t[column] for _, t in joined]
+        arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
