@@ -16,15 +16,13 @@ that receive no data.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint import StoreSpec
 from sessionstore.checkpoint.event_time import EventTimeExchange
 from sessionstore.intervals import interval_ms
 from sessionstore.operators import (
@@ -35,6 +33,7 @@ from sessionstore.operators import (
 )
 from sessionstore.operators.arrow_io import columns_of
 from spark_integration.backend import StateBackend
+from spark_integration.task import arrow_schema, partition_state, record_batch, task_info
 
 __all__ = ["sessionize", "SessionAggregation"]
 
@@ -188,18 +187,6 @@ def sessionize(
     return selected.repartition(n, *keys).mapInArrow(task, out_schema)
 
 
-def _maybe_fail(backend: StateBackend, batch_id: int, partition: int, attempt: int) -> None:
-    """The failure-injection hook of ``StateBackend.fail_marker_dir`` (tests only)."""
-    if backend.fail_marker_dir is None or attempt > 0:
-        return
-    marker = os.path.join(backend.fail_marker_dir, f"fail-{batch_id}-{partition}")
-    if os.path.exists(marker):
-        os.remove(marker)
-        raise RuntimeError(
-            f"injected failure after commit: batch {batch_id}, partition {partition}"
-        )
-
-
 @dataclass
 class _SessionizeTask:
     """What each task runs: picklable, so it ships to the executors."""
@@ -218,36 +205,22 @@ class _SessionizeTask:
     out_schema_json: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        partition = ctx.partitionId()
-        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or 0)
+        info = task_info()
         inputs = [b for b in batches if b.num_rows]
-        backend = self.backend
         spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
-        provider = StateStoreProvider(
-            backend.checkpoint_uri,
-            self.name,
-            partition,
-            [spec],
-            backend.resolved_local_dir,
-            snapshot_interval=backend.snapshot_interval,
-            retain_versions=backend.retain_versions,
-            storage_options=backend.storage_options,
-            num_partitions=self.num_partitions,
-        )
-        try:
-            handle = provider.get_store(batch_id)
+        updates = []
+        with partition_state(self.backend, self.name, info, [spec], self.num_partitions) as (
+            handle,
+            provider,
+        ):
             agg = SessionWindowAggregator(
                 handle["sessions"],
                 SessionWindows(self.gap_ms, self.grace_ms),
                 aggregations=self.aggregation,
                 emit=self.emit,
             )
-            exchange = EventTimeExchange(provider.operator_storage, partition)
-            updates = []
-            shared = exchange.after(batch_id - 1)
+            exchange = EventTimeExchange(provider.operator_storage, info.partition)
+            shared = exchange.after(info.batch_id - 1)
             if shared is not None:
                 updates += agg.advance_to(shared)
             if inputs:
@@ -256,24 +229,11 @@ class _SessionizeTask:
                 value = None if not self.value_cols else self.value_cols
                 keys, times, values = columns_of(table, key, _TS, value)
                 updates += agg.process_rows(keys, times, values)
-            exchange.publish(batch_id, agg.stream_time)
-            version = handle.commit()
-            if version % backend.snapshot_interval == 0:
-                provider.do_maintenance()
-        finally:
-            provider.close()
-        _maybe_fail(backend, batch_id, partition, ctx.attemptNumber())
+            exchange.publish(info.batch_id, agg.stream_time)
         if updates:
             yield self._to_arrow(updates)
 
     def _to_arrow(self, updates: list) -> pa.RecordBatch:
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import StructType
-
-        # timestamps travel as UTC instants; Spark converts them to its session zone
-        schema = to_arrow_schema(
-            StructType.fromJson(json.loads(self.out_schema_json)), timezone="UTC"
-        )
         columns: dict[str, list] = {}
         single = len(self.keys) == 1
         for i, k in enumerate(self.keys):
@@ -285,5 +245,4 @@ class _SessionizeTask:
             columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
         if self.emit == "update":
             columns["change"] = ["delete" if u.value is None else "upsert" for u in updates]
-        arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        return record_batch(arrow_schema(self.out_schema_json), columns)

@@ -11,19 +11,18 @@ table's history retention is dropped rather than joined with a wrong version.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
 from spark_integration.backend import StateBackend
-from spark_integration.sessionize import _maybe_fail
+from spark_integration.task import arrow_schema, partition_state, record_batch, task_info
 
 __all__ = ["temporal_join"]
 
@@ -131,74 +130,47 @@ class _TemporalJoinTask:
     out_schema_json: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        partition = ctx.partitionId()
-        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or 0)
+        info = task_info()
         inputs = [b for b in batches if b.num_rows]
-        backend = self.backend
-        provider = StateStoreProvider(
-            backend.checkpoint_uri,
-            self.name,
-            partition,
-            [StoreSpec("table", "versioned", self.retention_ms)],
-            backend.resolved_local_dir,
-            snapshot_interval=backend.snapshot_interval,
-            retain_versions=backend.retain_versions,
-            storage_options=backend.storage_options,
-            num_partitions=self.num_partitions,
-        )
+        spec = StoreSpec("table", "versioned", self.retention_ms)
         joined = []
-        try:
-            handle = provider.get_store(batch_id)
+        with partition_state(self.backend, self.name, info, [spec], self.num_partitions) as (
+            handle,
+            _,
+        ):
             join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
             if inputs:
-                table = pa.Table.from_batches(inputs)
-                sides = table.column(_SIDE).to_pylist()
-                times = epoch_millis(table.column(_TS))
-                if len(self.keys) == 1:
-                    keys = table.column(self.keys[0]).to_pylist()
-                else:
-                    cols = [table.column(k).to_pylist() for k in self.keys]
-                    keys = [tuple(parts) for parts in zip(*cols, strict=True)]
-                stream_rows = (
-                    table.column(_STREAM).to_pylist()
-                    if _STREAM in table.column_names
-                    else [None] * len(sides)
-                )
-                table_rows = (
-                    table.column(_TABLE).to_pylist()
-                    if _TABLE in table.column_names
-                    else [None] * len(sides)
-                )
-                # table rows first: the answer then depends on event times only
-                for i, side in enumerate(sides):
-                    if side == 0 and keys[i] is not None and times[i] is not None:
-                        row = table_rows[i]
-                        deleted = row is None or all(v is None for v in row.values())
-                        join.process_table(keys[i], None if deleted else row, times[i])
-                for i, side in enumerate(sides):
-                    if side == 1:
-                        result = join.process_stream(keys[i], stream_rows[i], times[i])
-                        if result is not None:
-                            joined.append(result.value)
-            handle.commit()
-        finally:
-            provider.close()
-        _maybe_fail(backend, batch_id, partition, ctx.attemptNumber())
+                joined = self._join(join, pa.Table.from_batches(inputs))
         if joined:
-            yield self._to_arrow(joined)
+            columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
+            for column in self.table_values:
+                columns[self.renamed[column]] = [
+                    None if t is None else t[column] for _, t in joined
+                ]
+            yield record_batch(arrow_schema(self.out_schema_json), columns)
 
-    def _to_arrow(self, joined: list) -> pa.RecordBatch:
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import StructType
-
-        schema = to_arrow_schema(
-            StructType.fromJson(json.loads(self.out_schema_json)), timezone="UTC"
-        )
-        columns: dict[str, list] = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
-        for column in self.table_values:
-            columns[self.renamed[column]] = [None if t is None else t[column] for _, t in joined]
-        arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    def _join(self, join: TemporalJoin, table: pa.Table) -> list:
+        n = table.num_rows
+        sides = table.column(_SIDE).to_pylist()
+        times = epoch_millis(table.column(_TS))
+        if len(self.keys) == 1:
+            keys = table.column(self.keys[0]).to_pylist()
+        else:
+            cols = [table.column(k).to_pylist() for k in self.keys]
+            keys = [tuple(parts) for parts in zip(*cols, strict=True)]
+        names = table.column_names
+        stream_rows = table.column(_STREAM).to_pylist() if _STREAM in names else [None] * n
+        table_rows = table.column(_TABLE).to_pylist() if _TABLE in names else [None] * n
+        # table rows first: the answer then depends on event times only
+        for i, side in enumerate(sides):
+            if side == 0 and keys[i] is not None and times[i] is not None:
+                row = table_rows[i]
+                deleted = row is None or all(v is None for v in row.values())
+                join.process_table(keys[i], None if deleted else row, times[i])
+        joined = []
+        for i, side in enumerate(sides):
+            if side == 1:
+                result = join.process_stream(keys[i], stream_rows[i], times[i])
+                if result is not None:
+                    joined.append(result.value)
+        return joined

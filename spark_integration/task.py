@@ -1,0 +1,98 @@
+"""What every sessionstore operator task does on an executor, in one place.
+
+A task finds its partition and micro-batch, loads version ``batchId`` of its
+partition's state, lets the operator work, commits ``batchId + 1`` (snapshots and
+pruning every ``snapshot_interval`` versions) and closes the database, so a
+partition that moves to another Python worker never meets a RocksDB lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
+from spark_integration.backend import StateBackend
+
+__all__ = ["TaskInfo", "task_info", "partition_state", "arrow_schema"]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    partition: int
+    batch_id: int
+    attempt: int
+
+
+def task_info() -> TaskInfo:
+    """Partition, micro-batch id and attempt of the running Spark task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    batch = ctx.getLocalProperty("streaming.sql.batchId")
+    return TaskInfo(ctx.partitionId(), int(batch or 0), ctx.attemptNumber())
+
+
+@contextmanager
+def partition_state(
+    backend: StateBackend,
+    name: str,
+    info: TaskInfo,
+    specs: list[StoreSpec],
+    num_partitions: int,
+) -> Iterator[tuple[StoreHandle, StateStoreProvider]]:
+    """The partition's stores at version ``batch_id``; committed as ``batch_id + 1``
+    when the block succeeds, dropped when it raises. Then the failure hook runs."""
+    provider = StateStoreProvider(
+        backend.checkpoint_uri,
+        name,
+        info.partition,
+        specs,
+        backend.resolved_local_dir,
+        snapshot_interval=backend.snapshot_interval,
+        retain_versions=backend.retain_versions,
+        storage_options=backend.storage_options,
+        num_partitions=num_partitions,
+    )
+    try:
+        handle = provider.get_store(info.batch_id)
+        yield handle, provider
+        version = handle.commit()
+        if version % backend.snapshot_interval == 0:
+            provider.do_maintenance()
+    finally:
+        provider.close()
+    _maybe_fail(backend, info)
+
+
+def _maybe_fail(backend: StateBackend, info: TaskInfo) -> None:
+    """The failure-injection hook of ``StateBackend.fail_marker_dir`` (tests only)."""
+    if backend.fail_marker_dir is None or info.attempt > 0:
+        return
+    marker = os.path.join(backend.fail_marker_dir, f"fail-{info.batch_id}-{info.partition}")
+    if os.path.exists(marker):
+        os.remove(marker)
+        raise RuntimeError(
+            f"injected failure after commit: batch {info.batch_id}, partition {info.partition}"
+        )
+
+
+def arrow_schema(spark_schema_json: str) -> pa.Schema:
+    """The Arrow schema ``mapInArrow`` expects for a Spark schema (as JSON)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    # timestamps travel as UTC instants; Spark converts them to its session zone
+    return to_arrow_schema(StructType.fromJson(json.loads(spark_schema_json)), timezone="UTC")
+
+
+def record_batch(schema: pa.Schema, columns: dict[str, list[Any]]) -> pa.RecordBatch:
+    """A record batch of ``schema`` from Python column lists."""
+    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
