@@ -94,6 +94,39 @@ def _parse_aggregations(aggregations: Mapping[str, Any], columns: Sequence[str])
     return Aggregations(spec), needed, plan
 
 
+def _time_column(fields: dict[str, Any], timestamp: str) -> tuple[Any, Any]:
+    """``(epoch-millisecond column, output time type)`` for a timestamp or long column."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    ts_type = fields[timestamp].dataType
+    if isinstance(ts_type, (T.TimestampType, T.TimestampNTZType)):
+        return F.unix_millis(F.col(timestamp).cast("timestamp")), T.TimestampType()
+    if isinstance(ts_type, (T.LongType, T.IntegerType)):
+        return F.col(timestamp).cast("long"), T.LongType()
+    raise ValueError(
+        f"timestamp column {timestamp!r} must be a timestamp or epoch milliseconds (long), "
+        f"not {ts_type.simpleString()}"
+    )
+
+
+def _value_type(fn: str, column: str | None, fields: dict[str, Any], aggregations: Any) -> Any:
+    """The Spark type of an aggregate's output column."""
+    from pyspark.sql import types as T
+
+    if fn == "count":
+        return T.LongType()
+    if fn == "custom":
+        dtype = next(iter(aggregations.values())).output_type
+        return T._parse_datatype_string(dtype) if isinstance(dtype, str) else dtype
+    source = fields[column].dataType
+    if fn == "sum":
+        return T.LongType() if isinstance(source, T.IntegralType) else T.DoubleType()
+    if fn == "collect":
+        return T.ArrayType(source)
+    return source
+
+
 def sessionize(
     df: Any,
     key: str | Sequence[str],
@@ -127,16 +160,7 @@ def sessionize(
         if column not in fields:
             raise ValueError(f"column {column!r} is not in the input (it has {sorted(fields)})")
     gap_ms, grace_ms = interval_ms(gap, "gap"), interval_ms(grace, "grace")
-    ts_type = fields[timestamp].dataType
-    if isinstance(ts_type, (T.TimestampType, T.TimestampNTZType)):
-        ts_col, time_type = F.unix_millis(F.col(timestamp).cast("timestamp")), T.TimestampType()
-    elif isinstance(ts_type, (T.LongType, T.IntegerType)):
-        ts_col, time_type = F.col(timestamp).cast("long"), T.LongType()
-    else:
-        raise ValueError(
-            f"timestamp column {timestamp!r} must be a timestamp or epoch milliseconds (long), "
-            f"not {ts_type.simpleString()}"
-        )
+    ts_col, time_type = _time_column(fields, timestamp)
     others = [c for c in fields if c not in keys and c != timestamp]
     aggregation, value_cols, plan = _parse_aggregations(aggregations or {"count": "count"}, others)
     out_fields = [fields[k] for k in keys]
@@ -144,22 +168,10 @@ def sessionize(
         T.StructField("session_start", time_type),
         T.StructField("session_end", time_type),
     ]
-    for out_name, fn, column in plan:
-        if fn == "count":
-            dtype = T.LongType()
-        elif fn == "custom":
-            custom = next(iter(aggregations.values()))
-            dtype = custom.output_type
-            if isinstance(dtype, str):
-                dtype = T._parse_datatype_string(dtype)
-        elif fn == "sum":
-            source = fields[column].dataType
-            dtype = T.LongType() if isinstance(source, T.IntegralType) else T.DoubleType()
-        elif fn == "collect":
-            dtype = T.ArrayType(fields[column].dataType)
-        else:
-            dtype = fields[column].dataType
-        out_fields.append(T.StructField(out_name, dtype))
+    out_fields += [
+        T.StructField(out_name, _value_type(fn, column, fields, aggregations))
+        for out_name, fn, column in plan
+    ]
     if emit == "update":
         out_fields.append(T.StructField("change", T.StringType()))
     out_schema = T.StructType(out_fields)

@@ -98,8 +98,7 @@ class WindowAggregator:
         emit: str = "update",
         early_every_ms: int | None = None,
     ) -> None:
-        if emit not in ("update", "final", "on_time"):
-            raise ValueError(f"emit must be 'update', 'final' or 'on_time', got {emit!r}")
+        self.check_settings(emit, early_every_ms)
         if not isinstance(store, WindowStore):
             raise TypeError(f"store must be a WindowStore, got {type(store).__name__}")
         if store.window_size_ms != windows.size_ms:
@@ -107,11 +106,6 @@ class WindowAggregator:
                 f"store {store.name!r} holds {store.window_size_ms} ms windows, "
                 f"not {windows.size_ms} ms"
             )
-        if early_every_ms is not None:
-            if emit == "update":
-                raise ValueError("early_every_ms needs emit='final' or 'on_time'")
-            if type(early_every_ms) is not int or early_every_ms <= 0:
-                raise ValueError(f"early_every_ms must be a positive int, got {early_every_ms!r}")
         if merger is None and aggregations is None and initializer and aggregator:
             merger = _no_merge  # fixed windows never merge
         self.store, self.windows, self.emit = store, windows, emit
@@ -124,6 +118,17 @@ class WindowAggregator:
         #: Records that landed in no open window (or had a None key or timestamp).
         self.dropped_records = 0
 
+    @staticmethod
+    def check_settings(emit: str, early_every_ms: int | None = None) -> None:
+        """Raise ``ValueError`` for an unknown policy or a bad early interval."""
+        if emit not in ("update", "final", "on_time"):
+            raise ValueError(f"emit must be 'update', 'final' or 'on_time', got {emit!r}")
+        if early_every_ms is not None:
+            if emit == "update":
+                raise ValueError("early_every_ms needs emit='final' or 'on_time'")
+            if type(early_every_ms) is not int or early_every_ms <= 0:
+                raise ValueError(f"early_every_ms must be a positive int, got {early_every_ms!r}")
+
     def _read(self, name: str) -> int | None:
         raw = self.store.read_aux(name)
         return None if raw is None else _I64.unpack(raw)[0]
@@ -131,6 +136,17 @@ class WindowAggregator:
     @property
     def stream_time(self) -> int | None:
         return self._stream_time
+
+    def advance_to(self, event_time: int) -> list[WindowUpdate]:
+        """Move stream time to ``event_time`` without a record (never back), firing
+        the windows it makes due; engines call it with the query's event time."""
+        ts = check_timestamp("event_time", event_time)
+        with self.store.batch():
+            if self._stream_time is not None and ts <= self._stream_time:
+                return []
+            self._stream_time = ts
+            self.store.write_aux("stream_time", _I64.pack(ts))
+            return self._fire(ts) if self._pending is not None else []
 
     def process(self, key: Any, value: Any, timestamp: int | None) -> list[WindowUpdate]:
         """Add one record to its windows; return what it emits."""

@@ -169,3 +169,13 @@ def test_bad_configuration(db, kwargs, error):
         WindowAggregator(store, TimeWindows(10), aggregations={"n": "count"}, **kwargs)
     with pytest.raises(ValueError, match="holds 10 ms windows"):
         WindowAggregator(store, TimeWindows(20), aggregations={"n": "count"})
+
+
+def test_advance_to_fires_windows_without_records(make):
+    agg = make(10, grace=5, emit="final")
+    feed(agg, [("a", 1), ("b", 12)])
+    assert agg.advance_to(14) == []
+    assert agg.advance_to(15) == [W("a", 0, 10, {"n": 1}, 10, "final")]
+    assert agg.advance_to(3) == []
+    assert agg.advance_to(40) == [W("b", 10, 20, {"n": 1}, 20, "final")]
+    assert agg.stream_time == 40
