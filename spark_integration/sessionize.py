@@ -33,7 +33,13 @@ from sessionstore.operators import (
 )
 from sessionstore.operators.arrow_io import columns_of
 from spark_integration.backend import StateBackend
-from spark_integration.task import arrow_schema, partition_state, record_batch, task_info
+from spark_integration.task import (
+    arrow_schema,
+    deterministic_order,
+    partition_state,
+    record_batch,
+    task_info,
+)
 
 __all__ = ["sessionize", "SessionAggregation"]
 
@@ -236,7 +242,7 @@ class _SessionizeTask:
             if shared is not None:
                 updates += agg.advance_to(shared)
             if inputs:
-                table = pa.Table.from_batches(inputs)
+                table = deterministic_order(pa.Table.from_batches(inputs), [_TS])
                 key = self.keys[0] if len(self.keys) == 1 else self.keys
                 value = None if not self.value_cols else self.value_cols
                 keys, times, values = columns_of(table, key, _TS, value)

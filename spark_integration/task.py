@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
 from spark_integration.backend import StateBackend
 
-__all__ = ["TaskInfo", "task_info", "partition_state", "arrow_schema"]
+__all__ = ["TaskInfo", "task_info", "partition_state", "arrow_schema", "deterministic_order"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,27 @@ def _maybe_fail(backend: StateBackend, info: TaskInfo) -> None:
         raise RuntimeError(
             f"injected failure after commit: batch {info.batch_id}, partition {info.partition}"
         )
+
+
+def deterministic_order(table: pa.Table, first: Sequence[str] = ()) -> pa.Table:
+    """``table`` sorted by ``first``, then by every other sortable column.
+
+    Spark does not promise that a shuffle delivers rows in the same order when a
+    task is retried; sorting makes a retried or replayed task process exactly the
+    same sequence, so its output and state are the same. Struct columns are sorted
+    by their fields; rows equal in every sortable column are interchangeable.
+    """
+    flat = table.flatten()
+    names = list(first) + [n for n in flat.column_names if n not in first]
+    keys = [
+        (n, "ascending", "at_start")
+        for n in names
+        if not pa.types.is_nested(flat.schema.field(n).type)
+        and not pa.types.is_null(flat.schema.field(n).type)
+    ]
+    if not keys or table.num_rows < 2:
+        return table
+    return table.take(pc.sort_indices(flat, sort_keys=keys))
 
 
 def arrow_schema(spark_schema_json: str) -> pa.Schema:

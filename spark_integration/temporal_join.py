@@ -22,7 +22,13 @@ from sessionstore.intervals import interval_ms
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
 from spark_integration.backend import StateBackend
-from spark_integration.task import arrow_schema, partition_state, record_batch, task_info
+from spark_integration.task import (
+    arrow_schema,
+    deterministic_order,
+    partition_state,
+    record_batch,
+    task_info,
+)
 
 __all__ = ["temporal_join"]
 
@@ -140,7 +146,9 @@ class _TemporalJoinTask:
         ):
             join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
             if inputs:
-                joined = self._join(join, pa.Table.from_batches(inputs))
+                joined = self._join(
+                    join, deterministic_order(pa.Table.from_batches(inputs), [_SIDE, _TS])
+                )
         if joined:
             columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
             for column in self.table_values:

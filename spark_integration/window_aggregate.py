@@ -21,7 +21,13 @@ from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
 from sessionstore.operators.arrow_io import columns_of
 from spark_integration.backend import StateBackend
 from spark_integration.sessionize import _parse_aggregations, _time_column, _value_type
-from spark_integration.task import arrow_schema, partition_state, record_batch, task_info
+from spark_integration.task import (
+    arrow_schema,
+    deterministic_order,
+    partition_state,
+    record_batch,
+    task_info,
+)
 
 __all__ = ["window_aggregate"]
 
@@ -136,7 +142,7 @@ class _WindowTask:
             if shared is not None:
                 updates += agg.advance_to(shared)
             if inputs:
-                table = pa.Table.from_batches(inputs)
+                table = deterministic_order(pa.Table.from_batches(inputs), [_TS])
                 key = self.keys[0] if len(self.keys) == 1 else self.keys
                 keys, times, values = columns_of(table, key, _TS, self.value_cols or None)
                 updates += agg.process_rows(keys, times, values)
