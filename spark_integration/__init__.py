@@ -4,5 +4,13 @@ from spark_integration.backend import StateBackend
 from spark_integration.sessionize import SessionAggregation, sessionize
 from spark_integration.temporal_join import temporal_join
 from spark_integration.window_aggregate import window_aggregate
+from spark_integration.window_join import window_join
 
-__all__ = ["StateBackend", "sessionize", "SessionAggregation", "temporal_join", "window_aggregate"]
+__all__ = [
+    "StateBackend",
+    "sessionize",
+    "SessionAggregation",
+    "temporal_join",
+    "window_aggregate",
+    "window_join",
+]

@@ -1,0 +1,156 @@
+"""``window_join``: inner join of two streams whose event times lie within a window.
+
+Both inputs are tagged, unioned and hash-partitioned by key; each partition buffers
+each side's rows in a message store and runs
+:class:`~sessionstore.operators.WindowedJoin` (SAMZA-552) in ``mapInArrow``: a row
+is joined with the other side's rows within ``within`` of its event time, each
+pair emitted once. Rows of a batch are processed in a deterministic order (by
+time, then content), and a row's offset is its position in that order within the
+batch, so a retried batch buffers and joins exactly the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sessionstore.checkpoint import StoreSpec
+from sessionstore.intervals import interval_ms
+from sessionstore.operators.arrow_io import epoch_millis
+from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
+from spark_integration.backend import StateBackend
+from spark_integration.sessionize import _time_column
+from spark_integration.task import (
+    arrow_schema,
+    deterministic_order,
+    partition_state,
+    record_batch,
+    task_info,
+)
+
+__all__ = ["window_join"]
+
+_SIDE, _TS, _LEFT, _RIGHT = "__ss_side", "__ss_ts", "__ss_left", "__ss_right"
+_OFFSET_STRIDE = 1 << 32  # offsets: batch id in the high bits, row position below
+
+
+def window_join(
+    left_df: Any,
+    right_df: Any,
+    key: str | Sequence[str],
+    left_timestamp: str,
+    right_timestamp: str,
+    within: str | int,
+    grace: str | int = "0 seconds",
+    backend: StateBackend | None = None,
+    name: str = "window_join",
+    num_partitions: int | None = None,
+) -> Any:
+    """Pairs of left and right rows with the same key and event times at most
+    ``within`` apart. Output: the left columns, then the right columns (prefixed
+    with ``right_`` where a name clashes). Rows later than ``within + grace``
+    behind the query's event time are dropped."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    keys = [key] if isinstance(key, str) else list(key)
+    l_fields = {f.name: f for f in left_df.schema.fields}
+    r_fields = {f.name: f for f in right_df.schema.fields}
+    for side, fields, ts in (
+        ("left", l_fields, left_timestamp),
+        ("right", r_fields, right_timestamp),
+    ):
+        for column in [*keys, ts]:
+            if column not in fields:
+                raise ValueError(f"{side} input has no column {column!r} (it has {sorted(fields)})")
+    within_ms, grace_ms = interval_ms(within, "within"), interval_ms(grace, "grace")
+    right_out = {c: (f"right_{c}" if c in l_fields else c) for c in r_fields}
+    out_schema = T.StructType(
+        list(left_df.schema.fields)
+        + [T.StructField(right_out[c], r_fields[c].dataType, True) for c in r_fields]
+    )
+    left_ts, _ = _time_column(l_fields, left_timestamp)
+    right_ts, _ = _time_column(r_fields, right_timestamp)
+    tagged_left = left_df.select(
+        *[F.col(k) for k in keys],
+        F.lit(0).alias(_SIDE),
+        left_ts.alias(_TS),
+        F.struct(*[F.col(c) for c in l_fields]).alias(_LEFT),
+    )
+    tagged_right = right_df.select(
+        *[F.col(k) for k in keys],
+        F.lit(1).alias(_SIDE),
+        right_ts.alias(_TS),
+        F.struct(*[F.col(c) for c in r_fields]).alias(_RIGHT),
+    )
+    combined = tagged_left.unionByName(tagged_right, allowMissingColumns=True)
+    spark = left_df.sparkSession
+    backend = backend or StateBackend.from_conf(spark)
+    n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    task = _WindowJoinTask(
+        backend=backend,
+        name=name,
+        num_partitions=n,
+        keys=keys,
+        within_ms=within_ms,
+        grace_ms=grace_ms,
+        left_cols=list(l_fields),
+        right_out=right_out,
+        out_schema_json=out_schema.json(),
+    )
+    return combined.repartition(n, *keys).mapInArrow(task, out_schema)
+
+
+@dataclass
+class _WindowJoinTask:
+    backend: StateBackend
+    name: str
+    num_partitions: int
+    keys: list[str]
+    within_ms: int
+    grace_ms: int
+    left_cols: list[str]
+    right_out: dict[str, str]
+    out_schema_json: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        info = task_info()
+        inputs = [b for b in batches if b.num_rows]
+        retention = 2 * self.within_ms + self.grace_ms + 1
+        specs = [
+            StoreSpec("left", "messages", retention),
+            StoreSpec("right", "messages", retention),
+        ]
+        pairs = []
+        with partition_state(self.backend, self.name, info, specs, self.num_partitions) as (
+            handle,
+            _,
+        ):
+            join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
+            if inputs:
+                table = deterministic_order(pa.Table.from_batches(inputs), [_TS, _SIDE])
+                pairs = self._join(join, table, info.batch_id)
+        if pairs:
+            columns = {c: [p.value[0][c] for p in pairs] for c in self.left_cols}
+            for c, out in self.right_out.items():
+                columns[out] = [p.value[1][c] for p in pairs]
+            yield record_batch(arrow_schema(self.out_schema_json), columns)
+
+    def _join(self, join: WindowedJoin, table: pa.Table, batch_id: int) -> list:
+        n = table.num_rows
+        sides = [LEFT if s == 0 else RIGHT for s in table.column(_SIDE).to_pylist()]
+        times = epoch_millis(table.column(_TS))
+        if len(self.keys) == 1:
+            keys = table.column(self.keys[0]).to_pylist()
+        else:
+            cols = [table.column(k).to_pylist() for k in self.keys]
+            keys = [tuple(parts) for parts in zip(*cols, strict=True)]
+        names = table.column_names
+        lefts = table.column(_LEFT).to_pylist() if _LEFT in names else [None] * n
+        rights = table.column(_RIGHT).to_pylist() if _RIGHT in names else [None] * n
+        values = [lefts[i] if sides[i] == LEFT else rights[i] for i in range(n)]
+        offsets = [batch_id * _OFFSET_STRIDE + i for i in range(n)]
+        return join.process_rows(sides, keys, times, values, offsets)
