@@ -9,9 +9,12 @@ from typing import Any
 
 from sessionstore.checkpoint.filesystem import redact
 
-__all__ = ["StateBackend", "CONF_PREFIX"]
+__all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
 
 CONF_PREFIX = "spark.sessionstore."
+#: Every key ``StateBackend.from_conf`` reads (besides ``storage.<option>``).
+CONF_KEYS = ("checkpointUri", "localDir", "snapshotInterval", "retainVersions")
+STORAGE_PREFIX = CONF_PREFIX + "storage."
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,9 @@ class StateBackend:
                 "StateBackend explicitly"
             )
         options = {}
-        prefix = CONF_PREFIX + "storage."
         for key, value in spark.sparkContext.getConf().getAll():
-            if key.startswith(prefix):
-                options[key[len(prefix) :]] = value
+            if key.startswith(STORAGE_PREFIX):
+                options[key[len(STORAGE_PREFIX) :]] = value
         return cls(
             checkpoint_uri=uri,
             local_dir=conf.get(CONF_PREFIX + "localDir", None),

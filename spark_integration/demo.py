@@ -40,11 +40,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--users", type=int, default=300)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--dir", default="demo-output/spark")
+    parser.add_argument("--master", default=None, help="Spark master (default local[2])")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark conf, e.g. spark.sessionstore.checkpointUri=s3://bucket/demo",
+    )
     args = parser.parse_args(argv)
 
     from spark_integration.local import local_spark
 
-    spark = local_spark("sessionstore-demo")
+    conf = dict(item.split("=", 1) for item in args.conf)
+    spark = local_spark(
+        "sessionstore-demo",
+        master=args.master,
+        **{k.replace(".", "__"): v for k, v in conf.items()},
+    )
     try:
         run(spark, args.clicks, args.users, args.batches, args.dir)
     finally:
@@ -55,17 +68,21 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     """Run the demo query on ``spark``; print and return ``(emitted rows, sessions in
     state per partition)``."""
     from spark_integration import StateBackend, sessionize
+    from spark_integration.backend import CONF_PREFIX
 
     shutil.rmtree(out_dir, ignore_errors=True)
     staging, source = os.path.join(out_dir, "staging"), os.path.join(out_dir, "clicks")
     clicks = click_stream(n_clicks, users)
     # sessions still open when the stream pauses stay in state (shown at the end)
     files = write_batches(clicks, staging, -(-len(clicks) // batches))
-    backend = StateBackend(
-        checkpoint_uri="file://" + os.path.abspath(os.path.join(out_dir, "object-store")),
-        local_dir=os.path.abspath(os.path.join(out_dir, "local-rocksdb")),
-        snapshot_interval=3,
-    )
+    if spark.conf.get(CONF_PREFIX + "checkpointUri", None):
+        backend = StateBackend.from_conf(spark)  # e.g. S3 in docker/compose.yaml
+    else:
+        backend = StateBackend(
+            checkpoint_uri="file://" + os.path.abspath(os.path.join(out_dir, "object-store")),
+            local_dir=os.path.abspath(os.path.join(out_dir, "local-rocksdb")),
+            snapshot_interval=3,
+        )
     os.makedirs(source, exist_ok=True)
     stream = (
         spark.readStream.schema("user string, ts long, page string")
@@ -113,7 +130,7 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     for partition in range(2):
         provider = StateStoreProvider(
             backend.checkpoint_uri, "click_sessions", partition, [spec],
-            os.path.join(out_dir, "inspect"),
+            os.path.join(out_dir, "inspect"), storage_options=backend.storage_options,
         )  # fmt: skip
         version = provider.latest_version()
         handle = provider.get_store(version)

@@ -11,10 +11,17 @@ __all__ = ["local_spark"]
 
 
 def local_spark(
-    app_name: str, partitions: int = 2, cores: int = 2, max_failures: int = 1, **conf: str
+    app_name: str,
+    partitions: int = 2,
+    cores: int = 2,
+    max_failures: int = 1,
+    master: str | None = None,
+    **conf: str,
 ) -> Any:
     """``local[cores]`` SparkSession with ``partitions`` shuffle partitions; with
     ``max_failures > 1`` a failed task is retried (local mode's default is never).
+    ``master`` replaces the local master (for example ``spark://host:7077``); keyword
+    ``conf`` keys use ``__`` for dots.
 
     Python workers must run this interpreter, or they miss the installed packages;
     ``SPARK_LOCAL_IP`` keeps Spark on the loopback interface.
@@ -25,7 +32,7 @@ def local_spark(
     from pyspark.sql import SparkSession
 
     builder = (
-        SparkSession.builder.master(f"local[{cores},{max_failures}]")
+        SparkSession.builder.master(master or f"local[{cores},{max_failures}]")
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.ui.enabled", "false")
