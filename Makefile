@@ -38,4 +38,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check sessionstore spark_integration tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis demo-output bench-output
+	rm -rf $(VENV) .pytest_cache .hypothesis demo-output demo-state bench-output

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
+import time
 from collections import Counter
 
 from sessionstore.checkpoint import StateStoreProvider, StoreSpec
@@ -20,6 +22,19 @@ from sessionstore.demo import click_stream
 
 GAP = "30 minutes"
 GAP_MS = 30 * 60_000
+
+
+def plan_changes(clicks, users, seed=7):
+    """Plan changes per micro-batch: everyone starts free, some upgrade to pro."""
+    rng = random.Random(seed)
+    t0, t1 = min(c[1] for c in clicks), max(c[1] for c in clicks)
+    changes = [(f"user-{i:04d}", t0 - 1, "free") for i in range(users)]
+    changes += [
+        (f"user-{i:04d}", t0 + rng.randrange(t1 - t0), "pro")
+        for i in range(users)
+        if rng.random() < 0.3
+    ]
+    return sorted(changes, key=lambda c: c[1])
 
 
 def write_batches(clicks, folder, per_batch):
@@ -39,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clicks", type=int, default=20_000)
     parser.add_argument("--users", type=int, default=300)
     parser.add_argument("--batches", type=int, default=5)
-    parser.add_argument("--dir", default="demo-output/spark")
+    parser.add_argument("--dir", default="demo-state")
     parser.add_argument("--master", default=None, help="Spark master (default local[2])")
     parser.add_argument(
         "--conf",
@@ -65,9 +80,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
-    """Run the demo query on ``spark``; print and return ``(emitted rows, sessions in
-    state per partition)``."""
-    from spark_integration import StateBackend, sessionize
+    """Run the demo queries on ``spark``; print and return ``(emitted sessions, sessions
+    in state per partition, clicks joined with their plan)``."""
+    from spark_integration import StateBackend, sessionize, temporal_join
     from spark_integration.backend import CONF_PREFIX
 
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -100,18 +115,54 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
         backend=backend,
         name="click_sessions",
     )
-    emitted: list[dict] = []
-    query = (
-        sessions.writeStream.outputMode("append")
-        .option("checkpointLocation", os.path.join(out_dir, "spark-checkpoint"))
-        .foreachBatch(lambda batch, _: emitted.extend(r.asDict() for r in batch.collect()))
-        .start()
+    plans_source = os.path.join(out_dir, "plans")
+    os.makedirs(plans_source, exist_ok=True)
+    plans = (
+        spark.readStream.schema("user string, plan_ts long, plan string")
+        .option("maxFilesPerTrigger", 1)
+        .json(plans_source)
     )
-    for path in files:  # one file per micro-batch, in order
+    enriched_stream = temporal_join(
+        stream.select("user", "ts", "page"), plans, key="user", stream_timestamp="ts",
+        table_timestamp="plan_ts", history_retention="1 day", how="left",
+        backend=backend, name="clicks_with_plan",
+    )  # fmt: skip
+    emitted: list[dict] = []
+    enriched: list[dict] = []
+    queries = [
+        sessions.writeStream.outputMode("append")
+        .option("checkpointLocation", os.path.join(out_dir, "spark-checkpoint", "sessions"))
+        .foreachBatch(lambda batch, _: emitted.extend(r.asDict() for r in batch.collect()))
+        .start(),
+        enriched_stream.writeStream.outputMode("append")
+        .option("checkpointLocation", os.path.join(out_dir, "spark-checkpoint", "enriched"))
+        .foreachBatch(lambda batch, _: enriched.extend(r.asDict() for r in batch.collect()))
+        .start(),
+    ]
+    changes = plan_changes(clicks, users)
+    started = time.perf_counter()
+    per_batch = -(-len(clicks) // batches)
+    # a plan change travels in the micro-batch whose clicks cover its time
+    ends = [clicks[min(len(clicks), (n + 1) * per_batch) - 1][1] for n in range(len(files))]
+    ends[-1] = max(ends[-1], changes[-1][1])
+    for n, path in enumerate(files):  # one clicks file (and plan file) per micro-batch
+        lower = ends[n - 1] if n else None
+        batch_changes = [c for c in changes if (lower is None or c[1] > lower) and c[1] <= ends[n]]
+        with open(os.path.join(plans_source, f"plans-{n:04d}.json"), "w") as f:
+            for user, plan_ts, plan in batch_changes:
+                f.write(json.dumps({"user": user, "plan_ts": plan_ts, "plan": plan}) + "\n")
         os.replace(path, os.path.join(source, os.path.basename(path)))
-        query.processAllAvailable()
-    query.stop()
+        for query in queries:
+            query.processAllAvailable()
+    elapsed = time.perf_counter() - started
+    for query in queries:
+        query.stop()
 
+    print(
+        f"\nsummary: {len(clicks):,} events, {len(emitted):,} sessions closed, "
+        f"{len(enriched):,} clicks joined with their plan, {len(files)} micro-batches, "
+        f"{elapsed:.1f} s"
+    )
     print(f"\n{len(clicks):,} clicks from {users} users in {len(files)} micro-batches")
     print(f"{len(emitted):,} sessions emitted (gap {GAP}, emit on close)\n")
     user, count = Counter(r["user"] for r in emitted).most_common(1)[0]
@@ -123,6 +174,14 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
             f"  start={r['session_start']}  end={r['session_end']}  ({minutes:5.1f} min)  "
             f"clicks={r['clicks']:3d}  entry={r['entry']:9s} exit={r['exit']}"
         )
+    upgraded = sorted({r["user"] for r in enriched if r["plan"] == "pro"})
+    if upgraded:
+        who = upgraded[0]
+        print(f"\nclicks of {who} with the plan valid at each click (temporal join):")
+        theirs = sorted((r["ts"], r["plan"]) for r in enriched if r["user"] == who)
+        switch = next(i for i, (_, plan) in enumerate(theirs) if plan == "pro")
+        for ts, plan in theirs[max(0, switch - 2) : switch + 2]:
+            print(f"  {ts}  plan={plan}")
 
     print("\nState, read back from the checkpoint as a new executor would:")
     spec = StoreSpec("sessions", "session", GAP_MS + 3_600_000 + 1)
@@ -146,7 +205,7 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
             print(f"    {window.key}  [{window.start}, {window.end}]  clicks={acc[0]}")
         handle.abort()
         provider.close()
-    return emitted, in_state
+    return emitted, in_state, enriched
 
 
 if __name__ == "__main__":

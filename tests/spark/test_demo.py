@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from sessionstore.demo import click_stream
-from spark_integration.demo import GAP_MS, run
+from spark_integration.demo import GAP_MS, plan_changes, run
 from tests.models import offline_sessions
 
 pytestmark = pytest.mark.slow
 
 
 def test_demo_emits_and_keeps_exactly_the_sessions(spark, tmp_path, capsys):
-    emitted, in_state = run(spark, 3_000, 40, 3, str(tmp_path / "demo"))
+    emitted, in_state, enriched = run(spark, 3_000, 40, 3, str(tmp_path / "demo"))
     out = capsys.readouterr().out
     assert "3,000 clicks from 40 users in 3 micro-batches" in out
     assert "State, read back from the checkpoint" in out
@@ -23,3 +23,9 @@ def test_demo_emits_and_keeps_exactly_the_sessions(spark, tmp_path, capsys):
     clicks = [(u, page, ts) for u, ts, page in click_stream(3_000, 40)]
     assert sorted(sessions) == offline_sessions(clicks, GAP_MS)
     assert emitted and any(in_state)
+    # every click carries the plan valid at its time
+    changes = plan_changes(click_stream(3_000, 40), 40)
+    assert len(enriched) == 3_000
+    for row in enriched:
+        valid = [c for c in changes if c[0] == row["user"] and c[1] <= row["ts"]]
+        assert row["plan"] == (max(valid, key=lambda c: c[1])[2] if valid else None)
