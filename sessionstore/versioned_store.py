@@ -347,6 +347,13 @@ class VersionedStore(DBStoreMixin):
         out.sort(key=lambda r: r.timestamp, reverse=not ascending)
         return out
 
+    def keys(self) -> list[Any]:
+        """Every key with a latest version or a history row, in key order."""
+        encoded = {kb for kb, _ in self._db.scan(self._latest)}
+        for seg in self._segments.ids():
+            encoded.update(kb for kb, _ in self._db.scan(self._segments.name(seg)))
+        return [self._decode_key(kb) for kb in sorted(encoded)]
+
     def __repr__(self) -> str:
         return (
             f"VersionedStore({self.name!r}, history_retention_ms={self.history_retention_ms}, "

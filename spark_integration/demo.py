@@ -18,6 +18,7 @@ import time
 from collections import Counter
 
 from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.cli import main as cli_main
 from sessionstore.demo import click_stream
 
 GAP = "30 minutes"
@@ -205,6 +206,10 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
             print(f"    {window.key}  [{window.start}, {window.end}]  clicks={acc[0]}")
         handle.abort()
         provider.close()
+    print(f"\n$ sessionstore ls {backend.checkpoint_uri}")
+    ls_args = ["ls", backend.checkpoint_uri]
+    ls_args += [f"--storage-option={k}={v}" for k, v in backend.storage_options.items()]
+    cli_main(ls_args)
     return emitted, in_state, enriched
 
 

@@ -138,6 +138,15 @@ class Storage:
             if info.type == pafs.FileType.File and not info.base_name.startswith(".")
         )
 
+    def list_dirs(self, rel: str = "") -> list[str]:
+        """Names of the directories directly below ``rel``."""
+        selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=False)
+        return sorted(
+            info.base_name
+            for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.Directory
+        )
+
     def size(self, rel: str) -> int:
         return self.fs.get_file_info(self.path(rel)).size or 0
 

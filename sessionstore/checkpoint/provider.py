@@ -38,6 +38,7 @@ import msgpack
 
 from sessionstore.checkpoint.changelog import decode_changelog, encode_changelog
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
+from sessionstore.checkpoint.layout import PartitionFiles
 from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
 from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.db import StateDB, check_store_name
@@ -133,6 +134,7 @@ class StateStoreProvider:
         root = open_filesystem(checkpoint_uri, storage_options)
         self._operator = root.child(operator_id)
         self._remote: Storage = self._operator.child(str(partition_id))
+        self._files = PartitionFiles(self._remote)
         self._check_metadata(num_partitions)
         self._local = os.path.join(os.fspath(local_dir), operator_id, str(partition_id))
         self._db_path = os.path.join(self._local, "db")
@@ -185,30 +187,18 @@ class StateStoreProvider:
 
     # --------------------------------------------------------------- versions
     def _changelogs(self) -> set[int]:
-        return {
-            int(n.split(".")[0]) for n in self._remote.list("changelog") if n.endswith(".changelog")
-        }
+        return self._files.changelogs()
 
     def _snapshots(self) -> set[int]:
-        return {
-            int(n.split(".")[0]) for n in self._remote.list("snapshot") if n.endswith(".manifest")
-        }
+        return self._files.snapshots()
 
     def list_versions(self) -> list[int]:
-        """Committed versions that can still be loaded, ascending: those with a
-        snapshot, or a changelog following a loadable version (0, the empty state,
-        always is)."""
-        changelogs, snapshots = self._changelogs(), self._snapshots()
-        loadable = {0}
-        for v in range(1, max(changelogs | snapshots, default=0) + 1):
-            if v in snapshots or (v in changelogs and v - 1 in loadable):
-                loadable.add(v)
-        return sorted(loadable - {0})
+        """Committed versions that can still be loaded, ascending."""
+        return self._files.loadable()
 
     def latest_version(self) -> int:
         """The newest committed version (0 when nothing was committed)."""
-        versions = self._changelogs() | self._snapshots()
-        return max(versions) if versions else 0
+        return self._files.latest()
 
     # ---------------------------------------------------------------- loading
     def get_store(self, version: int) -> StoreHandle:

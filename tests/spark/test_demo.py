@@ -17,6 +17,9 @@ def test_demo_emits_and_keeps_exactly_the_sessions(spark, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "3,000 clicks from 40 users in 3 micro-batches" in out
     assert "State, read back from the checkpoint" in out
+    assert (
+        "$ sessionstore ls file://" in out and "click_sessions" in out and "clicks_with_plan" in out
+    )
     sessions = {(r["user"], r["session_start"], r["session_end"], r["clicks"]) for r in emitted}
     for stored in in_state:
         sessions |= {(w.key, w.start, w.end, acc[0]) for w, acc in stored}

@@ -1,0 +1,261 @@
+"""``sessionstore`` command line: look at checkpointed state without stopping the job.
+
+    sessionstore ls URI
+    sessionstore dump URI --operator OP --store NAME [--partition P] [--version N]
+                          [--key K] [--format jsonl|table] [--limit N]
+    sessionstore get URI --operator OP --store NAME --key K [--as-of T] [--version N]
+
+``URI`` is a checkpoint root (``file://``, a path, ``s3://`` with ``--storage-option
+k=v`` or the AWS environment). Reading never touches a running job's database:
+state is restored from the checkpoint into a temporary directory. Errors print one
+line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import click
+import msgpack
+
+from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.layout import PartitionFiles
+from sessionstore.checkpoint.provider import StateStoreProvider
+from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.errors import SessionStoreError
+
+__all__ = ["main", "cli"]
+
+
+class CliError(click.ClickException):
+    exit_code = 2
+
+
+def _options(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise CliError(f"--storage-option needs key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key] = value
+    return out
+
+
+def _metadata(root: Storage, operator: str) -> dict[str, Any]:
+    try:
+        return msgpack.unpackb(root.read(f"{operator}/_metadata"), raw=False)
+    except FileNotFoundError:
+        operators = [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
+        raise CliError(
+            f"no operator {operator!r} in {root.uri} (operators: {', '.join(operators) or 'none'})"
+        ) from None
+
+
+def _partitions(root: Storage, operator: str) -> list[int]:
+    return sorted(int(d) for d in root.list_dirs(operator) if d.isdigit())
+
+
+def _key(text: str | None, as_json: bool) -> Any:
+    if text is None or not as_json:
+        return text
+    value = json.loads(text)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+storage_option = click.option(
+    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+    help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable)",
+)  # fmt: skip
+
+
+@click.group(help=__doc__.split("\n\n")[0])
+def cli() -> None:
+    pass
+
+
+@cli.command("ls")
+@click.argument("uri")
+@storage_option
+def ls(uri: str, storage_options: tuple[str, ...]) -> None:
+    """Operators, partitions, versions, snapshots, sizes and stores under URI."""
+    from rich.console import Console
+    from rich.table import Table
+
+    root = open_filesystem(uri, _options(storage_options))
+    operators = [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
+    if not operators:
+        raise CliError(f"no sessionstore checkpoint under {uri}")
+    table = Table(title=f"sessionstore checkpoint {uri}")
+    for column in ("operator", "partition", "latest", "loadable", "snapshots", "bytes", "stores"):
+        table.add_column(column)
+    for operator in operators:
+        meta = _metadata(root, operator)
+        stores = ", ".join(
+            f"{s['name']} ({s['kind']}, {s['retention_ms']} ms)" for s in meta["stores"]
+        )
+        for partition in _partitions(root, operator):
+            files = PartitionFiles(root.child(f"{operator}/{partition}"))
+            loadable = files.loadable()
+            span = f"{loadable[0]}..{loadable[-1]}" if loadable else "-"
+            snaps = ",".join(map(str, sorted(files.snapshots()))) or "-"
+            table.add_row(
+                operator, str(partition), str(files.latest()), span, snaps,
+                f"{files.bytes_used():,}", stores,
+            )  # fmt: skip
+    Console(width=200).print(table)
+
+
+def _open(uri, storage_options, operator, partition, version, workdir):
+    root = open_filesystem(uri, _options(storage_options))
+    meta = _metadata(root, operator)
+    specs = [StoreSpec.from_record(r) for r in meta["stores"]]
+    provider = StateStoreProvider(
+        uri, operator, partition, specs, workdir, storage_options=_options(storage_options)
+    )
+    handle = provider.get_store(provider.latest_version() if version is None else version)
+    return provider, handle, {s.name: s for s in specs}
+
+
+def _rows(store: Any, kind: str, key: Any, as_of: int | None) -> Iterator[dict[str, Any]]:
+    if kind in ("session", "window", "messages"):
+        rows = store.fetch(key) if key is not None else store.fetch_range(None, None)
+        for window, value in rows:
+            if kind == "messages":
+                yield {
+                    "key": window.key,
+                    "timestamp": window.end,
+                    "offset": window.start,
+                    "value": value,
+                }
+            else:
+                end = window.end + 1 if kind == "window" else window.end
+                yield {"key": window.key, "start": window.start, "end": end, "value": value}
+    elif kind == "versioned":
+        for k in [key] if key is not None else store.keys():
+            records = [store.get(k, as_of)] if as_of is not None else store.get_versions(k)
+            for r in records:
+                if r is not None:
+                    yield {
+                        "key": k,
+                        "value": r.value,
+                        "valid_from": r.timestamp,
+                        "valid_to": r.valid_to,
+                    }
+    else:
+        for k, value in store.items():
+            if key is None or k == key:
+                yield {"key": k, "value": value}
+
+
+def _dump(uri, storage_options, operator, store_name, partitions, version, key, as_of, limit):
+    root = open_filesystem(uri, _options(storage_options))
+    _metadata(root, operator)  # a clear error for an unknown operator
+    if partitions is None:
+        partitions = _partitions(root, operator)
+    count = 0
+    for partition in partitions:
+        with tempfile.TemporaryDirectory(prefix="sessionstore-cli-") as workdir:
+            provider, handle, specs = _open(
+                uri, storage_options, operator, partition, version, workdir
+            )
+            try:
+                if store_name not in specs:
+                    raise CliError(
+                        f"operator {operator!r} has no store {store_name!r} "
+                        f"(stores: {', '.join(sorted(specs))})"
+                    )
+                for row in _rows(handle[store_name], specs[store_name].kind, key, as_of):
+                    yield {"partition": partition, **row}
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
+            finally:
+                handle.abort()
+                provider.close()
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", required=True)
+@click.option("--store", "store_name", required=True)
+@click.option("--partition", type=int, default=None)
+@click.option("--version", type=int, default=None, help="default: the latest")
+@click.option("--key", default=None)
+@click.option("--key-json", is_flag=True, help="parse --key as JSON (ints, lists as tuples)")
+@click.option("--as-of", type=int, default=None, help="versioned stores: the version valid then")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "table"]), default="jsonl")
+@click.option("--limit", type=int, default=None)
+@storage_option
+def dump(
+    uri, operator, store_name, partition, version, key, key_json, as_of, fmt, limit, storage_options
+):
+    """Rows of a store: key, window or validity, value."""
+    rows = _dump(
+        uri, storage_options, operator, store_name, None if partition is None else [partition],
+        version, _key(key, key_json), as_of, limit,
+    )  # fmt: skip
+    if fmt == "jsonl":
+        for row in rows:
+            click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    materialised = list(rows)
+    table = Table()
+    for column in materialised[0] if materialised else ["partition", "key", "value"]:
+        table.add_column(column)
+    for row in materialised:
+        table.add_row(*(str(_jsonable(v)) for v in row.values()))
+    Console(width=200).print(table)
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", required=True)
+@click.option("--store", "store_name", required=True)
+@click.option("--key", required=True)
+@click.option("--key-json", is_flag=True)
+@click.option("--as-of", type=int, default=None)
+@click.option("--version", type=int, default=None)
+@storage_option
+def get(uri, operator, store_name, key, key_json, as_of, version, storage_options):
+    """The rows of one key, searched in every partition."""
+    found = False
+    for row in _dump(
+        uri, storage_options, operator, store_name, None, version, _key(key, key_json), as_of, None
+    ):
+        click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str))
+        found = True
+    if not found:
+        raise CliError(f"key {key!r} not found in store {store_name!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: errors become one line and exit status 2."""
+    try:
+        cli.main(args=argv, prog_name="sessionstore", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"sessionstore: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except (SessionStoreError, FileNotFoundError, ValueError, OSError) as exc:
+        click.echo(f"sessionstore: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
