@@ -4,6 +4,8 @@
     sessionstore dump URI --operator OP --store NAME [--partition P] [--version N]
                           [--key K] [--format jsonl|table] [--limit N]
     sessionstore get URI --operator OP --store NAME --key K [--as-of T] [--version N]
+    sessionstore verify URI [--operator OP]
+    sessionstore restore URI --operator OP --partition P [--version N] --to DIR
 
 ``URI`` is a checkpoint root (``file://``, a path, ``s3://`` with ``--storage-option
 k=v`` or the AWS environment). Reading never touches a running job's database:
@@ -241,6 +243,102 @@ def get(uri, operator, store_name, key, key_json, as_of, version, storage_option
         found = True
     if not found:
         raise CliError(f"key {key!r} not found in store {store_name!r}")
+
+
+def _problems(root: Storage, operator: str, partition: int, uri: str, options) -> list[str]:
+    """Everything wrong with one partition's checkpoint (empty when it is sound)."""
+    from sessionstore.checkpoint.changelog import decode_changelog
+    from sessionstore.checkpoint.snapshot import download_snapshot
+
+    where = f"{operator}/{partition}"
+    files = PartitionFiles(root.child(where))
+    changelogs, snapshots = files.changelogs(), files.snapshots()
+    problems = []
+    latest = files.latest()
+    base = min(snapshots, default=0)
+    for v in range(base + 1, latest + 1):
+        if v not in changelogs and v not in snapshots:
+            problems.append(f"{where}: changelog of version {v} is missing (gap after {v - 1})")
+    for v in sorted(changelogs):
+        try:
+            decode_changelog(
+                files.storage.read(f"changelog/{v}.changelog"), f"{where}/changelog/{v}", v
+            )
+        except SessionStoreError as exc:
+            problems.append(str(exc))
+    for v in sorted(snapshots):
+        with tempfile.TemporaryDirectory(prefix="sessionstore-verify-") as tmp:
+            try:
+                download_snapshot(files.storage, v, tmp)
+            except (SessionStoreError, FileNotFoundError) as exc:
+                problems.append(str(exc))
+    if not problems and latest:
+        meta = _metadata(root, operator)
+        specs = [StoreSpec.from_record(r) for r in meta["stores"]]
+        with tempfile.TemporaryDirectory(prefix="sessionstore-verify-") as tmp:
+            provider = StateStoreProvider(
+                uri, operator, partition, specs, tmp, storage_options=options
+            )
+            try:
+                provider.get_store(latest).abort()
+            except (SessionStoreError, FileNotFoundError) as exc:
+                problems.append(f"{where}: replay to version {latest} failed: {exc}")
+            finally:
+                provider.close()
+    return problems
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", default=None, help="default: every operator")
+@storage_option
+def verify(uri, operator, storage_options):
+    """Check every retained version: checksums, changelog continuity, snapshot
+    files and hashes, and a replay to the latest version. Exit 1 on problems."""
+    options = _options(storage_options)
+    root = open_filesystem(uri, options)
+    operators = (
+        [operator] if operator else [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
+    )
+    if not operators:
+        raise CliError(f"no sessionstore checkpoint under {uri}")
+    problems, checked = [], 0
+    for op in operators:
+        _metadata(root, op)
+        for partition in _partitions(root, op):
+            problems += _problems(root, op, partition, uri, options)
+            checked += 1
+    for problem in problems:
+        click.echo(f"PROBLEM {problem}")
+    click.echo(
+        f"verified {checked} partitions of {len(operators)} operators: {len(problems)} problems"
+    )
+    if problems:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", required=True)
+@click.option("--partition", type=int, required=True)
+@click.option("--version", type=int, default=None, help="default: the latest")
+@click.option("--to", "target", required=True, type=click.Path(file_okay=False))
+@storage_option
+def restore(uri, operator, partition, version, target, storage_options):
+    """Materialise a version of a partition as a local RocksDB directory."""
+    import os
+    import shutil
+
+    if os.path.exists(target) and os.listdir(target):
+        raise CliError(f"{target} exists and is not empty; restore into a new directory")
+    with tempfile.TemporaryDirectory(prefix="sessionstore-restore-") as workdir:
+        provider, handle, _ = _open(uri, storage_options, operator, partition, version, workdir)
+        restored = handle.version
+        handle.abort()
+        provider.close()
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        shutil.move(os.path.join(workdir, operator, str(partition), "db"), target)
+    click.echo(f"restored {operator}/{partition} version {restored} to {target}")
 
 
 def main(argv: list[str] | None = None) -> None:

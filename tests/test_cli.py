@@ -112,3 +112,52 @@ def test_console_script_is_installed():
     script = os.path.join(os.path.dirname(sys.executable), "sessionstore")
     out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "dump" in out.stdout and "ls" in out.stdout
+
+
+def test_verify_passes_then_names_each_problem(checkpoint, tmp_path):
+    uri, flags = checkpoint
+    out = run("verify", uri, *flags)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verified 2 partitions of 1 operators: 0 problems" in out.stdout
+    if not uri.startswith("file://"):
+        return
+    root = uri[len("file://") :]
+    with open(f"{root}/op/0/changelog/3.changelog", "r+b") as f:
+        f.seek(30)
+        byte = f.read(1)
+        f.seek(30)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.remove(f"{root}/op/1/snapshot/2.manifest")  # without it, versions 1-3 need changelog 1
+    os.remove(f"{root}/op/1/changelog/1.changelog")
+    out = run("verify", uri, *flags)
+    assert out.returncode == 1
+    assert "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch" in out.stdout
+    assert "op/1: changelog of version 1 is missing (gap after 0)" in out.stdout
+    assert "2 problems" in out.stdout
+
+
+def test_restore_materialises_a_local_database(checkpoint, tmp_path):
+    from sessionstore import StateDB
+
+    uri, flags = checkpoint
+    target = tmp_path / "restored"
+    out = run(
+        "restore",
+        uri,
+        "--operator",
+        "op",
+        "--partition",
+        "1",
+        "--version",
+        "2",
+        "--to",
+        str(target),
+        *flags,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "version 2" in out.stdout
+    with StateDB.open(target) as db:
+        store = db.session_store("sessions", 10**9)
+        assert [w.start for w, _ in store.fetch("u1")] == [0, 1]
+    again = run("restore", uri, "--operator", "op", "--partition", "1", "--to", str(target), *flags)
+    assert again.returncode == 2 and "not empty" in again.stderr
