@@ -38,6 +38,7 @@ from spark_integration.task import (
     deterministic_order,
     partition_state,
     record_batch,
+    resolve,
     task_info,
 )
 
@@ -182,9 +183,7 @@ def sessionize(
         out_fields.append(T.StructField("change", T.StringType()))
     out_schema = T.StructType(out_fields)
 
-    spark = df.sparkSession
-    backend = backend or StateBackend.from_conf(spark)
-    n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    backend, n = resolve(df, backend, num_partitions)
     selected = df.select(
         *[F.col(k) for k in keys], ts_col.alias(_TS), *[F.col(c) for c in value_cols]
     )

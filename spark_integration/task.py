@@ -21,7 +21,22 @@ import pyarrow.compute as pc
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
 from spark_integration.backend import StateBackend
 
-__all__ = ["TaskInfo", "task_info", "partition_state", "arrow_schema", "deterministic_order"]
+__all__ = [
+    "TaskInfo",
+    "task_info",
+    "partition_state",
+    "arrow_schema",
+    "deterministic_order",
+    "resolve",
+    "tagged_union",
+    "key_values",
+    "struct_values",
+    "SIDE",
+    "TS",
+]
+
+#: Columns of a tagged union: which input a row came from, and its event time.
+SIDE, TS = "__ss_side", "__ss_ts"
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,49 @@ def deterministic_order(table: pa.Table, first: Sequence[str] = ()) -> pa.Table:
     if not keys or table.num_rows < 2:
         return table
     return table.take(pc.sort_indices(flat, sort_keys=keys))
+
+
+def resolve(df: Any, backend: StateBackend | None, num_partitions: int | None):
+    """``(backend, partition count)``: the given ones, or the session's conf."""
+    spark = df.sparkSession
+    backend = backend or StateBackend.from_conf(spark)
+    return backend, num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+def tagged_union(keys: list[str], sides: list[tuple[Any, Any, list[str], str]]) -> Any:
+    """Union several inputs as (keys, side number, event-time ms, struct of columns).
+
+    ``sides`` holds ``(DataFrame, millisecond time column, struct columns, struct
+    name)``; each input's own columns travel in its struct, nulls elsewhere."""
+    from pyspark.sql import functions as F
+
+    combined = None
+    for number, (df, millis, columns, struct) in enumerate(sides):
+        tagged = df.select(
+            *[F.col(k) for k in keys],
+            F.lit(number).alias(SIDE),
+            millis.alias(TS),
+            F.struct(*[F.col(c) for c in columns]).alias(struct),
+        )
+        combined = (
+            tagged if combined is None else combined.unionByName(tagged, allowMissingColumns=True)
+        )
+    return combined
+
+
+def key_values(table: pa.Table, keys: list[str]) -> list[Any]:
+    """The key of every row: a column's values, or tuples for several columns."""
+    if len(keys) == 1:
+        return table.column(keys[0]).to_pylist()
+    cols = [table.column(k).to_pylist() for k in keys]
+    return [tuple(parts) for parts in zip(*cols, strict=True)]
+
+
+def struct_values(table: pa.Table, name: str) -> list[Any]:
+    """The dicts of a struct column, or Nones when no input row had it."""
+    if name in table.column_names:
+        return table.column(name).to_pylist()
+    return [None] * table.num_rows
 
 
 def arrow_schema(spark_schema_json: str) -> pa.Schema:

@@ -23,16 +23,23 @@ from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
+    SIDE,
+    TS,
     arrow_schema,
     deterministic_order,
+    key_values,
     partition_state,
     record_batch,
+    resolve,
+    struct_values,
+    tagged_union,
     task_info,
 )
 
 __all__ = ["temporal_join"]
 
-_SIDE, _TS, _STREAM, _TABLE = "__ss_side", "__ss_ts", "__ss_stream", "__ss_table"
+_STREAM, _TABLE = "__ss_stream", "__ss_table"
+_TABLE_SIDE, _STREAM_SIDE = 0, 1  # their order in tagged_union
 
 
 def temporal_join(
@@ -91,22 +98,14 @@ def temporal_join(
     out_schema = T.StructType(out_fields)
 
     stream_cols = list(s_fields)
-    tagged_stream = stream_df.select(
-        *[F.col(k) for k in keys],
-        F.lit(1).alias(_SIDE),
-        millis(s_fields, stream_timestamp).alias(_TS),
-        F.struct(*[F.col(c) for c in stream_cols]).alias(_STREAM),
+    combined = tagged_union(
+        keys,
+        [
+            (table_df, millis(t_fields, table_timestamp), table_values, _TABLE),
+            (stream_df, millis(s_fields, stream_timestamp), stream_cols, _STREAM),
+        ],
     )
-    tagged_table = table_df.select(
-        *[F.col(k) for k in keys],
-        F.lit(0).alias(_SIDE),
-        millis(t_fields, table_timestamp).alias(_TS),
-        F.struct(*[F.col(c) for c in table_values]).alias(_TABLE),
-    )
-    combined = tagged_stream.unionByName(tagged_table, allowMissingColumns=True)
-    spark = stream_df.sparkSession
-    backend = backend or StateBackend.from_conf(spark)
-    n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    backend, n = resolve(stream_df, backend, num_partitions)
     task = _TemporalJoinTask(
         backend=backend,
         name=name,
@@ -147,7 +146,7 @@ class _TemporalJoinTask:
             join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
             if inputs:
                 joined = self._join(
-                    join, deterministic_order(pa.Table.from_batches(inputs), [_SIDE, _TS])
+                    join, deterministic_order(pa.Table.from_batches(inputs), [SIDE, TS])
                 )
         if joined:
             columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
@@ -158,26 +157,20 @@ class _TemporalJoinTask:
             yield record_batch(arrow_schema(self.out_schema_json), columns)
 
     def _join(self, join: TemporalJoin, table: pa.Table) -> list:
-        n = table.num_rows
-        sides = table.column(_SIDE).to_pylist()
-        times = epoch_millis(table.column(_TS))
-        if len(self.keys) == 1:
-            keys = table.column(self.keys[0]).to_pylist()
-        else:
-            cols = [table.column(k).to_pylist() for k in self.keys]
-            keys = [tuple(parts) for parts in zip(*cols, strict=True)]
-        names = table.column_names
-        stream_rows = table.column(_STREAM).to_pylist() if _STREAM in names else [None] * n
-        table_rows = table.column(_TABLE).to_pylist() if _TABLE in names else [None] * n
+        sides = table.column(SIDE).to_pylist()
+        times = epoch_millis(table.column(TS))
+        keys = key_values(table, self.keys)
+        stream_rows = struct_values(table, _STREAM)
+        table_rows = struct_values(table, _TABLE)
         # table rows first: the answer then depends on event times only
         for i, side in enumerate(sides):
-            if side == 0 and keys[i] is not None and times[i] is not None:
+            if side == _TABLE_SIDE and keys[i] is not None and times[i] is not None:
                 row = table_rows[i]
                 deleted = row is None or all(v is None for v in row.values())
                 join.process_table(keys[i], None if deleted else row, times[i])
         joined = []
         for i, side in enumerate(sides):
-            if side == 1:
+            if side == _STREAM_SIDE:
                 result = join.process_stream(keys[i], stream_rows[i], times[i])
                 if result is not None:
                     joined.append(result.value)

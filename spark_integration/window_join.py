@@ -24,16 +24,22 @@ from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from spark_integration.backend import StateBackend
 from spark_integration.sessionize import _time_column
 from spark_integration.task import (
+    SIDE,
+    TS,
     arrow_schema,
     deterministic_order,
+    key_values,
     partition_state,
     record_batch,
+    resolve,
+    struct_values,
+    tagged_union,
     task_info,
 )
 
 __all__ = ["window_join"]
 
-_SIDE, _TS, _LEFT, _RIGHT = "__ss_side", "__ss_ts", "__ss_left", "__ss_right"
+_LEFT, _RIGHT = "__ss_left", "__ss_right"
 _OFFSET_STRIDE = 1 << 32  # offsets: batch id in the high bits, row position below
 
 
@@ -53,7 +59,6 @@ def window_join(
     ``within`` apart. Output: the left columns, then the right columns (prefixed
     with ``right_`` where a name clashes). Rows later than ``within + grace``
     behind the query's event time are dropped."""
-    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     keys = [key] if isinstance(key, str) else list(key)
@@ -74,22 +79,14 @@ def window_join(
     )
     left_ts, _ = _time_column(l_fields, left_timestamp)
     right_ts, _ = _time_column(r_fields, right_timestamp)
-    tagged_left = left_df.select(
-        *[F.col(k) for k in keys],
-        F.lit(0).alias(_SIDE),
-        left_ts.alias(_TS),
-        F.struct(*[F.col(c) for c in l_fields]).alias(_LEFT),
+    combined = tagged_union(
+        keys,
+        [
+            (left_df, left_ts, list(l_fields), _LEFT),
+            (right_df, right_ts, list(r_fields), _RIGHT),
+        ],
     )
-    tagged_right = right_df.select(
-        *[F.col(k) for k in keys],
-        F.lit(1).alias(_SIDE),
-        right_ts.alias(_TS),
-        F.struct(*[F.col(c) for c in r_fields]).alias(_RIGHT),
-    )
-    combined = tagged_left.unionByName(tagged_right, allowMissingColumns=True)
-    spark = left_df.sparkSession
-    backend = backend or StateBackend.from_conf(spark)
-    n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    backend, n = resolve(left_df, backend, num_partitions)
     task = _WindowJoinTask(
         backend=backend,
         name=name,
@@ -131,7 +128,7 @@ class _WindowJoinTask:
         ):
             join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
             if inputs:
-                table = deterministic_order(pa.Table.from_batches(inputs), [_TS, _SIDE])
+                table = deterministic_order(pa.Table.from_batches(inputs), [TS, SIDE])
                 pairs = self._join(join, table, info.batch_id)
         if pairs:
             columns = {c: [p.value[0][c] for p in pairs] for c in self.left_cols}
@@ -141,16 +138,10 @@ class _WindowJoinTask:
 
     def _join(self, join: WindowedJoin, table: pa.Table, batch_id: int) -> list:
         n = table.num_rows
-        sides = [LEFT if s == 0 else RIGHT for s in table.column(_SIDE).to_pylist()]
-        times = epoch_millis(table.column(_TS))
-        if len(self.keys) == 1:
-            keys = table.column(self.keys[0]).to_pylist()
-        else:
-            cols = [table.column(k).to_pylist() for k in self.keys]
-            keys = [tuple(parts) for parts in zip(*cols, strict=True)]
-        names = table.column_names
-        lefts = table.column(_LEFT).to_pylist() if _LEFT in names else [None] * n
-        rights = table.column(_RIGHT).to_pylist() if _RIGHT in names else [None] * n
+        sides = [LEFT if s == 0 else RIGHT for s in table.column(SIDE).to_pylist()]
+        times = epoch_millis(table.column(TS))
+        keys = key_values(table, self.keys)
+        lefts, rights = struct_values(table, _LEFT), struct_values(table, _RIGHT)
         values = [lefts[i] if sides[i] == LEFT else rights[i] for i in range(n)]
         offsets = [batch_id * _OFFSET_STRIDE + i for i in range(n)]
         return join.process_rows(sides, keys, times, values, offsets)
