@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
 
 from spark_integration import StateBackend, sessionize
 from tests.models import offline_sessions
+from tests.spark.streams import json_source, run_stream, write_json
 
 pytestmark = pytest.mark.slow
 
@@ -33,36 +33,18 @@ def generated(seed=3, batches=5, per_batch=40):
     return out
 
 
-def write_file(folder, index, rows):
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".part-{index:04d}.tmp"
-    with open(tmp, "w") as f:
-        for user, ts, amount in rows:
-            f.write(json.dumps({"user": user, "ts": ts, "amount": amount}) + "\n")
-    tmp.rename(folder / f"part-{index:04d}.json")
+def rows_of(rows):
+    return [{"user": user, "ts": ts, "amount": amount} for user, ts, amount in rows]
 
 
 def feed(spark, source, checkpoint, batches, build, first=0):
-    """Run the query ``build(stream)`` over ``batches``, one file (one micro-batch)
-    at a time, in order, and return every emitted row. A file is written only once
-    the previous batch has run, so the file source cannot reorder them."""
-    collected = []
-    source.mkdir(parents=True, exist_ok=True)
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    query = (
-        build(stream)
-        .writeStream.outputMode("append")
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
-        .start()
-    )
-    try:
-        for i, rows in enumerate(batches, start=first):
-            write_file(source, i, rows)
-            query.processAllAvailable()
-    finally:
-        query.stop()
-    return collected
+    """Run ``build(stream)`` over ``batches``, one file (one micro-batch) at a time."""
+    out = build(json_source(spark, source, SCHEMA))
+    steps = [
+        (lambda i=i, rows=rows: write_json(source, i, rows_of(rows)))
+        for i, rows in enumerate(batches, start=first)
+    ]
+    return run_stream(out, checkpoint, steps)
 
 
 def run_query(spark, source, tmp_path, name, backend, batches, first=0):
@@ -122,28 +104,15 @@ def test_timestamp_columns_in_and_out(spark, tmp_path):
     rows = [("a", 1_000), ("a", 5_000), ("b", 2_000), ("a", 30_000), ("zz", 10**6)]
     rows.append(("zz", 10**6 + 1))
     source = tmp_path / "in"
-    source.mkdir()
-    stream = (
-        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-        .withColumn("t", F.timestamp_millis("ts"))
-        .drop("ts")
-    )  # fmt: skip
+    stream = json_source(spark, source, SCHEMA).withColumn("t", F.timestamp_millis("ts")).drop("ts")
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     out = sessionize(stream, key="user", timestamp="t", gap="10 seconds", backend=backend)
     assert dict(out.dtypes)["session_start"] == "timestamp"
-    collected = []
-    query = (
-        out.writeStream.outputMode("append")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
-        .start()
-    )
-    try:
-        for i, (user, ts) in enumerate(rows):
-            write_file(source, i, [(user, ts, 1)])
-            query.processAllAvailable()
-    finally:
-        query.stop()
+    steps = [
+        (lambda i=i, user=user, ts=ts: write_json(source, i, rows_of([(user, ts, 1)])))
+        for i, (user, ts) in enumerate(rows)
+    ]
+    collected = run_stream(out, tmp_path / "ck", steps)
 
     def utc(ms):
         return datetime.fromtimestamp(ms / 1000, tz=UTC)

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import random
 
 import pandas as pd
 import pytest
 
 from spark_integration import StateBackend, temporal_join
+from tests.spark.streams import json_source, run_stream, write_json
 
 pytestmark = pytest.mark.slow
-
-
-def write(folder, index, rows):
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{index:04d}.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.rename(folder / f"part-{index:04d}.json")
 
 
 @pytest.mark.parametrize("how", ["inner", "left"])
@@ -43,38 +36,20 @@ def test_matches_a_brute_force_as_of_join(spark, tmp_path, how):
         ]
         batches.append((rates, payments))
     table_src, stream_src = tmp_path / "rates", tmp_path / "payments"
-    table_src.mkdir()
-    stream_src.mkdir()
-    table = (
-        spark.readStream.schema("currency string, rate_ts long, rate long")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(table_src))
-    )
-    stream = (
-        spark.readStream.schema("currency string, ts long, amount long")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(stream_src))
-    )
+    table = json_source(spark, table_src, "currency string, rate_ts long, rate long")
+    stream = json_source(spark, stream_src, "currency string, ts long, amount long")
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     out = temporal_join(
         stream, table, key="currency", stream_timestamp="ts", table_timestamp="rate_ts",
         history_retention=10**9, how=how, backend=backend,
     )  # fmt: skip
     assert out.columns == ["currency", "ts", "amount", "rate"]
-    collected = []
-    query = (
-        out.writeStream.outputMode("append")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
-        .start()
-    )
-    try:
-        for i, (rates, payments) in enumerate(batches):
-            write(table_src, i, rates)
-            write(stream_src, i, payments)
-            query.processAllAvailable()
-    finally:
-        query.stop()
+
+    def step(i, rates, payments):
+        return lambda: (write_json(table_src, i, rates), write_json(stream_src, i, payments))
+
+    steps = [step(i, r, p) for i, (r, p) in enumerate(batches)]
+    collected = run_stream(out, tmp_path / "ck", steps)
     # brute force: the table as known by the end of each payment's batch
     expected = []
     for b, (_, payments) in enumerate(batches):

@@ -1,0 +1,42 @@
+"""Driving streaming queries in tests: JSON file sources fed one micro-batch at a time."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def json_source(spark: Any, folder: Path, schema: str) -> Any:
+    """A streaming JSON source reading one file per micro-batch."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(folder))
+
+
+def write_json(folder: Path, index: int, rows: Sequence[dict]) -> None:
+    """Write one batch file atomically (the source must never see half a file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".part-{index:04d}.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(folder / f"part-{index:04d}.json")
+
+
+def run_stream(out: Any, checkpoint: Path, steps: Sequence[Callable[[], None]]) -> list[dict]:
+    """Start ``out`` in append mode, run each step (writing a batch's files) and let
+    the query process it before the next, so no file source can reorder batches.
+    Returns every emitted row."""
+    collected: list[dict] = []
+    query = (
+        out.writeStream.outputMode("append")
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
+        .start()
+    )
+    try:
+        for step in steps:
+            step()
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    return collected
