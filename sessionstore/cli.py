@@ -18,17 +18,17 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import click
-import msgpack
 
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import PartitionFiles
 from sessionstore.checkpoint.provider import StateStoreProvider
 from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.errors import SessionStoreError
+from sessionstore.inspect import operator_metadata, partitions, store_rows
+from sessionstore.inspect import operators as list_operators
 
 __all__ = ["main", "cli"]
 
@@ -45,20 +45,6 @@ def _options(pairs: tuple[str, ...]) -> dict[str, str]:
         key, value = pair.split("=", 1)
         out[key] = value
     return out
-
-
-def _metadata(root: Storage, operator: str) -> dict[str, Any]:
-    try:
-        return msgpack.unpackb(root.read(f"{operator}/_metadata"), raw=False)
-    except FileNotFoundError:
-        operators = [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
-        raise CliError(
-            f"no operator {operator!r} in {root.uri} (operators: {', '.join(operators) or 'none'})"
-        ) from None
-
-
-def _partitions(root: Storage, operator: str) -> list[int]:
-    return sorted(int(d) for d in root.list_dirs(operator) if d.isdigit())
 
 
 def _key(text: str | None, as_json: bool) -> Any:
@@ -96,18 +82,18 @@ def ls(uri: str, storage_options: tuple[str, ...]) -> None:
     from rich.table import Table
 
     root = open_filesystem(uri, _options(storage_options))
-    operators = [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
+    operators = list_operators(root)
     if not operators:
         raise CliError(f"no sessionstore checkpoint under {uri}")
     table = Table(title=f"sessionstore checkpoint {uri}")
     for column in ("operator", "partition", "latest", "loadable", "snapshots", "bytes", "stores"):
         table.add_column(column)
     for operator in operators:
-        meta = _metadata(root, operator)
+        meta = operator_metadata(root, operator)
         stores = ", ".join(
             f"{s['name']} ({s['kind']}, {s['retention_ms']} ms)" for s in meta["stores"]
         )
-        for partition in _partitions(root, operator):
+        for partition in partitions(root, operator):
             files = PartitionFiles(root.child(f"{operator}/{partition}"))
             loadable = files.loadable()
             span = f"{loadable[0]}..{loadable[-1]}" if loadable else "-"
@@ -117,75 +103,6 @@ def ls(uri: str, storage_options: tuple[str, ...]) -> None:
                 f"{files.bytes_used():,}", stores,
             )  # fmt: skip
     Console(width=200).print(table)
-
-
-def _open(uri, storage_options, operator, partition, version, workdir):
-    root = open_filesystem(uri, _options(storage_options))
-    meta = _metadata(root, operator)
-    specs = [StoreSpec.from_record(r) for r in meta["stores"]]
-    provider = StateStoreProvider(
-        uri, operator, partition, specs, workdir, storage_options=_options(storage_options)
-    )
-    handle = provider.get_store(provider.latest_version() if version is None else version)
-    return provider, handle, {s.name: s for s in specs}
-
-
-def _rows(store: Any, kind: str, key: Any, as_of: int | None) -> Iterator[dict[str, Any]]:
-    if kind in ("session", "window", "messages"):
-        rows = store.fetch(key) if key is not None else store.fetch_range(None, None)
-        for window, value in rows:
-            if kind == "messages":
-                yield {
-                    "key": window.key,
-                    "timestamp": window.end,
-                    "offset": window.start,
-                    "value": value,
-                }
-            else:
-                end = window.end + 1 if kind == "window" else window.end
-                yield {"key": window.key, "start": window.start, "end": end, "value": value}
-    elif kind == "versioned":
-        for k in [key] if key is not None else store.keys():
-            records = [store.get(k, as_of)] if as_of is not None else store.get_versions(k)
-            for r in records:
-                if r is not None:
-                    yield {
-                        "key": k,
-                        "value": r.value,
-                        "valid_from": r.timestamp,
-                        "valid_to": r.valid_to,
-                    }
-    else:
-        for k, value in store.items():
-            if key is None or k == key:
-                yield {"key": k, "value": value}
-
-
-def _dump(uri, storage_options, operator, store_name, partitions, version, key, as_of, limit):
-    root = open_filesystem(uri, _options(storage_options))
-    _metadata(root, operator)  # a clear error for an unknown operator
-    if partitions is None:
-        partitions = _partitions(root, operator)
-    count = 0
-    for partition in partitions:
-        with tempfile.TemporaryDirectory(prefix="sessionstore-cli-") as workdir:
-            provider, handle, specs = _open(
-                uri, storage_options, operator, partition, version, workdir
-            )
-            try:
-                if store_name not in specs:
-                    raise CliError(
-                        f"operator {operator!r} has no store {store_name!r} "
-                        f"(stores: {', '.join(sorted(specs))})"
-                    )
-                for row in _rows(handle[store_name], specs[store_name].kind, key, as_of):
-                    yield {"partition": partition, **row}
-                    count += 1
-                    if limit is not None and count >= limit:
-                        return
-            finally:
-                handle.abort()
-                provider.close()
 
 
 @cli.command()
@@ -204,9 +121,9 @@ def dump(
     uri, operator, store_name, partition, version, key, key_json, as_of, fmt, limit, storage_options
 ):
     """Rows of a store: key, window or validity, value."""
-    rows = _dump(
-        uri, storage_options, operator, store_name, None if partition is None else [partition],
-        version, _key(key, key_json), as_of, limit,
+    rows = store_rows(
+        uri, operator, store_name, None if partition is None else [partition], version,
+        _key(key, key_json), as_of, limit, _options(storage_options),
     )  # fmt: skip
     if fmt == "jsonl":
         for row in rows:
@@ -236,9 +153,11 @@ def dump(
 def get(uri, operator, store_name, key, key_json, as_of, version, storage_options):
     """The rows of one key, searched in every partition."""
     found = False
-    for row in _dump(
-        uri, storage_options, operator, store_name, None, version, _key(key, key_json), as_of, None
-    ):
+    rows = store_rows(
+        uri, operator, store_name, None, version, _key(key, key_json), as_of, None,
+        _options(storage_options),
+    )  # fmt: skip
+    for row in rows:
         click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str))
         found = True
     if not found:
@@ -273,7 +192,7 @@ def _problems(root: Storage, operator: str, partition: int, uri: str, options) -
             except (SessionStoreError, FileNotFoundError) as exc:
                 problems.append(str(exc))
     if not problems and latest:
-        meta = _metadata(root, operator)
+        meta = operator_metadata(root, operator)
         specs = [StoreSpec.from_record(r) for r in meta["stores"]]
         with tempfile.TemporaryDirectory(prefix="sessionstore-verify-") as tmp:
             provider = StateStoreProvider(
@@ -298,14 +217,14 @@ def verify(uri, operator, storage_options):
     options = _options(storage_options)
     root = open_filesystem(uri, options)
     operators = (
-        [operator] if operator else [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
+        [operator] if operator else list_operators(root)
     )
     if not operators:
         raise CliError(f"no sessionstore checkpoint under {uri}")
     problems, checked = [], 0
     for op in operators:
-        _metadata(root, op)
-        for partition in _partitions(root, op):
+        operator_metadata(root, op)
+        for partition in partitions(root, op):
             problems += _problems(root, op, partition, uri, options)
             checked += 1
     for problem in problems:
@@ -331,8 +250,14 @@ def restore(uri, operator, partition, version, target, storage_options):
 
     if os.path.exists(target) and os.listdir(target):
         raise CliError(f"{target} exists and is not empty; restore into a new directory")
+    options = _options(storage_options)
+    root = open_filesystem(uri, options)
+    specs = [StoreSpec.from_record(r) for r in operator_metadata(root, operator)["stores"]]
     with tempfile.TemporaryDirectory(prefix="sessionstore-restore-") as workdir:
-        provider, handle, _ = _open(uri, storage_options, operator, partition, version, workdir)
+        provider = StateStoreProvider(
+            uri, operator, partition, specs, workdir, storage_options=options
+        )
+        handle = provider.get_store(provider.latest_version() if version is None else version)
         restored = handle.version
         handle.abort()
         provider.close()
