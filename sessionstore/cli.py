@@ -114,20 +114,59 @@ def ls(uri: str, storage_options: tuple[str, ...]) -> None:
 @click.option("--key", default=None)
 @click.option("--key-json", is_flag=True, help="parse --key as JSON (ints, lists as tuples)")
 @click.option("--as-of", type=int, default=None, help="versioned stores: the version valid then")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "table"]), default="jsonl")
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "table", "csv", "parquet"]), default="jsonl"
+)
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="default: stdout")
 @click.option("--limit", type=int, default=None)
 @storage_option
 def dump(
-    uri, operator, store_name, partition, version, key, key_json, as_of, fmt, limit, storage_options
-):
-    """Rows of a store: key, window or validity, value."""
+    uri, operator, store_name, partition, version, key, key_json, as_of, fmt, output, limit,
+    storage_options,
+):  # fmt: skip
+    """Rows of a store: key, window or validity, value (keys and values as JSON in
+    csv and parquet)."""
     rows = store_rows(
         uri, operator, store_name, None if partition is None else [partition], version,
         _key(key, key_json), as_of, limit, _options(storage_options),
     )  # fmt: skip
+    if fmt == "parquet" and output is None:
+        raise CliError("--format parquet needs --output FILE")
+    out = open(output, "w", encoding="utf-8", newline="") if output and fmt != "parquet" else None
+    try:
+        _write_rows(rows, fmt, out, output)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _write_rows(rows, fmt: str, out, output: str | None) -> None:
     if fmt == "jsonl":
         for row in rows:
-            click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str))
+            line = json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str)
+            click.echo(line, file=out)
+        return
+    if fmt in ("csv", "parquet"):
+        flat = [
+            {k: v if k == "partition" or isinstance(v, int) or v is None else _as_text(v)
+             for k, v in row.items()}
+            for row in rows
+        ]  # fmt: skip
+        if fmt == "csv":
+            import csv
+
+            writer = None
+            for row in flat:
+                if writer is None:
+                    writer = csv.DictWriter(out or sys.stdout, fieldnames=list(row))
+                    writer.writeheader()
+                writer.writerow(row)
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(flat), output)
+        click.echo(f"wrote {len(flat):,} rows to {output}")
         return
     from rich.console import Console
     from rich.table import Table
@@ -138,7 +177,12 @@ def dump(
         table.add_column(column)
     for row in materialised:
         table.add_row(*(str(_jsonable(v)) for v in row.values()))
-    Console(width=200).print(table)
+    Console(width=200, file=out).print(table)
+
+
+def _as_text(value: Any) -> str:
+    """Keys and values as text for flat formats: strings as they are, others JSON."""
+    return value if isinstance(value, str) else json.dumps(_jsonable(value), default=str)
 
 
 @cli.command()
@@ -216,9 +260,7 @@ def verify(uri, operator, storage_options):
     files and hashes, and a replay to the latest version. Exit 1 on problems."""
     options = _options(storage_options)
     root = open_filesystem(uri, options)
-    operators = (
-        [operator] if operator else list_operators(root)
-    )
+    operators = [operator] if operator else list_operators(root)
     if not operators:
         raise CliError(f"no sessionstore checkpoint under {uri}")
     problems, checked = [], 0

@@ -161,3 +161,24 @@ def test_restore_materialises_a_local_database(checkpoint, tmp_path):
         assert [w.start for w, _ in store.fetch("u1")] == [0, 1]
     again = run("restore", uri, "--operator", "op", "--partition", "1", "--to", str(target), *flags)
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_dump_csv_and_parquet(checkpoint, tmp_path):
+    import csv
+
+    import pyarrow.parquet as pq
+
+    uri, flags = checkpoint
+    args = ["dump", uri, "--operator", "op", "--store", "sessions", "--partition", "0", *flags]
+    out = run(*args, "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(out.stdout.splitlines()))
+    assert rows[0] == {"partition": "0", "key": "u0", "start": "0", "end": "5", "value": '{"n": 0}'}
+    target = tmp_path / "sessions.parquet"
+    out = run(*args, "--format", "parquet", "--output", str(target))
+    assert out.returncode == 0 and "wrote 3 rows" in out.stdout
+    assert pq.read_table(target).to_pylist()[2] == {
+        "partition": 0, "key": "u0", "start": 2, "end": 7, "value": '{"n": 2}',
+    }  # fmt: skip
+    out = run(*args, "--format", "parquet")
+    assert out.returncode == 2 and "--format parquet needs --output FILE" in out.stderr
