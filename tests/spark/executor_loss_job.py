@@ -1,0 +1,73 @@
+"""Run sessionize on local-cluster[2,1,1024] and kill an executor between batches.
+
+Usage: python executor_loss_job.py CHECKPOINT_URI STORAGE_OPTIONS_JSON WORKDIR OUT_JSON
+Prints nothing useful; writes every emitted row to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from spark_integration import StateBackend, sessionize  # noqa: E402
+from spark_integration.local import local_spark  # noqa: E402
+from tests.spark.streams import json_source, run_stream, write_json  # noqa: E402
+from tests.spark.test_sessionize import GAP_MS, SCHEMA, generated, rows_of  # noqa: E402
+
+KILL_AFTER = 2  # batches
+
+
+def executors() -> list[int]:
+    out = subprocess.run(
+        ["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True
+    )
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def main() -> None:
+    uri, options, workdir, out_path = (
+        sys.argv[1],
+        json.loads(sys.argv[2]),
+        Path(sys.argv[3]),
+        sys.argv[4],
+    )
+    spark = local_spark("executor-loss", master="local-cluster[2,1,1024]")
+    # relative: each executor resolves it in its own work directory, so a partition
+    # that moves to the other executor has no local copy and restores from the store
+    backend = StateBackend(uri, local_dir="sessionstore-local", storage_options=options)
+    source = workdir / "in"
+    out = sessionize(
+        json_source(spark, source, SCHEMA), key="user", timestamp="ts", gap=f"{GAP_MS} ms",
+        aggregations={"n": "count", "spent": ("sum", "amount")}, backend=backend, name="loss",
+    )  # fmt: skip
+    killed = []
+
+    def step(i, rows):
+        def run():
+            if i == KILL_AFTER:
+                victims = executors()
+                os.kill(victims[0], signal.SIGKILL)
+                killed.append(victims[0])
+            write_json(source, i, rows_of(rows))
+
+        return run
+
+    steps = [step(i, rows) for i, rows in enumerate(generated(seed=21))]
+    rows = run_stream(out, workdir / "spark-ckpt", steps)
+    import pyspark
+
+    # local-cluster workers keep executor work dirs under <SPARK_HOME>/work/<app id>
+    spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    app_dir = os.path.join(spark_home, "work", spark.sparkContext.applicationId)
+    spark.stop()
+    Path(out_path).write_text(json.dumps({"rows": rows, "killed": killed, "app_dir": app_dir}))
+
+
+if __name__ == "__main__":
+    main()

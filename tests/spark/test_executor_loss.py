@@ -1,0 +1,62 @@
+"""Executor loss on local-cluster: state comes back from object storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.models import offline_sessions
+from tests.spark.test_sessionize import GAP_MS, generated
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).with_name("executor_loss_job.py")
+
+
+def run_job(uri, options, tmp_path):
+    out = tmp_path / "out.json"
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    proc = subprocess.run(
+        [sys.executable, str(JOB), uri, json.dumps(options or {}), str(tmp_path), str(out)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("where", ["file", "s3"])
+def test_killing_an_executor_mid_stream_loses_nothing(where, tmp_path, request):
+    if where == "file":
+        uri, options = f"file://{tmp_path}/state", None
+    else:
+        uri, options = request.getfixturevalue("s3_bucket")
+    result = run_job(uri, options, tmp_path)
+    assert len(result["killed"]) == 1  # an executor really died mid-stream
+    batches = generated(seed=21)
+    events = [(u, None, ts) for rows in batches for u, ts, _ in rows if u != "zz-close"]
+    got = sorted(
+        (r["user"], r["session_start"], r["session_end"], r["n"])
+        for r in result["rows"]
+        if r["user"] != "zz-close"
+    )
+    assert got == offline_sessions(events, GAP_MS)
+    # a partition ran on more than one executor, each with its own local directory:
+    # the later one had no local copy and restored the state from object storage
+    app_dir = Path(result["app_dir"])
+    try:
+        homes: dict[str, set[str]] = {}
+        for db in app_dir.glob("*/sessionstore-local/loss/*/db"):
+            homes.setdefault(db.parent.name, set()).add(db.parents[3].name)
+        assert homes and any(len(executors) > 1 for executors in homes.values()), homes
+    finally:
+        shutil.rmtree(app_dir, ignore_errors=True)
