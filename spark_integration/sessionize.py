@@ -23,7 +23,6 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
-from sessionstore.checkpoint.event_time import EventTimeExchange
 from sessionstore.intervals import interval_ms
 from sessionstore.operators import (
     Aggregation,
@@ -31,20 +30,20 @@ from sessionstore.operators import (
     SessionWindowAggregator,
     SessionWindows,
 )
-from sessionstore.operators.arrow_io import columns_of
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
+    TS,
     arrow_schema,
-    deterministic_order,
+    keyed_columns,
     partition_state,
     record_batch,
     resolve,
+    run_aggregator,
     task_info,
 )
 
 __all__ = ["sessionize", "SessionAggregation"]
 
-_TS = "__sessionstore_ts"
 _BUILTIN = {"count", "sum", "min", "max", "first", "last", "collect"}
 
 
@@ -185,7 +184,7 @@ def sessionize(
 
     backend, n = resolve(df, backend, num_partitions)
     selected = df.select(
-        *[F.col(k) for k in keys], ts_col.alias(_TS), *[F.col(c) for c in value_cols]
+        *[F.col(k) for k in keys], ts_col.alias(TS), *[F.col(c) for c in value_cols]
     )
     task = _SessionizeTask(
         backend=backend,
@@ -225,7 +224,6 @@ class _SessionizeTask:
         info = task_info()
         inputs = [b for b in batches if b.num_rows]
         spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
-        updates = []
         with partition_state(self.backend, self.name, info, [spec], self.num_partitions) as (
             handle,
             provider,
@@ -236,28 +234,14 @@ class _SessionizeTask:
                 aggregations=self.aggregation,
                 emit=self.emit,
             )
-            exchange = EventTimeExchange(provider.operator_storage, info.partition)
-            shared = exchange.after(info.batch_id - 1)
-            if shared is not None:
-                updates += agg.advance_to(shared)
-            if inputs:
-                table = deterministic_order(pa.Table.from_batches(inputs), [_TS])
-                key = self.keys[0] if len(self.keys) == 1 else self.keys
-                value = None if not self.value_cols else self.value_cols
-                keys, times, values = columns_of(table, key, _TS, value)
-                updates += agg.process_rows(keys, times, values)
-            exchange.publish(info.batch_id, agg.stream_time)
+            updates = run_aggregator(agg, provider, info, inputs, self.keys, self.value_cols)
         if updates:
             yield self._to_arrow(updates)
 
     def _to_arrow(self, updates: list) -> pa.RecordBatch:
-        columns: dict[str, list] = {}
-        single = len(self.keys) == 1
-        for i, k in enumerate(self.keys):
-            columns[k] = [u.key if single else u.key[i] for u in updates]
-        scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are microseconds
-        columns["session_start"] = [u.start * scale for u in updates]
-        columns["session_end"] = [u.end * scale for u in updates]
+        columns = keyed_columns(
+            updates, self.keys, self.time_is_timestamp, "session_start", "session_end"
+        )
         for out_name, _, _ in self.plan:
             columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
         if self.emit == "update":

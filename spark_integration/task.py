@@ -31,6 +31,8 @@ __all__ = [
     "tagged_union",
     "key_values",
     "struct_values",
+    "run_aggregator",
+    "keyed_columns",
     "SIDE",
     "TS",
 ]
@@ -161,6 +163,49 @@ def struct_values(table: pa.Table, name: str) -> list[Any]:
     if name in table.column_names:
         return table.column(name).to_pylist()
     return [None] * table.num_rows
+
+
+def run_aggregator(
+    agg: Any,
+    provider: StateStoreProvider,
+    info: TaskInfo,
+    inputs: list[pa.RecordBatch],
+    keys: list[str],
+    value_cols: list[str],
+) -> list[Any]:
+    """One batch of an event-time aggregator (session or window): advance to the
+    operator's shared event time, process the rows in deterministic order (event time
+    in column ``TS``), publish this partition's event time. Returns the updates."""
+    from sessionstore.checkpoint.event_time import EventTimeExchange
+    from sessionstore.operators.arrow_io import columns_of
+
+    updates: list[Any] = []
+    exchange = EventTimeExchange(provider.operator_storage, info.partition)
+    shared = exchange.after(info.batch_id - 1)
+    if shared is not None:
+        updates += agg.advance_to(shared)
+    if inputs:
+        table = deterministic_order(pa.Table.from_batches(inputs), [TS])
+        key = keys[0] if len(keys) == 1 else keys
+        k, times, values = columns_of(table, key, TS, value_cols or None)
+        updates += agg.process_rows(k, times, values)
+    exchange.publish(info.batch_id, agg.stream_time)
+    return updates
+
+
+def keyed_columns(
+    updates: list[Any], keys: list[str], time_is_timestamp: bool, start: str, end: str
+) -> dict[str, list[Any]]:
+    """Key columns and the ``start``/``end`` time columns of operator updates
+    (epoch ms, or Arrow microseconds when the output is a timestamp)."""
+    columns: dict[str, list[Any]] = {}
+    single = len(keys) == 1
+    for i, k in enumerate(keys):
+        columns[k] = [u.key if single else u.key[i] for u in updates]
+    scale = 1000 if time_is_timestamp else 1
+    columns[start] = [u.start * scale for u in updates]
+    columns[end] = [u.end * scale for u in updates]
+    return columns
 
 
 def arrow_schema(spark_schema_json: str) -> pa.Schema:

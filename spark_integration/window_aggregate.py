@@ -15,24 +15,22 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
-from sessionstore.checkpoint.event_time import EventTimeExchange
 from sessionstore.intervals import interval_ms
 from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
-from sessionstore.operators.arrow_io import columns_of
 from spark_integration.backend import StateBackend
 from spark_integration.sessionize import _parse_aggregations, _time_column, _value_type
 from spark_integration.task import (
+    TS,
     arrow_schema,
-    deterministic_order,
+    keyed_columns,
     partition_state,
     record_batch,
     resolve,
+    run_aggregator,
     task_info,
 )
 
 __all__ = ["window_aggregate"]
-
-_TS = "__sessionstore_ts"
 
 
 def window_aggregate(
@@ -83,7 +81,7 @@ def window_aggregate(
     out_schema = T.StructType(out_fields)
     backend, n = resolve(df, backend, num_partitions)
     selected = df.select(
-        *[F.col(k) for k in keys], ts_col.alias(_TS), *[F.col(c) for c in value_cols]
+        *[F.col(k) for k in keys], ts_col.alias(TS), *[F.col(c) for c in value_cols]
     )
     task = _WindowTask(
         backend=backend,
@@ -124,7 +122,6 @@ class _WindowTask:
         inputs = [b for b in batches if b.num_rows]
         w = self.windows
         spec = StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
-        updates = []
         with partition_state(self.backend, self.name, info, [spec], self.num_partitions) as (
             handle,
             provider,
@@ -136,24 +133,11 @@ class _WindowTask:
                 emit=self.emit,
                 early_every_ms=self.early_every_ms,
             )
-            exchange = EventTimeExchange(provider.operator_storage, info.partition)
-            shared = exchange.after(info.batch_id - 1)
-            if shared is not None:
-                updates += agg.advance_to(shared)
-            if inputs:
-                table = deterministic_order(pa.Table.from_batches(inputs), [_TS])
-                key = self.keys[0] if len(self.keys) == 1 else self.keys
-                keys, times, values = columns_of(table, key, _TS, self.value_cols or None)
-                updates += agg.process_rows(keys, times, values)
-            exchange.publish(info.batch_id, agg.stream_time)
+            updates = run_aggregator(agg, provider, info, inputs, self.keys, self.value_cols)
         if updates:
-            columns: dict[str, list] = {}
-            single = len(self.keys) == 1
-            for i, k in enumerate(self.keys):
-                columns[k] = [u.key if single else u.key[i] for u in updates]
-            scale = 1000 if self.time_is_timestamp else 1
-            columns["window_start"] = [u.start * scale for u in updates]
-            columns["window_end"] = [u.end * scale for u in updates]
+            columns = keyed_columns(
+                updates, self.keys, self.time_is_timestamp, "window_start", "window_end"
+            )
             for out_name, _, _ in self.plan:
                 columns[out_name] = [u.value[out_name] for u in updates]
             columns["emission"] = [u.kind for u in updates]
