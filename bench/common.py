@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import platform
 import shutil
 import tempfile
-import time
-from collections.abc import Callable
 from contextlib import contextmanager
 
 from rocksdict import Options, Rdict
-
-
-def best_of(fn: Callable[[], int], repeat: int = 3) -> float:
-    """Best ops/s of ``repeat`` runs; ``fn`` does the work and returns its op count."""
-    best = 0.0
-    for _ in range(repeat):
-        gc.collect()
-        t0 = time.perf_counter()
-        n = fn()
-        dt = time.perf_counter() - t0
-        best = max(best, n / dt)
-    return best
 
 
 @contextmanager

@@ -45,9 +45,10 @@ def partitions(root: Storage, operator: str) -> list[int]:
     return sorted(int(d) for d in root.list_dirs(operator) if d.isdigit())
 
 
-def store_kind(root: Storage, operator: str, store: str) -> str:
+def store_kind(root: Storage, operator: str, store: str, meta: dict | None = None) -> str:
     """The kind of ``store``, or :class:`NotFoundError` naming the stores there are."""
-    specs = {r["name"]: r for r in operator_metadata(root, operator)["stores"]}
+    meta = meta if meta is not None else operator_metadata(root, operator)
+    specs = {r["name"]: r for r in meta["stores"]}
     if store not in specs:
         raise NotFoundError(
             f"operator {operator!r} has no store {store!r} (stores: {', '.join(sorted(specs))})"
@@ -100,10 +101,9 @@ def store_rows(
     """Rows of ``store`` (``partition`` first), at ``version`` (default: the latest
     of each partition), optionally one ``key``, ``as_of`` a time for versioned stores."""
     root = open_filesystem(uri, storage_options)
-    store_kind(root, operator, store)  # clear errors before any restore
     meta = operator_metadata(root, operator)
+    kind = store_kind(root, operator, store, meta)  # clear errors before any restore
     specs = [StoreSpec.from_record(r) for r in meta["stores"]]
-    kind = {s.name: s.kind for s in specs}[store]
     count = 0
     for partition in partitions(root, operator) if partition_ids is None else partition_ids:
         with tempfile.TemporaryDirectory(prefix="sessionstore-read-") as workdir:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["session_key", "split_session_key", "times_of", "TIMES", "TIME_SIGN", "TIMES_LEN"]
+__all__ = ["session_key", "times_of", "TIMES", "TIME_SIGN", "TIMES_LEN"]
 
 TIME_SIGN = 2**63
-#: ``end ‖ start`` as unsigned big-endian; subtract TIMETIME_SIGN to get signed times.
+#: ``end ‖ start`` as unsigned big-endian; subtract TIME_SIGN to get signed times.
 TIMES = struct.Struct(">QQ")
 TIMES_LEN = 16
 
@@ -31,13 +31,7 @@ def session_key(key_bytes: bytes, start: int, end: int) -> bytes:
     return key_bytes + TIMES.pack(end + TIME_SIGN, start + TIME_SIGN)
 
 
-def split_session_key(raw: bytes) -> tuple[bytes, int, int]:
-    """Inverse of :func:`session_key`: ``(key_bytes, start, end)``."""
-    end, start = TIMES.unpack_from(raw, len(raw) - TIMES_LEN)
-    return raw[:-TIMES_LEN], start - TIME_SIGN, end - TIME_SIGN
-
-
 def times_of(raw: bytes) -> tuple[int, int]:
-    """``(start, end)`` of a row key without copying the key bytes."""
+    """``(start, end)`` of a row key (the inverse of :func:`session_key` for the times)."""
     end, start = TIMES.unpack_from(raw, len(raw) - TIMES_LEN)
     return start - TIME_SIGN, end - TIME_SIGN

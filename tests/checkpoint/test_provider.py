@@ -192,18 +192,15 @@ def test_bad_arguments(tmp_path):
 
 
 def test_credentials_are_not_shown(tmp_path):
-    p = StateStoreProvider(
-        str(tmp_path / "r"),
-        "op",
-        0,
-        SPECS,
-        tmp_path / "l",
-        storage_options=None,
-    )
-    p.storage_options = {}
     from sessionstore.checkpoint.filesystem import redact
 
     shown = redact({"access_key": "AKIA", "secret_key": "s3cr3t", "region": "eu-west-1"})
     assert shown == {"access_key": "***", "secret_key": "***", "region": "eu-west-1"}
-    assert "s3cr3t" not in repr(p)
+    # the provider keeps and shows only the redacted copy
+    p = StateStoreProvider(
+        str(tmp_path / "r"), "op", 0, SPECS, tmp_path / "l",
+        storage_options={"secret_key": "s3cr3t", "session_token": "t0k3n"},
+    )  # fmt: skip
+    assert "s3cr3t" not in repr(p) and "t0k3n" not in repr(p)
+    assert p.storage_options == {"secret_key": "***", "session_token": "***"}
     p.close()
