@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import msgpack
 from rocksdict import (
+    AccessType,
     BlockBasedOptions,
     Cache,
     DBCompressionType,
@@ -98,8 +99,11 @@ class StateDB:
     Open it with :meth:`open`; use it as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, path: str, rdict: Rdict, options: Options) -> None:
+    def __init__(self, path: str, rdict: Rdict, options: Options, read_only: bool = False) -> None:
         self.path = path
+        #: A secondary (reader) instance: batches may be opened and rolled back, but
+        #: nothing ever reaches the database.
+        self.read_only = read_only
         self._rdict: Rdict | None = rdict
         self._options = options
         self._families: set[str] = {n for n in Rdict.list_cf(path) if n != "default"}
@@ -114,9 +118,17 @@ class StateDB:
         self._prepared: WriteBuffer | None = None
         self._write_options = WriteOptions()
         if META_CF not in self._families:
+            if read_only:
+                rdict.close()
+                raise SessionStoreError(
+                    f"{path!r} is a RocksDB database but not a sessionstore one"
+                )
             self.create_column_family(META_CF)
         recorded = self._rdict_cf(META_CF).get(_FORMAT_KEY)
         if recorded is None:
+            if read_only:
+                self.close()
+                raise SessionStoreError(f"{path!r} has no sessionstore format version")
             self.put(META_CF, _FORMAT_KEY, msgpack.packb(FORMAT_VERSION))
         elif msgpack.unpackb(recorded) != FORMAT_VERSION:
             version = msgpack.unpackb(recorded)
@@ -158,6 +170,27 @@ class StateDB:
                 raise StateDBLockedError(path, str(exc).splitlines()[0]) from exc
             raise
         return cls(path, rdict, opts)
+
+    @classmethod
+    def open_secondary(cls, path: str | os.PathLike[str], secondary_dir: str) -> StateDB:
+        """Open a live database as a RocksDB *secondary* instance: no lock is taken and
+        nothing is written to ``path``, so the job owning it keeps writing.
+
+        The view is the state as of the open (the latest committed write batch, never
+        part of one). ``secondary_dir`` holds the reader's own info log. Every file is
+        opened up front (``max_open_files=-1``) so compactions by the writer cannot
+        pull files from under the reader.
+        """
+        path = os.fspath(path)
+        if not os.path.exists(os.path.join(path, "CURRENT")):
+            raise FileNotFoundError(f"no state database at {path!r}")
+        opts = _make_options(8, 10, 4, "lz4", False)
+        opts.set_max_open_files(-1)
+        families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
+        rdict = Rdict(
+            path, opts, column_families=families, access_type=AccessType.secondary(secondary_dir)
+        )
+        return cls(path, rdict, opts, read_only=True)
 
     def __enter__(self) -> StateDB:
         return self
@@ -208,6 +241,10 @@ class StateDB:
         """Create ``name`` now (RocksDB cannot create families transactionally)."""
         if name in self._families:
             return
+        if self.read_only:
+            raise SessionStoreError(
+                f"state database {self.path!r} is open read-only; cannot create {name!r}"
+            )
         if name in self._buffer.dropped:
             raise SessionStoreError(f"column family {name!r} is being dropped in this batch")
         self._db().create_column_family(name, self._options)
@@ -224,11 +261,24 @@ class StateDB:
             self._drop_now(name)
 
     def _drop_now(self, name: str) -> None:
+        if self.read_only:
+            raise SessionStoreError(
+                f"state database {self.path!r} is open read-only; cannot drop {name!r}"
+            )
         self._release_families()
         self._db().drop_column_family(name)
         self._families.discard(name)
         if name in self._buffer.created:  # gone before any changelog needed it
             self._buffer.created.remove(name)
+
+    def estimated_keys(self, prefix: str) -> int:
+        """RocksDB's estimate of the entries in the families named ``<prefix>.*``
+        (memtables included, so overwrites and deletes may be counted)."""
+        total = 0
+        for name in self._families:
+            if name.startswith(prefix + "."):
+                total += self._rdict_cf(name).property_int_value("rocksdb.estimate-num-keys") or 0
+        return total
 
     def _rdict_cf(self, name: str) -> Rdict:
         cf = self._cf_objects.get(name)
@@ -332,6 +382,13 @@ class StateDB:
         self._apply(buf)
 
     def _apply(self, buf: WriteBuffer) -> None:
+        if self.read_only:
+            if buf.created or buf.families or buf.dropped:
+                raise SessionStoreError(
+                    f"state database {self.path!r} is open read-only (secondary); "
+                    "writes are refused"
+                )
+            return
         for cf in buf.created:
             if cf not in self._families and cf not in buf.dropped:
                 self._db().create_column_family(cf, self._options)

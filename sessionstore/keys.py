@@ -225,6 +225,16 @@ def prefix_upper_bound(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes((stripped[-1] + 1,))
 
 
+def key_range(encode: Any, key_from: Any, key_to: Any) -> tuple[bytes | None, bytes | None] | None:
+    """Byte bounds ``[lo, hi)`` of the keys in ``[key_from, key_to]`` (None is open),
+    or None when ``key_from > key_to`` and the range is empty."""
+    lo = None if key_from is None else encode(key_from)
+    hi_key = None if key_to is None else encode(key_to)
+    if lo is not None and hi_key is not None and lo > hi_key:
+        return None
+    return lo, None if hi_key is None else prefix_upper_bound(hi_key)
+
+
 def check_timestamp(name: str, value: Any) -> int:
     """Return ``value`` as an int if it is a valid signed 64-bit timestamp.
 

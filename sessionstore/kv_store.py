@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sessionstore.db_store import describe_store
+from sessionstore.keys import key_range
 from sessionstore.serde import MsgpackSerde, key_codec
 
 if TYPE_CHECKING:
@@ -59,10 +60,14 @@ class KeyValueStore:
     def delete(self, key: Any) -> None:
         self.put(key, None)
 
-    def items(self) -> Iterator[tuple[Any, Any]]:
-        """Every ``(key, value)`` in key order."""
+    def items(self, key_from: Any = None, key_to: Any = None) -> Iterator[tuple[Any, Any]]:
+        """Every ``(key, value)`` with ``key_from <= key <= key_to`` (None is open),
+        in key order, streamed."""
+        bounds = key_range(self._encode_key, key_from, key_to)
+        if bounds is None:
+            return
         loads, decode = self.value_serde.loads, self._decode_key
-        for kb, raw in self._db.scan(self._cf):
+        for kb, raw in self._db.scan(self._cf, *bounds):
             yield decode(kb), loads(raw)
 
     def read_aux(self, name: str) -> bytes | None:

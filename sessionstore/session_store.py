@@ -24,7 +24,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from sessionstore.db_store import DBStoreMixin, describe_store
-from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp, prefix_upper_bound
+from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp, key_range, prefix_upper_bound
 from sessionstore.records import SessionWindow
 from sessionstore.segments import default_segment_interval
 from sessionstore.serde import MsgpackSerde, key_codec
@@ -263,11 +263,10 @@ class SessionStoreBase:
         """Like :meth:`find_sessions` for keys in ``[key_from, key_to]``; None is open."""
         earliest_end = check_timestamp("earliest_end", earliest_end)
         latest_start = check_timestamp("latest_start", latest_start)
-        lo = None if key_from is None else self._encode_key(key_from)
-        hi_key = None if key_to is None else self._encode_key(key_to)
-        if lo is not None and hi_key is not None and lo > hi_key:
+        bounds = key_range(self._encode_key, key_from, key_to)
+        if bounds is None:
             return iter(())
-        hi = None if hi_key is None else prefix_upper_bound(hi_key)
+        lo, hi = bounds
         min_end = max(earliest_end, self.min_visible_end())
         rows = self._range_rows(lo, hi, min_end, latest_start, backward)
         return self._range_results(rows)

@@ -28,10 +28,12 @@ entry of the history row of its own timestamp, with ``valid_to == valid_from``.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sessionstore.db_store import DBStoreMixin, describe_store
-from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp
+from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp, key_range
 from sessionstore.records import PUT_REJECTED, VALID_TO_UNDEFINED, VersionedRecord
 from sessionstore.segments import default_segment_interval
 from sessionstore.serde import MsgpackSerde, key_codec
@@ -349,10 +351,21 @@ class VersionedStore(DBStoreMixin):
 
     def keys(self) -> list[Any]:
         """Every key with a latest version or a history row, in key order."""
-        encoded = {kb for kb, _ in self._db.scan(self._latest)}
-        for seg in self._segments.ids():
-            encoded.update(kb for kb, _ in self._db.scan(self._segments.name(seg)))
-        return [self._decode_key(kb) for kb in sorted(encoded)]
+        return list(self.iter_keys())
+
+    def iter_keys(self, key_from: Any = None, key_to: Any = None) -> Iterator[Any]:
+        """Keys in ``[key_from, key_to]`` (None is open) with a latest version or a
+        history row, in key order. Streams: one merged pass over the families."""
+        bounds = key_range(self._encode_key, key_from, key_to)
+        if bounds is None:
+            return
+        families = [self._latest] + [self._segments.name(s) for s in self._segments.ids()]
+        scans = [(kb for kb, _ in self._db.scan(cf, *bounds)) for cf in families]
+        last = None
+        for kb in heapq.merge(*scans):
+            if kb != last:
+                last = kb
+                yield self._decode_key(kb)
 
     def __repr__(self) -> str:
         return (

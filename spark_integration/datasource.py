@@ -1,14 +1,26 @@
-"""``spark.read.format("sessionstore")``: a store of a checkpoint as a DataFrame.
+"""``spark.read.format("sessionstore")``: a store as a DataFrame with typed columns.
 
-Options: ``path`` (checkpoint root URI), ``operator``, ``store`` (required);
+Options: ``path`` (a checkpoint root URI, or a job's local database directory),
+``store`` (required); ``operator`` (required when there are several);
 ``batchId`` (the version to read: the state after that many batches; default the
-latest), ``partition``, ``key`` and ``asOf`` (versioned stores), and
-``storage.<option>`` for ``pyarrow.fs``. One Spark partition reads one state
-partition, restored from the checkpoint into a temporary directory.
+latest), ``partition``, ``key`` and ``asOf`` (versioned stores), ``keySchema`` and
+``valueSchema`` (DDL, see below), and ``storage.<option>`` for ``pyarrow.fs``. One
+Spark partition reads one state partition (a checkpoint version is restored into a
+temporary directory; a local database is opened as a RocksDB secondary).
 
-Columns: ``partition_id``, ``key`` (a string; JSON for non-string keys), then
-``start``/``end`` (session and window stores), ``valid_from``/``valid_to``
-(versioned), ``timestamp``/``offset`` (message stores), and ``value`` (JSON).
+Columns: ``partition_id``, the key field(s), then ``start``/``end`` (session and
+window stores), ``valid_from``/``valid_to`` (versioned), ``timestamp``/``offset``
+(message stores), and ``value``.
+
+Types: keys and values are stored as msgpack, without a schema. The reader infers
+Spark types from the first rows of the store (ints are ``bigint``, floats
+``double``, dicts structs, lists arrays; ints and floats together widen to
+``double``, other conflicts fall back to JSON text). A tuple key becomes one column
+per field (``key_0``, ``key_1``, ... or the names of ``keySchema``). Give
+``keySchema`` (for example ``"user string, region string"``) or ``valueSchema``
+(for example ``"count bigint, total double"``, or ``"string"`` for JSON text) to
+skip inference; a value that does not fit its column type becomes JSON text when
+the column is a string, and an error naming the row otherwise.
 """
 
 from __future__ import annotations
@@ -18,18 +30,18 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.inspect import partitions, store_kind, store_rows
+from sessionstore.inspect import RowFilter, open_source, store_kind, store_rows
 
-__all__ = ["SessionStoreDataSource", "register"]
+__all__ = ["SessionStoreDataSource", "register", "infer_type"]
 
-_COLUMNS = {
-    "session": "start long, end long",
-    "window": "start long, end long",
-    "messages": "timestamp long, offset long",
-    "versioned": "valid_from long, valid_to long",
-    "kv": "",
+_TIME_COLUMNS = {
+    "session": ["start", "end"],
+    "window": ["start", "end"],
+    "messages": ["timestamp", "offset"],
+    "versioned": ["valid_from", "valid_to"],
+    "kv": [],
 }
+_SAMPLE = 100
 
 
 def _text(value: Any) -> str | None:
@@ -42,6 +54,91 @@ def _text(value: Any) -> str | None:
     return json.dumps(value, default=str)
 
 
+def _infer(value: Any) -> Any:
+    """The type of a decoded msgpack value: a Spark type name, ``("array", t)`` or
+    ``("struct", [(name, t), ...])``; ``None`` when the value says nothing (null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "bigint"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, bytes):
+        return "binary"
+    if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+        return ("struct", [(k, _infer(v)) for k, v in value.items()])
+    if isinstance(value, list | tuple):
+        return ("array", _widen([_infer(v) for v in value]))
+    return "string"
+
+
+def _widen(types: list[Any]) -> Any:
+    """One type for several samples: equal types stay, bigint and double give double,
+    structs merge their fields, anything else falls back to string (JSON text)."""
+    known = [t for t in types if t is not None]
+    if not known:
+        return None
+    first = known[0]
+    if all(t == first for t in known):
+        return first
+    if {t for t in known if isinstance(t, str)} == {"bigint", "double"} and all(
+        isinstance(t, str) for t in known
+    ):
+        return "double"
+    if all(isinstance(t, tuple) and t[0] == "struct" for t in known):
+        fields: dict[str, list[Any]] = {}
+        for t in known:
+            for name, ft in t[1]:
+                fields.setdefault(name, []).append(ft)
+        return ("struct", [(name, _widen(ts)) for name, ts in fields.items()])
+    if all(isinstance(t, tuple) and t[0] == "array" for t in known):
+        return ("array", _widen([t[1] for t in known]))
+    return "string"
+
+
+def _ddl(t: Any) -> str:
+    """Spark DDL of an inferred type (unknown, all-null columns are strings)."""
+    if t is None:
+        return "string"
+    if isinstance(t, str):
+        return t
+    if t[0] == "array":
+        return f"array<{_ddl(t[1])}>"
+    return "struct<" + ", ".join(f"`{n}`: {_ddl(ft)}" for n, ft in t[1]) + ">"
+
+
+def infer_type(values: list[Any]) -> str:
+    """The Spark DDL type that fits every one of ``values``."""
+    return _ddl(_widen([_infer(v) for v in values]))
+
+
+def _fields(ddl: str) -> list[tuple[str, str]]:
+    """``[(name, type)]`` of a ``"name type, name type"`` list; commas inside
+    ``<...>`` or ``(...)`` belong to the type. (Spark's own DDL parser needs a
+    SparkContext, which data source workers do not have.)"""
+    parts, depth, current = [], 0, ""
+    for ch in ddl:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    out = []
+    for part in parts:
+        name_type = part.strip().split(None, 1)
+        if len(name_type) != 2:
+            raise ValueError(f"cannot read {part.strip()!r} in {ddl!r} as 'name type'")
+        out.append((name_type[0].strip("`").rstrip(":"), name_type[1].strip()))
+    return out
+
+
 class SessionStoreDataSource(DataSource):
     """Batch reads of sessionstore state."""
 
@@ -51,58 +148,137 @@ class SessionStoreDataSource(DataSource):
 
     def _settings(self) -> dict[str, Any]:
         opts = {k.lower(): v for k, v in self.options.items()}
-        for required in ("path", "operator", "store"):
+        for required in ("path", "store"):
             if not opts.get(required):
                 raise ValueError(f"the sessionstore source needs .option({required!r}, ...)")
         storage = {k[len("storage.") :]: v for k, v in opts.items() if k.startswith("storage.")}
+        source = open_source(opts["path"], storage or None)
+        operator = opts.get("operator")
+        if not operator:
+            known = source.operators()
+            if len(known) != 1:
+                raise ValueError(
+                    f"{opts['path']} has operators {known}; pick one with .option('operator', ...)"
+                )
+            operator = known[0]
         return {
             "uri": opts["path"],
-            "operator": opts["operator"],
+            "operator": operator,
             "store": opts["store"],
             "version": int(opts["batchid"]) if opts.get("batchid") else None,
             "partition": int(opts["partition"]) if opts.get("partition") else None,
             "key": opts.get("key"),
             "as_of": int(opts["asof"]) if opts.get("asof") else None,
+            "key_schema": opts.get("keyschema"),
+            "value_schema": opts.get("valueschema"),
             "storage": storage or None,
         }
 
+    def _sample(self, s: dict[str, Any]) -> list[dict[str, Any]]:
+        rows = store_rows(
+            open_source(s["uri"], s["storage"]), s["operator"], s["store"],
+            None if s["partition"] is None else [s["partition"]], s["version"],
+            RowFilter(key=s["key"], as_of=s["as_of"]), _SAMPLE,
+        )  # fmt: skip
+        return list(rows)
+
     def schema(self) -> str:
         s = self._settings()
-        kind = store_kind(open_filesystem(s["uri"], s["storage"]), s["operator"], s["store"])
-        middle = _COLUMNS[kind]
-        return f"partition_id int, key string, {middle + ', ' if middle else ''}value string"
+        kind = store_kind(open_source(s["uri"], s["storage"]), s["operator"], s["store"])
+        needs_sample = s["key_schema"] is None or s["value_schema"] is None
+        sample = self._sample(s) if needs_sample else []
+        columns = ["partition_id int", *self._key_columns(s, sample)]
+        columns += [f"{c} bigint" for c in _TIME_COLUMNS[kind]]
+        value_type = s["value_schema"]
+        if value_type is None:
+            value_type = infer_type([r["value"] for r in sample])
+        elif " " in value_type.strip() and not value_type.strip().startswith("struct<"):
+            fields = ", ".join(f"`{n}`: {t}" for n, t in _fields(value_type))
+            value_type = f"struct<{fields}>"
+        columns.append(f"value {value_type}")
+        return ", ".join(columns)
+
+    def _key_columns(self, s: dict[str, Any], sample: list[dict[str, Any]]) -> list[str]:
+        if s["key_schema"] is not None:
+            if " " not in s["key_schema"].strip():
+                return [f"key {s['key_schema'].strip()}"]
+            return [f"`{n}` {t}" for n, t in _fields(s["key_schema"])]
+        keys = [r["key"] for r in sample]
+        if keys and all(isinstance(k, tuple) for k in keys) and len({len(k) for k in keys}) == 1:
+            return [f"key_{i} {infer_type([k[i] for k in keys])}" for i in range(len(keys[0]))]
+        return [f"key {infer_type(keys)}"]
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return _Reader(self._settings(), [f.name for f in schema.fields])
+        return _Reader(self._settings(), schema)
+
+
+def _converter(data_type: Any, column: str):
+    """A function that makes a decoded value fit ``data_type``."""
+    from pyspark.sql.types import ArrayType, DoubleType, StringType, StructType
+
+    if isinstance(data_type, StringType):
+        return _text
+    if isinstance(data_type, DoubleType):
+        return lambda v: None if v is None else float(v)
+    if isinstance(data_type, StructType):
+        parts = [(f.name, _converter(f.dataType, f"{column}.{f.name}")) for f in data_type.fields]
+
+        def struct(v: Any) -> Any:
+            if v is None:
+                return None
+            if not isinstance(v, dict):
+                raise ValueError(f"column {column!r} is a struct, but a row holds {v!r:.80}")
+            return tuple(convert(v.get(name)) for name, convert in parts)
+
+        return struct
+    if isinstance(data_type, ArrayType):
+        inner = _converter(data_type.elementType, f"{column}[]")
+        return lambda v: None if v is None else [inner(x) for x in v]
+    return lambda v: v
 
 
 class _Reader(DataSourceReader):
-    def __init__(self, settings: dict[str, Any], columns: list[str]) -> None:
-        self.settings, self.columns = settings, columns
+    def __init__(self, settings: dict[str, Any], schema: Any) -> None:
+        self.settings = settings
+        self.columns = [f.name for f in schema.fields]
+        self.converters = {f.name: _converter(f.dataType, f.name) for f in schema.fields}
 
     def partitions(self) -> list[InputPartition]:
         s = self.settings
         if s["partition"] is not None:
             return [InputPartition(s["partition"])]
-        root = open_filesystem(s["uri"], s["storage"])
-        return [InputPartition(p) for p in partitions(root, s["operator"])]
+        source = open_source(s["uri"], s["storage"])
+        return [InputPartition(p) for p in source.partitions(s["operator"])]
 
     def read(self, partition: InputPartition):
         s = self.settings
         rows = store_rows(
-            s["uri"], s["operator"], s["store"], [partition.value], s["version"], s["key"],
-            s["as_of"], None, s["storage"],
+            open_source(s["uri"], s["storage"]), s["operator"], s["store"], [partition.value],
+            s["version"], RowFilter(key=s["key"], as_of=s["as_of"]),
         )  # fmt: skip
+        names = self.columns
+        value_at = names.index("value")
+        key_columns = names[1 : value_at - len(_time_columns_in(names))]
+        time_columns = names[1 + len(key_columns) : value_at]
+        convert = self.converters
         for row in rows:
-            out = []
-            for column in self.columns:
-                if column == "partition_id":
-                    out.append(row["partition"])
-                elif column in ("key", "value"):
-                    out.append(_text(row[column]))
-                else:
-                    out.append(row.get(column))
-            yield tuple(out)
+            key = row["key"]
+            parts = list(key) if len(key_columns) > 1 else [key]
+            if len(parts) != len(key_columns):
+                raise ValueError(
+                    f"key {key!r} has {len(parts)} fields, the schema {len(key_columns)}"
+                )
+            yield (
+                row["partition"],
+                *[convert[c](v) for c, v in zip(key_columns, parts, strict=True)],
+                *[row[c] for c in time_columns],
+                convert["value"](row["value"]),
+            )
+
+
+def _time_columns_in(names: list[str]) -> list[str]:
+    every = {c for cs in _TIME_COLUMNS.values() for c in cs}
+    return [n for n in names if n in every]
 
 
 def register(spark: Any) -> None:

@@ -182,3 +182,91 @@ def test_dump_csv_and_parquet(checkpoint, tmp_path):
     }  # fmt: skip
     out = run(*args, "--format", "parquet")
     assert out.returncode == 2 and "--format parquet needs --output FILE" in out.stderr
+
+
+def test_ls_shows_stream_time_and_key_estimates(checkpoint):
+    uri, flags = checkpoint
+    out = run("ls", uri, *flags)
+    assert out.returncode == 0, out.stderr
+    # read from the newest changelog's header: sessions ended at 5, 6 and 7 ms; plans at 0..20
+    assert out.stdout.count("sessions (session, retention 1,000,000,000 ms) stream time") == 2
+    assert "stream time 1970-01-01T00:00:00.007Z ~3 keys" in out.stdout
+    assert "plans (versioned, retention 1,000,000,000 ms) stream time 1970-01-01T00:00:00.020Z" in (
+        out.stdout
+    )
+
+
+def dump_rows(*args):
+    out = run("dump", *args)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_dump_filters_key_range_and_time(checkpoint):
+    uri, flags = checkpoint
+    base = [uri, "--store", "sessions", *flags]  # one operator: --operator may be left out
+    assert [r["key"] for r in dump_rows(*base, "--key-from", "u1")] == ["u1"] * 3
+    assert [r["key"] for r in dump_rows(*base, "--key-to", "u0")] == ["u0"] * 3
+    assert dump_rows(*base, "--key-from", "u1", "--key-to", "u0") == []
+    # sessions [v, v+5]: overlapping [6, 6] are v=1 and v=2; ending by 5 only v=0
+    assert [(r["partition"], r["start"]) for r in dump_rows(*base, "--from-ts", "6", "--to-ts", "6")
+            ] == [(0, 1), (0, 2), (1, 1), (1, 2)]  # fmt: skip
+    assert [r["start"] for r in dump_rows(*base, "--key", "u0", "--to-ts", "0")] == [0]
+    # versioned: validity [0,10), [10,20), [20,-): versions overlapping [12, 25]
+    plans = [uri, "--store", "plans", "--partition", "0", *flags]
+    assert [r["value"] for r in dump_rows(*plans, "--from-ts", "12", "--to-ts", "25")] == [
+        "plan2",
+        "plan1",
+    ]
+    assert [r["value"] for r in dump_rows(*plans, "--key-from", "u0", "--key-to", "u0")] == [
+        "plan2", "plan1", "plan0",
+    ]  # fmt: skip
+    iso = "1970-01-01T00:00:00.015Z"
+    assert dump_rows(*plans, "--as-of", iso) == [
+        {"partition": 0, "key": "u0", "value": "plan1", "valid_from": 10, "valid_to": 20}
+    ]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--key", "u0", "--key-from", "u0"], "either a key or a key range"),
+        (["--as-of", "5"], "as_of applies to versioned stores; 'sessions' is a session store"),
+        (["--from-ts", "yesterday"], "--from-ts 'yesterday' is neither epoch milliseconds"),
+        (["--key", "[1", "--key-json"], "--key-json: '[1' is not JSON"),
+        (["--partition", "7"], "has no partition 7"),
+        (["--limit", "0"], "--limit must be at least 1, got 0"),
+    ],
+)
+def test_dump_filter_errors(checkpoint, args, message):
+    uri, flags = checkpoint
+    out = run("dump", uri, "--store", "sessions", *args, *flags)
+    assert out.returncode == 2, out.stdout
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_progress_shows_on_a_terminal_only(checkpoint, tmp_path):
+    import pty
+
+    uri, flags = checkpoint
+    args = [*CLI, "dump", uri, "--store", "sessions", *flags]
+    piped = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == ""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "100"}
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=follower, env=env) as proc:
+        os.close(follower)
+        stdout, _ = proc.communicate(timeout=120)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.returncode == 0
+    assert len(stdout.splitlines()) == 6  # rows still go to stdout, unchanged
+    assert b"partitions" in seen and b"\x1b[" in seen  # a drawn (ANSI) progress display

@@ -3,7 +3,9 @@
 Layout (all integers big-endian)::
 
     "SSCL" ‖ format u16 ‖ header length u32 ‖ header (msgpack map: operator,
-    partition, version)
+    partition, version, and optionally stats: per store its stream time and
+    estimated key count, so ``sessionstore ls`` reads a few hundred bytes per
+    partition instead of restoring it)
     records: length u32 ‖ msgpack [op, family, key, value]   (repeated)
     "SSCF" ‖ record count u64 ‖ crc32 u32 of every byte before this footer
 
@@ -25,7 +27,13 @@ import msgpack
 from sessionstore.errors import SessionStoreError
 from sessionstore.write_buffer import WriteBuffer
 
-__all__ = ["encode_changelog", "decode_changelog", "CorruptChangelogError", "FORMAT"]
+__all__ = [
+    "encode_changelog",
+    "decode_changelog",
+    "read_changelog_header",
+    "CorruptChangelogError",
+    "FORMAT",
+]
 
 MAGIC = b"SSCL"
 FOOTER_MAGIC = b"SSCF"
@@ -48,10 +56,19 @@ class CorruptChangelogError(SessionStoreError):
         )
 
 
-def encode_changelog(buf: WriteBuffer, operator: str, partition: int, version: int) -> bytes:
-    """Serialise the writes of one commit."""
+def encode_changelog(
+    buf: WriteBuffer,
+    operator: str,
+    partition: int,
+    version: int,
+    stats: dict[str, Any] | None = None,
+) -> bytes:
+    """Serialise the writes of one commit (``stats`` goes into the header)."""
     pack = msgpack.Packer(use_bin_type=True).pack
-    header = pack({"operator": operator, "partition": partition, "version": version})
+    head = {"operator": operator, "partition": partition, "version": version}
+    if stats is not None:
+        head["stats"] = stats
+    header = pack(head)
     parts = [_HEAD.pack(MAGIC, FORMAT, len(header)), header]
     count = 0
 
@@ -71,6 +88,24 @@ def encode_changelog(buf: WriteBuffer, operator: str, partition: int, version: i
         add([DROP, cf, None, None])
     body = b"".join(parts)
     return body + _FOOT.pack(FOOTER_MAGIC, count, zlib.crc32(body))
+
+
+def read_changelog_header(storage: Any, rel: str, guess: int = 4096) -> dict[str, Any]:
+    """The header of the changelog at ``rel``, read with one or two ranged reads
+    (the records and footer are not read, so nothing is checksummed)."""
+    data = storage.read(rel, guess)
+    where = f"{storage.uri.rstrip('/')}/{rel}"
+    if len(data) < _HEAD.size:
+        raise CorruptChangelogError(where, None, f"only {len(data)} bytes")
+    magic, fmt, head_len = _HEAD.unpack_from(data)
+    if magic != MAGIC or fmt != FORMAT:
+        raise CorruptChangelogError(where, None, f"bad magic {magic!r} or format {fmt}")
+    if _HEAD.size + head_len > len(data):
+        data = storage.read(rel, _HEAD.size + head_len)
+    try:
+        return msgpack.unpackb(data[_HEAD.size : _HEAD.size + head_len], raw=False)
+    except Exception as exc:
+        raise CorruptChangelogError(where, None, f"unreadable header: {exc}") from None
 
 
 def decode_changelog(

@@ -114,9 +114,13 @@ class Storage:
         with open(local_path, "rb") as f:
             self.write_atomic(rel, f.read())
 
-    def read(self, rel: str) -> bytes:
-        """The whole file; ``FileNotFoundError`` names the URI when it is missing."""
+    def read(self, rel: str, length: int | None = None) -> bytes:
+        """The whole file, or its first ``length`` bytes (a ranged read on object
+        stores); ``FileNotFoundError`` names the URI when it is missing."""
         try:
+            if length is not None:
+                with self.fs.open_input_file(self.path(rel)) as f:
+                    return f.read_at(min(length, f.size()), 0)
             with self.fs.open_input_stream(self.path(rel)) as f:
                 return f.read()
         except FileNotFoundError:

@@ -32,6 +32,7 @@ import shutil
 import signal
 import struct
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -43,6 +44,7 @@ from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, u
 from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.db import StateDB, check_store_name
 from sessionstore.errors import SessionStoreError
+from sessionstore.write_buffer import WriteBuffer
 
 __all__ = ["StateStoreProvider", "StoreHandle", "CheckpointMismatchError", "VersionNotFoundError"]
 
@@ -59,6 +61,27 @@ class CheckpointMismatchError(SessionStoreError, ValueError):
 
 class VersionNotFoundError(SessionStoreError, LookupError):
     """The requested version was never committed (or was pruned)."""
+
+
+def store_stats(
+    db: StateDB, stores: dict[str, Any], pending: WriteBuffer
+) -> dict[str, dict[str, Any]]:
+    """Per store: observed stream time (None if it has none) and an estimate of its
+    RocksDB entries once ``pending`` is applied (RocksDB's estimate for the current
+    state, plus pending puts, minus pending deletes). Recorded in each changelog
+    header for ``sessionstore ls``."""
+    stats = {}
+    for name, store in stores.items():
+        keys = db.estimated_keys(name)
+        for cf, entries in pending.families.items():
+            if cf.startswith(name + "."):
+                deletes = sum(1 for v in entries.values() if v is None)
+                keys += len(entries) - 2 * deletes
+        stats[name] = {
+            "stream_time": getattr(store, "observed_stream_time", None),
+            "keys": max(keys, 0),
+        }
+    return stats
 
 
 def _fault(step: str) -> None:
@@ -115,6 +138,7 @@ class StateStoreProvider:
         retain_versions: int = 100,
         storage_options: dict[str, Any] | None = None,
         num_partitions: int | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         check_store_name(operator_id)
         if type(partition_id) is not int or partition_id < 0:
@@ -141,6 +165,8 @@ class StateStoreProvider:
         self._snap_dir = os.path.join(self._local, "snapshots")
         self._db: StateDB | None = None
         self._handle: StoreHandle | None = None
+        #: ``progress(label, done, total)`` during restores (the CLI's progress bars)
+        self._progress = progress or (lambda label, done, total: None)
 
     def __repr__(self) -> str:
         return f"StateStoreProvider({self._remote.uri!r}, storage_options={self.storage_options})"
@@ -261,7 +287,9 @@ class StateStoreProvider:
         try:
             db_dir = os.path.join(tmp, "db")
             if base:
+                self._progress("download snapshot", 0, 1)
                 download_snapshot(self._remote, base, db_dir)
+                self._progress("download snapshot", 1, 1)
             db = StateDB.open(db_dir)
             try:
                 if self._local_version(db) != base:
@@ -270,7 +298,9 @@ class StateStoreProvider:
                         f"{self._local_version(db)}"
                     )
                 for v in range(base + 1, version + 1):
+                    self._progress("replay changelogs", v - base - 1, version - base)
                     self._replay(db, v)
+                self._progress("replay changelogs", version - base, version - base)
             finally:
                 db.close()
         except BaseException:
@@ -290,7 +320,9 @@ class StateStoreProvider:
         db, version = handle.db, handle.version + 1
         db.put_meta(_VERSION_KEY, _I64.pack(version))
         buf = db.prepare()
-        data = encode_changelog(buf, self.operator_id, self.partition_id, version)
+        data = encode_changelog(
+            buf, self.operator_id, self.partition_id, version, store_stats(db, handle.stores, buf)
+        )
         rel = f"changelog/{version}.changelog"
         _fault("before_upload")
         if os.environ.get(FAULT_ENV) == "mid_upload":
