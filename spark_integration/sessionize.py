@@ -34,6 +34,7 @@ from spark_integration.backend import StateBackend
 from spark_integration.task import (
     TS,
     arrow_schema,
+    grace_ms,
     keyed_columns,
     partition_state,
     record_batch,
@@ -138,7 +139,7 @@ def sessionize(
     key: str | Sequence[str],
     timestamp: str,
     gap: str | int,
-    grace: str | int = "0 seconds",
+    grace: str | int | None = None,
     aggregations: Mapping[str, Any] | None = None,
     emit: str = "final",
     backend: StateBackend | None = None,
@@ -152,6 +153,10 @@ def sessionize(
     milliseconds if it is a long), the aggregates, and in update mode ``change``:
     ``"upsert"``, or ``"delete"`` for a session merged away. Use append output mode
     with ``emit="final"`` and update mode with ``emit="update"``.
+
+    ``grace`` defaults to the input's watermark delay when ``timestamp`` carries
+    one (``withWatermark``), else 0: a session is final once the event time passes
+    its last event + gap + grace, and later rows for it are dropped.
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -165,7 +170,8 @@ def sessionize(
     for column in [*keys, timestamp]:
         if column not in fields:
             raise ValueError(f"column {column!r} is not in the input (it has {sorted(fields)})")
-    gap_ms, grace_ms = interval_ms(gap, "gap"), interval_ms(grace, "grace")
+    gap_ms = interval_ms(gap, "gap")
+    grace = grace_ms(df, timestamp, grace)
     ts_col, time_type = _time_column(fields, timestamp)
     others = [c for c in fields if c not in keys and c != timestamp]
     aggregation, value_cols, plan = _parse_aggregations(aggregations or {"count": "count"}, others)
@@ -193,7 +199,7 @@ def sessionize(
         keys=keys,
         value_cols=value_cols,
         gap_ms=gap_ms,
-        grace_ms=grace_ms,
+        grace_ms=grace,
         emit=emit,
         aggregation=aggregation,
         plan=plan,

@@ -1,9 +1,10 @@
 """What every sessionstore operator task does on an executor, in one place.
 
 A task finds its partition and micro-batch, loads version ``batchId`` of its
-partition's state, lets the operator work, commits ``batchId + 1`` (snapshots and
-pruning every ``snapshot_interval`` versions) and closes the database, so a
-partition that moves to another Python worker never meets a RocksDB lock.
+partition's state from the worker's warm store service, lets the operator work
+and commits ``batchId + 1``; every ``snapshot_interval`` versions a snapshot is
+uploaded in the background. A partition that moves to another Python worker is
+handed over by the service, so it never meets a RocksDB lock.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ __all__ = [
     "arrow_schema",
     "deterministic_order",
     "resolve",
+    "grace_ms",
+    "watermark_delay_ms",
     "tagged_union",
     "key_values",
     "struct_values",
@@ -66,26 +69,47 @@ def partition_state(
     num_partitions: int,
 ) -> Iterator[tuple[StoreHandle, StateStoreProvider]]:
     """The partition's stores at version ``batch_id``; committed as ``batch_id + 1``
-    when the block succeeds, dropped when it raises. Then the failure hook runs."""
-    provider = StateStoreProvider(
-        backend.checkpoint_uri,
-        name,
-        info.partition,
-        specs,
-        backend.resolved_local_dir,
-        snapshot_interval=backend.snapshot_interval,
-        retain_versions=backend.retain_versions,
-        storage_options=backend.storage_options,
-        num_partitions=num_partitions,
-    )
-    try:
+    when the block succeeds, dropped when it raises. Then the failure hook runs.
+
+    The provider comes warm from this Python worker's :class:`StoreService` (the
+    database stays open between micro-batches and moves to another worker of the
+    executor on request); snapshot uploads run on the service's background thread.
+    """
+    from sessionstore.checkpoint.store_service import StoreService
+
+    local_dir = backend.resolved_local_dir
+    # everything that shapes the provider: a query restarted with other settings,
+    # stores or partition count gets a new one, which re-checks the checkpoint
+    key = repr((
+        backend.checkpoint_uri, local_dir, backend.snapshot_interval, backend.retain_versions,
+        sorted(backend.storage_options.items()), name, info.partition, num_partitions,
+        [spec.describe() for spec in specs],
+    ))  # fmt: skip
+
+    def make() -> StateStoreProvider:
+        return StateStoreProvider(
+            backend.checkpoint_uri,
+            name,
+            info.partition,
+            specs,
+            local_dir,
+            snapshot_interval=backend.snapshot_interval,
+            retain_versions=backend.retain_versions,
+            storage_options=backend.storage_options,
+            num_partitions=num_partitions,
+        )
+
+    service = StoreService.instance()
+    with service.provider(key, make) as provider:
         handle = provider.get_store(info.batch_id)
-        yield handle, provider
+        try:
+            yield handle, provider
+        except BaseException:
+            handle.abort()
+            raise
         version = handle.commit()
-        if version % backend.snapshot_interval == 0:
-            provider.do_maintenance()
-    finally:
-        provider.close()
+    if version % backend.snapshot_interval == 0:
+        service.maintain_later(key)
     _maybe_fail(backend, info)
 
 
@@ -120,6 +144,35 @@ def deterministic_order(table: pa.Table, first: Sequence[str] = ()) -> pa.Table:
     if not keys or table.num_rows < 2:
         return table
     return table.take(pc.sort_indices(flat, sort_keys=keys))
+
+
+#: Where Spark records ``withWatermark``'s delay: metadata of the event-time column.
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+
+
+def watermark_delay_ms(df: Any, timestamp: str) -> int | None:
+    """The delay of the watermark the input declares on ``timestamp``
+    (``withWatermark``), or None."""
+    for field in df.schema.fields:
+        if field.name == timestamp and WATERMARK_DELAY_KEY in (field.metadata or {}):
+            return int(field.metadata[WATERMARK_DELAY_KEY])
+    return None
+
+
+def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
+    """The grace period in ms: ``grace`` when given, else the delay of the watermark
+    the input declares on ``timestamp`` (``withWatermark``), else 0.
+
+    With grace equal to the delay, a session or window closes when the query's
+    watermark passes its end, as in Spark: the watermark of micro-batch N is the
+    largest event time of the batches before it, across partitions, minus the delay.
+    """
+    from sessionstore.intervals import interval_ms
+
+    if grace is not None:
+        return interval_ms(grace, "grace")
+    delay = watermark_delay_ms(df, timestamp)
+    return 0 if delay is None else delay
 
 
 def resolve(df: Any, backend: StateBackend | None, num_partitions: int | None):

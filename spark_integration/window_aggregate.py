@@ -22,6 +22,7 @@ from spark_integration.sessionize import _parse_aggregations, _time_column, _val
 from spark_integration.task import (
     TS,
     arrow_schema,
+    grace_ms,
     keyed_columns,
     partition_state,
     record_batch,
@@ -39,7 +40,7 @@ def window_aggregate(
     timestamp: str,
     size: str | int,
     advance: str | int | None = None,
-    grace: str | int = "0 seconds",
+    grace: str | int | None = None,
     aggregations: Mapping[str, Any] | None = None,
     emit: str = "final",
     early_every: str | int | None = None,
@@ -54,6 +55,7 @@ def window_aggregate(
     then once per late row within grace). ``early_every`` adds periodic early
     results of open windows. Output: key columns, ``window_start``, ``window_end``,
     the aggregates and ``emission`` (update, early, on_time, late or final).
+    ``grace`` defaults to the watermark delay declared on ``timestamp``, else 0.
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -66,7 +68,7 @@ def window_aggregate(
     windows = TimeWindows(
         interval_ms(size, "size"),
         None if advance is None else interval_ms(advance, "advance"),
-        interval_ms(grace, "grace"),
+        grace_ms(df, timestamp, grace),
     )
     ts_col, time_type = _time_column(fields, timestamp)
     others = [c for c in fields if c not in keys and c != timestamp]

@@ -27,6 +27,7 @@ when complete: a store is never returned partly restored.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -243,7 +244,26 @@ class StateStoreProvider:
         raw = db.get_meta(_VERSION_KEY)
         return 0 if raw is None else _I64.unpack(raw)[0]
 
+    @property
+    def local_db_path(self) -> str:
+        """Where this partition's RocksDB database lives on this machine."""
+        return self._db_path
+
+    def open_local(self) -> None:
+        """Open the local database now if there is one (and it is not open yet).
+
+        Raises :class:`~sessionstore.errors.StateDBLockedError` while another process
+        holds it: the store service uses this to hand a partition over.
+        """
+        if self._db is None and os.path.exists(os.path.join(self._db_path, "CURRENT")):
+            self._db = StateDB.open(self._db_path)
+
     def _load(self, version: int) -> StateDB:
+        # Warm fast path: the local copy is applied only after its changelog was
+        # uploaded, so a database already at ``version`` is committed state and no
+        # listing of the remote directory is needed.
+        if self._db is not None and self._local_version(self._db) == version:
+            return self._db
         changelogs = self._changelogs()
         snapshots = self._snapshots()
         if version > 0 and version not in changelogs and version not in snapshots:
@@ -251,8 +271,7 @@ class StateStoreProvider:
             raise VersionNotFoundError(
                 f"version {version} of {self._remote.uri} does not exist (latest is {latest})"
             )
-        if self._db is None and os.path.exists(os.path.join(self._db_path, "CURRENT")):
-            self._db = StateDB.open(self._db_path)
+        self.open_local()
         if self._db is not None:
             local = self._local_version(self._db)
             if local == version:
@@ -343,9 +362,23 @@ class StateStoreProvider:
     def do_maintenance(self) -> dict[str, Any]:
         """Upload pending snapshots, prune versions beyond ``retain_versions`` and
         delete files no retained snapshot uses. Returns what was done."""
+        os.makedirs(self._local, exist_ok=True)
+        # One maintenance at a time per partition on this machine: a background
+        # upload and a later task's maintenance must not race (the orphan sweep
+        # could delete files of a snapshot whose manifest is not written yet).
+        with open(os.path.join(self._local, "maintenance.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return self._maintain()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _maintain(self) -> dict[str, Any]:
         report: dict[str, Any] = {"snapshots": [], "uploaded_bytes": 0, "deleted": []}
         if os.path.isdir(self._snap_dir):
-            for name in sorted(os.listdir(self._snap_dir), key=int):
+            # digits only: RocksDB builds a checkpoint in "<N>.tmp" and renames it
+            done = [n for n in os.listdir(self._snap_dir) if n.isdigit()]
+            for name in sorted(done, key=int):
                 path = os.path.join(self._snap_dir, name)
                 manifest = upload_snapshot(self._remote, path, int(name))
                 report["snapshots"].append(int(name))

@@ -192,3 +192,77 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
     )
     assert len(spark_sessions) > 20
     assert our_sessions == spark_sessions
+
+
+def late_events(seed=11, batches=6, per_batch=30):
+    """Clicks of 5 users; each batch also carries rows 1-19 s behind the previous
+    batches (within a 20 s watermark delay). Then two events that close every session."""
+    rng = random.Random(seed)
+    out, t = [], 100_000
+    for _ in range(batches):
+        # late rows: behind the event time of the batches before this one
+        rows = [(f"u{rng.randrange(5)}", t - rng.randrange(1_000, 19_000), 1000) for _ in range(4)]
+        for _ in range(per_batch):
+            t += rng.randrange(0, 2_500)
+            rows.append((f"u{rng.randrange(5)}", t, rng.randrange(1, 9)))
+        out.append(rows)
+    far = t + 10 * GAP_MS
+    return out + [[("zz-close", far, 0)], [("zz-close", far + 1, 0)]]
+
+
+def test_the_input_watermark_sets_the_grace(spark, tmp_path):
+    """With withWatermark on the input and no grace, sessionize keeps late rows
+    within the delay and closes sessions as Spark's session_window does with the
+    same watermark: the same sessions, with every late row counted."""
+    from pyspark.sql import functions as F
+
+    batches = late_events()
+
+    def watermarked(stream):
+        return stream.withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "20 seconds")
+
+    def builtin(stream):
+        return (
+            watermarked(stream)
+            .groupBy(F.session_window("t", f"{GAP_MS // 1000} seconds"), "user")
+            .agg(F.count("*").alias("n"), F.sum("amount").alias("spent"))
+        )
+
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+
+    def ours(stream):
+        return sessionize(
+            watermarked(stream).drop("ts"), key="user", timestamp="t", gap=f"{GAP_MS} ms",
+            aggregations={"n": "count", "spent": ("sum", "amount")}, backend=backend,
+            name="watermarked",
+        )  # fmt: skip
+
+    theirs = feed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin)
+    mine = feed(spark, tmp_path / "in-ours", tmp_path / "ck-ours", batches, ours)
+
+    def ms(value):
+        return round(value.timestamp() * 1000)
+
+    spark_sessions = sorted(
+        (r["user"], ms(r["session_window"]["start"]), ms(r["session_window"]["end"]) - GAP_MS,
+         r["n"], r["spent"])
+        for r in theirs if r["user"] != "zz-close"
+    )  # fmt: skip
+    our_sessions = sorted(
+        (r["user"], ms(r["session_start"]), ms(r["session_end"]), r["n"], r["spent"])
+        for r in mine if r["user"] != "zz-close"
+    )  # fmt: skip
+    assert our_sessions == spark_sessions
+    late = sum(1 for rows in batches for row in rows if row[2] == 1000)
+    assert sum(s[4] // 1000 for s in our_sessions) == late  # no late row lost
+    # without the watermark, grace is 0 and some of those rows are dropped as late
+    no_grace = feed(
+        spark, tmp_path / "in-plain", tmp_path / "ck-plain", batches,
+        lambda stream: sessionize(
+            stream.withColumn("t", F.timestamp_millis("ts")).drop("ts"), key="user",
+            timestamp="t", gap=f"{GAP_MS} ms", aggregations={"spent": ("sum", "amount")},
+            backend=backend, name="plain",
+        ),
+    )  # fmt: skip
+    kept = sum(r["spent"] // 1000 for r in no_grace if r["user"] != "zz-close")
+    assert kept < late

@@ -1,0 +1,242 @@
+"""StoreService: warm providers per process, handed over between processes on demand.
+
+An engine like Spark runs a partition's task in whichever worker process is free,
+so the same partition's database may be wanted by another process of the same
+machine in the next micro-batch. Opening and closing the database for every task
+is safe but cold (an open costs ~15 ms, and the block cache starts empty). The
+service keeps each provider open in the process that used it last and hands it
+over when another process asks:
+
+* every process that holds warm providers runs a small listener thread on a Unix
+  socket (Linux abstract namespace, so no file is left behind);
+* the holder writes its pid into ``<local>/<operator>/<partition>/owner``;
+* a process that finds the database locked reads the owner's pid and asks it to
+  release that database; the holder closes it as soon as no task of its own uses
+  it, answers, and the asker opens it. A dead holder's lock disappears with it.
+
+Snapshot uploads also leave the task's path: after a commit that took a snapshot,
+the upload (and pruning) runs on the service's background thread, serialised with
+any other maintenance of that partition on this machine by the provider's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from sessionstore.checkpoint.provider import StateStoreProvider
+from sessionstore.errors import StateDBLockedError
+
+__all__ = ["StoreService"]
+
+log = logging.getLogger(__name__)
+#: How long a process waits for a partition held by another one.
+HANDOVER_TIMEOUT_S = 120.0
+
+
+def _address(pid: int) -> str:
+    return f"\0sessionstore-store-service-{pid}"
+
+
+class _Entry:
+    def __init__(self, provider: StateStoreProvider) -> None:
+        self.provider = provider
+        self.lock = threading.Lock()  # held while a task of this process uses it
+
+
+class StoreService:
+    """The warm providers of this process. Use :meth:`instance`."""
+
+    _instance: StoreService | None = None
+    _instance_pid: int | None = None
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._entries_lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._maintenance: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+        #: counters for tests and logs: databases opened, handed over, reused warm
+        self.stats = {"opened": 0, "reused": 0, "released": 0, "maintenance": 0}
+
+    @classmethod
+    def instance(cls) -> StoreService:
+        """The service of this process (a forked child gets its own)."""
+        with cls._guard:
+            if cls._instance is None or cls._instance_pid != os.getpid():
+                cls._instance, cls._instance_pid = StoreService(), os.getpid()
+            return cls._instance
+
+    # ------------------------------------------------------------------ using
+    @contextmanager
+    def provider(
+        self, key: str, factory: Callable[[], StateStoreProvider]
+    ) -> Iterator[StateStoreProvider]:
+        """The warm provider for ``key`` (made by ``factory`` the first time), with
+        its database open and owned by this process for the duration of the block.
+
+        If the block raises, the provider is closed and forgotten (a failed task may
+        have left it in any state); the next use restores it properly.
+        """
+        self._listen()
+        with self._entries_lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry(factory())
+                fresh = True
+            else:
+                fresh = False
+        with entry.lock:
+            try:
+                if fresh or entry.provider._db is None:
+                    self._take(entry.provider)
+                else:
+                    self.stats["reused"] += 1
+                yield entry.provider
+            except BaseException:
+                self._forget(key, entry)
+                raise
+
+    def maintain_later(self, key: str) -> None:
+        """Run ``do_maintenance`` of ``key``'s provider on the background thread."""
+        with self._entries_lock:
+            entry = self._entries.get(key)
+        if entry is None:
+            return
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(
+                target=self._maintain_forever, name="sessionstore-maintenance", daemon=True
+            )
+            self._worker.start()
+        self._maintenance.put(entry.provider)
+
+    def drain(self, timeout: float = 300.0) -> None:
+        """Wait for queued maintenance to finish (tests, and a clean shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._maintenance.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def close_all(self) -> None:
+        """Close every warm provider of this process."""
+        self.drain()
+        with self._entries_lock:
+            entries = list(self._entries.items())
+        for key, entry in entries:
+            with entry.lock:
+                self._forget(key, entry)
+
+    # -------------------------------------------------------------- handover
+    def _take(self, provider: StateStoreProvider) -> None:
+        """Open ``provider``'s database, asking its holder to let go if need be."""
+        deadline = time.monotonic() + HANDOVER_TIMEOUT_S
+        while True:
+            try:
+                provider.open_local()
+                break
+            except StateDBLockedError:
+                if time.monotonic() > deadline:
+                    raise
+                if not self._release_own(provider):
+                    self._ask_owner(provider.local_db_path)
+        self.stats["opened"] += 1
+        os.makedirs(os.path.dirname(provider.local_db_path), exist_ok=True)
+        owner = os.path.join(os.path.dirname(provider.local_db_path), "owner")
+        tmp = f"{owner}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(tmp, owner)
+
+    def _release_own(self, provider: StateStoreProvider) -> bool:
+        """Close this process's other providers of the same database (a query
+        restarted with other settings gets a new provider for the same partition)."""
+        with self._entries_lock:
+            others = [
+                (k, e)
+                for k, e in self._entries.items()
+                if e.provider is not provider and e.provider.local_db_path == provider.local_db_path
+            ]
+        for key, entry in others:
+            with entry.lock:
+                self._forget(key, entry)
+        return bool(others)
+
+    def _ask_owner(self, db_path: str) -> None:
+        try:
+            with open(os.path.join(os.path.dirname(db_path), "owner")) as f:
+                pid = int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            pid = 0
+        if pid and pid != os.getpid():
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                    conn.settimeout(HANDOVER_TIMEOUT_S)
+                    conn.connect(_address(pid))
+                    conn.sendall(db_path.encode() + b"\n")
+                    conn.recv(16)  # "ok" or "no": either way, try the lock again
+                    return
+            except OSError:
+                pass  # the owner is gone (its lock with it) or not listening yet
+        time.sleep(0.05)
+
+    def _listen(self) -> None:
+        if self._listener is not None:
+            return
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(_address(os.getpid()))
+        listener.listen(16)
+        self._listener = listener
+        threading.Thread(
+            target=self._serve, args=(listener,), name="sessionstore-handover", daemon=True
+        ).start()
+
+    def _serve(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._release, args=(conn,), daemon=True).start()
+
+    def _release(self, conn: socket.socket) -> None:
+        """Close the database asked for once no task of ours is using it."""
+        with conn:
+            try:
+                db_path = conn.makefile("rb").readline().decode().strip()
+                with self._entries_lock:
+                    found = [
+                        (k, e)
+                        for k, e in self._entries.items()
+                        if e.provider.local_db_path == db_path
+                    ]
+                for key, entry in found:
+                    with entry.lock:
+                        self._forget(key, entry)
+                        self.stats["released"] += 1
+                conn.sendall(b"ok\n" if found else b"no\n")
+            except OSError:
+                log.warning("sessionstore: a handover request failed", exc_info=True)
+
+    def _forget(self, key: str, entry: _Entry) -> None:
+        with self._entries_lock:
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+        entry.provider.close()
+
+    # ----------------------------------------------------------- maintenance
+    def _maintain_forever(self) -> None:
+        while True:
+            provider = self._maintenance.get()
+            try:
+                provider.do_maintenance()
+                self.stats["maintenance"] += 1
+            except Exception:  # the next maintenance retries; changelogs are the truth
+                log.warning("sessionstore: background maintenance failed", exc_info=True)
+            finally:
+                self._maintenance.task_done()

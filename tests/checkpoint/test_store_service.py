@@ -1,0 +1,99 @@
+"""StoreService: warm providers, handover between processes, background snapshots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from sessionstore import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.store_service import StoreService
+
+SPECS = [StoreSpec("sessions", "session", 10**12)]
+
+
+def test_warm_reuse_and_background_snapshots(tmp_path):
+    remote, local = f"file://{tmp_path}/remote", str(tmp_path / "local")
+    service = StoreService()
+
+    def make():
+        return StateStoreProvider(remote, "op", 0, SPECS, local, snapshot_interval=3)
+
+    for v in range(7):
+        with service.provider("k", make) as provider:
+            handle = provider.get_store(v)
+            handle["sessions"].put("a", v, v, v)
+            version = handle.commit()
+        if version % 3 == 0:
+            service.maintain_later("k")
+    service.drain()
+    assert service.stats == {"opened": 1, "reused": 6, "released": 0, "maintenance": 2}
+    assert sorted(os.listdir(tmp_path / "remote" / "op" / "0" / "snapshot")) == [
+        "3.manifest", "6.manifest",
+    ]  # fmt: skip
+    # a failing task closes and forgets its provider; the next use restores properly
+    try:
+        with service.provider("k", make) as provider:
+            provider.get_store(7)["sessions"].put("a", 99, 99, 99)
+            raise RuntimeError("task failed")
+    except RuntimeError:
+        pass
+    with service.provider("k", make) as provider:
+        handle = provider.get_store(7)
+        assert [w.start for w, _ in handle["sessions"].fetch("a")] == list(range(7))
+        handle.abort()
+    assert service.stats["opened"] == 2
+    service.close_all()
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from sessionstore import StateStoreProvider, StoreSpec
+    from sessionstore.checkpoint.store_service import StoreService
+    remote, local, baton, me = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    specs = [StoreSpec("sessions", "session", 10**12)]
+    service = StoreService.instance()
+    make = lambda: StateStoreProvider(remote, "op", 0, specs, local)
+    for v in range(me, 8, 2):
+        while not os.path.exists(f"{baton}/turn-{v}"):
+            time.sleep(0.01)
+        with service.provider("op/0", make) as provider:
+            h = provider.get_store(v)
+            h["sessions"].put(f"k{v}", v, v, me)
+            h.commit()
+        open(f"{baton}/turn-{v + 1}", "w").close()
+    while not os.path.exists(f"{baton}/turn-8"):  # stay alive to hand the database over
+        time.sleep(0.01)
+    print(json.dumps(service.stats))
+    """
+)
+
+
+def test_two_processes_hand_a_partition_back_and_forth(tmp_path):
+    remote, local, baton = f"file://{tmp_path}/remote", str(tmp_path / "local"), tmp_path
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, remote, local, str(baton), str(me)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for me in (0, 1)
+    ]
+    (baton / "turn-0").touch()
+    outs = [p.communicate(timeout=120) for p in procs[::-1]][::-1]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    stats = [json.loads(out) for out, _ in outs]
+    # every batch found the database held by the other process and had it handed over
+    assert [s["opened"] for s in stats] == [4, 4]
+    assert [s["released"] for s in stats] == [4, 3]
+    p = StateStoreProvider(remote, "op", 0, SPECS, str(tmp_path / "check"))
+    h = p.get_store(8)
+    assert [(w.key, v) for w, v in h["sessions"].fetch_range(None, None)] == [
+        (f"k{v}", v % 2) for v in range(8)
+    ]
+    p.close()
