@@ -30,8 +30,6 @@ from typing import Any
 import click
 
 from sessionstore.checkpoint.layout import PartitionFiles
-from sessionstore.checkpoint.provider import StateStoreProvider
-from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.errors import SessionStoreError
 from sessionstore.inspect import (
     CheckpointSource,
@@ -491,20 +489,10 @@ def restore(uri, operator, partition, version, target, storage_options):
             f"operator {operator!r} has no partition {partition} "
             f"(partitions: {source.partitions(operator)})"
         )
-    specs = [StoreSpec.from_record(r) for r in source.store_records(operator).values()]
     with tempfile.TemporaryDirectory(prefix="sessionstore-restore-") as workdir:
         with _progress() as progress:
-            provider = StateStoreProvider(
-                source.uri, operator, partition, specs, workdir,
-                storage_options=source.storage_options, progress=progress,
-            )  # fmt: skip
-            try:
-                handle = provider.get_store(
-                    provider.latest_version() if version is None else version
-                )
-                restored = handle.version
-            finally:
-                provider.close()
+            with source.open(operator, partition, version, progress, workdir) as (restored, _):
+                pass  # closed on exit, so the directory can move
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         shutil.move(os.path.join(workdir, operator, str(partition), "db"), target)
     click.echo(f"restored {operator}/{partition} version {restored} to {target}")

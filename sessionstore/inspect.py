@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -145,10 +145,14 @@ class CheckpointSource:
         partition: int,
         version: int | None = None,
         progress: Progress | None = None,
+        workdir: str | None = None,
     ) -> Iterator[tuple[int, dict[str, Any]]]:
-        """``(version, stores by name)`` of one partition; nothing is written back."""
+        """``(version, stores by name)`` of one partition (default: the latest
+        version), restored under ``workdir`` (default: a temporary directory, removed
+        after) as ``<workdir>/<operator>/<partition>/db``; nothing is written back."""
         specs = [StoreSpec.from_record(r) for r in self.store_records(operator).values()]
-        with tempfile.TemporaryDirectory(prefix="sessionstore-read-") as workdir:
+        place = nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="ss-read-")
+        with place as workdir:
             provider = StateStoreProvider(
                 self.uri, operator, partition, specs, workdir,
                 storage_options=self.storage_options, progress=progress,

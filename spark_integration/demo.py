@@ -210,6 +210,11 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     ls_args = ["ls", backend.checkpoint_uri]
     ls_args += [f"--storage-option={k}={v}" for k, v in backend.storage_options.items()]
     cli_main(ls_args)
+    # the executors' live databases, read without stopping or locking them
+    print(f"\n$ sessionstore dump {backend.local_dir} --operator click_sessions "
+          "--store sessions --format table --limit 5")  # fmt: skip
+    cli_main(["dump", backend.local_dir, "--operator", "click_sessions", "--store", "sessions",
+              "--format", "table", "--limit", "5"])  # fmt: skip
     return emitted, in_state, enriched
 
 

@@ -25,6 +25,7 @@ import logging
 import os
 import queue
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,8 +41,13 @@ log = logging.getLogger(__name__)
 HANDOVER_TIMEOUT_S = 120.0
 
 
-def _address(pid: int) -> str:
-    return f"\0sessionstore-store-service-{pid}"
+def _addresses(pid: int) -> list[str]:
+    """Where the service of process ``pid`` listens: the Linux abstract namespace
+    (nothing on disk), else a socket file in the temporary directory."""
+    return [
+        f"\0sessionstore-store-service-{pid}",
+        os.path.join(tempfile.gettempdir(), f"sessionstore-{pid}.sock"),
+    ]
 
 
 class _Entry:
@@ -61,6 +67,7 @@ class StoreService:
         self._entries: dict[str, _Entry] = {}
         self._entries_lock = threading.Lock()
         self._listener: socket.socket | None = None
+        self._listen_failed = False
         self._maintenance: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         #: counters for tests and logs: databases opened, handed over, reused warm
@@ -85,7 +92,7 @@ class StoreService:
         If the block raises, the provider is closed and forgotten (a failed task may
         have left it in any state); the next use restores it properly.
         """
-        self._listen()
+        listening = self._listen()
         with self._entries_lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -103,6 +110,8 @@ class StoreService:
             except BaseException:
                 self._forget(key, entry)
                 raise
+            if not listening:  # nobody could ask us for it: do not keep it locked
+                self._forget(key, entry)
 
     def maintain_later(self, key: str) -> None:
         """Run ``do_maintenance`` of ``key``'s provider on the background thread."""
@@ -174,27 +183,43 @@ class StoreService:
         except (FileNotFoundError, ValueError):
             pid = 0
         if pid and pid != os.getpid():
-            try:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                    conn.settimeout(HANDOVER_TIMEOUT_S)
-                    conn.connect(_address(pid))
-                    conn.sendall(db_path.encode() + b"\n")
-                    conn.recv(16)  # "ok" or "no": either way, try the lock again
-                    return
-            except OSError:
-                pass  # the owner is gone (its lock with it) or not listening yet
+            for address in _addresses(pid):
+                try:
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                        conn.settimeout(HANDOVER_TIMEOUT_S)
+                        conn.connect(address)
+                        conn.sendall(db_path.encode() + b"\n")
+                        conn.recv(16)  # "ok" or "no": either way, try the lock again
+                        return
+                except OSError:
+                    continue  # the owner is gone (its lock with it) or not listening yet
         time.sleep(0.05)
 
-    def _listen(self) -> None:
+    def _listen(self) -> bool:
+        """Start the handover listener once; False if no socket could be opened
+        (then providers are closed after each use, as without a service)."""
         if self._listener is not None:
-            return
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(_address(os.getpid()))
-        listener.listen(16)
-        self._listener = listener
-        threading.Thread(
-            target=self._serve, args=(listener,), name="sessionstore-handover", daemon=True
-        ).start()
+            return True
+        if self._listen_failed:
+            return False
+        for address in _addresses(os.getpid()):
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                if not address.startswith("\0") and os.path.exists(address):
+                    os.unlink(address)  # left by a dead process that had our pid
+                listener.bind(address)
+                listener.listen(16)
+            except OSError:
+                listener.close()
+                continue
+            self._listener = listener
+            threading.Thread(
+                target=self._serve, args=(listener,), name="sessionstore-handover", daemon=True
+            ).start()
+            return True
+        log.warning("sessionstore: no handover socket; databases are closed after each task")
+        self._listen_failed = True
+        return False
 
     def _serve(self, listener: socket.socket) -> None:
         while True:

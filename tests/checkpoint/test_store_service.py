@@ -97,3 +97,24 @@ def test_two_processes_hand_a_partition_back_and_forth(tmp_path):
         (f"k{v}", v % 2) for v in range(8)
     ]
     p.close()
+
+
+def test_without_a_handover_socket_databases_are_closed_after_each_use(tmp_path, monkeypatch):
+    from sessionstore.checkpoint import store_service
+
+    monkeypatch.setattr(store_service, "_addresses", lambda pid: [f"{tmp_path}/no/such/dir/s"])
+    service = StoreService()
+
+    def make():
+        return StateStoreProvider(f"file://{tmp_path}/remote", "op", 0, SPECS, tmp_path / "l")
+
+    for v in range(3):
+        with service.provider("k", make) as provider:
+            handle = provider.get_store(v)
+            handle["sessions"].put("a", v, v, v)
+            handle.commit()
+        # closed, so another process could open it at once
+        other = StateStoreProvider(f"file://{tmp_path}/remote", "op", 0, SPECS, tmp_path / "l")
+        other.open_local()
+        other.close()
+    assert service.stats["opened"] == 3 and service.stats["reused"] == 0
