@@ -187,10 +187,17 @@ def run_fast_final(
     order = [i for _, _, idxs, _ in fast_keys for i in idxs]
     if not order:
         return
-    # components: (key index, first record position, end position, stored sessions)
-    comps: list[tuple[int, int, int, list[Any], int, int]] = []
+    # components: (key index, first record position, end position, stored sessions,
+    # start, end). Keys without stored sessions (most, in a stream) are split on
+    # gaps with numpy; the others merge records and stored sessions one by one.
+    comps: list[tuple[int, int, int, list[Any], int, int]] = _record_components(
+        fast_keys, ts_l, order, gap
+    )
     pos = 0
     for g, (_, _, idxs, stored) in enumerate(fast_keys):
+        if not stored:
+            pos += len(idxs)
+            continue
         items_stored = sorted(stored, key=lambda s: s.start)
         si = 0
         a = pos
@@ -226,6 +233,7 @@ def run_fast_final(
     with_records = [c for c in comps if c[2] > c[1]]
     if not with_records:
         return
+    with_records.sort(key=lambda c: c[1])  # reduceat needs them in record order
     starts = np.array([c[1] for c in with_records], dtype=np.int64)
     reduced: list[list[Any]] = []
     for fn, col in zip(functions, columns, strict=True):
@@ -240,13 +248,47 @@ def run_fast_final(
         else:
             reduced.append([[ts_l[order[c[2] - 1]], col[order[c[2] - 1]]] for c in with_records])
     width = range(len(functions))
-    for n, (g, a, _b, stored, start, end) in enumerate(with_records):
+    append = tracked.append
+    all_slots = zip(*reduced, strict=True) if reduced else [()] * len(with_records)
+    for (g, a, _b, stored, start, end), slots in zip(with_records, all_slots, strict=True):
         key, kb, _, _ = fast_keys[g]
-        acc = [reduced[j][n] for j in width]
-        for s in sorted(stored, key=lambda s: (s.end, s.start)):
-            acc = [_merge_slot(functions[j], s.acc[j], acc[j]) for j in width]
-            s.removed_at = order[a]
-        tracked.append((key, kb, new_session(start, end, acc, None, False)))
+        acc = list(slots)
+        if stored:
+            for s in sorted(stored, key=lambda s: (s.end, s.start)):
+                acc = [_merge_slot(functions[j], s.acc[j], acc[j]) for j in width]
+                s.removed_at = order[a]
+        append((key, kb, new_session(start, end, acc, None, False)))
+
+
+def _record_components(
+    fast_keys: list[tuple[Any, bytes, list[int], list[Any]]],
+    ts_l: list[int],
+    order: list[int],
+    gap: int,
+) -> list[tuple[int, int, int, list[Any], int, int]]:
+    """Components of the keys with no stored session: their records, sorted by time
+    per key in ``order``, split where the key changes or two records are more than
+    ``gap`` apart."""
+    lengths = np.array([len(idxs) for _, _, idxs, _ in fast_keys], dtype=np.int64)
+    plain = np.array([not stored for _, _, _, stored in fast_keys], dtype=bool)
+    gid = np.repeat(np.arange(len(fast_keys)), lengths)
+    keep = plain[gid]
+    if not keep.any():
+        return []
+    times = np.asarray(ts_l, dtype=np.int64)[np.asarray(order, dtype=np.int64)]
+    positions = np.flatnonzero(keep)
+    g, t = gid[keep], times[keep]
+    new = np.ones(len(t), dtype=bool)
+    new[1:] = (g[1:] != g[:-1]) | (t[1:] - t[:-1] > gap) | (positions[1:] != positions[:-1] + 1)
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(t)) - 1
+    return [
+        (kg, a, b + 1, [], start, end)
+        for kg, a, b, start, end in zip(
+            g[first].tolist(), positions[first].tolist(), positions[last].tolist(),
+            t[first].tolist(), t[last].tolist(), strict=True,
+        )
+    ]  # fmt: skip
 
 
 def _merge_slot(fn: str, stored: Any, batch: Any) -> Any:

@@ -27,13 +27,14 @@ use lists, not tuples).
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from sessionstore.keys import check_timestamp
+from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp
 from sessionstore.operators.aggregations import Aggregation, Aggregations
 from sessionstore.operators.session_batch import (
     fast_path_columns,
@@ -132,6 +133,11 @@ class SessionWindowAggregator:
         store.set_min_retention(windows.gap_ms + windows.grace_ms + 1)
         self._final = emit == "final"
         self._index = store.end_index() if self._final else None
+        # The end index holds every open session only if the store was never
+        # written in update mode (which keeps no index): remember such writes.
+        if not self._final and store.read_aux("update_mode") is None:
+            store.write_aux("update_mode", b"1")
+        self._index_complete = self._final and store.read_aux("update_mode") is None
         self._encode = store._encode_key
         self._decode = store._decode_key
         self._stream_time = self._read_time("stream_time")
@@ -318,17 +324,25 @@ class SessionWindowAggregator:
         n = len(keys)
         offsets = list(offsets)
         groups: dict[bytes, list[int]] = {}
-        ts_fill = np.empty(n, dtype=np.int64)
+        times: list[int] = []
+        str_kbs: dict[str, bytes] = {}  # str keys repeat: encode each once per batch
         for i in range(n):
             key, t = keys[i], timestamps[i]
             if key is None or t is None:
                 self.dropped_records += 1
-                ts_fill[i] = _FAR_PAST
+                times.append(_FAR_PAST)
                 continue
-            ts_fill[i] = check_timestamp("timestamp", t)
+            if type(t) is not int or not TS_MIN <= t <= TS_MAX:
+                t = check_timestamp("timestamp", t)
+            times.append(t)
             if track:
                 offsets[i] = self._check_offset(offsets[i])
-            kb = encode(key)
+            if type(key) is str:
+                kb = str_kbs.get(key)
+                if kb is None:
+                    kb = str_kbs[key] = encode(key)
+            else:
+                kb = encode(key)
             group = groups.get(kb)
             if group is None:
                 groups[kb] = [i]
@@ -336,6 +350,7 @@ class SessionWindowAggregator:
                 group.append(i)
         if not groups:
             return []
+        ts_fill = np.array(times, dtype=np.int64)
         st0 = _FAR_PAST if self._stream_time is None else self._stream_time
         prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
         close_arr = prefix - (gap + grace)
@@ -345,7 +360,7 @@ class SessionWindowAggregator:
         before[1:] = prefix[:-1]
         vis_arr = before - store.retention_ms + 1
         close_l, vis_l = close_arr.tolist(), vis_arr.tolist()
-        ts_l = ts_fill.tolist()
+        ts_l = times
 
         # keys that provably behave like a sorted stream take the vectorised path
         fast_columns = None if track else fast_path_columns(agg, values)
@@ -354,6 +369,7 @@ class SessionWindowAggregator:
             if final:
                 ok &= ts_fill - gap >= close_arr
             ok_l = ok.tolist()
+            ok_at = ok_l.__getitem__
         fast_keys: list[tuple[Any, bytes, list[int], _Session | None]] = []
 
         emitted: list[tuple[tuple, SessionUpdate]] = []
@@ -361,12 +377,20 @@ class SessionWindowAggregator:
         loaded_ids: set[tuple[bytes, int, int]] = set()
         emitted_close = self._emitted_close
         add, merger, init, finish = agg.add, agg.merger, agg.initializer, agg.finish
+        # Final mode: a key's stored sessions matter only while open, and every open
+        # session is in the end index, so keys absent from it need no store read.
+        open_kbs = {kb for _, _, kb in self._index.all()} if self._index_complete else None
+        at = ts_l.__getitem__
         for kb, idxs in groups.items():
             key = keys[idxs[0]]
-            tmin = min(ts_l[i] for i in idxs)
-            tmax = max(ts_l[i] for i in idxs)
+            tmin = min(map(at, idxs))
+            tmax = max(map(at, idxs))
             sessions: list[_Session] = []
-            for window, acc in store.find_sessions(key, tmin - gap, tmax + gap):
+            if open_kbs is not None and kb not in open_kbs:
+                found: Any = ()
+            else:
+                found = store.find_sessions(key, tmin - gap, tmax + gap)
+            for window, acc in found:
                 held = None
                 if track:
                     acc, held = acc
@@ -377,7 +401,7 @@ class SessionWindowAggregator:
             if fast_columns is not None:
                 if final:
                     # only closures are emitted: any arrival order will do
-                    if all(ok_l[i] for i in idxs):
+                    if all(map(ok_at, idxs)):
                         ordered = sorted(idxs, key=ts_l.__getitem__)  # stable
                         # Closed sessions end before tmin - gap and are not even
                         # loaded here; the filter keeps the sweep from relying on it.
@@ -452,7 +476,7 @@ class SessionWindowAggregator:
             for end, start, kb in index.below(final_close):
                 if (kb, start, end) in loaded_ids:
                     continue
-                j = int(np.searchsorted(close_arr, end, side="right"))
+                j = bisect_right(close_l, end)  # close_l is non-decreasing
                 key = self._decode(kb)
                 acc = store.fetch_session(key, start, end)
                 index.discard(kb, start, end)
@@ -475,7 +499,7 @@ class SessionWindowAggregator:
             if final:
                 was_open = not s.loaded or emitted_close is None or s.end >= emitted_close
                 if was_open:
-                    j = int(np.searchsorted(close_arr, s.end, side="right"))
+                    j = bisect_right(close_l, s.end)
                     if j < n:
                         closes_at = j
                         emitted.append(

@@ -182,3 +182,31 @@ def test_replay_from_the_same_state_is_byte_identical(tmp_path, emit):
             states.append(list(db.scan("s.0")) + list(db.scan("meta")))
     assert outputs[0] == outputs[1]
     assert states[0] == states[1]
+
+
+MANY_KEYS = st.sampled_from([f"k{i}" for i in range(12)] + [None])
+MANY_IN_ORDER = st.lists(
+    st.lists(st.tuples(MANY_KEYS, st.integers(0, 9), st.integers(0, 4)), max_size=40).map(
+        _in_order
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    batches=MANY_IN_ORDER,
+    gap=st.integers(0, 8),
+    grace=st.integers(0, 5),
+    shift=st.integers(0, 3),
+)
+def test_final_mode_with_many_keys_equals_records(batches, gap, grace, shift):
+    """Final mode over many keys: most keys have no stored session, the case the
+    vectorised split on gaps handles."""
+    batches = [[(k, v, t + 40 * n * shift) for k, v, t in b] for n, b in enumerate(batches)]
+
+    def make(name, retention):
+        return InMemorySessionStore(name, retention, segment_interval_ms=7)
+
+    run_both(make, batches, gap, grace, "final", gap + grace + 1, aggs=FAST_AGGS)
