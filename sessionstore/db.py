@@ -271,12 +271,13 @@ class StateDB:
         if name in self._buffer.created:  # gone before any changelog needed it
             self._buffer.created.remove(name)
 
-    def estimated_keys(self, prefix: str) -> int:
-        """RocksDB's estimate of the entries in the families named ``<prefix>.*``
-        (memtables included, so overwrites and deletes may be counted)."""
+    def estimated_keys(self, store: str) -> int:
+        """RocksDB's estimate of the entries of ``store``: its segments and its
+        latest-value or key-value family, not its indexes (memtables included, so
+        overwrites may be counted)."""
         total = 0
         for name in self._families:
-            if name.startswith(prefix + "."):
+            if is_data_family(store, name):
                 total += self._rdict_cf(name).property_int_value("rocksdb.estimate-num-keys") or 0
         return total
 
@@ -670,6 +671,13 @@ class StateDB:
         )
         self._stores[name] = store
         return store
+
+
+def is_data_family(store: str, family: str) -> bool:
+    """Whether ``family`` holds ``store``'s rows (a segment, ``.latest`` or ``.kv``)
+    rather than an index such as the end index ``.open``."""
+    prefix, _, suffix = family.partition(".")
+    return prefix == store and (suffix.lstrip("-").isdigit() or suffix in ("latest", "kv"))
 
 
 def check_store_name(name: Any) -> None:

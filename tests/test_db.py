@@ -227,3 +227,19 @@ def test_a_batch_is_one_commit_with_its_metadata(db):
             store.put(f"k{i}", i, i, i)
     store.put("solo", 9, 9, 9)  # outside a batch: its own commit
     assert commits == [["meta", "s.0"], ["meta", "s.0"]]
+
+
+def test_estimated_keys_count_a_stores_rows_not_its_indexes(db):
+    from sessionstore.db import is_data_family
+
+    store = db.session_store("s", 10**9, segment_interval_ms=10)
+    with db.batch():
+        for start in (1, 15, 25):  # three segments
+            store.put("k", start, start, 1)
+    index = store.end_index()
+    with db.batch():
+        index.add(b"k", 1, 1)  # an index family, s.open, is not the store's rows
+    assert db.estimated_keys("s") == 3
+    assert [is_data_family("s", f) for f in ("s.0", "s.-3", "s.latest", "s.open", "st.0")] == [
+        True, True, True, False, False,
+    ]  # fmt: skip

@@ -43,7 +43,7 @@ from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
 from sessionstore.checkpoint.layout import PartitionFiles
 from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
 from sessionstore.checkpoint.spec import StoreSpec
-from sessionstore.db import StateDB, check_store_name
+from sessionstore.db import StateDB, check_store_name, is_data_family
 from sessionstore.errors import SessionStoreError
 from sessionstore.write_buffer import WriteBuffer
 
@@ -75,7 +75,7 @@ def store_stats(
     for name, store in stores.items():
         keys = db.estimated_keys(name)
         for cf, entries in pending.families.items():
-            if cf.startswith(name + "."):
+            if is_data_family(name, cf):
                 deletes = sum(1 for v in entries.values() if v is None)
                 keys += len(entries) - 2 * deletes
         stats[name] = {
