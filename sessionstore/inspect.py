@@ -332,6 +332,8 @@ class RowFilter:
             raise ValueError(f"as_of applies to versioned stores; {store!r} is a {kind} store")
         if kind == "kv" and (self.from_ts is not None or self.to_ts is not None):
             raise ValueError(f"{store!r} is a key-value store: it has no time to filter on")
+        if self.from_ts is not None and self.to_ts is not None and self.from_ts > self.to_ts:
+            raise ValueError(f"from_ts {self.from_ts} is after to_ts {self.to_ts}")
         if self.as_of is not None and (self.from_ts is not None or self.to_ts is not None):
             raise ValueError("give either as_of or a time range (from_ts/to_ts), not both")
 

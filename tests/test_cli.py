@@ -236,6 +236,7 @@ def test_dump_filters_key_range_and_time(checkpoint):
         (["--key", "[1", "--key-json"], "--key-json: '[1' is not JSON"),
         (["--partition", "7"], "has no partition 7"),
         (["--limit", "0"], "--limit must be at least 1, got 0"),
+        (["--from-ts", "9", "--to-ts", "3"], "from_ts 9 is after to_ts 3"),
     ],
 )
 def test_dump_filter_errors(checkpoint, args, message):
