@@ -58,3 +58,48 @@ def test_wrong_version_in_header():
     data = encode_changelog(sample(), "op", 3, 7)
     with pytest.raises(CorruptChangelogError, match="header says version 7"):
         decode_changelog(data, "8.changelog", 8)
+
+
+def _v1(records, version=7):
+    """A format-1 changelog, built by hand from the format's description."""
+    import struct
+    import zlib
+
+    import msgpack
+
+    header = msgpack.packb({"operator": "op", "partition": 3, "version": version})
+    parts = [struct.pack(">4sHI", b"SSCL", 1, len(header)), header]
+    for record in records:
+        body = msgpack.packb(record, use_bin_type=True)
+        parts += [struct.pack(">I", len(body)), body]
+    data = b"".join(parts)
+    return data + struct.pack(">4sQI", b"SSCF", len(records), zlib.crc32(data))
+
+
+def test_format_1_is_still_read():
+    data = _v1([[0, "s.3", None, None], [1, "s.3", b"k1", b"v1"], [2, "s.3", b"gone", None],
+                [1, "s.1", b"x", b"y"], [3, "s.1", None, None]])  # fmt: skip
+    header, buf = decode_changelog(data, "x/7.changelog", 7)
+    assert header["version"] == 7
+    assert buf.created == ["s.3"] and buf.dropped == ["s.1"]
+    assert buf.families == {"s.3": {b"k1": b"v1", b"gone": None}}  # a drop takes its writes
+
+
+def test_new_changelogs_are_format_2_and_count_every_record():
+    import struct
+
+    data = encode_changelog(sample(), "op", 3, 7)
+    assert struct.unpack_from(">H", data, 4)[0] == 2
+    assert struct.unpack_from(">Q", data, len(data) - 12)[0] == 6  # 1 create, 4 writes, 1 drop
+
+
+def test_a_body_that_does_not_decode_is_named_even_with_a_valid_checksum():
+    import struct
+    import zlib
+
+    good = encode_changelog(sample(), "op", 3, 7)
+    (head_len,) = struct.unpack_from(">I", good, 6)
+    data = good[: 10 + head_len] + b"\xc1garbage"  # 0xc1 is never valid msgpack
+    data += struct.pack(">4sQI", b"SSCF", 6, zlib.crc32(data))
+    with pytest.raises(CorruptChangelogError, match="unreadable body"):
+        decode_changelog(data, "x/7.changelog", 7)
