@@ -249,6 +249,11 @@ class StateStoreProvider:
         """Where this partition's RocksDB database lives on this machine."""
         return self._db_path
 
+    @property
+    def local_open(self) -> bool:
+        """Whether this provider holds its local database open (and its lock)."""
+        return self._db is not None
+
     def open_local(self) -> None:
         """Open the local database now if there is one (and it is not open yet).
 

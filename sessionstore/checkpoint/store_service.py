@@ -101,8 +101,12 @@ class StoreService:
             else:
                 fresh = False
         with entry.lock:
+            with self._entries_lock:
+                # a handover may have closed and unlisted it while we waited: list it
+                # again, since it is about to be reopened (and owned) by us
+                self._entries.setdefault(key, entry)
             try:
-                if fresh or entry.provider._db is None:
+                if fresh or not entry.provider.local_open:
                     self._take(entry.provider)
                 else:
                     self.stats["reused"] += 1

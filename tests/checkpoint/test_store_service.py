@@ -118,3 +118,32 @@ def test_without_a_handover_socket_databases_are_closed_after_each_use(tmp_path,
         other.open_local()
         other.close()
     assert service.stats["opened"] == 3 and service.stats["reused"] == 0
+
+
+def test_a_handover_while_a_task_waits_does_not_orphan_the_provider(tmp_path):
+    service = StoreService()
+
+    def make():
+        return StateStoreProvider(f"file://{tmp_path}/remote", "op", 0, SPECS, tmp_path / "l")
+
+    with service.provider("k", make) as provider:
+        provider.get_store(0).commit()
+    entry = service._entries["k"]
+    real = entry.lock
+
+    class HandoverFirst:  # another process takes the partition just before we lock it
+        def __enter__(self):
+            entry.lock = real
+            service._forget("k", entry)
+            return real.__enter__()
+
+        def __exit__(self, *exc):
+            return real.__exit__(*exc)
+
+    entry.lock = HandoverFirst()
+    with service.provider("k", make) as provider:
+        assert provider.get_store(1).commit() == 2
+    with service.provider("k", make) as provider:  # listed again, so warm: no second open
+        assert provider.get_store(2).commit() == 3
+    assert service.stats["opened"] == 2 and service.stats["reused"] == 1
+    service.close_all()
