@@ -210,3 +210,22 @@ def test_final_mode_with_many_keys_equals_records(batches, gap, grace, shift):
         return InMemorySessionStore(name, retention, segment_interval_ms=7)
 
     run_both(make, batches, gap, grace, "final", gap + grace + 1, aggs=FAST_AGGS)
+
+
+def test_the_batch_path_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    store = InMemorySessionStore("s", 10**9)
+    agg = SessionWindowAggregator(store, SessionWindows(5), aggregations={"n": "count"})
+    assert gc.isenabled()
+    agg.process_rows(["a", "b"], [1, 2], [None, None])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        agg.process_rows(["a"], [3], [None])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(TypeError):
+        agg.process_rows(["a"], [1.5], [None])  # fails inside: the collector is back on
+    assert gc.isenabled()
