@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
+from sessionstore.gc_pause import gc_paused
 from spark_integration.backend import StateBackend
 
 __all__ = [
@@ -241,10 +242,11 @@ def run_aggregator(
     if shared is not None:
         updates += agg.advance_to(shared)
     if inputs:
-        table = deterministic_order(pa.Table.from_batches(inputs), [TS])
-        key = keys[0] if len(keys) == 1 else keys
-        k, times, values = columns_of(table, key, TS, value_cols or None)
-        updates += agg.process_rows(k, times, values)
+        with gc_paused():  # Python objects for every row, and no cycles among them
+            table = deterministic_order(pa.Table.from_batches(inputs), [TS])
+            key = keys[0] if len(keys) == 1 else keys
+            k, times, values = columns_of(table, key, TS, value_cols or None)
+            updates += agg.process_rows(k, times, values)
     exchange.publish(info.batch_id, agg.stream_time)
     return updates
 

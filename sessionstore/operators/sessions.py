@@ -26,16 +26,15 @@ use lists, not tuples).
 
 from __future__ import annotations
 
-import gc
 import struct
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from sessionstore.gc_pause import gc_paused
 from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp
 from sessionstore.operators.aggregations import Aggregation, Aggregations
 from sessionstore.operators.session_batch import (
@@ -314,7 +313,7 @@ class SessionWindowAggregator:
                 for k, t, v, o in zip(keys, timestamps, values, offsets, strict=True):
                     out.extend(self.process(k, v, t, o))
             return out
-        with store.batch(), _gc_paused():
+        with store.batch(), gc_paused():
             out = self._process_rows(keys, timestamps, values, offsets)
             self._save_times()
         return out
@@ -551,21 +550,6 @@ class SessionWindowAggregator:
         return self.process_rows(
             [r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows], offsets
         )
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector for a batch: it allocates many small
-    containers (and creates no cycles), and collections triggered by them would
-    traverse every live object, input lists included, again and again."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _sorted_stream(
