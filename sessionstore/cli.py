@@ -167,6 +167,7 @@ def _counted(rows: Iterator[dict], progress: Callable | None) -> Iterator[dict]:
 
 
 @click.group(help=__doc__.split("\n\n")[0])
+@click.version_option(package_name="sessionstore", prog_name="sessionstore")
 def cli() -> None:
     pass
 

@@ -109,9 +109,16 @@ def test_errors_are_one_line_and_exit_2(checkpoint, args, message):
 
 
 def test_console_script_is_installed():
+    from importlib.metadata import version
+
     script = os.path.join(os.path.dirname(sys.executable), "sessionstore")
     out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "dump" in out.stdout and "ls" in out.stdout
+    out = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    assert (
+        out.returncode == 0
+        and out.stdout.strip() == f"sessionstore, version {version('sessionstore')}"
+    )
 
 
 def test_verify_passes_then_names_each_problem(checkpoint, tmp_path):
