@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -23,7 +24,9 @@ class StateBackend:
 
     ``checkpoint_uri``: object storage for changelogs and snapshots (``file://``,
     a path, ``s3://``, ``gs://``, ``hdfs://``). ``local_dir``: where executors keep
-    their RocksDB databases (default: ``<tmp>/sessionstore-local``).
+    their RocksDB databases (default: ``<tmp>/sessionstore-local/<hash of the
+    checkpoint URI>``). A local database records which checkpoint it belongs to, so
+    queries that share a ``local_dir`` never read each other's state.
     """
 
     checkpoint_uri: str
@@ -55,7 +58,12 @@ class StateBackend:
 
     @property
     def resolved_local_dir(self) -> str:
-        return self.local_dir or os.path.join(tempfile.gettempdir(), "sessionstore-local")
+        """``local_dir``, or a directory of this checkpoint's own under the system's
+        temporary directory (queries never share a default one)."""
+        if self.local_dir:
+            return self.local_dir
+        digest = hashlib.sha256(self.checkpoint_uri.encode()).hexdigest()[:16]
+        return os.path.join(tempfile.gettempdir(), "sessionstore-local", digest)
 
     @classmethod
     def from_conf(cls, spark: Any) -> StateBackend:

@@ -51,6 +51,9 @@ __all__ = ["StateStoreProvider", "StoreHandle", "CheckpointMismatchError", "Vers
 
 FORMAT = 1
 _VERSION_KEY = b"committed_version"
+#: Which checkpoint partition a local database belongs to: two queries may share a
+#: local_dir and an operator name, and one must never take the other's state.
+_OWNER_KEY = b"checkpoint_partition"
 _I64 = struct.Struct(">q")
 #: Test hook: the name of a commit step at which the process kills itself (SIGKILL).
 FAULT_ENV = "SESSIONSTORE_FAULT"
@@ -161,6 +164,7 @@ class StateStoreProvider:
         self._remote: Storage = self._operator.child(str(partition_id))
         self._files = PartitionFiles(self._remote)
         self._check_metadata(num_partitions)
+        self._owner_id = self._remote.uri.encode()
         self._local = os.path.join(os.fspath(local_dir), operator_id, str(partition_id))
         self._db_path = os.path.join(self._local, "db")
         self._snap_dir = os.path.join(self._local, "snapshots")
@@ -241,6 +245,11 @@ class StateStoreProvider:
         return self._handle
 
     def _local_version(self, db: StateDB) -> int:
+        """The committed version of a local database, or -1 if it belongs to another
+        checkpoint (so that it is never used, only replaced by a restore)."""
+        owner = db.get_meta(_OWNER_KEY)
+        if owner is not None and owner != self._owner_id:
+            return -1
         raw = db.get_meta(_VERSION_KEY)
         return 0 if raw is None else _I64.unpack(raw)[0]
 
@@ -342,6 +351,8 @@ class StateStoreProvider:
     # -------------------------------------------------------------- committing
     def _commit(self, handle: StoreHandle) -> int:
         db, version = handle.db, handle.version + 1
+        if db.get_meta(_OWNER_KEY) != self._owner_id:
+            db.put_meta(_OWNER_KEY, self._owner_id)  # in the changelog, so restores keep it
         db.put_meta(_VERSION_KEY, _I64.pack(version))
         buf = db.prepare()
         data = encode_changelog(

@@ -204,3 +204,31 @@ def test_credentials_are_not_shown(tmp_path):
     assert "s3cr3t" not in repr(p) and "t0k3n" not in repr(p)
     assert p.storage_options == {"secret_key": "***", "session_token": "***"}
     p.close()
+
+
+def test_a_local_dir_shared_by_two_checkpoints_never_mixes_their_states(tmp_path):
+    """Two queries with the same operator name and one local_dir: each load must see
+    its own checkpoint's state, even when the local copy is at the same version."""
+    specs = [StoreSpec("s", "session", 10**9)]
+    local = tmp_path / "shared-local"
+    for name in ("a", "b"):  # each checkpoint gets version 1, with its own content
+        p = StateStoreProvider(f"file://{tmp_path}/{name}", "op", 0, specs, tmp_path / name)
+        h = p.get_store(0)
+        h["s"].put(name, 1, 1, name)
+        h.commit()
+        p.close()
+    for name in ("a", "b", "a"):
+        p = StateStoreProvider(f"file://{tmp_path}/{name}", "op", 0, specs, local)
+        h = p.get_store(1)
+        assert [w.key for w, _ in h["s"].fetch_range(None, None)] == [name]
+        h.abort()
+        p.close()
+
+
+def test_default_local_dirs_differ_per_checkpoint():
+    from spark_integration.backend import StateBackend
+
+    a, b = StateBackend("s3://x/a"), StateBackend("s3://x/b")
+    assert a.resolved_local_dir != b.resolved_local_dir
+    assert a.resolved_local_dir == StateBackend("s3://x/a").resolved_local_dir
+    assert StateBackend("s3://x/a", local_dir="/l").resolved_local_dir == "/l"
