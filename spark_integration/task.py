@@ -30,6 +30,8 @@ __all__ = [
     "arrow_schema",
     "deterministic_order",
     "resolve",
+    "checked_fields",
+    "time_column",
     "grace_ms",
     "watermark_delay_ms",
     "tagged_union",
@@ -177,6 +179,32 @@ def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
         return interval_ms(grace, "grace")
     delay = watermark_delay_ms(df, timestamp)
     return 0 if delay is None else delay
+
+
+def checked_fields(df: Any, columns: Sequence[str], side: str = "the input") -> dict[str, Any]:
+    """The fields of ``df`` by name; ``ValueError`` naming the first of ``columns``
+    that ``df`` lacks (and ``side``, for operators with two inputs)."""
+    fields = {f.name: f for f in df.schema.fields}
+    for column in columns:
+        if column not in fields:
+            raise ValueError(f"{side} has no column {column!r} (it has {sorted(fields)})")
+    return fields
+
+
+def time_column(fields: dict[str, Any], timestamp: str) -> tuple[Any, Any]:
+    """``(epoch-millisecond column, output time type)`` for a timestamp or long column."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    ts_type = fields[timestamp].dataType
+    if isinstance(ts_type, (T.TimestampType, T.TimestampNTZType)):
+        return F.unix_millis(F.col(timestamp).cast("timestamp")), T.TimestampType()
+    if isinstance(ts_type, (T.LongType, T.IntegerType)):
+        return F.col(timestamp).cast("long"), T.LongType()
+    raise ValueError(
+        f"timestamp column {timestamp!r} must be a timestamp or epoch milliseconds (long), "
+        f"not {ts_type.simpleString()}"
+    )
 
 
 def resolve(df: Any, backend: StateBackend | None, num_partitions: int | None):

@@ -26,6 +26,7 @@ from spark_integration.task import (
     SIDE,
     TS,
     arrow_schema,
+    checked_fields,
     deterministic_order,
     key_values,
     partition_state,
@@ -34,6 +35,7 @@ from spark_integration.task import (
     struct_values,
     tagged_union,
     task_info,
+    time_column,
 )
 
 __all__ = ["temporal_join"]
@@ -61,32 +63,14 @@ def temporal_join(
     table value (table columns null). A table row whose value columns are all null
     is a delete.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     if how not in ("inner", "left"):
         raise ValueError(f"how must be 'inner' or 'left', got {how!r}")
     keys = [key] if isinstance(key, str) else list(key)
     retention_ms = interval_ms(history_retention, "history_retention")
-    s_fields = {f.name: f for f in stream_df.schema.fields}
-    t_fields = {f.name: f for f in table_df.schema.fields}
-    for side, fields, ts in (
-        ("stream", s_fields, stream_timestamp),
-        ("table", t_fields, table_timestamp),
-    ):
-        for column in [*keys, ts]:
-            if column not in fields:
-                raise ValueError(f"{side} input has no column {column!r} (it has {sorted(fields)})")
-
-    def millis(df_fields, column):
-        dtype = df_fields[column].dataType
-        if isinstance(dtype, (T.TimestampType, T.TimestampNTZType)):
-            return F.unix_millis(F.col(column).cast("timestamp"))
-        if isinstance(dtype, (T.LongType, T.IntegerType)):
-            return F.col(column).cast("long")
-        raise ValueError(
-            f"{column!r} must be a timestamp or epoch milliseconds, not {dtype.simpleString()}"
-        )
+    s_fields = checked_fields(stream_df, [*keys, stream_timestamp], "the stream input")
+    t_fields = checked_fields(table_df, [*keys, table_timestamp], "the table input")
 
     table_values = [c for c in t_fields if c not in keys and c != table_timestamp]
     out_fields = list(stream_df.schema.fields)
@@ -101,8 +85,8 @@ def temporal_join(
     combined = tagged_union(
         keys,
         [
-            (table_df, millis(t_fields, table_timestamp), table_values, _TABLE),
-            (stream_df, millis(s_fields, stream_timestamp), stream_cols, _STREAM),
+            (table_df, time_column(t_fields, table_timestamp)[0], table_values, _TABLE),
+            (stream_df, time_column(s_fields, stream_timestamp)[0], stream_cols, _STREAM),
         ],
     )
     backend, n = resolve(stream_df, backend, num_partitions)

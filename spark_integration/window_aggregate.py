@@ -17,10 +17,9 @@ import pyarrow as pa
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
 from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
+from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
-from spark_integration.sessionize import _parse_aggregations, _time_column, _value_type
 from spark_integration.task import (
-    TS,
     arrow_schema,
     grace_ms,
     keyed_columns,
@@ -57,51 +56,33 @@ def window_aggregate(
     the aggregates and ``emission`` (update, early, on_time, late or final).
     ``grace`` defaults to the watermark delay declared on ``timestamp``, else 0.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    keys = [key] if isinstance(key, str) else list(key)
-    fields = {f.name: f for f in df.schema.fields}
-    for column in [*keys, timestamp]:
-        if column not in fields:
-            raise ValueError(f"column {column!r} is not in the input (it has {sorted(fields)})")
     windows = TimeWindows(
         interval_ms(size, "size"),
         None if advance is None else interval_ms(advance, "advance"),
         grace_ms(df, timestamp, grace),
     )
-    ts_col, time_type = _time_column(fields, timestamp)
-    others = [c for c in fields if c not in keys and c != timestamp]
-    aggregation, value_cols, plan = _parse_aggregations(aggregations or {"count": "count"}, others)
-    out_fields = [fields[k] for k in keys]
-    out_fields += [T.StructField("window_start", time_type), T.StructField("window_end", time_type)]
-    out_fields += [
-        T.StructField(out_name, _value_type(fn, column, fields, aggregations))
-        for out_name, fn, column in plan
-    ]
-    out_fields.append(T.StructField("emission", T.StringType()))
-    out_schema = T.StructType(out_fields)
+    plan = aggregate_input(df, key, timestamp, aggregations, "window_start", "window_end")
+    out_schema = T.StructType([*plan.out_fields, T.StructField("emission", T.StringType())])
     backend, n = resolve(df, backend, num_partitions)
-    selected = df.select(
-        *[F.col(k) for k in keys], ts_col.alias(TS), *[F.col(c) for c in value_cols]
-    )
     task = _WindowTask(
         backend=backend,
         name=name,
         num_partitions=n,
-        keys=keys,
-        value_cols=value_cols,
+        keys=plan.keys,
+        value_cols=plan.value_cols,
         windows=windows,
         emit=emit,
         early_every_ms=None if early_every is None else interval_ms(early_every, "early_every"),
-        aggregation=aggregation,
-        plan=plan,
-        time_is_timestamp=isinstance(time_type, T.TimestampType),
+        aggregation=plan.aggregation,
+        plan=plan.plan,
+        time_is_timestamp=plan.time_is_timestamp,
         out_schema_json=out_schema.json(),
     )
     # validate the emission settings on the driver, with a clear error
     WindowAggregator.check_settings(emit, task.early_every_ms)
-    return selected.repartition(n, *keys).mapInArrow(task, out_schema)
+    return plan.selected.repartition(n, *plan.keys).mapInArrow(task, out_schema)
 
 
 @dataclass

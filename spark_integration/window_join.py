@@ -22,11 +22,11 @@ from sessionstore.intervals import interval_ms
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from spark_integration.backend import StateBackend
-from spark_integration.sessionize import _time_column
 from spark_integration.task import (
     SIDE,
     TS,
     arrow_schema,
+    checked_fields,
     deterministic_order,
     key_values,
     partition_state,
@@ -35,6 +35,7 @@ from spark_integration.task import (
     struct_values,
     tagged_union,
     task_info,
+    time_column,
 )
 
 __all__ = ["window_join"]
@@ -62,23 +63,16 @@ def window_join(
     from pyspark.sql import types as T
 
     keys = [key] if isinstance(key, str) else list(key)
-    l_fields = {f.name: f for f in left_df.schema.fields}
-    r_fields = {f.name: f for f in right_df.schema.fields}
-    for side, fields, ts in (
-        ("left", l_fields, left_timestamp),
-        ("right", r_fields, right_timestamp),
-    ):
-        for column in [*keys, ts]:
-            if column not in fields:
-                raise ValueError(f"{side} input has no column {column!r} (it has {sorted(fields)})")
+    l_fields = checked_fields(left_df, [*keys, left_timestamp], "the left input")
+    r_fields = checked_fields(right_df, [*keys, right_timestamp], "the right input")
     within_ms, grace_ms = interval_ms(within, "within"), interval_ms(grace, "grace")
     right_out = {c: (f"right_{c}" if c in l_fields else c) for c in r_fields}
     out_schema = T.StructType(
         list(left_df.schema.fields)
         + [T.StructField(right_out[c], r_fields[c].dataType, True) for c in r_fields]
     )
-    left_ts, _ = _time_column(l_fields, left_timestamp)
-    right_ts, _ = _time_column(r_fields, right_timestamp)
+    left_ts, _ = time_column(l_fields, left_timestamp)
+    right_ts, _ = time_column(r_fields, right_timestamp)
     combined = tagged_union(
         keys,
         [

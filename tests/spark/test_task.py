@@ -31,3 +31,25 @@ def test_any_delivery_order_gives_the_same_sequence():
         shuffled = rows[:]
         rng.shuffle(shuffled)
         assert deterministic_order(pa.Table.from_pylist(shuffled), ["ts"]).to_pylist() == want
+
+
+def test_input_checks_name_the_missing_column_and_the_bad_time_type():
+    from types import SimpleNamespace
+
+    import pytest
+    from pyspark.sql import types as T
+
+    from spark_integration.task import checked_fields, time_column
+
+    df = SimpleNamespace(
+        schema=T.StructType(
+            [T.StructField("user", T.StringType()), T.StructField("ts", T.StringType())]
+        )
+    )
+    assert list(checked_fields(df, ["user", "ts"])) == ["user", "ts"]
+    with pytest.raises(
+        ValueError, match=r"the left input has no column 'k' \(it has \['ts', 'user'\]\)"
+    ):
+        checked_fields(df, ["user", "k"], "the left input")
+    with pytest.raises(ValueError, match="timestamp column 'ts' must be a timestamp or epoch"):
+        time_column(checked_fields(df, ["ts"]), "ts")
