@@ -117,12 +117,17 @@ class CheckpointSource:
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
         self.uri, self.storage_options = uri, storage_options
         self.root = open_filesystem(uri, storage_options)
+        self._records: dict[str, dict[str, dict[str, Any]]] = {}
 
     def operators(self) -> list[str]:
         return operators(self.root)
 
     def store_records(self, operator: str) -> dict[str, dict[str, Any]]:
-        return {r["name"]: r for r in operator_metadata(self.root, operator)["stores"]}
+        """The recorded store specs of ``operator`` by name (read once per source)."""
+        if operator not in self._records:
+            stores = operator_metadata(self.root, operator)["stores"]
+            self._records[operator] = {r["name"]: r for r in stores}
+        return self._records[operator]
 
     def partitions(self, operator: str) -> list[int]:
         return partitions(self.root, operator)
@@ -174,6 +179,7 @@ class LocalSource:
 
     def __init__(self, path: str) -> None:
         self.uri = path
+        self._records: dict[str, dict[str, dict[str, Any]]] = {}
         self._dbs = _find_databases(path)
         if not self._dbs:
             raise NotFoundError(f"no sessionstore database under {path}")
@@ -190,8 +196,12 @@ class LocalSource:
         return found
 
     def store_records(self, operator: str) -> dict[str, dict[str, Any]]:
-        with self._secondary(operator, self.partitions(operator)[0]) as db:
-            return {name: {"name": name, **r} for name, r in db.store_specs().items()}
+        """The store specs recorded in ``operator``'s first database (read once)."""
+        if operator not in self._records:
+            with self._secondary(operator, self.partitions(operator)[0]) as db:
+                specs = db.store_specs()
+            self._records[operator] = {name: {"name": name, **r} for name, r in specs.items()}
+        return self._records[operator]
 
     @contextmanager
     def _secondary(self, operator: str, partition: int) -> Iterator[StateDB]:
@@ -395,8 +405,8 @@ def store_rows(
     each partition), filtered by ``row_filter``. Streams partition by partition."""
     kind = _kind_of(source.store_records(operator), operator, store)
     row_filter.check(kind, store)  # clear errors before any restore
-    ids = source.partitions(operator) if partition_ids is None else partition_ids
-    known = set(source.partitions(operator))
+    known = source.partitions(operator)
+    ids = known if partition_ids is None else partition_ids
     for p in ids:
         if p not in known:
             raise NotFoundError(

@@ -209,7 +209,9 @@ class SessionStoreDataSource(DataSource):
         return [f"key {infer_type(keys)}"]
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return _Reader(self._settings(), schema)
+        s = self._settings()
+        kind = store_kind(open_source(s["uri"], s["storage"]), s["operator"], s["store"])
+        return _Reader(s, schema, _TIME_COLUMNS[kind])
 
 
 def _converter(data_type: Any, column: str):
@@ -238,8 +240,9 @@ def _converter(data_type: Any, column: str):
 
 
 class _Reader(DataSourceReader):
-    def __init__(self, settings: dict[str, Any], schema: Any) -> None:
+    def __init__(self, settings: dict[str, Any], schema: Any, time_columns: list[str]) -> None:
         self.settings = settings
+        self.time_columns = time_columns
         self.columns = [f.name for f in schema.fields]
         self.converters = {f.name: _converter(f.dataType, f.name) for f in schema.fields}
 
@@ -258,8 +261,9 @@ class _Reader(DataSourceReader):
         )  # fmt: skip
         names = self.columns
         value_at = names.index("value")
-        key_columns = names[1 : value_at - len(_time_columns_in(names))]
-        time_columns = names[1 + len(key_columns) : value_at]
+        # the schema is partition_id, key fields, the kind's time columns, value
+        time_columns = self.time_columns
+        key_columns = names[1 : value_at - len(time_columns)]
         convert = self.converters
         for row in rows:
             key = row["key"]
@@ -274,11 +278,6 @@ class _Reader(DataSourceReader):
                 *[row[c] for c in time_columns],
                 convert["value"](row["value"]),
             )
-
-
-def _time_columns_in(names: list[str]) -> list[str]:
-    every = {c for cs in _TIME_COLUMNS.values() for c in cs}
-    return [n for n in names if n in every]
 
 
 def register(spark: Any) -> None:
