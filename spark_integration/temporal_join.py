@@ -152,10 +152,8 @@ class _TemporalJoinTask:
                 row = table_rows[i]
                 deleted = row is None or all(v is None for v in row.values())
                 join.process_table(keys[i], None if deleted else row, times[i])
-        joined = []
-        for i, side in enumerate(sides):
-            if side == _STREAM_SIDE:
-                result = join.process_stream(keys[i], stream_rows[i], times[i])
-                if result is not None:
-                    joined.append(result.value)
-        return joined
+        stream = [i for i, side in enumerate(sides) if side == _STREAM_SIDE]
+        results = join.process_streams(
+            [keys[i] for i in stream], [stream_rows[i] for i in stream], [times[i] for i in stream]
+        )  # one store read per key, not per stream row
+        return [r.value for r in results if r is not None]

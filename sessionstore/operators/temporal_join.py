@@ -74,7 +74,49 @@ class TemporalJoin:
         if st is not None and ts < st - table.history_retention_ms:
             self.dropped_records += 1
             return None
-        found = table.get(key, ts)
+        return self._joined(key, value, ts, table.get(key, ts))
+
+    def process_streams(
+        self, keys: Sequence[Any], values: Sequence[Any], timestamps: Sequence[int | None]
+    ) -> list[JoinedRecord | None]:
+        """:meth:`process_stream` for each record, with no table record between them:
+        the same results in the same order, but the store is read once per key (all
+        the key's versions in the batch's time span) instead of once per record."""
+        table = self.table
+        st = table.observed_stream_time
+        floor = None if st is None else st - table.history_retention_ms
+        out: list[JoinedRecord | None] = [None] * len(keys)
+        groups: dict[bytes, list[tuple[int, int]]] = {}
+        for i, (key, timestamp) in enumerate(zip(keys, timestamps, strict=True)):
+            if key is None or timestamp is None:
+                self.dropped_records += 1
+                continue
+            ts = check_timestamp("timestamp", timestamp)
+            if floor is not None and ts < floor:
+                self.dropped_records += 1
+                continue
+            groups.setdefault(table._encode_key(key), []).append((i, ts))
+        for rows in groups.values():
+            key = keys[rows[0][0]]
+            if len(rows) == 1:
+                i, ts = rows[0]
+                found = table.get(key, ts)
+                out[i] = self._joined(key, values[i], ts, found)
+                continue
+            times = [ts for _, ts in rows]
+            # every version valid at some time of the batch, oldest first
+            versions = table.get_versions(key, min(times), max(times), ascending=True)
+            for i, ts in rows:
+                valid = None
+                for v in versions:
+                    if v.timestamp > ts:
+                        break
+                    if v.valid_to is None or ts < v.valid_to:
+                        valid = v
+                out[i] = self._joined(key, values[i], ts, valid)
+        return out
+
+    def _joined(self, key: Any, value: Any, ts: int, found: Any) -> JoinedRecord | None:
         if found is None:
             if self.how == "inner":
                 return None

@@ -94,3 +94,44 @@ def test_equals_a_brute_force_as_of_join_with_pandas(tmp_path_factory, events):
         table_value = None if pd.isna(table_value) else int(table_value)
         expected.append(J(key, ts, (value, table_value)))
     assert got == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    table_rows=st.lists(
+        st.tuples(
+            st.sampled_from(["x", "y"]), st.integers(0, 12), st.one_of(st.none(), st.integers(0, 9))
+        ),
+        max_size=20,
+    ),  # fmt: skip
+    stream_rows=st.lists(
+        st.tuples(st.sampled_from(["x", "y", "z", None]), st.one_of(st.none(), st.integers(0, 14))),
+        max_size=20,
+    ),
+    retention=st.sampled_from([5, 20, 10**6]),
+    how=st.sampled_from(["inner", "left"]),
+)
+def test_stream_batches_read_per_key_but_equal_record_by_record(
+    tmp_path_factory, table_rows, stream_rows, retention, how
+):
+    results, dropped = [], []
+    for batched in (False, True):
+        with StateDB.open(tmp_path_factory.mktemp("db")) as db:
+            join = TemporalJoin(db.versioned_store("t", retention), how=how)
+            for key, ts, value in table_rows:
+                join.process_table(key, value, ts)
+            keys = [k for k, _ in stream_rows]
+            times = [t for _, t in stream_rows]
+            values = list(range(len(stream_rows)))
+            if batched:
+                results.append(join.process_streams(keys, values, times))
+            else:
+                results.append(
+                    [
+                        join.process_stream(k, v, t)
+                        for k, v, t in zip(keys, values, times, strict=True)
+                    ]
+                )
+            dropped.append(join.dropped_records)
+    assert results[0] == results[1]
+    assert dropped[0] == dropped[1]
