@@ -76,6 +76,21 @@ class SessionUpdate(NamedTuple):
     timestamp: int
 
 
+class _Timing(NamedTuple):
+    """How each row of a batch sees time: its own time (``_FAR_PAST`` when dropped),
+    the stream time after it, the close time after it, the store's visibility bound
+    before it, and whether it may take a vectorised path (never late, and every
+    session within gap of it visible and, in final mode, open)."""
+
+    ts: np.ndarray
+    ts_l: list[int]
+    prefix: np.ndarray
+    close_arr: np.ndarray
+    close_l: list[int]
+    vis_l: list[int]
+    ok: np.ndarray
+
+
 class _Session:
     __slots__ = ("start", "end", "acc", "offsets", "loaded", "removed_at")
 
@@ -319,15 +334,28 @@ class SessionWindowAggregator:
         return out
 
     def _process_rows(self, keys, timestamps, values, offsets) -> list[SessionUpdate]:
-        store, agg, encode = self.store, self.aggregation, self._encode
-        gap, grace, final = self._gap, self._grace, self._final
-        track = self.track_offsets
-        n = len(keys)
+        groups, times, offsets = self._group(keys, timestamps, offsets)
+        if not groups:
+            return []
+        timing = self._timing(times)
+        emitted: list[tuple[tuple, SessionUpdate]] = []
+        tracked: list[tuple[Any, bytes, _Session]] = []  # every session the replay knows
+        loaded_ids: set[tuple[bytes, int, int]] = set()
+        open_kbs = self._open_kbs()
+        self._replay(groups, keys, values, offsets, timing, open_kbs, emitted, tracked, loaded_ids)
+        self._settle(timing, emitted, tracked, loaded_ids)
+        emitted.sort(key=lambda e: e[0])
+        return [u for _, u in emitted]
+
+    def _group(self, keys, timestamps, offsets) -> tuple[dict[bytes, list[int]], list[int], list]:
+        """Row indices by encoded key, every row's time (``_FAR_PAST`` for a dropped
+        row: None key or time) and the checked offsets."""
+        encode, track = self._encode, self.track_offsets
         offsets = list(offsets)
         groups: dict[bytes, list[int]] = {}
         times: list[int] = []
         str_kbs: dict[str, bytes] = {}  # str keys repeat: encode each once per batch
-        for i in range(n):
+        for i in range(len(keys)):
             key, t = keys[i], timestamps[i]
             if key is None or t is None:
                 self.dropped_records += 1
@@ -349,38 +377,49 @@ class SessionWindowAggregator:
                 groups[kb] = [i]
             else:
                 group.append(i)
-        if not groups:
-            return []
+        return groups, times, offsets
+
+    def _timing(self, times: list[int]) -> _Timing:
+        """Stream time, close time and store visibility as each row of a batch sees them."""
+        n = len(times)
         ts_fill = np.array(times, dtype=np.int64)
         st0 = _FAR_PAST if self._stream_time is None else self._stream_time
         prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
-        close_arr = prefix - (gap + grace)
+        close_arr = prefix - (self._gap + self._grace)
         # store visibility during record i's lookup uses the stream time before it
         before = np.empty(n, dtype=np.int64)
         before[0] = st0
         before[1:] = prefix[:-1]
-        vis_arr = before - store.retention_ms + 1
-        close_l, vis_l = close_arr.tolist(), vis_arr.tolist()
-        ts_l = times
+        vis_arr = before - self.store.retention_ms + 1
+        ok = (ts_fill >= close_arr) & (ts_fill - self._gap >= vis_arr)
+        if self._final:
+            ok &= ts_fill - self._gap >= close_arr
+        return _Timing(ts_fill, times, prefix, close_arr, close_arr.tolist(), vis_arr.tolist(), ok)
 
+    def _open_kbs(self) -> set[bytes] | None:
+        """Final mode: encoded keys with an open session, when the end index has them all."""
+        return {kb for _, _, kb in self._index.all()} if self._index_complete else None
+
+    def _replay(
+        self, groups, keys, values, offsets, timing, open_kbs, emitted, tracked, loaded_ids,
+        allow_fast: bool = True,
+    ) -> None:  # fmt: skip
+        """Replay each group's records (vectorised for keys that qualify), collecting
+        emissions, every session touched and the ids of the stored sessions loaded."""
+        store, agg = self.store, self.aggregation
+        gap, final = self._gap, self._final
+        track = self.track_offsets
+        ts_l, close_l, vis_l = timing.ts_l, timing.close_l, timing.vis_l
         # keys that provably behave like a sorted stream take the vectorised path
-        fast_columns = None if track else fast_path_columns(agg, values)
+        fast_columns = None if track or not allow_fast else fast_path_columns(agg, values)
         if fast_columns is not None:
-            ok = (ts_fill >= close_arr) & (ts_fill - gap >= vis_arr)
-            if final:
-                ok &= ts_fill - gap >= close_arr
-            ok_l = ok.tolist()
+            ok_l = timing.ok.tolist()
             ok_at = ok_l.__getitem__
         fast_keys: list[tuple[Any, bytes, list[int], _Session | None]] = []
-
-        emitted: list[tuple[tuple, SessionUpdate]] = []
-        tracked: list[tuple[Any, bytes, _Session]] = []  # every session the replay knows
-        loaded_ids: set[tuple[bytes, int, int]] = set()
         emitted_close = self._emitted_close
         add, merger, init, finish = agg.add, agg.merger, agg.initializer, agg.finish
         # Final mode: a key's stored sessions matter only while open, and every open
         # session is in the end index, so keys absent from it need no store read.
-        open_kbs = {kb for _, _, kb in self._index.all()} if self._index_complete else None
         at = ts_l.__getitem__
         for kb, idxs in groups.items():
             key = keys[idxs[0]]
@@ -469,10 +508,17 @@ class SessionWindowAggregator:
                 tracked,
                 SessionUpdate,
             )
+
+    def _settle(self, timing, emitted, tracked, loaded_ids) -> None:
+        """Close the open sessions the batch passed without loading them, write the
+        touched sessions back, and move stream and close time."""
+        store, final, n = self.store, self._final, len(timing.ts_l)
+        prefix, close_l, emitted_close = timing.prefix, timing.close_l, self._emitted_close
+        finish, track = self.aggregation.finish, self.track_offsets
         final_vis = int(prefix[-1]) - store.retention_ms + 1
         index = self._index
         if final:
-            final_close = int(close_arr[-1])
+            final_close = close_l[-1]
             # open sessions the replay did not load close by time alone
             for end, start, kb in index.below(final_close):
                 if (kb, start, end) in loaded_ids:
@@ -518,11 +564,9 @@ class SessionWindowAggregator:
         if self._stream_time is None or int(prefix[-1]) > self._stream_time:
             self._stream_time = int(prefix[-1])
         if final:
-            last_close = int(close_arr[-1])
+            last_close = close_l[-1]
             if emitted_close is None or last_close > emitted_close:
                 self._emitted_close = last_close
-        emitted.sort(key=lambda e: e[0])
-        return [u for _, u in emitted]
 
     def process_batch(
         self,
