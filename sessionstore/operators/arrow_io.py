@@ -6,30 +6,48 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["columns_of", "epoch_millis", "updates_to_arrow"]
+__all__ = ["columns_of", "epoch_millis", "epoch_millis_array", "updates_to_arrow"]
 
 _UNIT_TO_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
 
 
-def epoch_millis(column: pa.Array | pa.ChunkedArray) -> list[int | None]:
-    """Epoch milliseconds of an integer or timestamp column (nulls stay None)."""
+def epoch_millis_array(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """``(epoch milliseconds as int64, validity)`` of an integer or timestamp column;
+    null rows hold 0. Sub-millisecond times are floored, exactly."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
     if pa.types.is_timestamp(column.type):
+        ints = pc.cast(column, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
         unit = column.type.unit
-        ints = pc.cast(column, pa.int64())
         if unit == "s":
-            ints = pc.multiply(ints, 1000)
-        elif _UNIT_TO_MS[unit] != 1:
-            ints = pc.floor(pc.divide(pc.cast(ints, pa.float64()), _UNIT_TO_MS[unit]))
-            ints = pc.cast(ints, pa.int64())
-        return ints.to_pylist()
+            ints = pc.multiply_checked(pa.array(ints), 1000).to_numpy(zero_copy_only=False)
+        elif unit != "ms":
+            ints = np.floor_divide(ints, _UNIT_TO_MS[unit])
+        return ints.astype(np.int64, copy=False), valid
     if pa.types.is_integer(column.type):
-        return column.to_pylist()
+        # a safe cast: uint64 times beyond int64 raise ArrowInvalid
+        ints = pc.cast(column, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        return ints, valid
     raise TypeError(
         f"timestamp column must be an integer (epoch ms) or timestamp type, got {column.type}"
     )
+
+
+def epoch_millis(column: pa.Array | pa.ChunkedArray) -> list[int | None]:
+    """Epoch milliseconds of an integer or timestamp column (nulls stay None)."""
+    if pa.types.is_integer(column.type):
+        return column.to_pylist()  # exact for any width; the operators check the range
+    ints, valid = epoch_millis_array(column)
+    out = ints.tolist()
+    if not valid.all():
+        for i in np.flatnonzero(~valid).tolist():
+            out[i] = None
+    return out
 
 
 def _column(batch: Any, name: str) -> Any:

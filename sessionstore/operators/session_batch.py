@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["fast_path_columns", "run_fast_keys"]
+__all__ = ["fast_path_columns", "run_fast_keys", "run_fast_final", "merge_slot"]
 
 _FAST_FUNCTIONS = {"count", "sum", "min", "max", "first", "last"}
-_INT_LIMIT = 2**53  # sums of this many ints stay far from int64 overflow
+_INT_LIMIT = 2**53  # ints that numpy holds exactly
+SUM_LIMIT = 2**62  # a bound on |sum| that keeps int64 arithmetic exact
 
 
 def fast_path_columns(aggregation: Any, values: list[Any]) -> list[list[Any]] | None:
@@ -50,10 +51,13 @@ def fast_path_columns(aggregation: Any, values: list[Any]) -> list[list[Any]] | 
         except (TypeError, KeyError, IndexError):
             return None
         if fn in ("sum", "min", "max"):
-            # exact int arithmetic only: floats sum differently in another order
+            # exact int arithmetic only: floats sum differently in another order, and
+            # a sum of the whole column must not overflow int64
             for v in col:
                 if type(v) is not int or not -_INT_LIMIT < v < _INT_LIMIT:
                     return None
+            if fn == "sum" and col and max(map(abs, col)) * len(col) >= SUM_LIMIT:
+                return None
         columns.append(col)
     return columns
 
@@ -255,7 +259,7 @@ def run_fast_final(
         acc = list(slots)
         if stored:
             for s in sorted(stored, key=lambda s: (s.end, s.start)):
-                acc = [_merge_slot(functions[j], s.acc[j], acc[j]) for j in width]
+                acc = [merge_slot(functions[j], s.acc[j], acc[j]) for j in width]
                 s.removed_at = order[a]
         append((key, kb, new_session(start, end, acc, None, False)))
 
@@ -291,8 +295,9 @@ def _record_components(
     ]  # fmt: skip
 
 
-def _merge_slot(fn: str, stored: Any, batch: Any) -> Any:
-    """A stored session's slot combined with the batch records' slot."""
+def merge_slot(fn: str, stored: Any, batch: Any) -> Any:
+    """A stored session's slot combined with the batch records' slot (the stored
+    session is older: it keeps ``first`` on a tie, the batch takes ``last``)."""
     if fn in ("count", "sum"):
         return stored + batch
     if stored is None:

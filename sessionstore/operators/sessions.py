@@ -337,7 +337,7 @@ class SessionWindowAggregator:
         groups, times, offsets = self._group(keys, timestamps, offsets)
         if not groups:
             return []
-        timing = self._timing(times)
+        timing = self._timing(np.array(times, dtype=np.int64), times)
         emitted: list[tuple[tuple, SessionUpdate]] = []
         tracked: list[tuple[Any, bytes, _Session]] = []  # every session the replay knows
         loaded_ids: set[tuple[bytes, int, int]] = set()
@@ -379,10 +379,10 @@ class SessionWindowAggregator:
                 group.append(i)
         return groups, times, offsets
 
-    def _timing(self, times: list[int]) -> _Timing:
-        """Stream time, close time and store visibility as each row of a batch sees them."""
+    def _timing(self, ts_fill: np.ndarray, times: list[int]) -> _Timing:
+        """Stream time, close time and store visibility as each row of a batch sees them
+        (``times`` is ``ts_fill`` as a list)."""
         n = len(times)
-        ts_fill = np.array(times, dtype=np.int64)
         st0 = _FAR_PAST if self._stream_time is None else self._stream_time
         prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
         close_arr = prefix - (self._gap + self._grace)
@@ -583,8 +583,33 @@ class SessionWindowAggregator:
         """
         from sessionstore.operators.arrow_io import columns_of, updates_to_arrow
 
+        table = self.process_table(batch, key, timestamp, value)
+        if table is not None:
+            return table
         keys, timestamps, values = columns_of(batch, key, timestamp, value)
         return updates_to_arrow(self.process_rows(keys, timestamps, values), key)
+
+    def process_table(
+        self,
+        batch: Any,
+        key: str | Sequence[str] = "key",
+        timestamp: str = "timestamp",
+        value: str | Sequence[str] | None = "value",
+    ) -> Any:
+        """The columnar path of :meth:`process_batch` (emit-on-close, built-in
+        count/sum/min/max/first/last over integer sums): the closed sessions as an
+        Arrow table with typed ``value`` fields, or None, with nothing changed, when
+        the batch does not qualify (then use :meth:`process_rows`). See
+        :mod:`sessionstore.operators.session_columns`."""
+        from sessionstore.operators.session_columns import process_table_final
+
+        return process_table_final(
+            self,
+            batch,
+            key if isinstance(key, str) else list(key),
+            timestamp,
+            value if value is None or isinstance(value, str) else list(value),
+        )
 
     def process_records(self, records: Iterable[tuple]) -> list[SessionUpdate]:
         """Batch path for ``(key, value, timestamp)`` or ``(key, value, timestamp,

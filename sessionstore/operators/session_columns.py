@@ -1,0 +1,485 @@
+"""Columnar emit-on-close session aggregation: an Arrow batch in, an Arrow table out.
+
+The batch path of :class:`~sessionstore.operators.sessions.SessionWindowAggregator`
+turns every row into Python objects before grouping them by key. In emit-on-close
+mode most of that work is not needed: most keys of a micro-batch have no open
+session, their records form sessions by time alone, and most of those sessions
+close within the same batch and never reach the store. This module computes them
+for all keys at once, from the Arrow columns:
+
+* keys are grouped with ``dictionary_encode`` (each distinct key is turned into a
+  Python value and encoded once per batch);
+* each key's records are sorted by time (stably, so ties keep arrival order) and
+  split into *runs* wherever two records are more than ``gap`` apart;
+* counts, sums, minima and maxima of the runs come from ``reduceat``; ``first`` and
+  ``last`` are the values of a run's first and last record;
+* a run that ends before the batch's close time is emitted straight from those
+  arrays; the others are written to the store and the end index.
+
+Rows stay on the record-exact replay of the batch path when they could behave
+differently: every record of a key that has a late record, or a record near a
+closed or hidden session (the conditions of :mod:`session_batch`). Keys with open
+stored sessions read them once and merge them with their runs in Python, with the
+replay's tie rules (``session_batch.merge_slot``). A batch qualifies only when the
+aggregation is built-in count/sum/min/max/first/last, sums, minima and maxima read
+integer columns without nulls whose sum cannot overflow int64, and offsets are not
+tracked; otherwise :meth:`process_table` returns None and the caller uses
+``process_rows``. The property tests hold the two paths equal, state included.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sessionstore.gc_pause import gc_paused
+from sessionstore.operators.arrow_io import columns_of, epoch_millis_array
+from sessionstore.operators.session_batch import SUM_LIMIT, merge_slot
+
+if TYPE_CHECKING:
+    from sessionstore.operators.sessions import SessionWindowAggregator
+
+__all__ = ["process_table_final"]
+
+_FUNCTIONS = {"count", "sum", "min", "max", "first", "last"}
+_FAR_PAST = -(2**62)  # the batch path's time of a dropped row
+
+
+@dataclass
+class _Slot:
+    """One aggregate's input: its function and, unless a count, its Arrow column
+    (with the int64 values for sum, min and max)."""
+
+    fn: str
+    column: pa.Array | None
+    ints: np.ndarray | None
+
+
+def process_table_final(
+    agg: SessionWindowAggregator,
+    batch: pa.Table | pa.RecordBatch,
+    key: str | list[str],
+    timestamp: str,
+    value: str | list[str] | None,
+) -> pa.Table | None:
+    """Process ``batch`` in emit-on-close mode; return the closed sessions as a table
+    (key columns, ``start``, ``end``, ``value`` struct, ``timestamp``) in the order
+    :meth:`process_rows` emits them, or None, with nothing changed, when the batch
+    does not qualify (see the module docstring)."""
+    aggregation = agg.aggregation
+    functions = getattr(aggregation, "functions", None)
+    if (
+        not agg._final
+        or not agg._index_complete
+        or agg.track_offsets
+        or functions is None
+        or not set(functions) <= _FUNCTIONS
+        or agg.store.observed_stream_time != agg._stream_time
+    ):
+        return None
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    key_names = [key] if isinstance(key, str) else list(key)
+    present = set(table.column_names)
+    if table.num_rows == 0 or not {*key_names, timestamp} <= present:
+        return None
+    slots = _slots(aggregation, table, value)
+    if slots is None:
+        return None
+    try:
+        ts, valid = epoch_millis_array(table.column(timestamp))
+        groups = _group_codes(table, key_names, valid)
+    except (TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None  # the batch path raises the error that names the problem
+    if groups is None:
+        return None
+    codes, valid = groups
+    with agg.store.batch(), gc_paused():
+        out = _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes)
+        agg._save_times()
+    return out
+
+
+def _array(table: pa.Table, name: str) -> pa.Array:
+    return table.column(name).combine_chunks()
+
+
+def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[_Slot] | None:
+    """Each aggregate's input column, or None if the batch does not qualify."""
+    slots = []
+    n = table.num_rows
+    for fn, column in zip(aggregation.functions, aggregation.columns, strict=True):
+        if fn == "count":
+            slots.append(_Slot(fn, None, None))
+            continue
+        # the value the record path would aggregate: a scalar column, or a row's field
+        if isinstance(value, str) and column is None:
+            name = value
+        elif isinstance(value, (list, tuple)) and column in value:
+            name = column
+        else:
+            return None
+        if name not in table.column_names:
+            return None
+        arr = _array(table, name)
+        ints = None
+        if fn in ("sum", "min", "max"):
+            if not pa.types.is_integer(arr.type) or arr.null_count:
+                return None
+            try:
+                ints = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False)
+            except pa.ArrowInvalid:
+                return None  # uint64 beyond int64
+            if fn == "sum" and n and int(np.abs(ints).max()) * n >= SUM_LIMIT:
+                return None
+        slots.append(_Slot(fn, arr, ints))
+    return slots
+
+
+def _group_codes(
+    table: pa.Table, key_names: list[str], valid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A code per row that is equal exactly for equal keys, and the rows' validity
+    (key columns and time non-null)."""
+    codes = None
+    radix = 1
+    for name in key_names:
+        col = _array(table, name)
+        valid = valid & col.is_valid().to_numpy(zero_copy_only=False)
+        encoded = pc.dictionary_encode(col)
+        size = max(len(encoded.dictionary), 1)
+        if radix * size >= 2**62:
+            return None
+        c = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        codes = c if codes is None else codes * size + c
+        radix *= size
+    return codes, valid
+
+
+def _key_values(table: pa.Table, key_names: list[str], rows: np.ndarray) -> list[Any]:
+    taken = [table.column(k).take(rows).to_pylist() for k in key_names]
+    return taken[0] if len(taken) == 1 else [tuple(parts) for parts in zip(*taken, strict=True)]
+
+
+def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa.Table:
+    from sessionstore.operators.sessions import SessionUpdate
+
+    n = table.num_rows
+    store, index, gap = agg.store, agg._index, agg._gap
+    emitted_close = agg._emitted_close
+    agg.dropped_records += int(n - np.count_nonzero(valid))
+    times = np.where(valid, ts, _FAR_PAST)
+    rows = np.flatnonzero(valid)
+    out_type = _out_type(agg.aggregation, slots)
+    if len(rows) == 0:
+        return _empty(table, key_names, out_type)
+    timing = agg._timing(times, times.tolist())
+    close_arr, close_l = timing.close_arr, timing.close_l
+
+    # groups: one per distinct key, each encoded once
+    _, first_idx, inv = np.unique(codes[rows], return_index=True, return_inverse=True)
+    rep_rows = rows[first_idx]
+    key_values = _key_values(table, key_names, rep_rows)
+    encode = agg._encode
+    kbs = [encode(k) for k in key_values]
+    n_groups = len(kbs)
+    bad = np.zeros(n_groups, dtype=bool)
+    bad[inv[~timing.ok[rows]]] = True
+    open_kbs = agg._open_kbs() or set()
+    hot = np.array([kb in open_kbs for kb in kbs], dtype=bool) if open_kbs else bad & False
+
+    # keys with a row that may behave differently: the record-exact replay
+    emitted: list[tuple[tuple, SessionUpdate]] = []
+    tracked: list = []
+    loaded_ids: set[tuple[bytes, int, int]] = set()
+    row_bad = bad[inv]
+    if row_bad.any():
+        bad_rows = rows[row_bad]
+        sub = table.take(pa.array(bad_rows))
+        sub_keys, _, sub_values = columns_of(
+            sub, key_names[0] if len(key_names) == 1 else key_names, timestamp, value
+        )
+        keys_full: list[Any] = [None] * n
+        values_full: list[Any] = [None] * n
+        groups: dict[bytes, list[int]] = {}
+        for i, g, k, v in zip(
+            bad_rows.tolist(), inv[row_bad].tolist(), sub_keys, sub_values, strict=True
+        ):
+            keys_full[i] = k
+            values_full[i] = v
+            groups.setdefault(kbs[g], []).append(i)
+        agg._replay(
+            groups,
+            keys_full,
+            values_full,
+            [None] * n,
+            timing,
+            open_kbs,
+            emitted,
+            tracked,
+            loaded_ids,
+            allow_fast=False,
+        )
+
+    # every other key: runs of its records, sorted by time within the key
+    good = ~row_bad
+    grows, gg = rows[good], inv[good]
+    order = np.lexsort((ts[grows], gg))
+    srows, sg = grows[order], gg[order]
+    sts = ts[srows]
+    m = len(srows)
+    runs = _Runs(srows, sg, sts, gap, slots)
+
+    # keys with open stored sessions merge them with their runs, in Python
+    py_sessions: list[tuple[int, int, int, list]] = []  # (group, start, end, acc)
+    removals: list[tuple[int, int, int]] = []  # (group, start, end)
+    if m and hot.any():
+        hot_groups = np.flatnonzero(hot & ~bad)
+        lo_all = np.searchsorted(runs.g, hot_groups, side="left")
+        hi_all = np.searchsorted(runs.g, hot_groups, side="right")
+        for g, lo, hi in zip(hot_groups.tolist(), lo_all.tolist(), hi_all.tolist(), strict=True):
+            if lo == hi:
+                continue
+            found = store.find_sessions(
+                key_values[g], int(runs.start[lo]) - gap, int(runs.end[hi - 1]) + gap
+            )
+            stored = [
+                (w.start, w.end, acc)
+                for w, acc in found
+                if emitted_close is None or w.end >= emitted_close
+            ]
+            if stored:
+                _merge_stored(runs, g, lo, hi, stored, gap, py_sessions, removals)
+        for g, start, end in removals:
+            loaded_ids.add((kbs[g], start, end))
+
+    agg._settle(timing, emitted, tracked, loaded_ids)
+
+    # write back the columnar keys: removals first, so that a re-put of a window wins
+    final_vis = int(timing.prefix[-1]) - store.retention_ms + 1
+    for g, start, end in removals:
+        store.remove(key_values[g], start, end)
+        index.discard(kbs[g], start, end)
+    plain = np.flatnonzero(runs.plain) if m else np.zeros(0, dtype=np.int64)
+    p_end = runs.end[plain]
+    p_close = np.searchsorted(close_arr, p_end, side="right")
+    to_put = plain[p_end >= final_vis]
+    if len(to_put):
+        accs = runs.accs(to_put)
+        put_keys = [key_values[g] for g in runs.g[to_put].tolist()]
+        store.put_many(
+            zip(put_keys, runs.start[to_put].tolist(), runs.end[to_put].tolist(), accs, strict=True)
+        )
+    for g, start, end in zip(
+        runs.g[plain[p_close >= n]].tolist(),
+        runs.start[plain[p_close >= n]].tolist(),
+        runs.end[plain[p_close >= n]].tolist(),
+        strict=True,
+    ):
+        index.add(kbs[g], start, end)
+    finish = agg.aggregation.finish
+    for g, start, end, acc in py_sessions:
+        kb = kbs[g]
+        j = bisect_right(close_l, end)
+        if j < n:
+            update = SessionUpdate(key_values[g], start, end, finish(acc), end)
+            emitted.append(((j, end, start, kb), update))
+        else:
+            index.add(kb, start, end)
+        if end >= final_vis:
+            store.put(key_values[g], start, end, acc)
+
+    # the emissions: columnar runs and Python updates, in (close step, end, start, key)
+    closing = plain[p_close < n]
+    columnar = _emission_table(table, key_names, runs, closing, rep_rows, out_type)
+    sort_cols = {
+        "j": np.concatenate([p_close[p_close < n], [e[0][0] for e in emitted]]).astype(np.int64),
+        "end": np.concatenate([runs.end[closing], [e[0][1] for e in emitted]]).astype(np.int64),
+        "start": np.concatenate([runs.start[closing], [e[0][2] for e in emitted]]).astype(np.int64),
+        "kb": pa.concat_arrays(
+            [
+                pa.array(kbs, pa.binary()).take(pa.array(runs.g[closing], pa.int64())),
+                pa.array([e[0][3] for e in emitted], pa.binary()),
+            ]
+        ),
+    }
+    python = _updates_table(table, key_names, [u for _, u in emitted], out_type)
+    both = pa.concat_tables([columnar, python])
+    order = pc.sort_indices(
+        pa.table(sort_cols),
+        sort_keys=[
+            ("j", "ascending"),
+            ("end", "ascending"),
+            ("start", "ascending"),
+            ("kb", "ascending"),
+        ],
+    )
+    return both.take(order)
+
+
+class _Runs:
+    """Runs of records of the columnar keys: records of one key sorted by time, split
+    wherever two are more than ``gap`` apart, with their aggregates."""
+
+    def __init__(self, srows, sg, sts, gap, slots) -> None:
+        m = len(srows)
+        brk = np.ones(m, dtype=bool)
+        if m:
+            brk[1:] = (sg[1:] != sg[:-1]) | (sts[1:] - sts[:-1] > gap)
+        self.a = np.flatnonzero(brk)
+        self.b = np.append(self.a[1:], m).astype(np.int64)
+        self.g = sg[self.a]
+        self.start = sts[self.a]
+        self.end = sts[self.b - 1] if m else sts[:0]
+        self.first_row = srows[self.a]
+        self.last_row = srows[self.b - 1] if m else srows[:0]
+        self.plain = np.ones(len(self.a), dtype=bool)
+        self.slots = slots
+        self.count = self.b - self.a
+        self.reduced: list[np.ndarray | None] = []
+        for slot in slots:
+            if slot.fn in ("sum", "min", "max") and m:
+                ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[slot.fn]
+                self.reduced.append(ufunc.reduceat(slot.ints[srows], self.a))
+            else:
+                self.reduced.append(None)
+
+    def slot_values(self, j: int, idx: np.ndarray) -> list[Any]:
+        """Python values of aggregate ``j`` for runs ``idx`` (as stored in an acc)."""
+        slot = self.slots[j]
+        if slot.fn == "count":
+            return self.count[idx].tolist()
+        if slot.fn in ("sum", "min", "max"):
+            return self.reduced[j][idx].tolist()
+        if slot.fn == "first":
+            times, rows = self.start[idx], self.first_row[idx]
+        else:
+            times, rows = self.end[idx], self.last_row[idx]
+        values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
+        return [[t, v] for t, v in zip(times.tolist(), values, strict=True)]
+
+    def accs(self, idx: np.ndarray) -> list[list[Any]]:
+        """The accumulators (one list per run) of runs ``idx``."""
+        per_slot = [self.slot_values(j, idx) for j in range(len(self.slots))]
+        return [list(acc) for acc in zip(*per_slot, strict=True)]
+
+
+def _merge_stored(runs: _Runs, g, lo, hi, stored, gap, py_sessions, removals) -> None:
+    """Merge key ``g``'s runs ``lo..hi`` with its open stored sessions: components under
+    "within gap", each a new session when it holds a run (stored-only ones stay)."""
+    idx = np.arange(lo, hi)
+    accs = runs.accs(idx)
+    fns = [s.fn for s in runs.slots]
+    items = [(s, e, 0, k) for k, (s, e, _) in enumerate(stored)]
+    items += [
+        (int(s), int(e), 1, k)
+        for k, (s, e) in enumerate(
+            zip(runs.start[idx].tolist(), runs.end[idx].tolist(), strict=True)
+        )
+    ]
+    items.sort()
+    comps: list[list] = []  # [start, end, run numbers, stored numbers]
+    for start, end, kind, k in items:
+        if comps and start - comps[-1][1] <= gap:
+            comp = comps[-1]
+            comp[1] = max(comp[1], end)
+        else:
+            comp = [start, end, [], []]
+            comps.append(comp)
+        (comp[3] if kind == 0 else comp[2]).append(k)
+    for start, end, run_ks, stored_ks in comps:
+        if not run_ks:
+            continue
+        acc = list(accs[run_ks[0]])
+        for k in run_ks[1:]:  # later runs in time order
+            acc = [_combine_runs(fn, a, b) for fn, a, b in zip(fns, acc, accs[k], strict=True)]
+        for k in sorted(stored_ks, key=lambda k: (stored[k][1], stored[k][0])):
+            s_start, s_end, s_acc = stored[k]
+            acc = [merge_slot(fn, s_acc[j], acc[j]) for j, fn in enumerate(fns)]
+            removals.append((g, s_start, s_end))
+        runs.plain[lo + np.array(run_ks)] = False
+        py_sessions.append((g, start, end, acc))
+
+
+def _combine_runs(fn: str, earlier: Any, later: Any) -> Any:
+    if fn in ("count", "sum"):
+        return earlier + later
+    if fn == "min":
+        return later if later < earlier else earlier
+    if fn == "max":
+        return later if later > earlier else earlier
+    return earlier if fn == "first" else later
+
+
+def _out_type(aggregation: Any, slots: list[_Slot]) -> pa.StructType:
+    """The ``value`` struct: int64 counts, sums, minima and maxima; ``first`` and
+    ``last`` keep their column's type."""
+    fields = []
+    for name, slot in zip(aggregation.names, slots, strict=True):
+        fields.append(
+            pa.field(name, slot.column.type if slot.fn in ("first", "last") else pa.int64())
+        )
+    return pa.struct(fields)
+
+
+def _table(key_names, key_arrays, start, end, value) -> pa.Table:
+    data = dict(zip(key_names, key_arrays, strict=True))
+    data["start"] = start
+    data["end"] = end
+    data["value"] = value
+    data["timestamp"] = end
+    return pa.table(data)
+
+
+def _empty(table: pa.Table, key_names: list[str], out_type: pa.StructType) -> pa.Table:
+    keys = [pa.array([], table.schema.field(k).type) for k in key_names]
+    ints = pa.array([], pa.int64())
+    return _table(key_names, keys, ints, ints, pa.array([], out_type))
+
+
+def _emission_table(table, key_names, runs: _Runs, idx, rep_rows, out_type) -> pa.Table:
+    if not len(idx):
+        return _empty(table, key_names, out_type)
+    rows = pa.array(rep_rows[runs.g[idx]], pa.int64())
+    keys = [table.column(k).take(rows) for k in key_names]
+    fields = []
+    for j, slot in enumerate(runs.slots):
+        if slot.fn == "count":
+            fields.append(pa.array(runs.count[idx], pa.int64()))
+        elif slot.fn in ("sum", "min", "max"):
+            fields.append(pa.array(runs.reduced[j][idx], pa.int64()))
+        else:
+            at = runs.first_row if slot.fn == "first" else runs.last_row
+            fields.append(slot.column.take(pa.array(at[idx], pa.int64())))
+    value = pa.StructArray.from_arrays(fields, fields=list(out_type))
+    return _table(
+        key_names,
+        keys,
+        pa.array(runs.start[idx], pa.int64()),
+        pa.array(runs.end[idx], pa.int64()),
+        value,
+    )
+
+
+def _updates_table(table, key_names, updates, out_type) -> pa.Table:
+    if not updates:
+        return _empty(table, key_names, out_type)
+    if len(key_names) == 1:
+        key_lists = [[u.key for u in updates]]
+    else:
+        key_lists = [[u.key[i] for u in updates] for i in range(len(key_names))]
+    keys = [
+        pa.array(values, table.schema.field(k).type)
+        for k, values in zip(key_names, key_lists, strict=True)
+    ]
+    return _table(
+        key_names,
+        keys,
+        pa.array([u.start for u in updates], pa.int64()),
+        pa.array([u.end for u in updates], pa.int64()),
+        pa.array([u.value for u in updates], out_type),
+    )
