@@ -265,8 +265,14 @@ class StateDB:
             raise SessionStoreError(
                 f"state database {self.path!r} is open read-only; cannot drop {name!r}"
             )
-        self._release_families()
         self._db().drop_column_family(name)
+        # Release this family's object and handle right after the drop, which frees
+        # its data; other families' objects may live on. Measured (rocksdict 0.3.29):
+        # a family object released before its drop costs about 2 ms when it holds
+        # unflushed writes, after the drop 0.03 ms; releasing every family object at
+        # each segment expiry cost that 2 ms per family.
+        self._cf_objects.pop(name, None)
+        self._cf_handles.pop(name, None)
         self._families.discard(name)
         if name in self._buffer.created:  # gone before any changelog needed it
             self._buffer.created.remove(name)

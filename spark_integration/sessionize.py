@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
@@ -125,9 +126,23 @@ class _SessionizeTask:
                 aggregations=self.aggregation,
                 emit=self.emit,
             )
-            updates = run_aggregator(agg, provider, info, inputs, self.keys, self.value_cols)
+            updates, table = run_aggregator(agg, provider, info, inputs, self.keys, self.value_cols)
         if updates:
             yield self._to_arrow(updates)
+        if table is not None and table.num_rows:
+            yield from self._table_to_arrow(table).to_batches()
+
+    def _table_to_arrow(self, table: pa.Table) -> pa.Table:
+        """The output of the columnar path (``process_table``) in the output schema."""
+        schema = arrow_schema(self.out_schema_json)
+        scale = 1000 if self.time_is_timestamp else 1  # ms to Arrow microseconds
+        value = table.column("value")
+        columns = {k: table.column(k) for k in self.keys}
+        columns["session_start"] = pc.multiply_checked(table.column("start"), scale)
+        columns["session_end"] = pc.multiply_checked(table.column("end"), scale)
+        for out_name, _, _ in self.plan:
+            columns[out_name] = pc.struct_field(value, out_name)
+        return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
     def _to_arrow(self, updates: list) -> pa.RecordBatch:
         columns = keyed_columns(

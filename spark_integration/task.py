@@ -257,14 +257,18 @@ def run_aggregator(
     inputs: list[pa.RecordBatch],
     keys: list[str],
     value_cols: list[str],
-) -> list[Any]:
+) -> tuple[list[Any], pa.Table | None]:
     """One batch of an event-time aggregator (session or window): advance to the
     operator's shared event time, process the rows in deterministic order (event time
-    in column ``TS``), publish this partition's event time. Returns the updates."""
+    in column ``TS``), publish this partition's event time.
+
+    Returns the updates as objects, and as a table those of the aggregator's
+    columnar path (``process_table``) when it has one and the batch qualifies."""
     from sessionstore.checkpoint.event_time import EventTimeExchange
     from sessionstore.operators.arrow_io import columns_of
 
     updates: list[Any] = []
+    table_out = None
     exchange = EventTimeExchange(provider.operator_storage, info.partition)
     shared = exchange.after(info.batch_id - 1)
     if shared is not None:
@@ -273,10 +277,15 @@ def run_aggregator(
         with gc_paused():  # Python objects for every row, and no cycles among them
             table = deterministic_order(pa.Table.from_batches(inputs), [TS])
             key = keys[0] if len(keys) == 1 else keys
-            k, times, values = columns_of(table, key, TS, value_cols or None)
-            updates += agg.process_rows(k, times, values)
+            value = value_cols or None
+            columnar = getattr(agg, "process_table", None)
+            if columnar is not None:
+                table_out = columnar(table, key, TS, value)
+            if table_out is None:
+                k, times, values = columns_of(table, key, TS, value)
+                updates += agg.process_rows(k, times, values)
     exchange.publish(info.batch_id, agg.stream_time)
-    return updates
+    return updates, table_out
 
 
 def keyed_columns(

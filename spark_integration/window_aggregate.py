@@ -116,7 +116,7 @@ class _WindowTask:
                 emit=self.emit,
                 early_every_ms=self.early_every_ms,
             )
-            updates = run_aggregator(agg, provider, info, inputs, self.keys, self.value_cols)
+            updates, _ = run_aggregator(agg, provider, info, inputs, self.keys, self.value_cols)
         if updates:
             columns = keyed_columns(
                 updates, self.keys, self.time_is_timestamp, "window_start", "window_end"

@@ -169,6 +169,24 @@ def test_expired_segments_are_dropped_column_families(db):
     assert len(after) < len(before)
 
 
+def test_dropping_a_read_family_frees_it_and_keeps_the_others(tmp_path):
+    """Families are dropped while other families' objects live (only the dropped
+    one's object is released): the others stay readable, the dropped one is gone
+    after reopen, and close still releases the lock."""
+    db = StateDB.open(tmp_path)
+    for name in ("x.0", "x.1"):
+        db.create_column_family(name)
+        db.put(name, b"k", name.encode())
+        assert db.get(name, b"k") == name.encode()  # creates the family's object
+    db.drop_column_family("x.0")
+    assert db.get("x.1", b"k") == b"x.1"
+    assert db.column_families() == ["meta", "x.1"]
+    db.close()
+    with StateDB.open(tmp_path) as again:  # would fail with "lock hold by current process"
+        assert again.column_families() == ["meta", "x.1"]
+        assert again.get("x.1", b"k") == b"x.1"
+
+
 def test_store_spec_mismatch_is_refused(db):
     db.session_store("s", 1000, segment_interval_ms=100)
     with pytest.raises(StoreSpecMismatchError, match="segment_interval_ms=100"):
