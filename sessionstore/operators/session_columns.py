@@ -104,6 +104,25 @@ def process_table_final(
     return out
 
 
+def _sortable_keys(store: Any, table: pa.Table, key_names: list[str]) -> bool:
+    """Whether the store's key codec is the default one and the key columns are of
+    types it orders exactly as Arrow sorts them (strings and binaries bytewise,
+    integers numerically, tuples lexicographically)."""
+    if getattr(store, "key_serde", None) is not None:
+        return False
+    for name in key_names:
+        t = table.schema.field(name).type
+        if not (
+            pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)
+            or (pa.types.is_integer(t) and not pa.types.is_uint64(t))
+        ):
+            return False
+    return True
+
+
 def _array(table: pa.Table, name: str) -> pa.Array:
     return table.column(name).combine_chunks()
 
@@ -180,17 +199,34 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
     timing = agg._timing(times, times.tolist())
     close_arr, close_l = timing.close_arr, timing.close_l
 
-    # groups: one per distinct key, each encoded once
+    # groups: one per distinct key
     _, first_idx, inv = np.unique(codes[rows], return_index=True, return_inverse=True)
     rep_rows = rows[first_idx]
     key_values = _key_values(table, key_names, rep_rows)
-    encode = agg._encode
-    kbs = [encode(k) for k in key_values]
-    n_groups = len(kbs)
+    n_groups = len(key_values)
     bad = np.zeros(n_groups, dtype=bool)
     bad[inv[~timing.ok[rows]]] = True
     open_kbs = agg._open_kbs() or set()
-    hot = np.array([kb in open_kbs for kb in kbs], dtype=bool) if open_kbs else bad & False
+    encode = agg._encode
+    sortable = _sortable_keys(agg.store, table, key_names)
+    if sortable:
+        # Keys are encoded only where the store needs bytes (few): which keys have
+        # an open session is asked of the decoded index, and output is sorted by
+        # the key columns, which the default codec orders as Arrow does.
+        kb_cache: dict[int, bytes] = {}
+
+        def kb_of(g: int) -> bytes:
+            kb = kb_cache.get(g)
+            if kb is None:
+                kb = kb_cache[g] = encode(key_values[g])
+            return kb
+
+        open_keys = {agg._decode(kb) for kb in open_kbs}
+        hot = np.array([k in open_keys for k in key_values], dtype=bool)
+    else:
+        kbs = [encode(k) for k in key_values]  # raises for keys the codec refuses
+        kb_of = kbs.__getitem__
+        hot = np.array([kb in open_kbs for kb in kbs], dtype=bool)
 
     # keys with a row that may behave differently: the record-exact replay
     emitted: list[tuple[tuple, SessionUpdate]] = []
@@ -211,7 +247,7 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
         ):
             keys_full[i] = k
             values_full[i] = v
-            groups.setdefault(kbs[g], []).append(i)
+            groups.setdefault(kb_of(g), []).append(i)
         agg._replay(
             groups,
             keys_full,
@@ -255,7 +291,7 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
             if stored:
                 _merge_stored(runs, g, lo, hi, stored, gap, py_sessions, removals)
         for g, start, end in removals:
-            loaded_ids.add((kbs[g], start, end))
+            loaded_ids.add((kb_of(g), start, end))
 
     agg._settle(timing, emitted, tracked, loaded_ids)
 
@@ -263,7 +299,7 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
     final_vis = int(timing.prefix[-1]) - store.retention_ms + 1
     for g, start, end in removals:
         store.remove(key_values[g], start, end)
-        index.discard(kbs[g], start, end)
+        index.discard(kb_of(g), start, end)
     plain = np.flatnonzero(runs.plain) if m else np.zeros(0, dtype=np.int64)
     p_end = runs.end[plain]
     p_close = np.searchsorted(close_arr, p_end, side="right")
@@ -280,10 +316,10 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
         runs.end[plain[p_close >= n]].tolist(),
         strict=True,
     ):
-        index.add(kbs[g], start, end)
+        index.add(kb_of(g), start, end)
     finish = agg.aggregation.finish
     for g, start, end, acc in py_sessions:
-        kb = kbs[g]
+        kb = kb_of(g)
         j = bisect_right(close_l, end)
         if j < n:
             update = SessionUpdate(key_values[g], start, end, finish(acc), end)
@@ -296,27 +332,22 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
     # the emissions: columnar runs and Python updates, in (close step, end, start, key)
     closing = plain[p_close < n]
     columnar = _emission_table(table, key_names, runs, closing, rep_rows, out_type)
-    sort_cols = {
-        "j": np.concatenate([p_close[p_close < n], [e[0][0] for e in emitted]]).astype(np.int64),
-        "end": np.concatenate([runs.end[closing], [e[0][1] for e in emitted]]).astype(np.int64),
-        "start": np.concatenate([runs.start[closing], [e[0][2] for e in emitted]]).astype(np.int64),
-        "kb": pa.concat_arrays(
-            [
-                pa.array(kbs, pa.binary()).take(pa.array(runs.g[closing], pa.int64())),
-                pa.array([e[0][3] for e in emitted], pa.binary()),
-            ]
-        ),
-    }
     python = _updates_table(table, key_names, [u for _, u in emitted], out_type)
     both = pa.concat_tables([columnar, python])
+    sort_cols: dict[str, Any] = {
+        "j": np.concatenate([p_close[p_close < n], [e[0][0] for e in emitted]]).astype(np.int64),
+        "end": both.column("end"),
+        "start": both.column("start"),
+    }
+    if sortable:
+        for i, k in enumerate(key_names):
+            sort_cols[f"k{i}"] = both.column(k)
+    else:
+        sort_cols["k0"] = pa.array(
+            [kb_of(g) for g in runs.g[closing].tolist()] + [e[0][3] for e in emitted], pa.binary()
+        )
     order = pc.sort_indices(
-        pa.table(sort_cols),
-        sort_keys=[
-            ("j", "ascending"),
-            ("end", "ascending"),
-            ("start", "ascending"),
-            ("kb", "ascending"),
-        ],
+        pa.table(sort_cols), sort_keys=[(name, "ascending") for name in sort_cols]
     )
     return both.take(order)
 
