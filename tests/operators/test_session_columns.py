@@ -227,3 +227,23 @@ def test_large_int_sums_stay_exact_on_the_vectorised_record_path():
     n = 3_000  # 3,000 * 2**52 > 2**63
     out = agg.process_rows(["a"] * n, list(range(n)), [2**52] * n)
     assert out[-1].value == {"t": n * 2**52}
+
+
+def test_timestamp_columns_are_epoch_milliseconds_floored():
+    """An Arrow timestamp column (any unit) gives the sessions an epoch-ms column
+    gives, sub-millisecond parts floored, as on the record path."""
+    micros = [-1_001, 1_500, 2_999, 80_000_700]  # -1.001 ms floors to -2 ms
+    users = ["b", "a", "a", "a"]
+    as_ms = pa.table({"user": users, "ts": [-2, 1, 2, 80_000]})
+    as_us = pa.table({"user": users, "ts": pa.array(micros, pa.timestamp("us"))})
+    outs = []
+    for table in (as_ms, as_us):
+        _, agg = _aggregator({"n": "count"})
+        first = agg.process_table(table, "user", "ts", None).to_pylist()
+        scale = 1000 if pa.types.is_timestamp(table.column("ts").type) else 1
+        later = pa.table({"user": ["z"], "ts": pa.array([10**6 * scale], table.column("ts").type)})
+        outs.append(first + agg.process_table(later, "user", "ts", None).to_pylist())
+    assert outs[0] == outs[1]
+    assert [(r["user"], r["start"], r["end"]) for r in outs[0]] == [
+        ("b", -2, -2), ("a", 1, 2), ("a", 80_000, 80_000),
+    ]  # fmt: skip
