@@ -3,8 +3,6 @@ closed sessions in the same order, same store, end index, times and drop counts.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from itertools import accumulate
 
 import pyarrow as pa
@@ -12,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore import InMemorySessionStore, StateDB
+from sessionstore import InMemorySessionStore
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
+from tests.operators.store_factories import memory_store, rocksdb_stores
 from tests.operators.test_sessions_properties import snapshot
 
 AGGS = {
@@ -105,10 +104,6 @@ def _shifted(batches, shift):
     ]
 
 
-def memory_store(name, retention):
-    return InMemorySessionStore(name, retention, segment_interval_ms=7)
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     batches=BATCHES,
@@ -152,20 +147,8 @@ def test_columnar_final_covers_stored_sessions_ties_and_late_rows(two_keys):
 @settings(max_examples=30, deadline=None)
 @given(batches=BATCHES, gap=st.integers(0, 12), grace=st.integers(0, 8), shift=st.integers(0, 3))
 def test_columnar_final_equals_records_in_rocksdb(batches, gap, grace, shift):
-    tmp = tempfile.mkdtemp()
-    dbs = []
-
-    def make(name, retention):
-        db = StateDB.open(f"{tmp}/{name}")
-        dbs.append(db)
-        return db.session_store("s", retention, segment_interval_ms=9)
-
-    try:
+    with rocksdb_stores() as make:
         run_both(make, _shifted(batches, shift), gap, grace, gap + grace + 1)
-    finally:
-        for db in dbs:
-            db.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _aggregator(aggs=AGGS, emit="final"):

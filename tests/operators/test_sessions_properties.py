@@ -3,8 +3,6 @@ the same order, same store contents, same stream time and drop counts."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from itertools import accumulate
 
 import pytest
@@ -14,6 +12,7 @@ from hypothesis import strategies as st
 from sessionstore import InMemorySessionStore, StateDB
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from tests.models import offline_sessions
+from tests.operators.store_factories import memory_store, rocksdb_stores
 
 KEYS = st.sampled_from(["a", "b", "aa", ("t", 1), None])
 RECORD = st.tuples(KEYS, st.integers(0, 9), st.one_of(st.none(), st.integers(0, 120)))
@@ -69,10 +68,7 @@ def run_both(make_store, batches, gap, grace, emit, retention, track=False, aggs
     extra_retention=st.sampled_from([0, 5, 100]),
 )
 def test_batch_equals_records_in_memory(batches, gap, grace, emit, extra_retention):
-    def make(name, retention):
-        return InMemorySessionStore(name, retention, segment_interval_ms=7)
-
-    run_both(make, batches, gap, grace, emit, gap + grace + 1 + extra_retention)
+    run_both(memory_store, batches, gap, grace, emit, gap + grace + 1 + extra_retention)
 
 
 # mostly in-order batches, so that most keys take the vectorised path
@@ -104,10 +100,9 @@ def test_vectorised_path_equals_records(batches, gap, grace, emit, extra_retenti
         for n, b in enumerate(batches)
     ]
 
-    def make(name, retention):
-        return InMemorySessionStore(name, retention, segment_interval_ms=7)
-
-    run_both(make, batches, gap, grace, emit, gap + grace + 1 + extra_retention, aggs=FAST_AGGS)
+    run_both(
+        memory_store, batches, gap, grace, emit, gap + grace + 1 + extra_retention, aggs=FAST_AGGS
+    )
 
 
 @settings(max_examples=100, deadline=None)
@@ -118,10 +113,7 @@ def test_vectorised_path_equals_records(batches, gap, grace, emit, extra_retenti
     emit=st.sampled_from(["update", "final"]),
 )
 def test_batch_equals_records_with_replayed_offsets(batches, gap, grace, emit):
-    def make(name, retention):
-        return InMemorySessionStore(name, retention, segment_interval_ms=7)
-
-    run_both(make, batches, gap, grace, emit, gap + grace + 1 + 100, track=True)
+    run_both(memory_store, batches, gap, grace, emit, gap + grace + 1 + 100, track=True)
 
 
 @settings(max_examples=40, deadline=None)
@@ -132,20 +124,8 @@ def test_batch_equals_records_with_replayed_offsets(batches, gap, grace, emit):
     emit=st.sampled_from(["update", "final"]),
 )
 def test_batch_equals_records_in_rocksdb(batches, gap, grace, emit):
-    tmp = tempfile.mkdtemp()
-    dbs = []
-
-    def make(name, retention):
-        db = StateDB.open(f"{tmp}/{name}")
-        dbs.append(db)
-        return db.session_store("s", retention, segment_interval_ms=9)
-
-    try:
+    with rocksdb_stores() as make:
         run_both(make, batches, gap, grace, emit, gap + grace + 1)
-    finally:
-        for db in dbs:
-            db.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @settings(max_examples=100, deadline=None)
@@ -206,10 +186,7 @@ def test_final_mode_with_many_keys_equals_records(batches, gap, grace, shift):
     vectorised split on gaps handles."""
     batches = [[(k, v, t + 40 * n * shift) for k, v, t in b] for n, b in enumerate(batches)]
 
-    def make(name, retention):
-        return InMemorySessionStore(name, retention, segment_interval_ms=7)
-
-    run_both(make, batches, gap, grace, "final", gap + grace + 1, aggs=FAST_AGGS)
+    run_both(memory_store, batches, gap, grace, "final", gap + grace + 1, aggs=FAST_AGGS)
 
 
 def test_the_batch_path_leaves_the_garbage_collector_as_it_found_it():
