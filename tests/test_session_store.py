@@ -109,6 +109,20 @@ def test_fetch_session_and_overwrite(make_store):
     assert store.fetch_session("other", 1, 2) is None
 
 
+def test_fetch_encoded_reads_many_sessions_as_fetch_session_does(make_store):
+    from sessionstore.keys import encode_key
+
+    store = make_store(retention_ms=100, segment_interval_ms=50)
+    for key, start, end in [("a", 0, 10), ("a", 120, 150), ("b", 60, 160), ("b", 200, 210)]:
+        store.put(key, start, end, [key, end])
+    # stream time 210: sessions ending before 111 are no longer visible
+    asked = [("b", 200, 210), ("a", 0, 10), ("a", 120, 150), ("a", 120, 151), ("c", 1, 2),
+             ("b", 60, 160)]  # fmt: skip
+    got = store.fetch_encoded([(encode_key(k), s, e) for k, s, e in asked])
+    assert got == [store.fetch_session(k, s, e) for k, s, e in asked]
+    assert got == [["b", 210], None, ["a", 150], None, None, ["b", 160]]
+
+
 def test_empty_bytes_and_none_are_distinct(make_store):
     store = make_store(value_serde=BytesSerde())
     store.put("k", 1, 2, b"")

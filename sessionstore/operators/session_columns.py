@@ -206,7 +206,11 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
     n_groups = len(key_values)
     bad = np.zeros(n_groups, dtype=bool)
     bad[inv[~timing.ok[rows]]] = True
-    open_kbs = agg._open_kbs() or set()
+    # every open session is in the end index (the path requires it): read it once
+    open_by_kb: dict[bytes, list[tuple[int, int]]] = {}
+    for end, start, kb in index.all():
+        open_by_kb.setdefault(kb, []).append((start, end))
+    open_kbs = set(open_by_kb)
     encode = agg._encode
     sortable = _sortable_keys(agg.store, table, key_names)
     if sortable:
@@ -221,8 +225,14 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
                 kb = kb_cache[g] = encode(key_values[g])
             return kb
 
-        open_keys = {agg._decode(kb) for kb in open_kbs}
-        hot = np.array([k in open_keys for k in key_values], dtype=bool)
+        open_keys = {agg._decode(kb): kb for kb in open_kbs}
+        hot_l = []
+        for g, k in enumerate(key_values):
+            kb = open_keys.get(k)
+            if kb is not None:
+                kb_cache[g] = kb
+            hot_l.append(kb is not None)
+        hot = np.array(hot_l, dtype=bool)
     else:
         kbs = [encode(k) for k in key_values]  # raises for keys the codec refuses
         kb_of = kbs.__getitem__
@@ -277,16 +287,30 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
         hot_groups = np.flatnonzero(hot & ~bad)
         lo_all = np.searchsorted(runs.g, hot_groups, side="left")
         hi_all = np.searchsorted(runs.g, hot_groups, side="right")
+        # the open sessions within gap of each hot key's records, read in one pass
+        wanted: list[tuple[bytes, int, int]] = []
+        owners: list[tuple[int, int, int, int]] = []  # (group, lo, hi, first wanted)
         for g, lo, hi in zip(hot_groups.tolist(), lo_all.tolist(), hi_all.tolist(), strict=True):
             if lo == hi:
                 continue
-            found = store.find_sessions(
-                key_values[g], int(runs.start[lo]) - gap, int(runs.end[hi - 1]) + gap
-            )
+            kb = kb_of(g)
+            lo_end, hi_start = int(runs.start[lo]) - gap, int(runs.end[hi - 1]) + gap
+            first = len(wanted)
+            for start, end in open_by_kb[kb]:
+                if (
+                    end >= lo_end
+                    and start <= hi_start
+                    and (emitted_close is None or end >= emitted_close)
+                ):
+                    wanted.append((kb, start, end))
+            owners.append((g, lo, hi, first))
+        values = store.fetch_encoded(wanted)
+        bounds = [first for *_, first in owners[1:]] + [len(wanted)] if owners else []
+        for (g, lo, hi, first), last in zip(owners, bounds, strict=True):
             stored = [
-                (w.start, w.end, acc)
-                for w, acc in found
-                if emitted_close is None or w.end >= emitted_close
+                (start, end, acc)
+                for (_, start, end), acc in zip(wanted[first:last], values[first:last], strict=True)
+                if acc is not None
             ]
             if stored:
                 _merge_stored(runs, g, lo, hi, stored, gap, py_sessions, removals)

@@ -520,19 +520,23 @@ class SessionWindowAggregator:
         if final:
             final_close = close_l[-1]
             # open sessions the replay did not load close by time alone
-            for end, start, kb in index.below(final_close):
-                if (kb, start, end) in loaded_ids:
-                    continue
-                j = bisect_right(close_l, end)  # close_l is non-decreasing
-                key = self._decode(kb)
-                acc = store.fetch_session(key, start, end)
+            closing = [
+                (kb, start, end)
+                for end, start, kb in index.below(final_close)
+                if (kb, start, end) not in loaded_ids
+            ]
+            decode = self._decode
+            for (kb, start, end), acc in zip(closing, store.fetch_encoded(closing), strict=True):
                 index.discard(kb, start, end)
-                if acc is not None and track:
+                if acc is None:
+                    continue
+                if track:
                     acc = acc[0]
-                if acc is not None:
-                    emitted.append(
-                        ((j, end, start, kb), SessionUpdate(key, start, end, finish(acc), end))
-                    )
+                j = bisect_right(close_l, end)  # close_l is non-decreasing
+                key = decode(kb)
+                emitted.append(
+                    ((j, end, start, kb), SessionUpdate(key, start, end, finish(acc), end))
+                )
         # write back: removals first, so that a re-put of the same window wins
         for key, kb, s in tracked:
             if s.loaded and s.removed_at is not None:
