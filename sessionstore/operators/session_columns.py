@@ -225,13 +225,11 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
                 kb = kb_cache[g] = encode(key_values[g])
             return kb
 
-        open_keys = {agg._decode(kb): kb for kb in open_kbs}
+        open_keys = {agg._decode(kb) for kb in open_kbs}
         hot_l = []
         for g, k in enumerate(key_values):
-            kb = open_keys.get(k)
-            if kb is not None:
-                kb_cache[g] = kb
-            hot_l.append(kb is not None)
+            # equal in Python is a candidate; the bytes decide (1 == True, say)
+            hot_l.append(k in open_keys and kb_of(g) in open_kbs)
         hot = np.array(hot_l, dtype=bool)
     else:
         kbs = [encode(k) for k in key_values]  # raises for keys the codec refuses

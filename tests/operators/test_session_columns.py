@@ -238,3 +238,21 @@ def test_timestamp_columns_are_epoch_milliseconds_floored():
     assert [(r["user"], r["start"], r["end"]) for r in outs[0]] == [
         ("b", -2, -2), ("a", 1, 2), ("a", 80_000, 80_000),
     ]  # fmt: skip
+
+
+def test_keys_equal_in_python_but_not_in_bytes_stay_apart():
+    """True == 1 in Python, but they are different keys to the store: a row of key 1
+    must not join key True's open session."""
+    rec_store, col_store = memory_store("rec", 1000), memory_store("col", 1000)
+    rec, col = (
+        SessionWindowAggregator(s, SessionWindows(5), aggregations={"n": "count"}, emit="final")
+        for s in (rec_store, col_store)
+    )
+    for table in (pa.table({"k": [True], "ts": [1]}), pa.table({"k": [1], "ts": [3]})):
+        for row in table.to_pylist():
+            rec.process(row["k"], None, row["ts"])
+        assert col.process_table(table, "k", "ts", None).num_rows == 0
+    assert snapshot(col_store, col) == snapshot(rec_store, rec)
+    assert [(type(w.key), w.start, w.end) for w, _ in col_store.fetch_range(None, None)] == [
+        (int, 3, 3), (bool, 1, 1),
+    ]  # fmt: skip
