@@ -185,104 +185,114 @@ def _key_values(table: pa.Table, key_names: list[str], rows: np.ndarray) -> list
 
 
 def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa.Table:
-    from sessionstore.operators.sessions import SessionUpdate
-
     n = table.num_rows
-    store, index, gap = agg.store, agg._index, agg._gap
-    emitted_close = agg._emitted_close
     agg.dropped_records += int(n - np.count_nonzero(valid))
-    times = np.where(valid, ts, _FAR_PAST)
-    rows = np.flatnonzero(valid)
     out_type = _out_type(agg.aggregation, slots)
+    rows = np.flatnonzero(valid)
     if len(rows) == 0:
         return _empty(table, key_names, out_type)
-    timing = agg._timing(times, times.tolist())
-    close_arr, close_l = timing.close_arr, timing.close_l
+    batch = _Batch(agg, table, key_names, ts, np.where(valid, ts, _FAR_PAST), rows, codes)
+    batch.replay_irregular_keys(timestamp, value)
+    runs = batch.runs(slots)
+    py_sessions, removals = batch.merge_open_sessions(runs)
+    agg._settle(batch.timing, batch.emitted, batch.tracked, batch.loaded_ids)
+    closing, close_step = batch.write_back(runs, py_sessions, removals)
+    return batch.emissions(runs, closing, close_step, out_type)
 
-    # groups: one per distinct key
-    _, first_idx, inv = np.unique(codes[rows], return_index=True, return_inverse=True)
-    rep_rows = rows[first_idx]
-    key_values = _key_values(table, key_names, rep_rows)
-    n_groups = len(key_values)
-    bad = np.zeros(n_groups, dtype=bool)
-    bad[inv[~timing.ok[rows]]] = True
-    # every open session is in the end index (the path requires it): read it once
-    open_by_kb: dict[bytes, list[tuple[int, int]]] = {}
-    for end, start, kb in index.all():
-        open_by_kb.setdefault(kb, []).append((start, end))
-    open_kbs = set(open_by_kb)
-    encode = agg._encode
-    sortable = _sortable_keys(agg.store, table, key_names)
-    if sortable:
-        # Keys are encoded only where the store needs bytes (few): which keys have
-        # an open session is asked of the decoded index, and output is sorted by
-        # the key columns, which the default codec orders as Arrow does.
-        kb_cache: dict[int, bytes] = {}
 
-        def kb_of(g: int) -> bytes:
-            kb = kb_cache.get(g)
-            if kb is None:
-                kb = kb_cache[g] = encode(key_values[g])
-            return kb
+class _Batch:
+    """One batch on the columnar path: its keys, the record-exact replay of the keys
+    that need it, and what the rest of the path writes and emits."""
 
-        open_keys = {agg._decode(kb) for kb in open_kbs}
-        hot_l = []
-        for g, k in enumerate(key_values):
+    def __init__(self, agg, table, key_names, ts, times, rows, codes) -> None:
+        self.agg, self.table, self.key_names, self.ts, self.rows = agg, table, key_names, ts, rows
+        self.n = table.num_rows
+        self.timing = agg._timing(times, times.tolist())
+        # groups: one per distinct key
+        _, first_idx, self.inv = np.unique(codes[rows], return_index=True, return_inverse=True)
+        self.rep_rows = rows[first_idx]
+        self.key_values = _key_values(table, key_names, self.rep_rows)
+        n_groups = len(self.key_values)
+        self.bad = np.zeros(n_groups, dtype=bool)
+        self.bad[self.inv[~self.timing.ok[rows]]] = True
+        # every open session is in the end index (the path requires it): read it once
+        self.open_by_kb: dict[bytes, list[tuple[int, int]]] = {}
+        for end, start, kb in agg._index.all():
+            self.open_by_kb.setdefault(kb, []).append((start, end))
+        self.open_kbs = set(self.open_by_kb)
+        self.sortable = _sortable_keys(agg.store, table, key_names)
+        encode = agg._encode
+        if self.sortable:
+            # Keys are encoded only where the store needs bytes (few): which keys
+            # have an open session is asked of the decoded index, and output is
+            # sorted by the key columns, which the default codec orders as Arrow does.
+            kb_cache: dict[int, bytes] = {}
+
+            def kb_of(g: int) -> bytes:
+                kb = kb_cache.get(g)
+                if kb is None:
+                    kb = kb_cache[g] = encode(self.key_values[g])
+                return kb
+
+            self.kb_of = kb_of
+            open_keys = {agg._decode(kb) for kb in self.open_kbs}
             # equal in Python is a candidate; the bytes decide (1 == True, say)
-            hot_l.append(k in open_keys and kb_of(g) in open_kbs)
-        hot = np.array(hot_l, dtype=bool)
-    else:
-        kbs = [encode(k) for k in key_values]  # raises for keys the codec refuses
-        kb_of = kbs.__getitem__
-        hot = np.array([kb in open_kbs for kb in kbs], dtype=bool)
+            self.hot = np.array(
+                [k in open_keys and kb_of(g) in self.open_kbs
+                 for g, k in enumerate(self.key_values)],
+                dtype=bool,
+            )  # fmt: skip
+        else:
+            kbs = [encode(k) for k in self.key_values]  # raises for keys the codec refuses
+            self.kb_of = kbs.__getitem__
+            self.hot = np.array([kb in self.open_kbs for kb in kbs], dtype=bool)
+        self.emitted: list[tuple[tuple, Any]] = []
+        self.tracked: list = []
+        self.loaded_ids: set[tuple[bytes, int, int]] = set()
+        self.row_bad = self.bad[self.inv]
 
-    # keys with a row that may behave differently: the record-exact replay
-    emitted: list[tuple[tuple, SessionUpdate]] = []
-    tracked: list = []
-    loaded_ids: set[tuple[bytes, int, int]] = set()
-    row_bad = bad[inv]
-    if row_bad.any():
-        bad_rows = rows[row_bad]
-        sub = table.take(pa.array(bad_rows))
+    def replay_irregular_keys(self, timestamp: str, value: Any) -> None:
+        """Keys with a row that may behave differently: the record-exact replay."""
+        if not self.row_bad.any():
+            return
+        n, kb_of = self.n, self.kb_of
+        bad_rows = self.rows[self.row_bad]
+        key = self.key_names[0] if len(self.key_names) == 1 else self.key_names
         sub_keys, _, sub_values = columns_of(
-            sub, key_names[0] if len(key_names) == 1 else key_names, timestamp, value
+            self.table.take(pa.array(bad_rows)), key, timestamp, value
         )
         keys_full: list[Any] = [None] * n
         values_full: list[Any] = [None] * n
         groups: dict[bytes, list[int]] = {}
         for i, g, k, v in zip(
-            bad_rows.tolist(), inv[row_bad].tolist(), sub_keys, sub_values, strict=True
+            bad_rows.tolist(), self.inv[self.row_bad].tolist(), sub_keys, sub_values, strict=True
         ):
             keys_full[i] = k
             values_full[i] = v
             groups.setdefault(kb_of(g), []).append(i)
-        agg._replay(
-            groups,
-            keys_full,
-            values_full,
-            [None] * n,
-            timing,
-            open_kbs,
-            emitted,
-            tracked,
-            loaded_ids,
-            allow_fast=False,
-        )
+        self.agg._replay(
+            groups, keys_full, values_full, [None] * n, self.timing, self.open_kbs,
+            self.emitted, self.tracked, self.loaded_ids, allow_fast=False,
+        )  # fmt: skip
 
-    # every other key: runs of its records, sorted by time within the key
-    good = ~row_bad
-    grows, gg = rows[good], inv[good]
-    order = np.lexsort((ts[grows], gg))
-    srows, sg = grows[order], gg[order]
-    sts = ts[srows]
-    m = len(srows)
-    runs = _Runs(srows, sg, sts, gap, slots)
+    def runs(self, slots: list[_Slot]) -> _Runs:
+        """Every other key: runs of its records, sorted by time within the key."""
+        good = ~self.row_bad
+        grows, gg = self.rows[good], self.inv[good]
+        order = np.lexsort((self.ts[grows], gg))
+        srows = grows[order]
+        return _Runs(srows, gg[order], self.ts[srows], self.agg._gap, slots)
 
-    # keys with open stored sessions merge them with their runs, in Python
-    py_sessions: list[tuple[int, int, int, list]] = []  # (group, start, end, acc)
-    removals: list[tuple[int, int, int]] = []  # (group, start, end)
-    if m and hot.any():
-        hot_groups = np.flatnonzero(hot & ~bad)
+    def merge_open_sessions(self, runs: _Runs) -> tuple[list, list]:
+        """Keys with open stored sessions merge them with their runs, in Python.
+        Returns the new sessions ``(group, start, end, acc)`` and the stored ones they
+        absorbed ``(group, start, end)``."""
+        py_sessions: list[tuple[int, int, int, list]] = []
+        removals: list[tuple[int, int, int]] = []
+        if not len(runs.g) or not self.hot.any():
+            return py_sessions, removals
+        gap, emitted_close, kb_of = self.agg._gap, self.agg._emitted_close, self.kb_of
+        hot_groups = np.flatnonzero(self.hot & ~self.bad)
         lo_all = np.searchsorted(runs.g, hot_groups, side="left")
         hi_all = np.searchsorted(runs.g, hot_groups, side="right")
         # the open sessions within gap of each hot key's records, read in one pass
@@ -294,7 +304,7 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
             kb = kb_of(g)
             lo_end, hi_start = int(runs.start[lo]) - gap, int(runs.end[hi - 1]) + gap
             first = len(wanted)
-            for start, end in open_by_kb[kb]:
+            for start, end in self.open_by_kb[kb]:
                 if (
                     end >= lo_end
                     and start <= hi_start
@@ -302,7 +312,7 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
                 ):
                     wanted.append((kb, start, end))
             owners.append((g, lo, hi, first))
-        values = store.fetch_encoded(wanted)
+        values = self.agg.store.fetch_encoded(wanted)
         bounds = [first for *_, first in owners[1:]] + [len(wanted)] if owners else []
         for (g, lo, hi, first), last in zip(owners, bounds, strict=True):
             stored = [
@@ -313,65 +323,74 @@ def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa
             if stored:
                 _merge_stored(runs, g, lo, hi, stored, gap, py_sessions, removals)
         for g, start, end in removals:
-            loaded_ids.add((kb_of(g), start, end))
+            self.loaded_ids.add((kb_of(g), start, end))
+        return py_sessions, removals
 
-    agg._settle(timing, emitted, tracked, loaded_ids)
+    def write_back(self, runs: _Runs, py_sessions: list, removals: list):
+        """Store and index the columnar keys' sessions (removals first, so that a
+        re-put of a window wins) and collect the Python sessions' emissions.
+        Returns the runs that close in this batch and their close steps."""
+        from sessionstore.operators.sessions import SessionUpdate
 
-    # write back the columnar keys: removals first, so that a re-put of a window wins
-    final_vis = int(timing.prefix[-1]) - store.retention_ms + 1
-    for g, start, end in removals:
-        store.remove(key_values[g], start, end)
-        index.discard(kb_of(g), start, end)
-    plain = np.flatnonzero(runs.plain) if m else np.zeros(0, dtype=np.int64)
-    p_end = runs.end[plain]
-    p_close = np.searchsorted(close_arr, p_end, side="right")
-    to_put = plain[p_end >= final_vis]
-    if len(to_put):
-        accs = runs.accs(to_put)
-        put_keys = [key_values[g] for g in runs.g[to_put].tolist()]
-        store.put_many(
-            zip(put_keys, runs.start[to_put].tolist(), runs.end[to_put].tolist(), accs, strict=True)
-        )
-    for g, start, end in zip(
-        runs.g[plain[p_close >= n]].tolist(),
-        runs.start[plain[p_close >= n]].tolist(),
-        runs.end[plain[p_close >= n]].tolist(),
-        strict=True,
-    ):
-        index.add(kb_of(g), start, end)
-    finish = agg.aggregation.finish
-    for g, start, end, acc in py_sessions:
-        kb = kb_of(g)
-        j = bisect_right(close_l, end)
-        if j < n:
-            update = SessionUpdate(key_values[g], start, end, finish(acc), end)
-            emitted.append(((j, end, start, kb), update))
+        agg, n, kb_of, key_values = self.agg, self.n, self.kb_of, self.key_values
+        store, index, close_l = agg.store, agg._index, self.timing.close_l
+        final_vis = int(self.timing.prefix[-1]) - store.retention_ms + 1
+        for g, start, end in removals:
+            store.remove(key_values[g], start, end)
+            index.discard(kb_of(g), start, end)
+        plain = np.flatnonzero(runs.plain)
+        p_close = np.searchsorted(self.timing.close_arr, runs.end[plain], side="right")
+        to_put = plain[runs.end[plain] >= final_vis]
+        if len(to_put):
+            store.put_many(
+                zip(
+                    [key_values[g] for g in runs.g[to_put].tolist()],
+                    runs.start[to_put].tolist(), runs.end[to_put].tolist(),
+                    runs.accs(to_put), strict=True,
+                )
+            )  # fmt: skip
+        stays_open = plain[p_close >= n]
+        for g, start, end in zip(
+            runs.g[stays_open].tolist(), runs.start[stays_open].tolist(),
+            runs.end[stays_open].tolist(), strict=True,
+        ):  # fmt: skip
+            index.add(kb_of(g), start, end)
+        finish = agg.aggregation.finish
+        for g, start, end, acc in py_sessions:
+            kb = kb_of(g)
+            j = bisect_right(close_l, end)
+            if j < n:
+                update = SessionUpdate(key_values[g], start, end, finish(acc), end)
+                self.emitted.append(((j, end, start, kb), update))
+            else:
+                index.add(kb, start, end)
+            if end >= final_vis:
+                store.put(key_values[g], start, end, acc)
+        return plain[p_close < n], p_close[p_close < n]
+
+    def emissions(self, runs, closing, close_step, out_type) -> pa.Table:
+        """Columnar runs and Python updates, in (close step, end, start, key) order."""
+        table, key_names, emitted = self.table, self.key_names, self.emitted
+        columnar = _emission_table(table, key_names, runs, closing, self.rep_rows, out_type)
+        python = _updates_table(table, key_names, [u for _, u in emitted], out_type)
+        both = pa.concat_tables([columnar, python])
+        sort_cols: dict[str, Any] = {
+            "j": np.concatenate([close_step, [e[0][0] for e in emitted]]).astype(np.int64),
+            "end": both.column("end"),
+            "start": both.column("start"),
+        }
+        if self.sortable:
+            for i, k in enumerate(key_names):
+                sort_cols[f"k{i}"] = both.column(k)
         else:
-            index.add(kb, start, end)
-        if end >= final_vis:
-            store.put(key_values[g], start, end, acc)
-
-    # the emissions: columnar runs and Python updates, in (close step, end, start, key)
-    closing = plain[p_close < n]
-    columnar = _emission_table(table, key_names, runs, closing, rep_rows, out_type)
-    python = _updates_table(table, key_names, [u for _, u in emitted], out_type)
-    both = pa.concat_tables([columnar, python])
-    sort_cols: dict[str, Any] = {
-        "j": np.concatenate([p_close[p_close < n], [e[0][0] for e in emitted]]).astype(np.int64),
-        "end": both.column("end"),
-        "start": both.column("start"),
-    }
-    if sortable:
-        for i, k in enumerate(key_names):
-            sort_cols[f"k{i}"] = both.column(k)
-    else:
-        sort_cols["k0"] = pa.array(
-            [kb_of(g) for g in runs.g[closing].tolist()] + [e[0][3] for e in emitted], pa.binary()
+            sort_cols["k0"] = pa.array(
+                [self.kb_of(g) for g in runs.g[closing].tolist()] + [e[0][3] for e in emitted],
+                pa.binary(),
+            )
+        order = pc.sort_indices(
+            pa.table(sort_cols), sort_keys=[(name, "ascending") for name in sort_cols]
         )
-    order = pc.sort_indices(
-        pa.table(sort_cols), sort_keys=[(name, "ascending") for name in sort_cols]
-    )
-    return both.take(order)
+        return both.take(order)
 
 
 class _Runs:

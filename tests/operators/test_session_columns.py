@@ -123,10 +123,10 @@ def test_columnar_final_equals_records(batches, gap, grace, shift, extra_retenti
 @pytest.mark.parametrize("two_keys", [False, "bool"])
 def test_columnar_final_covers_stored_sessions_ties_and_late_rows(two_keys):
     """One scripted stream through every branch (gap 10, grace 8): an open stored
-    session that two runs of a batch join into one session, one that a run extends,
-    ties on first/last with the stored values, a row exactly gap after a stored
-    session, a late row (its key replays), None
-    keys and times, and sessions closing by time alone."""
+    session that two runs of a batch join into one session, a row exactly gap after
+    a stored session, keys that replay record by record (a row near a closed
+    session, a late row, ties on last), None keys and times, and sessions closing by
+    time alone. The order of rows matters: a row decides what is late for the next."""
     batches = [
         [
             ("a", 20, 1, "x", 1),
@@ -136,9 +136,9 @@ def test_columnar_final_covers_stored_sessions_ties_and_late_rows(two_keys):
             ("h", 25, 1, "h", 1),
         ],
         [
-            ("h", 35, 2, "i", 1),  # exactly gap after h's stored session: joins it
             ("a", 25, 7, "z", 1),  # inside a's stored [20, 30]
             ("a", 38, 4, "q", 1),  # 13 after 25: another run, both join a's session
+            ("h", 35, 2, "i", 1),  # exactly gap after h's stored session: joins it
             ("b", 22, 6, "w", 1),  # extends b's stored session
             ("b", 22, 9, "tie", 1),  # same time: last arrival is last
             (None, 25, 0, "n", 1),
