@@ -43,10 +43,12 @@ class RocksDBEndIndex:
     def discard(self, kb: bytes, start: int, end: int) -> None:
         self._db.delete(self._cf, _index_key(kb, start, end))
 
-    def below(self, end: int) -> list[Entry]:
-        """Entries with ``end`` strictly below ``end``, in (end, start, key) order."""
+    def below(self, end: int, from_end: int | None = None) -> list[Entry]:
+        """Entries with ``from_end <= end' < end``, in (end, start, key) order (no
+        lower bound when ``from_end`` is None)."""
         hi = TIMES.pack(end + TIME_SIGN, 0)
-        return [self._decode(raw) for raw, _ in self._db.scan_list(self._cf, None, hi)]
+        lo = None if from_end is None else TIMES.pack(from_end + TIME_SIGN, 0)
+        return [self._decode(raw) for raw, _ in self._db.scan_list(self._cf, lo, hi)]
 
     def all(self) -> list[Entry]:
         return [self._decode(raw) for raw, _ in self._db.scan_list(self._cf)]
@@ -75,8 +77,9 @@ class MemoryEndIndex:
         if i < len(self._entries) and self._entries[i] == entry:
             del self._entries[i]
 
-    def below(self, end: int) -> list[Entry]:
-        return self._entries[: bisect_left(self._entries, (end, -(2**63), b""))]
+    def below(self, end: int, from_end: int | None = None) -> list[Entry]:
+        lo = 0 if from_end is None else bisect_left(self._entries, (from_end, -(2**63), b""))
+        return self._entries[lo : bisect_left(self._entries, (end, -(2**63), b""))]
 
     def all(self) -> list[Entry]:
         return list(self._entries)

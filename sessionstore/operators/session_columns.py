@@ -98,7 +98,7 @@ def process_table_final(
     if groups is None:
         return None
     codes, valid = groups
-    with agg.store.batch(), gc_paused():
+    with agg._rolling_back(), gc_paused():
         out = _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes)
         agg._save_times()
     return out

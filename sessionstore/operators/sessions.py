@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -177,6 +178,18 @@ class SessionWindowAggregator:
         if self._emitted_close is not None:
             self.store.write_aux("emitted_close", _I64.pack(self._emitted_close))
 
+    @contextmanager
+    def _rolling_back(self) -> Iterator[None]:
+        """The store's batch; if it fails, the store rolls back, and so do the times
+        this object keeps in memory (read back from the store)."""
+        try:
+            with self.store.batch():
+                yield
+        except BaseException:
+            self._stream_time = self._read_time("stream_time")
+            self._emitted_close = self._read_time("emitted_close")
+            raise
+
     @property
     def stream_time(self) -> int | None:
         return self._stream_time
@@ -191,7 +204,7 @@ class SessionWindowAggregator:
         mode this closes and emits the sessions it passes. Engines call it with the
         query's event time, so sessions close in partitions that get no data."""
         ts = check_timestamp("event_time", event_time)
-        with self.store.batch():
+        with self._rolling_back():
             out: list[SessionUpdate] = []
             if self._stream_time is None or ts > self._stream_time:
                 self._stream_time = ts
@@ -217,7 +230,7 @@ class SessionWindowAggregator:
         ts = check_timestamp("timestamp", timestamp)
         offset = self._check_offset(offset)
         kb = self._encode(key)
-        with self.store.batch():
+        with self._rolling_back():
             out = self._process(key, kb, value, ts, offset)
             self._save_times()
         return out
@@ -282,7 +295,9 @@ class SessionWindowAggregator:
         """Emit (and forget from the index) every open session ending before ``close``."""
         if self._emitted_close is not None and close <= self._emitted_close:
             return []
-        self._emitted_close = close
+        # sessions ending before the last close were emitted then, and none is added
+        # that ends before the current close: scan only what this close adds
+        from_end, self._emitted_close = self._emitted_close, close
         out = []
         finish, store, index, decode = (
             self.aggregation.finish,
@@ -290,7 +305,7 @@ class SessionWindowAggregator:
             self._index,
             self._decode,
         )
-        for end, start, kb in index.below(close):
+        for end, start, kb in index.below(close, from_end):
             index.discard(kb, start, end)
             key = decode(kb)
             acc = store.fetch_session(key, start, end)
@@ -324,11 +339,11 @@ class SessionWindowAggregator:
             # Someone else wrote to the store: its visibility no longer follows our
             # stream time, so replay record by record (still exact, just slower).
             out: list[SessionUpdate] = []
-            with store.batch():
+            with self._rolling_back():
                 for k, t, v, o in zip(keys, timestamps, values, offsets, strict=True):
                     out.extend(self.process(k, v, t, o))
             return out
-        with store.batch(), gc_paused():
+        with self._rolling_back(), gc_paused():
             out = self._process_rows(keys, timestamps, values, offsets)
             self._save_times()
         return out

@@ -30,7 +30,8 @@ so replaying the same input from the same committed state emits the same output.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -115,6 +116,8 @@ class WindowAggregator:
         self._pending = store.end_index() if emit != "update" else None
         self._stream_time = self._read("stream_time")
         self._early_tick = self._read("early_tick")
+        # Windows ending before this were fired (None: unknown, scan them all once).
+        self._fired_due: int | None = None
         #: Records that landed in no open window (or had a None key or timestamp).
         self.dropped_records = 0
 
@@ -141,7 +144,7 @@ class WindowAggregator:
         """Move stream time to ``event_time`` without a record (never back), firing
         the windows it makes due; engines call it with the query's event time."""
         ts = check_timestamp("event_time", event_time)
-        with self.store.batch():
+        with self._rolling_back():
             if self._stream_time is not None and ts <= self._stream_time:
                 return []
             self._stream_time = ts
@@ -150,12 +153,28 @@ class WindowAggregator:
 
     def process(self, key: Any, value: Any, timestamp: int | None) -> list[WindowUpdate]:
         """Add one record to its windows; return what it emits."""
+        with self._rolling_back():
+            return self._checked(key, value, timestamp)
+
+    @contextmanager
+    def _rolling_back(self) -> Iterator[None]:
+        """The store's batch; if it fails, the store rolls back, and so must what this
+        object remembers of it: stream time and the early tick are read back, and the
+        next firing scans the pending windows afresh."""
+        try:
+            with self.store.batch():
+                yield
+        except BaseException:
+            self._fired_due = None
+            self._stream_time = self._read("stream_time")
+            self._early_tick = self._read("early_tick")
+            raise
+
+    def _checked(self, key: Any, value: Any, timestamp: Any) -> list[WindowUpdate]:
         if key is None or timestamp is None:
             self.dropped_records += 1
             return []
-        ts = check_timestamp("timestamp", timestamp)
-        with self.store.batch():
-            return self._process(key, value, ts)
+        return self._process(key, value, check_timestamp("timestamp", timestamp))
 
     def _process(self, key: Any, value: Any, ts: int) -> list[WindowUpdate]:
         store, agg, windows = self.store, self.aggregation, self.windows
@@ -210,7 +229,14 @@ class WindowAggregator:
             due, kind = st - self.windows.grace_ms + 1, "final"
         else:
             due, kind = st + 1, "on_time"
-        for end, start, kb in pending.below(due):
+        if self._fired_due is not None and due <= self._fired_due:
+            return out  # stream time did not move: nothing new is due
+        # Windows ending before the last due were fired then, and a window is added
+        # only while it ends at or after the current due, so only [last due, due)
+        # can hold new work: scanning from the start would meet every window this
+        # batch already fired (pending deletes), once per record.
+        fired_from, self._fired_due = self._fired_due, due
+        for end, start, kb in pending.below(due, fired_from):
             pending.discard(kb, start, end)
             key = store._decode_key(kb)
             value = store.fetch_window(key, start)
@@ -223,9 +249,9 @@ class WindowAggregator:
     ) -> list[WindowUpdate]:
         """Process a batch in order, as one atomic write; same result as per record."""
         out: list[WindowUpdate] = []
-        with self.store.batch():
+        with self._rolling_back():
             for key, ts, value in zip(keys, timestamps, values, strict=True):
-                out.extend(self.process(key, value, ts))
+                out.extend(self._checked(key, value, ts))
         return out
 
     def process_batch(

@@ -412,3 +412,29 @@ def test_advance_to_closes_sessions_without_records(batch):
         out = [u for k, v, t in records for u in agg.process(k, v, t)]
     assert out == []
     assert agg.dropped_records == 1  # a@2 is late
+
+
+def test_a_failed_record_does_not_lose_sessions_it_closed(tmp_path):
+    """A record that closes sessions and then fails rolls back; the sessions it
+    closed are emitted by the next record, as if the failure never happened."""
+
+    def add(key, value, acc):
+        if value == "boom":
+            raise ZeroDivisionError("aggregator failed")
+        return acc + 1
+
+    outputs = []
+    for fail in (False, True):
+        with StateDB.open(tmp_path / f"db-{fail}") as db:
+            agg = SessionWindowAggregator(
+                db.session_store("s", 1000), SessionWindows(5),
+                lambda: 0, add, lambda k, a, b: a + b, emit="final",
+            )  # fmt: skip
+            agg.process("a", 1, 1)
+            if fail:
+                with pytest.raises(ZeroDivisionError):
+                    agg.process("b", "boom", 20)  # closes a's session, then fails
+                assert agg.stream_time == 1  # what the store holds
+            outputs.append(agg.process("c", 1, 21))
+    assert outputs[0] == outputs[1]
+    assert [(u.key, u.start, u.end, u.value) for u in outputs[0]] == [("a", 1, 1, 1)]
