@@ -534,10 +534,11 @@ class SessionWindowAggregator:
         index = self._index
         if final:
             final_close = close_l[-1]
-            # open sessions the replay did not load close by time alone
+            # open sessions the replay did not load close by time alone (all those
+            # ending before the last close time were emitted then)
             closing = [
                 (kb, start, end)
-                for end, start, kb in index.below(final_close)
+                for end, start, kb in index.below(final_close, emitted_close)
                 if (kb, start, end) not in loaded_ids
             ]
             decode = self._decode
