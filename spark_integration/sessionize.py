@@ -126,7 +126,9 @@ class _SessionizeTask:
                 aggregations=self.aggregation,
                 emit=self.emit,
             )
-            updates, table = run_aggregator(agg, provider, info, inputs, self.keys, self.value_cols)
+            updates, table = run_aggregator(
+                agg, provider, info, inputs, self.keys, self.value_cols, columnar=True
+            )
         if updates:
             yield self._to_arrow(updates)
         if table is not None and table.num_rows:

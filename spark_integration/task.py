@@ -257,13 +257,15 @@ def run_aggregator(
     inputs: list[pa.RecordBatch],
     keys: list[str],
     value_cols: list[str],
+    columnar: bool = False,
 ) -> tuple[list[Any], pa.Table | None]:
     """One batch of an event-time aggregator (session or window): advance to the
     operator's shared event time, process the rows in deterministic order (event time
     in column ``TS``), publish this partition's event time.
 
-    Returns the updates as objects, and as a table those of the aggregator's
-    columnar path (``process_table``) when it has one and the batch qualifies."""
+    Returns the updates as objects and, with ``columnar=True`` (the caller converts
+    tables), as a table those of the aggregator's columnar path (``process_table``)
+    when the batch qualifies."""
     from sessionstore.checkpoint.event_time import EventTimeExchange
     from sessionstore.operators.arrow_io import columns_of
 
@@ -278,9 +280,8 @@ def run_aggregator(
             table = deterministic_order(pa.Table.from_batches(inputs), [TS])
             key = keys[0] if len(keys) == 1 else keys
             value = value_cols or None
-            columnar = getattr(agg, "process_table", None)
-            if columnar is not None:
-                table_out = columnar(table, key, TS, value)
+            if columnar:
+                table_out = agg.process_table(table, key, TS, value)
             if table_out is None:
                 k, times, values = columns_of(table, key, TS, value)
                 updates += agg.process_rows(k, times, values)
