@@ -266,3 +266,64 @@ def test_the_input_watermark_sets_the_grace(spark, tmp_path):
     )  # fmt: skip
     kept = sum(r["spent"] // 1000 for r in no_grace if r["user"] != "zz-close")
     assert kept < late
+
+
+def test_two_key_columns_and_typed_aggregates(spark, tmp_path):
+    """The columnar path in Spark: two key columns (string, int), an int column's
+    min and max (int stays int), a string column's last value, checked against
+    sessions computed here from the raw events."""
+    from pyspark.sql import functions as F
+
+    rng = random.Random(7)
+    batches, t = [], 0
+    for _ in range(4):
+        rows = []
+        for _ in range(40):
+            t += rng.randrange(1, 2_500)  # distinct times: no ties to break
+            rows.append((f"u{rng.randrange(3)}", rng.randrange(2), t, rng.randrange(-50, 50),
+                         rng.choice(["/", "/cart", "/item"])))  # fmt: skip
+        rng.shuffle(rows)  # out of order within the batch, never by more than a gap
+        batches.append(rows)
+    far = t + 10 * GAP_MS
+    batches += [[("zz", 0, far, 0, "/")], [("zz", 0, far + 1, 0, "/")]]
+    schema = "user string, device int, ts long, amount int, page string"
+    source = tmp_path / "in"
+    stream = json_source(spark, source, schema)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    out = sessionize(
+        stream, key=["user", "device"], timestamp="ts", gap=f"{GAP_MS} ms",
+        aggregations={"n": "count", "lo": ("min", "amount"), "hi": ("max", "amount"),
+                      "exit": ("last", "page")},
+        backend=backend,
+    )  # fmt: skip
+    assert dict(out.dtypes)["lo"] == "int"
+    keys = ("user", "device", "ts", "amount", "page")
+    steps = [
+        (lambda i=i, rows=rows: write_json(source, i, [dict(zip(keys, r, strict=True)) for r in rows]))
+        for i, rows in enumerate(batches)
+    ]  # fmt: skip
+    collected = run_stream(out.where(F.col("user") != "zz"), tmp_path / "ck", steps)
+
+    expected = []
+    by_key: dict = {}
+    for rows in batches[:-2]:
+        for user, device, ts, amount, page in rows:
+            by_key.setdefault((user, device), []).append((ts, amount, page))
+    for (user, device), events in by_key.items():
+        events.sort()
+        session = [events[0]]
+        for event in events[1:] + [None]:
+            if event is not None and event[0] - session[-1][0] <= GAP_MS:
+                session.append(event)
+                continue
+            amounts = [a for _, a, _ in session]
+            expected.append((user, device, session[0][0], session[-1][0], len(session),
+                             min(amounts), max(amounts), session[-1][2]))  # fmt: skip
+            session = [event]
+    got = [
+        (r["user"], r["device"], r["session_start"], r["session_end"], r["n"], r["lo"], r["hi"],
+         r["exit"])
+        for r in collected
+    ]  # fmt: skip
+    assert sorted(got) == sorted(expected)
+    assert len(expected) > 10
