@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
@@ -36,6 +35,7 @@ from spark_integration.task import (
     record_batch,
     resolve,
     run_aggregator,
+    table_output,
     task_info,
 )
 
@@ -136,15 +136,10 @@ class _SessionizeTask:
 
     def _table_to_arrow(self, table: pa.Table) -> pa.Table:
         """The output of the columnar path (``process_table``) in the output schema."""
-        schema = arrow_schema(self.out_schema_json)
-        scale = 1000 if self.time_is_timestamp else 1  # ms to Arrow microseconds
-        value = table.column("value")
-        columns = {k: table.column(k) for k in self.keys}
-        columns["session_start"] = pc.multiply_checked(table.column("start"), scale)
-        columns["session_end"] = pc.multiply_checked(table.column("end"), scale)
-        for out_name, _, _ in self.plan:
-            columns[out_name] = pc.struct_field(value, out_name)
-        return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
+        return table_output(
+            table, arrow_schema(self.out_schema_json), self.keys, self.plan,
+            self.time_is_timestamp, "session_start", "session_end",
+        )  # fmt: skip
 
     def _to_arrow(self, updates: list) -> pa.RecordBatch:
         columns = keyed_columns(

@@ -39,6 +39,7 @@ __all__ = [
     "struct_values",
     "run_aggregator",
     "keyed_columns",
+    "table_output",
     "SIDE",
     "TS",
 ]
@@ -302,6 +303,33 @@ def keyed_columns(
     columns[start] = [u.start * scale for u in updates]
     columns[end] = [u.end * scale for u in updates]
     return columns
+
+
+def table_output(
+    table: pa.Table,
+    schema: pa.Schema,
+    keys: list[str],
+    plan: list[tuple[str, str, str | None]],
+    time_is_timestamp: bool,
+    start: str,
+    end: str,
+    extra: dict[str, Any] | None = None,
+) -> pa.Table:
+    """A columnar path's output (key columns, ``start``, ``end``, ``value`` struct)
+    in the operator's output ``schema``: times in ``start``/``end`` (Arrow
+    microseconds when the output is a timestamp), one column per aggregate, and the
+    ``extra`` columns given."""
+    import pyarrow.compute as pc
+
+    scale = 1000 if time_is_timestamp else 1
+    value = table.column("value")
+    columns: dict[str, Any] = {k: table.column(k) for k in keys}
+    columns[start] = pc.multiply_checked(table.column("start"), scale)
+    columns[end] = pc.multiply_checked(table.column("end"), scale)
+    for out_name, _, _ in plan:
+        columns[out_name] = pc.struct_field(value, out_name)
+    columns.update(extra or {})
+    return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
 def arrow_schema(spark_schema_json: str) -> pa.Schema:

@@ -27,6 +27,7 @@ from spark_integration.task import (
     record_batch,
     resolve,
     run_aggregator,
+    table_output,
     task_info,
 )
 
@@ -116,7 +117,9 @@ class _WindowTask:
                 emit=self.emit,
                 early_every_ms=self.early_every_ms,
             )
-            updates, _ = run_aggregator(agg, provider, info, inputs, self.keys, self.value_cols)
+            updates, table = run_aggregator(
+                agg, provider, info, inputs, self.keys, self.value_cols, columnar=True
+            )
         if updates:
             columns = keyed_columns(
                 updates, self.keys, self.time_is_timestamp, "window_start", "window_end"
@@ -125,3 +128,10 @@ class _WindowTask:
                 columns[out_name] = [u.value[out_name] for u in updates]
             columns["emission"] = [u.kind for u in updates]
             yield record_batch(arrow_schema(self.out_schema_json), columns)
+        if table is not None and table.num_rows:
+            out = table_output(
+                table, arrow_schema(self.out_schema_json), self.keys, self.plan,
+                self.time_is_timestamp, "window_start", "window_end",
+                {"emission": table.column("kind")},
+            )  # fmt: skip
+            yield from out.to_batches()

@@ -254,6 +254,25 @@ class WindowAggregator:
                 out.extend(self._checked(key, value, ts))
         return out
 
+    def process_table(
+        self,
+        batch: Any,
+        key: str | Sequence[str] = "key",
+        timestamp: str = "timestamp",
+        value: str | Sequence[str] | None = "value",
+    ) -> Any:
+        """The columnar path of :meth:`process_batch` (``emit="final"`` without early
+        emission, built-in count/sum/min/max/first/last): the closed windows as an
+        Arrow table with typed ``value`` fields and a ``kind`` column, or None, with
+        nothing changed, when the batch does not qualify (then use
+        :meth:`process_rows`). See :mod:`sessionstore.operators.window_columns`."""
+        from sessionstore.operators.window_columns import process_table_final
+
+        return process_table_final(
+            self, batch, key if isinstance(key, str) else list(key), timestamp,
+            value if value is None or isinstance(value, str) else list(value),
+        )  # fmt: skip
+
     def process_batch(
         self,
         batch: Any,
@@ -265,6 +284,10 @@ class WindowAggregator:
         import pyarrow as pa
 
         from sessionstore.operators.arrow_io import columns_of, updates_to_arrow
+
+        table = self.process_table(batch, key, timestamp, value)
+        if table is not None:
+            return table
 
         keys, timestamps, values = columns_of(batch, key, timestamp, value)
         updates = self.process_rows(keys, timestamps, values)

@@ -81,3 +81,59 @@ def test_a_failed_batch_does_not_lose_due_windows(tmp_path):
     assert [(u.key, u.start, u.end, u.value) for u in outputs[0]] == [
         ("a", 0, 10, {"n": 1}), ("b", 0, 10, {"n": 1}),
     ]  # fmt: skip
+
+
+ROWS = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c", None]),
+        st.one_of(st.integers(0, 60), st.none()),
+        st.integers(-5, 9),
+        st.sampled_from(["x", "y", None]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    batches=st.lists(ROWS, min_size=1, max_size=4),
+    size=st.integers(1, 12),
+    advance_div=st.sampled_from([1, 2, 3]),
+    grace=st.integers(0, 6),
+    shift=st.integers(0, 2),
+)
+def test_columnar_final_equals_records(batches, size, advance_div, grace, shift):
+    import pyarrow as pa
+
+    advance = max(1, size // advance_div)
+    aggs_spec = {"n": "count", "total": ("sum", "v"), "lo": ("min", "v"), "hi": ("max", "v"),
+                 "first": ("first", "s"), "last": ("last", "s")}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp, StateDB.open(tmp) as db:
+        rec, col = (
+            WindowAggregator(
+                db.window_store(name, retention_ms=1, window_size_ms=size),
+                TimeWindows(size, advance, grace), aggregations=aggs_spec, emit="final",
+            )
+            for name in ("rec", "col")
+        )  # fmt: skip
+        for n, rows in enumerate(batches):
+            if not rows:
+                continue
+            rows = [(k, None if t is None else t + 30 * n * shift, v, s) for k, t, v, s in rows]
+            expected = []
+            for key, ts, v, s in rows:
+                expected.extend(rec.process(key, {"v": v, "s": s}, ts))
+            table = pa.table({
+                "key": pa.array([r[0] for r in rows], pa.string()),
+                "ts": pa.array([r[1] for r in rows], pa.int64()),
+                "v": pa.array([r[2] for r in rows], pa.int64()),
+                "s": pa.array([r[3] for r in rows], pa.string()),
+            })  # fmt: skip
+            got = col.process_table(table, "key", "ts", ["v", "s"])
+            assert got is not None
+            want = [(u.key, u.start, u.end, u.value, u.timestamp, u.kind) for u in expected]
+            assert [
+                (r["key"], r["start"], r["end"], r["value"], r["timestamp"], r["kind"])
+                for r in got.to_pylist()
+            ] == want
+            assert state(db, col) == state(db, rec)
