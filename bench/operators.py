@@ -115,12 +115,18 @@ def run_windows(path, keys, ts, values, batch):
             elif mode == "rows":
                 for i in range(0, len(keys), batch):
                     emitted += len(
-                        agg.process_rows(keys[i : i + batch], ts[i : i + batch], values[i : i + batch])
+                        agg.process_rows(
+                            keys[i : i + batch], ts[i : i + batch], values[i : i + batch]
+                        )
                     )
             else:  # building the Arrow tables is timed too: a conservative measure
                 for i in range(0, len(keys), batch):
                     part = pa.table(
-                        {"k": keys[i : i + batch], "t": ts[i : i + batch], "v": values[i : i + batch]}
+                        {
+                            "k": keys[i : i + batch],
+                            "t": ts[i : i + batch],
+                            "v": values[i : i + batch],
+                        }
                     )
                     emitted += agg.process_table(part, "k", "t", "v").num_rows
             rates.append((len(keys) / (time.perf_counter() - t0), emitted))
