@@ -30,7 +30,6 @@ tracked; otherwise :meth:`process_table` returns None and the caller uses
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,26 +37,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.gc_pause import gc_paused
-from sessionstore.operators.arrow_io import columns_of, epoch_millis_array
-from sessionstore.operators.session_batch import SUM_LIMIT, merge_slot
+from sessionstore.operators.arrow_io import columns_of
+from sessionstore.operators.columnar import (
+    FUNCTIONS,
+    Prepared,
+    Slot,
+    empty_result,
+    group_key_values,
+    prepare,
+    result_table,
+    sortable_keys,
+    value_struct_type,
+)
+from sessionstore.operators.session_batch import merge_slot
 
 if TYPE_CHECKING:
     from sessionstore.operators.sessions import SessionWindowAggregator
 
 __all__ = ["process_table_final"]
 
-_FUNCTIONS = {"count", "sum", "min", "max", "first", "last"}
 _FAR_PAST = -(2**62)  # the batch path's time of a dropped row
-
-
-@dataclass
-class _Slot:
-    """One aggregate's input: its function and, unless a count, its Arrow column
-    (with the int64 values for sum, min and max)."""
-
-    fn: str
-    column: pa.Array | None
-    ints: np.ndarray | None
 
 
 def process_table_final(
@@ -78,119 +77,28 @@ def process_table_final(
         or not agg._index_complete
         or agg.track_offsets
         or functions is None
-        or not set(functions) <= _FUNCTIONS
+        or not set(functions) <= FUNCTIONS
         or agg.store.observed_stream_time != agg._stream_time
     ):
         return None
-    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    key_names = [key] if isinstance(key, str) else list(key)
-    present = set(table.column_names)
-    if table.num_rows == 0 or not {*key_names, timestamp} <= present:
+    batch_in = prepare(aggregation, batch, key, timestamp, value)
+    if batch_in is None:
         return None
-    slots = _slots(aggregation, table, value)
-    if slots is None:
-        return None
-    try:
-        ts, valid = epoch_millis_array(table.column(timestamp))
-        groups = _group_codes(table, key_names, valid)
-    except (TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None  # the batch path raises the error that names the problem
-    if groups is None:
-        return None
-    codes, valid = groups
     with agg._rolling_back(), gc_paused():
-        out = _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes)
+        out = _run(agg, batch_in, timestamp, value)
         agg._save_times()
     return out
 
 
-def _sortable_keys(store: Any, table: pa.Table, key_names: list[str]) -> bool:
-    """Whether the store's key codec is the default one and the key columns are of
-    types it orders exactly as Arrow sorts them (strings and binaries bytewise,
-    integers numerically, tuples lexicographically)."""
-    if getattr(store, "key_serde", None) is not None:
-        return False
-    for name in key_names:
-        t = table.schema.field(name).type
-        if not (
-            pa.types.is_string(t)
-            or pa.types.is_large_string(t)
-            or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t)
-            or (pa.types.is_integer(t) and not pa.types.is_uint64(t))
-        ):
-            return False
-    return True
-
-
-def _array(table: pa.Table, name: str) -> pa.Array:
-    return table.column(name).combine_chunks()
-
-
-def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[_Slot] | None:
-    """Each aggregate's input column, or None if the batch does not qualify."""
-    slots = []
-    n = table.num_rows
-    for fn, column in zip(aggregation.functions, aggregation.columns, strict=True):
-        if fn == "count":
-            slots.append(_Slot(fn, None, None))
-            continue
-        # the value the record path would aggregate: a scalar column, or a row's field
-        if isinstance(value, str) and column is None:
-            name = value
-        elif isinstance(value, (list, tuple)) and column in value:
-            name = column
-        else:
-            return None
-        if name not in table.column_names:
-            return None
-        arr = _array(table, name)
-        ints = None
-        if fn in ("sum", "min", "max"):
-            if not pa.types.is_integer(arr.type) or arr.null_count:
-                return None
-            try:
-                ints = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False)
-            except pa.ArrowInvalid:
-                return None  # uint64 beyond int64
-            if fn == "sum" and n and int(np.abs(ints).max()) * n >= SUM_LIMIT:
-                return None
-        slots.append(_Slot(fn, arr, ints))
-    return slots
-
-
-def _group_codes(
-    table: pa.Table, key_names: list[str], valid: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """A code per row that is equal exactly for equal keys, and the rows' validity
-    (key columns and time non-null)."""
-    codes = None
-    radix = 1
-    for name in key_names:
-        col = _array(table, name)
-        valid = valid & col.is_valid().to_numpy(zero_copy_only=False)
-        encoded = pc.dictionary_encode(col)
-        size = max(len(encoded.dictionary), 1)
-        if radix * size >= 2**62:
-            return None
-        c = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        codes = c if codes is None else codes * size + c
-        radix *= size
-    return codes, valid
-
-
-def _key_values(table: pa.Table, key_names: list[str], rows: np.ndarray) -> list[Any]:
-    taken = [table.column(k).take(rows).to_pylist() for k in key_names]
-    return taken[0] if len(taken) == 1 else [tuple(parts) for parts in zip(*taken, strict=True)]
-
-
-def _run(agg, table, key_names, timestamp, value, slots, ts, valid, codes) -> pa.Table:
+def _run(agg, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
+    table, key_names, slots = batch_in.table, batch_in.key_names, batch_in.slots
+    ts, valid, codes = batch_in.ts, batch_in.valid, batch_in.codes
     n = table.num_rows
     agg.dropped_records += int(n - np.count_nonzero(valid))
-    out_type = _out_type(agg.aggregation, slots)
+    out_type = value_struct_type(agg.aggregation, slots)
     rows = np.flatnonzero(valid)
     if len(rows) == 0:
-        return _empty(table, key_names, out_type)
+        return empty_result(table, key_names, out_type)
     batch = _Batch(agg, table, key_names, ts, np.where(valid, ts, _FAR_PAST), rows, codes)
     batch.replay_irregular_keys(timestamp, value)
     runs = batch.runs(slots)
@@ -211,7 +119,7 @@ class _Batch:
         # groups: one per distinct key
         _, first_idx, self.inv = np.unique(codes[rows], return_index=True, return_inverse=True)
         self.rep_rows = rows[first_idx]
-        self.key_values = _key_values(table, key_names, self.rep_rows)
+        self.key_values = group_key_values(table, key_names, self.rep_rows)
         n_groups = len(self.key_values)
         self.bad = np.zeros(n_groups, dtype=bool)
         self.bad[self.inv[~self.timing.ok[rows]]] = True
@@ -220,7 +128,7 @@ class _Batch:
         for end, start, kb in agg._index.all():
             self.open_by_kb.setdefault(kb, []).append((start, end))
         self.open_kbs = set(self.open_by_kb)
-        self.sortable = _sortable_keys(agg.store, table, key_names)
+        self.sortable = sortable_keys(agg.store, table, key_names)
         encode = agg._encode
         if self.sortable:
             # Keys are encoded only where the store needs bytes (few): which keys
@@ -275,7 +183,7 @@ class _Batch:
             self.emitted, self.tracked, self.loaded_ids, allow_fast=False,
         )  # fmt: skip
 
-    def runs(self, slots: list[_Slot]) -> _Runs:
+    def runs(self, slots: list[Slot]) -> _Runs:
         """Every other key: runs of its records, sorted by time within the key."""
         good = ~self.row_bad
         grows, gg = self.rows[good], self.inv[good]
@@ -487,35 +395,9 @@ def _combine_runs(fn: str, earlier: Any, later: Any) -> Any:
     return earlier if fn == "first" else later
 
 
-def _out_type(aggregation: Any, slots: list[_Slot]) -> pa.StructType:
-    """The ``value`` struct: int64 counts, sums, minima and maxima; ``first`` and
-    ``last`` keep their column's type."""
-    fields = []
-    for name, slot in zip(aggregation.names, slots, strict=True):
-        fields.append(
-            pa.field(name, slot.column.type if slot.fn in ("first", "last") else pa.int64())
-        )
-    return pa.struct(fields)
-
-
-def _table(key_names, key_arrays, start, end, value) -> pa.Table:
-    data = dict(zip(key_names, key_arrays, strict=True))
-    data["start"] = start
-    data["end"] = end
-    data["value"] = value
-    data["timestamp"] = end
-    return pa.table(data)
-
-
-def _empty(table: pa.Table, key_names: list[str], out_type: pa.StructType) -> pa.Table:
-    keys = [pa.array([], table.schema.field(k).type) for k in key_names]
-    ints = pa.array([], pa.int64())
-    return _table(key_names, keys, ints, ints, pa.array([], out_type))
-
-
 def _emission_table(table, key_names, runs: _Runs, idx, rep_rows, out_type) -> pa.Table:
     if not len(idx):
-        return _empty(table, key_names, out_type)
+        return empty_result(table, key_names, out_type)
     rows = pa.array(rep_rows[runs.g[idx]], pa.int64())
     keys = [table.column(k).take(rows) for k in key_names]
     fields = []
@@ -528,7 +410,7 @@ def _emission_table(table, key_names, runs: _Runs, idx, rep_rows, out_type) -> p
             at = runs.first_row if slot.fn == "first" else runs.last_row
             fields.append(slot.column.take(pa.array(at[idx], pa.int64())))
     value = pa.StructArray.from_arrays(fields, fields=list(out_type))
-    return _table(
+    return result_table(
         key_names,
         keys,
         pa.array(runs.start[idx], pa.int64()),
@@ -539,7 +421,7 @@ def _emission_table(table, key_names, runs: _Runs, idx, rep_rows, out_type) -> p
 
 def _updates_table(table, key_names, updates, out_type) -> pa.Table:
     if not updates:
-        return _empty(table, key_names, out_type)
+        return empty_result(table, key_names, out_type)
     if len(key_names) == 1:
         key_lists = [[u.key for u in updates]]
     else:
@@ -548,7 +430,7 @@ def _updates_table(table, key_names, updates, out_type) -> pa.Table:
         pa.array(values, table.schema.field(k).type)
         for k, values in zip(key_names, key_lists, strict=True)
     ]
-    return _table(
+    return result_table(
         key_names,
         keys,
         pa.array([u.start for u in updates], pa.int64()),

@@ -25,17 +25,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.gc_pause import gc_paused
-from sessionstore.operators.arrow_io import epoch_millis_array
-from sessionstore.operators.session_batch import merge_slot
-from sessionstore.operators.session_columns import (
-    _FUNCTIONS,
-    _empty,
-    _group_codes,
-    _key_values,
-    _out_type,
-    _slots,
-    _table,
+from sessionstore.operators.columnar import (
+    FUNCTIONS,
+    Prepared,
+    empty_result,
+    group_key_values,
+    prepare,
+    result_table,
+    value_struct_type,
 )
+from sessionstore.operators.session_batch import merge_slot
 
 if TYPE_CHECKING:
     from sessionstore.operators.windows import WindowAggregator
@@ -61,37 +60,27 @@ def process_table_final(
         agg.emit != "final"
         or agg.early_every_ms is not None
         or functions is None
-        or not set(functions) <= _FUNCTIONS
+        or not set(functions) <= FUNCTIONS
     ):
         return None
-    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    key_names = [key] if isinstance(key, str) else list(key)
-    if table.num_rows == 0 or not {*key_names, timestamp} <= set(table.column_names):
+    batch_in = prepare(aggregation, batch, key, timestamp, value)
+    if batch_in is None:
         return None
-    slots = _slots(aggregation, table, value)
-    if slots is None:
-        return None
-    try:
-        ts, valid = epoch_millis_array(table.column(timestamp))
-        groups = _group_codes(table, key_names, valid)
-    except (TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    if groups is None:
-        return None
-    codes, valid = groups
     with agg._rolling_back(), gc_paused():
-        return _run(agg, table, key_names, slots, ts, valid, codes)
+        return _run(agg, batch_in)
 
 
-def _run(agg, table, key_names, slots, ts, valid, codes) -> pa.Table:
+def _run(agg, batch_in: Prepared) -> pa.Table:
+    table, key_names, slots = batch_in.table, batch_in.key_names, batch_in.slots
+    ts, valid, codes = batch_in.ts, batch_in.valid, batch_in.codes
     store, pending, windows = agg.store, agg._pending, agg.windows
     size, advance, grace = windows.size_ms, windows.advance_ms, windows.grace_ms
     n = table.num_rows
-    out_type = _out_type(agg.aggregation, slots)
+    out_type = value_struct_type(agg.aggregation, slots)
     agg.dropped_records += int(n - np.count_nonzero(valid))
     rows = np.flatnonzero(valid)
     if len(rows) == 0:
-        return _with_kind(_empty(table, key_names, out_type))
+        return _with_kind(empty_result(table, key_names, out_type))
     st0 = _FAR_PAST if agg._stream_time is None else agg._stream_time
     prefix = np.maximum.accumulate(np.maximum(np.where(valid, ts, _FAR_PAST), st0))
 
@@ -109,7 +98,7 @@ def _run(agg, table, key_names, slots, ts, valid, codes) -> pa.Table:
 
     # group the pairs by (key, window); records by time within, ties by arrival
     _, first_idx, inv = np.unique(codes[rows], return_index=True, return_inverse=True)
-    key_values = _key_values(table, key_names, rows[first_idx])
+    key_values = group_key_values(table, key_names, rows[first_idx])
     pair_g = inv[pair_row]
     pair_rows = rows[pair_row]
     order = np.lexsort((pair_rows, ts[pair_rows], pair_start, pair_g))
@@ -199,7 +188,7 @@ def _run(agg, table, key_names, slots, ts, valid, codes) -> pa.Table:
 
 def _emitted_table(table, key_names, emitted, out_type) -> pa.Table:
     if not emitted:
-        return _empty(table, key_names, out_type)
+        return empty_result(table, key_names, out_type)
     if len(key_names) == 1:
         key_lists = [[e[4] for e in emitted]]
     else:
@@ -208,7 +197,7 @@ def _emitted_table(table, key_names, emitted, out_type) -> pa.Table:
         pa.array(values, table.schema.field(k).type)
         for k, values in zip(key_names, key_lists, strict=True)
     ]
-    return _table(
+    return result_table(
         key_names, keys, pa.array([e[2] for e in emitted], pa.int64()),
         pa.array([e[1] for e in emitted], pa.int64()),
         pa.array([e[5] for e in emitted], out_type),
