@@ -29,11 +29,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["fast_path_columns", "run_fast_keys", "run_fast_final", "merge_slot"]
+__all__ = ["fast_path_columns", "run_fast_keys", "run_fast_final", "merge_slot", "FAR_PAST"]
 
 _FAST_FUNCTIONS = {"count", "sum", "min", "max", "first", "last"}
 _INT_LIMIT = 2**53  # ints that numpy holds exactly
 SUM_LIMIT = 2**62  # a bound on |sum| that keeps int64 arithmetic exact
+#: The batch paths' time of a dropped row: below any real time, far from overflow.
+FAR_PAST = -(2**62)
 
 
 def fast_path_columns(aggregation: Any, values: list[Any]) -> list[list[Any]] | None:

@@ -49,14 +49,12 @@ from sessionstore.operators.columnar import (
     sortable_keys,
     value_struct_type,
 )
-from sessionstore.operators.session_batch import merge_slot
+from sessionstore.operators.session_batch import FAR_PAST, merge_slot
 
 if TYPE_CHECKING:
     from sessionstore.operators.sessions import SessionWindowAggregator
 
 __all__ = ["process_table_final"]
-
-_FAR_PAST = -(2**62)  # the batch path's time of a dropped row
 
 
 def process_table_final(
@@ -99,11 +97,11 @@ def _run(agg, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
     rows = np.flatnonzero(valid)
     if len(rows) == 0:
         return empty_result(table, key_names, out_type)
-    batch = _Batch(agg, table, key_names, ts, np.where(valid, ts, _FAR_PAST), rows, codes)
+    batch = _Batch(agg, table, key_names, ts, np.where(valid, ts, FAR_PAST), rows, codes)
     batch.replay_irregular_keys(timestamp, value)
     runs = batch.runs(slots)
     py_sessions, removals = batch.merge_open_sessions(runs)
-    agg._settle(batch.timing, batch.emitted, batch.tracked, batch.loaded_ids)
+    agg._settle(batch.timing, batch.emitted, batch.tracked, batch.loaded_ids, batch.open_entries)
     closing, close_step = batch.write_back(runs, py_sessions, removals)
     return batch.emissions(runs, closing, close_step, out_type)
 
@@ -124,8 +122,9 @@ class _Batch:
         self.bad = np.zeros(n_groups, dtype=bool)
         self.bad[self.inv[~self.timing.ok[rows]]] = True
         # every open session is in the end index (the path requires it): read it once
+        self.open_entries = agg._open_entries()
         self.open_by_kb: dict[bytes, list[tuple[int, int]]] = {}
-        for end, start, kb in agg._index.all():
+        for end, start, kb in self.open_entries:
             self.open_by_kb.setdefault(kb, []).append((start, end))
         self.open_kbs = set(self.open_by_kb)
         self.sortable = sortable_keys(agg.store, table, key_names)

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -38,7 +37,9 @@ import numpy as np
 from sessionstore.gc_pause import gc_paused
 from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp
 from sessionstore.operators.aggregations import Aggregation, Aggregations
+from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
 from sessionstore.operators.session_batch import (
+    FAR_PAST,
     fast_path_columns,
     run_fast_final,
     run_fast_keys,
@@ -47,7 +48,6 @@ from sessionstore.operators.session_batch import (
 __all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
 
 _I64 = struct.Struct(">q")
-_FAR_PAST = -(2**62)  # below any real time, far enough from int64 overflow
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class SessionUpdate(NamedTuple):
 
 
 class _Timing(NamedTuple):
-    """How each row of a batch sees time: its own time (``_FAR_PAST`` when dropped),
+    """How each row of a batch sees time: its own time (``FAR_PAST`` when dropped),
     the stream time after it, the close time after it, the store's visibility bound
     before it, and whether it may take a vectorised path (never late, and every
     session within gap of it visible and, in final mode, open)."""
@@ -121,7 +121,7 @@ def _make_aggregation(
     return Aggregation(initializer, aggregator, merger)
 
 
-class SessionWindowAggregator:
+class SessionWindowAggregator(ArrowBatches):
     """The KIP-94 session-window processor over a session store (RocksDB or memory)."""
 
     def __init__(
@@ -178,17 +178,13 @@ class SessionWindowAggregator:
         if self._emitted_close is not None:
             self.store.write_aux("emitted_close", _I64.pack(self._emitted_close))
 
-    @contextmanager
-    def _rolling_back(self) -> Iterator[None]:
-        """The store's batch; if it fails, the store rolls back, and so do the times
-        this object keeps in memory (read back from the store)."""
-        try:
-            with self.store.batch():
-                yield
-        except BaseException:
-            self._stream_time = self._read_time("stream_time")
-            self._emitted_close = self._read_time("emitted_close")
-            raise
+    def _rolling_back(self):
+        """The store's batch; on failure the times kept here are read back from it."""
+        return batch_restoring(self.store, self._reread_times)
+
+    def _reread_times(self) -> None:
+        self._stream_time = self._read_time("stream_time")
+        self._emitted_close = self._read_time("emitted_close")
 
     @property
     def stream_time(self) -> int | None:
@@ -356,14 +352,15 @@ class SessionWindowAggregator:
         emitted: list[tuple[tuple, SessionUpdate]] = []
         tracked: list[tuple[Any, bytes, _Session]] = []  # every session the replay knows
         loaded_ids: set[tuple[bytes, int, int]] = set()
-        open_kbs = self._open_kbs()
+        entries = self._open_entries()
+        open_kbs = None if entries is None else {kb for _, _, kb in entries}
         self._replay(groups, keys, values, offsets, timing, open_kbs, emitted, tracked, loaded_ids)
-        self._settle(timing, emitted, tracked, loaded_ids)
+        self._settle(timing, emitted, tracked, loaded_ids, entries)
         emitted.sort(key=lambda e: e[0])
         return [u for _, u in emitted]
 
     def _group(self, keys, timestamps, offsets) -> tuple[dict[bytes, list[int]], list[int], list]:
-        """Row indices by encoded key, every row's time (``_FAR_PAST`` for a dropped
+        """Row indices by encoded key, every row's time (``FAR_PAST`` for a dropped
         row: None key or time) and the checked offsets."""
         encode, track = self._encode, self.track_offsets
         offsets = list(offsets)
@@ -374,7 +371,7 @@ class SessionWindowAggregator:
             key, t = keys[i], timestamps[i]
             if key is None or t is None:
                 self.dropped_records += 1
-                times.append(_FAR_PAST)
+                times.append(FAR_PAST)
                 continue
             if type(t) is not int or not TS_MIN <= t <= TS_MAX:
                 t = check_timestamp("timestamp", t)
@@ -398,7 +395,7 @@ class SessionWindowAggregator:
         """Stream time, close time and store visibility as each row of a batch sees them
         (``times`` is ``ts_fill`` as a list)."""
         n = len(times)
-        st0 = _FAR_PAST if self._stream_time is None else self._stream_time
+        st0 = FAR_PAST if self._stream_time is None else self._stream_time
         prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
         close_arr = prefix - (self._gap + self._grace)
         # store visibility during record i's lookup uses the stream time before it
@@ -411,9 +408,10 @@ class SessionWindowAggregator:
             ok &= ts_fill - self._gap >= close_arr
         return _Timing(ts_fill, times, prefix, close_arr, close_arr.tolist(), vis_arr.tolist(), ok)
 
-    def _open_kbs(self) -> set[bytes] | None:
-        """Final mode: encoded keys with an open session, when the end index has them all."""
-        return {kb for _, _, kb in self._index.all()} if self._index_complete else None
+    def _open_entries(self) -> list[tuple[int, int, bytes]] | None:
+        """Final mode: every open session ``(end, start, encoded key)``, read once per
+        batch, when the end index has them all (else None)."""
+        return self._index.all() if self._index_complete else None
 
     def _replay(
         self, groups, keys, values, offsets, timing, open_kbs, emitted, tracked, loaded_ids,
@@ -524,9 +522,11 @@ class SessionWindowAggregator:
                 SessionUpdate,
             )
 
-    def _settle(self, timing, emitted, tracked, loaded_ids) -> None:
+    def _settle(self, timing, emitted, tracked, loaded_ids, open_entries=None) -> None:
         """Close the open sessions the batch passed without loading them, write the
-        touched sessions back, and move stream and close time."""
+        touched sessions back, and move stream and close time. ``open_entries`` is
+        the end index as the batch read it (nothing writes it before this), which
+        spares a second read."""
         store, final, n = self.store, self._final, len(timing.ts_l)
         prefix, close_l, emitted_close = timing.prefix, timing.close_l, self._emitted_close
         finish, track = self.aggregation.finish, self.track_offsets
@@ -538,7 +538,11 @@ class SessionWindowAggregator:
             # ending before the last close time were emitted then)
             closing = [
                 (kb, start, end)
-                for end, start, kb in index.below(final_close, emitted_close)
+                for end, start, kb in (
+                    index.below(final_close, emitted_close)
+                    if open_entries is None
+                    else [e for e in open_entries if e[0] < final_close]
+                )
                 if (kb, start, end) not in loaded_ids
             ]
             decode = self._decode
@@ -588,48 +592,11 @@ class SessionWindowAggregator:
             if emitted_close is None or last_close > emitted_close:
                 self._emitted_close = last_close
 
-    def process_batch(
-        self,
-        batch: Any,
-        key: str | Sequence[str] = "key",
-        timestamp: str = "timestamp",
-        value: str | Sequence[str] | None = "value",
-    ) -> Any:
-        """Process an Arrow table or record batch; return the updates as an Arrow table.
-
-        ``key`` names one column or several (tuple keys); ``value`` names one column,
-        several (each value is a dict of them) or None. Timestamps are epoch
-        milliseconds or an Arrow timestamp column.
-        """
-        from sessionstore.operators.arrow_io import columns_of, updates_to_arrow
-
-        table = self.process_table(batch, key, timestamp, value)
-        if table is not None:
-            return table
-        keys, timestamps, values = columns_of(batch, key, timestamp, value)
-        return updates_to_arrow(self.process_rows(keys, timestamps, values), key)
-
-    def process_table(
-        self,
-        batch: Any,
-        key: str | Sequence[str] = "key",
-        timestamp: str = "timestamp",
-        value: str | Sequence[str] | None = "value",
-    ) -> Any:
-        """The columnar path of :meth:`process_batch` (emit-on-close, built-in
-        count/sum/min/max/first/last over integer sums): the closed sessions as an
-        Arrow table with typed ``value`` fields, or None, with nothing changed, when
-        the batch does not qualify (then use :meth:`process_rows`). See
-        :mod:`sessionstore.operators.session_columns`."""
+    def _process_columnar(self, batch: Any, key: Any, timestamp: str, value: Any) -> Any:
+        # emit-on-close, built-in count/sum/min/max/first/last: see session_columns
         from sessionstore.operators.session_columns import process_table_final
 
-        return process_table_final(
-            self,
-            batch,
-            key if isinstance(key, str) else list(key),
-            timestamp,
-            value if value is None or isinstance(value, str) else list(value),
-        )
+        return process_table_final(self, batch, key, timestamp, value)
 
     def process_records(self, records: Iterable[tuple]) -> list[SessionUpdate]:
         """Batch path for ``(key, value, timestamp)`` or ``(key, value, timestamp,

@@ -34,14 +34,12 @@ from sessionstore.operators.columnar import (
     result_table,
     value_struct_type,
 )
-from sessionstore.operators.session_batch import merge_slot
+from sessionstore.operators.session_batch import FAR_PAST, merge_slot
 
 if TYPE_CHECKING:
     from sessionstore.operators.windows import WindowAggregator
 
 __all__ = ["process_table_final"]
-
-_FAR_PAST = -(2**62)
 
 
 def process_table_final(
@@ -81,8 +79,8 @@ def _run(agg, batch_in: Prepared) -> pa.Table:
     rows = np.flatnonzero(valid)
     if len(rows) == 0:
         return _with_kind(empty_result(table, key_names, out_type))
-    st0 = _FAR_PAST if agg._stream_time is None else agg._stream_time
-    prefix = np.maximum.accumulate(np.maximum(np.where(valid, ts, _FAR_PAST), st0))
+    st0 = FAR_PAST if agg._stream_time is None else agg._stream_time
+    prefix = np.maximum.accumulate(np.maximum(np.where(valid, ts, FAR_PAST), st0))
 
     # every (record, window) pair whose window is still open after the record
     r_ts, r_st = ts[rows], prefix[rows]
@@ -118,7 +116,8 @@ def _run(agg, batch_in: Prepared) -> pa.Table:
     stored = store.fetch_encoded(
         list(zip(w_kb, w_start.tolist(), (w_end - 1).tolist(), strict=True))
     )
-    was_pending = {(kb, start) for _, start, kb in pending.all()}
+    open_entries = pending.all()  # (end, start, kb), read once for the whole batch
+    was_pending = {(kb, start) for _, start, kb in open_entries}
     # a window fires at the first record whose stream time reaches end + grace
     w_fire = np.searchsorted(prefix, w_end + grace, side="left")
 
@@ -146,10 +145,11 @@ def _run(agg, batch_in: Prepared) -> pa.Table:
     starts, ends, fires = w_start.tolist(), w_end.tolist(), w_fire.tolist()
     touched = set(zip(w_kb, starts, strict=True))
     final_due = int(prefix[-1]) - grace + 1
+    fired_due = FAR_PAST if agg._fired_due is None else agg._fired_due
     untouched = [
         (kb, start, end)
-        for end, start, kb in pending.below(final_due, agg._fired_due)
-        if (kb, start) not in touched
+        for end, start, kb in open_entries
+        if fired_due <= end < final_due and (kb, start) not in touched
     ]
     values = store.fetch_encoded([(kb, start, end - 1) for kb, start, end in untouched])
 
@@ -178,9 +178,7 @@ def _run(agg, batch_in: Prepared) -> pa.Table:
         if acc is not None:
             j = int(np.searchsorted(prefix, end + grace, side="left"))
             emitted.append((j, end, start, kb, decode(kb), finish(acc)))
-    if agg._stream_time is None or int(prefix[-1]) > agg._stream_time:
-        agg._stream_time = int(prefix[-1])
-        store.write_aux("stream_time", agg._stream_time.to_bytes(8, "big", signed=True))
+    agg._advance(int(prefix[-1]))
     agg._fired_due = final_due
     emitted.sort(key=lambda e: e[:4])
     return _with_kind(_emitted_table(table, key_names, emitted, out_type))

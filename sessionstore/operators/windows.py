@@ -30,13 +30,13 @@ so replaying the same input from the same committed state emits the same output.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sessionstore.keys import check_timestamp
 from sessionstore.operators.aggregations import Aggregation
+from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
 from sessionstore.operators.sessions import _make_aggregation
 from sessionstore.window_store import WindowStore
 
@@ -84,7 +84,7 @@ class WindowUpdate(NamedTuple):
     kind: str
 
 
-class WindowAggregator:
+class WindowAggregator(ArrowBatches):
     """Aggregate records into time windows held in a :class:`WindowStore`."""
 
     def __init__(
@@ -145,10 +145,8 @@ class WindowAggregator:
         the windows it makes due; engines call it with the query's event time."""
         ts = check_timestamp("event_time", event_time)
         with self._rolling_back():
-            if self._stream_time is not None and ts <= self._stream_time:
+            if not self._advance(ts):
                 return []
-            self._stream_time = ts
-            self.store.write_aux("stream_time", _I64.pack(ts))
             return self._fire(ts) if self._pending is not None else []
 
     def process(self, key: Any, value: Any, timestamp: int | None) -> list[WindowUpdate]:
@@ -156,19 +154,23 @@ class WindowAggregator:
         with self._rolling_back():
             return self._checked(key, value, timestamp)
 
-    @contextmanager
-    def _rolling_back(self) -> Iterator[None]:
-        """The store's batch; if it fails, the store rolls back, and so must what this
-        object remembers of it: stream time and the early tick are read back, and the
-        next firing scans the pending windows afresh."""
-        try:
-            with self.store.batch():
-                yield
-        except BaseException:
-            self._fired_due = None
-            self._stream_time = self._read("stream_time")
-            self._early_tick = self._read("early_tick")
-            raise
+    def _advance(self, ts: int) -> bool:
+        """Move stream time to ``ts`` if that is forward (saved with the batch)."""
+        if self._stream_time is not None and ts <= self._stream_time:
+            return False
+        self._stream_time = ts
+        self.store.write_aux("stream_time", _I64.pack(ts))
+        return True
+
+    def _rolling_back(self):
+        """The store's batch; on failure, stream time and the early tick are read back
+        from it, and the next firing scans the pending windows afresh."""
+        return batch_restoring(self.store, self._reread)
+
+    def _reread(self) -> None:
+        self._fired_due = None
+        self._stream_time = self._read("stream_time")
+        self._early_tick = self._read("early_tick")
 
     def _checked(self, key: Any, value: Any, timestamp: Any) -> list[WindowUpdate]:
         if key is None or timestamp is None:
@@ -179,9 +181,7 @@ class WindowAggregator:
     def _process(self, key: Any, value: Any, ts: int) -> list[WindowUpdate]:
         store, agg, windows = self.store, self.aggregation, self.windows
         size, grace = windows.size_ms, windows.grace_ms
-        if self._stream_time is None or ts > self._stream_time:
-            self._stream_time = ts
-            store.write_aux("stream_time", _I64.pack(ts))
+        self._advance(ts)
         st = self._stream_time
         # Fire due windows before this record's puts move the store's own stream
         # time: with retention >= size + grace they are still visible now.
@@ -254,44 +254,16 @@ class WindowAggregator:
                 out.extend(self._checked(key, value, ts))
         return out
 
-    def process_table(
-        self,
-        batch: Any,
-        key: str | Sequence[str] = "key",
-        timestamp: str = "timestamp",
-        value: str | Sequence[str] | None = "value",
-    ) -> Any:
-        """The columnar path of :meth:`process_batch` (``emit="final"`` without early
-        emission, built-in count/sum/min/max/first/last): the closed windows as an
-        Arrow table with typed ``value`` fields and a ``kind`` column, or None, with
-        nothing changed, when the batch does not qualify (then use
-        :meth:`process_rows`). See :mod:`sessionstore.operators.window_columns`."""
+    def _process_columnar(self, batch: Any, key: Any, timestamp: str, value: Any) -> Any:
+        # emit="final" without early emission, built-in aggregates: see window_columns
         from sessionstore.operators.window_columns import process_table_final
 
-        return process_table_final(
-            self, batch, key if isinstance(key, str) else list(key), timestamp,
-            value if value is None or isinstance(value, str) else list(value),
-        )  # fmt: skip
+        return process_table_final(self, batch, key, timestamp, value)
 
-    def process_batch(
-        self,
-        batch: Any,
-        key: str | Sequence[str] = "key",
-        timestamp: str = "timestamp",
-        value: str | Sequence[str] | None = "value",
-    ) -> Any:
-        """Process an Arrow table or record batch; return the updates as an Arrow table."""
+    def _updates_table(self, updates: list[Any], key: str | Sequence[str]) -> Any:
         import pyarrow as pa
 
-        from sessionstore.operators.arrow_io import columns_of, updates_to_arrow
-
-        table = self.process_table(batch, key, timestamp, value)
-        if table is not None:
-            return table
-
-        keys, timestamps, values = columns_of(batch, key, timestamp, value)
-        updates = self.process_rows(keys, timestamps, values)
-        table = updates_to_arrow(updates, key)
+        table = super()._updates_table(updates, key)
         return table.append_column("kind", pa.array([u.kind for u in updates], pa.string()))
 
 

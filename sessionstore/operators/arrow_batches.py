@@ -1,0 +1,79 @@
+"""The Arrow batch API the event-time aggregators share.
+
+``process_batch`` takes an Arrow table or record batch and returns the updates as
+an Arrow table: through the aggregator's columnar path (``process_table``) when the
+batch qualifies, else through its Python batch path (``process_rows``). pyarrow is
+imported only when a batch is processed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["ArrowBatches", "batch_restoring"]
+
+
+class ArrowBatches:
+    """Mixin: ``process_batch`` and ``process_table`` on top of ``process_rows`` and
+    the class's ``_process_columnar`` (which returns None for a batch that does not
+    qualify)."""
+
+    def process_batch(
+        self,
+        batch: Any,
+        key: str | Sequence[str] = "key",
+        timestamp: str = "timestamp",
+        value: str | Sequence[str] | None = "value",
+    ) -> Any:
+        """Process an Arrow table or record batch; return the updates as an Arrow table.
+
+        ``key`` names one column or several (tuple keys); ``value`` names one column,
+        several (each value is a dict of them) or None. Timestamps are epoch
+        milliseconds or an Arrow timestamp column.
+        """
+        from sessionstore.operators.arrow_io import columns_of
+
+        table = self.process_table(batch, key, timestamp, value)
+        if table is not None:
+            return table
+        keys, timestamps, values = columns_of(batch, key, timestamp, value)
+        return self._updates_table(self.process_rows(keys, timestamps, values), key)
+
+    def process_table(
+        self,
+        batch: Any,
+        key: str | Sequence[str] = "key",
+        timestamp: str = "timestamp",
+        value: str | Sequence[str] | None = "value",
+    ) -> Any:
+        """The columnar path of :meth:`process_batch`: the emitted updates as an Arrow
+        table with typed ``value`` fields, or None, with nothing changed, when the
+        batch does not qualify (then use ``process_rows``). Which batches qualify is
+        the aggregator's (see :mod:`session_columns` and :mod:`window_columns`)."""
+        return self._process_columnar(batch, key, timestamp, value)
+
+    def _process_columnar(self, batch: Any, key: Any, timestamp: str, value: Any) -> Any:
+        raise NotImplementedError
+
+    def _updates_table(self, updates: list[Any], key: str | Sequence[str]) -> Any:
+        from sessionstore.operators.arrow_io import updates_to_arrow
+
+        return updates_to_arrow(updates, key)
+
+    def process_rows(self, *args: Any) -> list[Any]:  # provided by the aggregator
+        raise NotImplementedError
+
+
+@contextmanager
+def batch_restoring(store: Any, restore: Callable[[], None]) -> Iterator[None]:
+    """The store's batch; if it fails, the store rolls back, and ``restore`` reads
+    back what the aggregator keeps of it in memory (stream time and the like), so
+    that memory never runs ahead of the rolled-back store."""
+    try:
+        with store.batch():
+            yield
+    except BaseException:
+        restore()
+        raise
