@@ -165,16 +165,16 @@ def _aggregator(aggs=AGGS, emit="final"):
 
 
 @pytest.mark.parametrize(
-    "why, aggs, emit, table",
+    "why, aggs, emit",
     [
-        ("update mode", AGGS, "update", None),
-        ("collect", {"all": ("collect", "v")}, "final", None),
-        ("float sum", {"t": ("sum", "f")}, "final", None),
-        ("null in a sum", {"t": ("sum", "w")}, "final", None),
-        ("a sum that could overflow int64", {"t": ("sum", "big")}, "final", None),
+        ("update mode", AGGS, "update"),
+        ("collect", {"all": ("collect", "v")}, "final"),
+        ("float sum", {"t": ("sum", "f")}, "final"),
+        ("null in a sum", {"t": ("sum", "w")}, "final"),
+        ("a sum that could overflow int64", {"t": ("sum", "big")}, "final"),
     ],
 )
-def test_batches_that_do_not_qualify_change_nothing(why, aggs, emit, table):
+def test_batches_that_do_not_qualify_change_nothing(why, aggs, emit):
     store, agg = _aggregator(aggs, emit)
     table = pa.table({
         "user": ["a", "b"], "ts": [1, 2], "v": [1, 2], "s": ["x", "y"], "f": [0.5, 1.5],

@@ -20,9 +20,22 @@ RECORDS = st.lists(
 )
 
 
-def state(db, agg):
+def state(agg):
     windows = list(agg.store.fetch_all())
     return windows, agg._pending.all(), agg.stream_time, agg.dropped_records, agg._early_tick
+
+
+def aggregator_pair(db, size, advance_div, grace, aggregations, emit="final", early=None):
+    """Two aggregators of the same windows on their own stores: the reference and
+    the one under test."""
+    windows = TimeWindows(size, max(1, size // advance_div), grace)
+    return tuple(
+        WindowAggregator(
+            db.window_store(name, retention_ms=1, window_size_ms=size), windows,
+            aggregations=aggregations, emit=emit, early_every_ms=early,
+        )
+        for name in ("reference", "tested")
+    )  # fmt: skip
 
 
 @settings(max_examples=120, deadline=None)
@@ -36,19 +49,10 @@ def state(db, agg):
     shift=st.integers(0, 2),
 )
 def test_batch_equals_records(batches, size, advance_div, grace, emit, early, shift):
-    advance = max(1, size // advance_div)
     with tempfile.TemporaryDirectory() as tmp, StateDB.open(tmp) as db:
-        aggs = [
-            WindowAggregator(
-                db.window_store(name, retention_ms=1, window_size_ms=size),
-                TimeWindows(size, advance, grace),
-                aggregations={"n": "count", "keys": ("collect", None)},
-                emit=emit,
-                early_every_ms=early,
-            )
-            for name in ("rec", "bat")
-        ]
-        rec, bat = aggs
+        rec, bat = aggregator_pair(
+            db, size, advance_div, grace, {"n": "count", "keys": ("collect", None)}, emit, early
+        )
         for n, records in enumerate(batches):
             records = [(k, None if t is None else t + 30 * n * shift) for k, t in records]
             expected = []
@@ -58,7 +62,7 @@ def test_batch_equals_records(batches, size, advance_div, grace, emit, early, sh
             got = bat.process_rows([k for k, _ in records], [t for _, t in records],
                                    [k for k, _ in records])  # fmt: skip
             assert got == expected
-            assert state(db, bat) == state(db, rec)
+            assert state(bat) == state(rec)
 
 
 def test_a_failed_batch_does_not_lose_due_windows(tmp_path):
@@ -105,17 +109,10 @@ ROWS = st.lists(
 def test_columnar_final_equals_records(batches, size, advance_div, grace, shift):
     import pyarrow as pa
 
-    advance = max(1, size // advance_div)
     aggs_spec = {"n": "count", "total": ("sum", "v"), "lo": ("min", "v"), "hi": ("max", "v"),
                  "first": ("first", "s"), "last": ("last", "s")}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, StateDB.open(tmp) as db:
-        rec, col = (
-            WindowAggregator(
-                db.window_store(name, retention_ms=1, window_size_ms=size),
-                TimeWindows(size, advance, grace), aggregations=aggs_spec, emit="final",
-            )
-            for name in ("rec", "col")
-        )  # fmt: skip
+        rec, col = aggregator_pair(db, size, advance_div, grace, aggs_spec)
         for n, rows in enumerate(batches):
             if not rows:
                 continue
@@ -136,4 +133,4 @@ def test_columnar_final_equals_records(batches, size, advance_div, grace, shift)
                 (r["key"], r["start"], r["end"], r["value"], r["timestamp"], r["kind"])
                 for r in got.to_pylist()
             ] == want
-            assert state(db, col) == state(db, rec)
+            assert state(col) == state(rec)
