@@ -30,13 +30,12 @@ from spark_integration.backend import StateBackend
 from spark_integration.task import (
     arrow_schema,
     grace_ms,
-    keyed_columns,
     partition_state,
-    record_batch,
     resolve,
     run_aggregator,
     table_output,
     task_info,
+    updates_output,
 )
 
 __all__ = ["sessionize", "SessionAggregation"]
@@ -142,11 +141,10 @@ class _SessionizeTask:
         )  # fmt: skip
 
     def _to_arrow(self, updates: list) -> pa.RecordBatch:
-        columns = keyed_columns(
-            updates, self.keys, self.time_is_timestamp, "session_start", "session_end"
-        )
-        for out_name, _, _ in self.plan:
-            columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
+        extra = {}
         if self.emit == "update":
-            columns["change"] = ["delete" if u.value is None else "upsert" for u in updates]
-        return record_batch(arrow_schema(self.out_schema_json), columns)
+            extra["change"] = ["delete" if u.value is None else "upsert" for u in updates]
+        return updates_output(
+            updates, arrow_schema(self.out_schema_json), self.keys, self.plan,
+            self.time_is_timestamp, "session_start", "session_end", extra,
+        )  # fmt: skip

@@ -38,7 +38,7 @@ __all__ = [
     "key_values",
     "struct_values",
     "run_aggregator",
-    "keyed_columns",
+    "updates_output",
     "table_output",
     "SIDE",
     "TS",
@@ -290,11 +290,21 @@ def run_aggregator(
     return updates, table_out
 
 
-def keyed_columns(
-    updates: list[Any], keys: list[str], time_is_timestamp: bool, start: str, end: str
-) -> dict[str, list[Any]]:
-    """Key columns and the ``start``/``end`` time columns of operator updates
-    (epoch ms, or Arrow microseconds when the output is a timestamp)."""
+def updates_output(
+    updates: list[Any],
+    schema: pa.Schema,
+    keys: list[str],
+    plan: list[tuple[str, str, str | None]],
+    time_is_timestamp: bool,
+    start: str,
+    end: str,
+    extra: dict[str, list[Any]] | None = None,
+) -> pa.RecordBatch:
+    """Operator updates (objects with key, start, end and a ``value`` dict, None for a
+    retraction) in the operator's output ``schema``: key columns, the time columns
+    (epoch ms, or Arrow microseconds when the output is a timestamp), one column per
+    aggregate, and the ``extra`` columns given. :func:`table_output` does the same
+    for a columnar path's table."""
     columns: dict[str, list[Any]] = {}
     single = len(keys) == 1
     for i, k in enumerate(keys):
@@ -302,7 +312,10 @@ def keyed_columns(
     scale = 1000 if time_is_timestamp else 1
     columns[start] = [u.start * scale for u in updates]
     columns[end] = [u.end * scale for u in updates]
-    return columns
+    for out_name, _, _ in plan:
+        columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
+    columns.update(extra or {})
+    return record_batch(schema, columns)
 
 
 def table_output(

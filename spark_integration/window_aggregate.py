@@ -22,13 +22,12 @@ from spark_integration.backend import StateBackend
 from spark_integration.task import (
     arrow_schema,
     grace_ms,
-    keyed_columns,
     partition_state,
-    record_batch,
     resolve,
     run_aggregator,
     table_output,
     task_info,
+    updates_output,
 )
 
 __all__ = ["window_aggregate"]
@@ -121,13 +120,11 @@ class _WindowTask:
                 agg, provider, info, inputs, self.keys, self.value_cols, columnar=True
             )
         if updates:
-            columns = keyed_columns(
-                updates, self.keys, self.time_is_timestamp, "window_start", "window_end"
-            )
-            for out_name, _, _ in self.plan:
-                columns[out_name] = [u.value[out_name] for u in updates]
-            columns["emission"] = [u.kind for u in updates]
-            yield record_batch(arrow_schema(self.out_schema_json), columns)
+            yield updates_output(
+                updates, arrow_schema(self.out_schema_json), self.keys, self.plan,
+                self.time_is_timestamp, "window_start", "window_end",
+                {"emission": [u.kind for u in updates]},
+            )  # fmt: skip
         if table is not None and table.num_rows:
             out = table_output(
                 table, arrow_schema(self.out_schema_json), self.keys, self.plan,
