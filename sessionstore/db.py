@@ -79,6 +79,13 @@ def _make_options(
     opts.create_if_missing(create_if_missing)
     opts.create_missing_column_families(True)
     opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
+    # RocksDB opens each column family's table files with this many threads, and it
+    # starts them per family even when there is nothing to open: 15 thread starts
+    # per family at the default of 16. Our databases are one partition's state with
+    # a handful of files per family, and Spark reopens them whenever a partition
+    # moves between Python workers; one thread cuts the open of a partition
+    # database with 5 families from about 12 ms to 7 ms here.
+    opts.set_max_file_opening_threads(1)
     try:
         opts.set_compression_type(_COMPRESSION[compression])
     except KeyError:

@@ -273,9 +273,11 @@ class StateStoreProvider:
             self._db = StateDB.open(self._db_path)
 
     def _load(self, version: int) -> StateDB:
-        # Warm fast path: the local copy is applied only after its changelog was
+        # Fast path: the local copy is applied only after its changelog was
         # uploaded, so a database already at ``version`` is committed state and no
-        # listing of the remote directory is needed.
+        # listing of the remote directory is needed, whether it was open already or
+        # was left by another worker process of this machine.
+        self.open_local()
         if self._db is not None and self._local_version(self._db) == version:
             return self._db
         changelogs = self._changelogs()

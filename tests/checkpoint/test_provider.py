@@ -72,6 +72,30 @@ def test_commit_load_and_restore_on_a_new_executor(checkpoint_location, tmp_path
     fresh.close()
 
 
+def test_a_local_copy_at_the_version_loads_without_listing_the_checkpoint(tmp_path):
+    """What another worker process of this machine committed last is committed state
+    (it was uploaded before it was applied): a new provider opens it without listing
+    the remote directory. A local copy behind the version still replays the tail."""
+    location = (f"file://{tmp_path}/remote", None)
+    p = provider(location, tmp_path / "local")
+    write_versions(p, 3)
+    p.close()
+    fresh = provider(location, tmp_path / "local")
+
+    def no_listing():
+        raise AssertionError("the remote directory was listed")
+
+    fresh._files.changelogs = fresh._files.snapshots = no_listing
+    assert state(fresh, 3) == expected(3)
+    fresh.close()
+    writer = provider(location, tmp_path / "writer")  # moves the checkpoint to 5
+    write_versions(writer, 2, start=3)
+    writer.close()
+    behind = provider(location, tmp_path / "local")
+    assert state(behind, 5) == expected(5)
+    behind.close()
+
+
 def test_abort_drops_changes_and_a_retry_sees_the_previous_version(checkpoint_location, tmp_path):
     p = provider(checkpoint_location, tmp_path / "local")
     write_versions(p, 2)
