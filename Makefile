@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) bench/stores.py
 	$(PY) bench/operators.py
 	$(PY) bench/restore.py
+	$(PY) bench/handover.py
 	$(PY) bench/spark_sessionize.py
 
 lint: $(STAMP)
