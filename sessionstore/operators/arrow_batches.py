@@ -12,13 +12,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from sessionstore.gc_pause import gc_paused
+
 __all__ = ["ArrowBatches", "batch_restoring"]
 
 
 class ArrowBatches:
     """Mixin: ``process_batch`` and ``process_table`` on top of ``process_rows`` and
-    the class's ``_process_columnar`` (which returns None for a batch that does not
-    qualify)."""
+    the class's columnar path: ``_columnar_applies`` (whether the aggregator's mode
+    and state allow it) and ``_run_columnar`` (one prepared batch, inside the
+    store's batch)."""
 
     def process_batch(
         self,
@@ -51,10 +54,25 @@ class ArrowBatches:
         """The columnar path of :meth:`process_batch`: the emitted updates as an Arrow
         table with typed ``value`` fields, or None, with nothing changed, when the
         batch does not qualify (then use ``process_rows``). Which batches qualify is
-        the aggregator's (see :mod:`session_columns` and :mod:`window_columns`)."""
-        return self._process_columnar(batch, key, timestamp, value)
+        the aggregator's (see :mod:`session_columns` and :mod:`window_columns`) and
+        :func:`columnar.prepare`'s."""
+        if not self._columnar_applies():
+            return None
+        from sessionstore.operators.columnar import prepare
 
-    def _process_columnar(self, batch: Any, key: Any, timestamp: str, value: Any) -> Any:
+        prepared = prepare(self.aggregation, batch, key, timestamp, value)
+        if prepared is None:
+            return None
+        with self._rolling_back(), gc_paused():
+            return self._run_columnar(prepared, timestamp, value)
+
+    def _columnar_applies(self) -> bool:
+        raise NotImplementedError
+
+    def _run_columnar(self, prepared: Any, timestamp: str, value: Any) -> Any:
+        raise NotImplementedError
+
+    def _rolling_back(self) -> Any:
         raise NotImplementedError
 
     def _updates_table(self, updates: list[Any], key: str | Sequence[str]) -> Any:

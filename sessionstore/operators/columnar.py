@@ -19,15 +19,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.operators.arrow_io import epoch_millis_array
-from sessionstore.operators.session_batch import SUM_LIMIT
+from sessionstore.operators.session_batch import SUM_LIMIT, built_in_functions
 
 __all__ = [
-    "FUNCTIONS", "Slot", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",
+    "Slot", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",
     "result_table", "empty_result",
 ]  # fmt: skip
-
-#: The aggregate functions the columnar paths compute.
-FUNCTIONS = {"count", "sum", "min", "max", "first", "last"}
 
 
 @dataclass
@@ -62,6 +59,8 @@ def prepare(
 ) -> Prepared | None:
     """The batch's columnar input, or None when it does not qualify (then the
     record-exact path runs, and raises the error that names a bad input)."""
+    if built_in_functions(aggregation) is None:
+        return None
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     key_names = [key] if isinstance(key, str) else list(key)
     if table.num_rows == 0 or not {*key_names, timestamp} <= set(table.column_names):

@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["fast_path_columns", "run_fast_keys", "run_fast_final", "merge_slot", "FAR_PAST"]
+__all__ = [
+    "built_in_functions", "fast_path_columns", "run_fast_keys", "run_fast_final", "merge_slot",
+    "FAR_PAST", "SUM_LIMIT",
+]  # fmt: skip
 
 _FAST_FUNCTIONS = {"count", "sum", "min", "max", "first", "last"}
 _INT_LIMIT = 2**53  # ints that numpy holds exactly
@@ -38,10 +41,19 @@ SUM_LIMIT = 2**62  # a bound on |sum| that keeps int64 arithmetic exact
 FAR_PAST = -(2**62)
 
 
-def fast_path_columns(aggregation: Any, values: list[Any]) -> list[list[Any]] | None:
-    """Per-slot value columns if the batch may use the fast path, else None."""
+def built_in_functions(aggregation: Any) -> list[str] | None:
+    """The aggregation's functions when all are built-in count, sum, min, max, first
+    or last (what the vectorised paths compute), else None."""
     functions = getattr(aggregation, "functions", None)
     if functions is None or not set(functions) <= _FAST_FUNCTIONS:
+        return None
+    return functions
+
+
+def fast_path_columns(aggregation: Any, values: list[Any]) -> list[list[Any]] | None:
+    """Per-slot value columns if the batch may use the fast path, else None."""
+    functions = built_in_functions(aggregation)
+    if functions is None:
         return None
     columns: list[list[Any]] = []
     for fn, column in zip(functions, aggregation.columns, strict=True):

@@ -23,7 +23,8 @@ stored sessions read them once and merge them with their runs in Python, with th
 replay's tie rules (``session_batch.merge_slot``). A batch qualifies only when the
 aggregation is built-in count/sum/min/max/first/last, sums, minima and maxima read
 integer columns without nulls whose sum cannot overflow int64, and offsets are not
-tracked; otherwise :meth:`process_table` returns None and the caller uses
+tracked (the aggregator checks its mode and state, :func:`columnar.prepare` the
+batch); otherwise :meth:`process_table` returns None and the caller uses
 ``process_rows``. The property tests hold the two paths equal, state included.
 """
 
@@ -36,15 +37,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessionstore.gc_pause import gc_paused
 from sessionstore.operators.arrow_io import columns_of
 from sessionstore.operators.columnar import (
-    FUNCTIONS,
     Prepared,
     Slot,
     empty_result,
     group_key_values,
-    prepare,
     result_table,
     sortable_keys,
     value_struct_type,
@@ -54,37 +52,15 @@ from sessionstore.operators.session_batch import FAR_PAST, merge_slot
 if TYPE_CHECKING:
     from sessionstore.operators.sessions import SessionWindowAggregator
 
-__all__ = ["process_table_final"]
+__all__ = ["run_final"]
 
 
-def process_table_final(
-    agg: SessionWindowAggregator,
-    batch: pa.Table | pa.RecordBatch,
-    key: str | list[str],
-    timestamp: str,
-    value: str | list[str] | None,
-) -> pa.Table | None:
-    """Process ``batch`` in emit-on-close mode; return the closed sessions as a table
-    (key columns, ``start``, ``end``, ``value`` struct, ``timestamp``) in the order
-    :meth:`process_rows` emits them, or None, with nothing changed, when the batch
-    does not qualify (see the module docstring)."""
-    aggregation = agg.aggregation
-    functions = getattr(aggregation, "functions", None)
-    if (
-        not agg._final
-        or not agg._index_complete
-        or agg.track_offsets
-        or functions is None
-        or not set(functions) <= FUNCTIONS
-        or agg.store.observed_stream_time != agg._stream_time
-    ):
-        return None
-    batch_in = prepare(aggregation, batch, key, timestamp, value)
-    if batch_in is None:
-        return None
-    with agg._rolling_back(), gc_paused():
-        out = _run(agg, batch_in, timestamp, value)
-        agg._save_times()
+def run_final(agg: SessionWindowAggregator, batch_in: Prepared, timestamp: str, value: Any):
+    """Process a prepared batch in emit-on-close mode, inside the store's batch;
+    return the closed sessions as a table (key columns, ``start``, ``end``, ``value``
+    struct, ``timestamp``) in the order :meth:`process_rows` emits them."""
+    out = _run(agg, batch_in, timestamp, value)
+    agg._save_times()
     return out
 
 

@@ -592,11 +592,20 @@ class SessionWindowAggregator(ArrowBatches):
             if emitted_close is None or last_close > emitted_close:
                 self._emitted_close = last_close
 
-    def _process_columnar(self, batch: Any, key: Any, timestamp: str, value: Any) -> Any:
-        # emit-on-close, built-in count/sum/min/max/first/last: see session_columns
-        from sessionstore.operators.session_columns import process_table_final
+    def _columnar_applies(self) -> bool:
+        # emit-on-close with every open session indexed, no offsets, and a store
+        # whose visibility follows our stream time: see session_columns
+        return (
+            self._final
+            and self._index_complete
+            and not self.track_offsets
+            and self.store.observed_stream_time == self._stream_time
+        )
 
-        return process_table_final(self, batch, key, timestamp, value)
+    def _run_columnar(self, prepared: Any, timestamp: str, value: Any) -> Any:
+        from sessionstore.operators.session_columns import run_final
+
+        return run_final(self, prepared, timestamp, value)
 
     def process_records(self, records: Iterable[tuple]) -> list[SessionUpdate]:
         """Batch path for ``(key, value, timestamp)`` or ``(key, value, timestamp,

@@ -24,13 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessionstore.gc_pause import gc_paused
 from sessionstore.operators.columnar import (
-    FUNCTIONS,
     Prepared,
     empty_result,
     group_key_values,
-    prepare,
     result_table,
     value_struct_type,
 )
@@ -39,33 +36,14 @@ from sessionstore.operators.session_batch import FAR_PAST, merge_slot
 if TYPE_CHECKING:
     from sessionstore.operators.windows import WindowAggregator
 
-__all__ = ["process_table_final"]
+__all__ = ["run_final"]
 
 
-def process_table_final(
-    agg: WindowAggregator,
-    batch: pa.Table | pa.RecordBatch,
-    key: str | list[str],
-    timestamp: str,
-    value: str | list[str] | None,
-) -> pa.Table | None:
-    """Process ``batch``; return the windows it closes as a table (key columns,
-    ``start``, exclusive ``end``, ``value`` struct, ``timestamp``, ``kind``) in the
-    record path's order, or None, with nothing changed, when it does not qualify."""
-    aggregation = agg.aggregation
-    functions = getattr(aggregation, "functions", None)
-    if (
-        agg.emit != "final"
-        or agg.early_every_ms is not None
-        or functions is None
-        or not set(functions) <= FUNCTIONS
-    ):
-        return None
-    batch_in = prepare(aggregation, batch, key, timestamp, value)
-    if batch_in is None:
-        return None
-    with agg._rolling_back(), gc_paused():
-        return _run(agg, batch_in)
+def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: Any):
+    """Process a prepared batch inside the store's batch; return the windows it closes
+    as a table (key columns, ``start``, exclusive ``end``, ``value`` struct,
+    ``timestamp``, ``kind``) in the record path's order."""
+    return _run(agg, batch_in)
 
 
 def _run(agg, batch_in: Prepared) -> pa.Table:

@@ -254,11 +254,14 @@ class WindowAggregator(ArrowBatches):
                 out.extend(self._checked(key, value, ts))
         return out
 
-    def _process_columnar(self, batch: Any, key: Any, timestamp: str, value: Any) -> Any:
-        # emit="final" without early emission, built-in aggregates: see window_columns
-        from sessionstore.operators.window_columns import process_table_final
+    def _columnar_applies(self) -> bool:
+        # emit="final" without early emission: see window_columns
+        return self.emit == "final" and self.early_every_ms is None
 
-        return process_table_final(self, batch, key, timestamp, value)
+    def _run_columnar(self, prepared: Any, timestamp: str, value: Any) -> Any:
+        from sessionstore.operators.window_columns import run_final
+
+        return run_final(self, prepared, timestamp, value)
 
     def _updates_table(self, updates: list[Any], key: str | Sequence[str]) -> Any:
         import pyarrow as pa
