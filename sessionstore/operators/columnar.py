@@ -23,7 +23,7 @@ from sessionstore.operators.session_batch import SUM_LIMIT, built_in_functions
 
 __all__ = [
     "Slot", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",
-    "result_table", "empty_result",
+    "GroupAggregates", "result_table", "rows_result", "empty_result",
 ]  # fmt: skip
 
 
@@ -160,6 +160,52 @@ def group_key_values(table: pa.Table, key_names: list[str], rows: np.ndarray) ->
     return taken[0] if len(taken) == 1 else [tuple(parts) for parts in zip(*taken, strict=True)]
 
 
+class GroupAggregates:
+    """The aggregates of consecutive groups of rows: ``rows`` (table row numbers)
+    sorted by group, then by ``times`` (stably, so ties keep arrival order), with
+    ``starts`` True at each group's first row. Accumulators are as the record path
+    stores them: ``first``/``last`` as ``[time, value]``."""
+
+    def __init__(
+        self, rows: np.ndarray, times: np.ndarray, starts: np.ndarray, slots: list[Slot]
+    ) -> None:
+        m = len(rows)
+        self.a = np.flatnonzero(starts)  # each group's first position
+        self.b = np.append(self.a[1:], m).astype(np.int64) if m else self.a  # its end
+        self.slots = slots
+        self.count = self.b - self.a
+        self.first_row, self.last_row = rows[self.a], rows[self.b - 1]
+        self.first_ts, self.last_ts = times[self.a], times[self.b - 1]
+        self.reduced: list[np.ndarray | None] = []
+        for slot in slots:
+            if slot.fn not in ("sum", "min", "max"):
+                self.reduced.append(None)
+            elif not m:  # reduceat refuses empty input
+                self.reduced.append(np.zeros(0, dtype=np.int64))
+            else:
+                ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[slot.fn]
+                self.reduced.append(ufunc.reduceat(slot.ints[rows], self.a))
+
+    def slot_values(self, j: int, idx: Any) -> list[Any]:
+        """Python values of aggregate ``j`` for groups ``idx`` (as stored in an acc)."""
+        slot = self.slots[j]
+        if slot.fn == "count":
+            return self.count[idx].tolist()
+        if slot.fn in ("sum", "min", "max"):
+            return self.reduced[j][idx].tolist()
+        if slot.fn == "first":
+            times, rows = self.first_ts[idx], self.first_row[idx]
+        else:
+            times, rows = self.last_ts[idx], self.last_row[idx]
+        values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
+        return [[t, v] for t, v in zip(times.tolist(), values, strict=True)]
+
+    def accs(self, idx: Any = slice(None)) -> list[list[Any]]:
+        """The accumulators (one list per group) of groups ``idx`` (all by default)."""
+        per_slot = [self.slot_values(j, idx) for j in range(len(self.slots))]
+        return [list(acc) for acc in zip(*per_slot, strict=True)]
+
+
 def value_struct_type(aggregation: Any, slots: list[Slot]) -> pa.StructType:
     """The ``value`` struct: int64 counts, sums, minima and maxima; ``first`` and
     ``last`` keep their column's type."""
@@ -179,6 +225,29 @@ def result_table(key_names, key_arrays, start, end, value) -> pa.Table:
     data["value"] = value
     data["timestamp"] = end
     return pa.table(data)
+
+
+def rows_result(
+    table: pa.Table,
+    key_names: list[str],
+    keys: list[Any],
+    starts: list[int],
+    ends: list[int],
+    values: list[Any],
+    out_type: pa.StructType,
+) -> pa.Table:
+    """An output table from Python rows (keys are tuples for several key columns)."""
+    if not keys:
+        return empty_result(table, key_names, out_type)
+    key_lists = [keys] if len(key_names) == 1 else [list(col) for col in zip(*keys, strict=True)]
+    key_arrays = [
+        pa.array(values_, table.schema.field(k).type)
+        for k, values_ in zip(key_names, key_lists, strict=True)
+    ]
+    return result_table(
+        key_names, key_arrays, pa.array(starts, pa.int64()), pa.array(ends, pa.int64()),
+        pa.array(values, out_type),
+    )  # fmt: skip
 
 
 def empty_result(table: pa.Table, key_names: list[str], out_type: pa.StructType) -> pa.Table:

@@ -39,11 +39,13 @@ import pyarrow.compute as pc
 
 from sessionstore.operators.arrow_io import columns_of
 from sessionstore.operators.columnar import (
+    GroupAggregates,
     Prepared,
     Slot,
     empty_result,
     group_key_values,
     result_table,
+    rows_result,
     sortable_keys,
     value_struct_type,
 )
@@ -255,7 +257,11 @@ class _Batch:
         """Columnar runs and Python updates, in (close step, end, start, key) order."""
         table, key_names, emitted = self.table, self.key_names, self.emitted
         columnar = _emission_table(table, key_names, runs, closing, self.rep_rows, out_type)
-        python = _updates_table(table, key_names, [u for _, u in emitted], out_type)
+        updates = [u for _, u in emitted]
+        python = rows_result(
+            table, key_names, [u.key for u in updates], [u.start for u in updates],
+            [u.end for u in updates], [u.value for u in updates], out_type,
+        )  # fmt: skip
         both = pa.concat_tables([columnar, python])
         sort_cols: dict[str, Any] = {
             "j": np.concatenate([close_step, [e[0][0] for e in emitted]]).astype(np.int64),
@@ -276,51 +282,26 @@ class _Batch:
         return both.take(order)
 
 
-class _Runs:
+class _Runs(GroupAggregates):
     """Runs of records of the columnar keys: records of one key sorted by time, split
-    wherever two are more than ``gap`` apart, with their aggregates."""
+    wherever two are more than ``gap`` apart, with their aggregates; ``g`` is each
+    run's key group, ``start``/``end`` its first and last time."""
 
     def __init__(self, srows, sg, sts, gap, slots) -> None:
-        m = len(srows)
-        brk = np.ones(m, dtype=bool)
-        if m:
+        brk = np.ones(len(srows), dtype=bool)
+        if len(srows):
             brk[1:] = (sg[1:] != sg[:-1]) | (sts[1:] - sts[:-1] > gap)
-        self.a = np.flatnonzero(brk)
-        self.b = np.append(self.a[1:], m).astype(np.int64)
+        super().__init__(srows, sts, brk, slots)
         self.g = sg[self.a]
-        self.start = sts[self.a]
-        self.end = sts[self.b - 1] if m else sts[:0]
-        self.first_row = srows[self.a]
-        self.last_row = srows[self.b - 1] if m else srows[:0]
         self.plain = np.ones(len(self.a), dtype=bool)
-        self.slots = slots
-        self.count = self.b - self.a
-        self.reduced: list[np.ndarray | None] = []
-        for slot in slots:
-            if slot.fn in ("sum", "min", "max") and m:
-                ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[slot.fn]
-                self.reduced.append(ufunc.reduceat(slot.ints[srows], self.a))
-            else:
-                self.reduced.append(None)
 
-    def slot_values(self, j: int, idx: np.ndarray) -> list[Any]:
-        """Python values of aggregate ``j`` for runs ``idx`` (as stored in an acc)."""
-        slot = self.slots[j]
-        if slot.fn == "count":
-            return self.count[idx].tolist()
-        if slot.fn in ("sum", "min", "max"):
-            return self.reduced[j][idx].tolist()
-        if slot.fn == "first":
-            times, rows = self.start[idx], self.first_row[idx]
-        else:
-            times, rows = self.end[idx], self.last_row[idx]
-        values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
-        return [[t, v] for t, v in zip(times.tolist(), values, strict=True)]
+    @property
+    def start(self) -> np.ndarray:
+        return self.first_ts
 
-    def accs(self, idx: np.ndarray) -> list[list[Any]]:
-        """The accumulators (one list per run) of runs ``idx``."""
-        per_slot = [self.slot_values(j, idx) for j in range(len(self.slots))]
-        return [list(acc) for acc in zip(*per_slot, strict=True)]
+    @property
+    def end(self) -> np.ndarray:
+        return self.last_ts
 
 
 def _merge_stored(runs: _Runs, g, lo, hi, stored, gap, py_sessions, removals) -> None:
@@ -351,23 +332,13 @@ def _merge_stored(runs: _Runs, g, lo, hi, stored, gap, py_sessions, removals) ->
             continue
         acc = list(accs[run_ks[0]])
         for k in run_ks[1:]:  # later runs in time order
-            acc = [_combine_runs(fn, a, b) for fn, a, b in zip(fns, acc, accs[k], strict=True)]
+            acc = [merge_slot(fn, a, b) for fn, a, b in zip(fns, acc, accs[k], strict=True)]
         for k in sorted(stored_ks, key=lambda k: (stored[k][1], stored[k][0])):
             s_start, s_end, s_acc = stored[k]
             acc = [merge_slot(fn, s_acc[j], acc[j]) for j, fn in enumerate(fns)]
             removals.append((g, s_start, s_end))
         runs.plain[lo + np.array(run_ks)] = False
         py_sessions.append((g, start, end, acc))
-
-
-def _combine_runs(fn: str, earlier: Any, later: Any) -> Any:
-    if fn in ("count", "sum"):
-        return earlier + later
-    if fn == "min":
-        return later if later < earlier else earlier
-    if fn == "max":
-        return later if later > earlier else earlier
-    return earlier if fn == "first" else later
 
 
 def _emission_table(table, key_names, runs: _Runs, idx, rep_rows, out_type) -> pa.Table:
@@ -391,24 +362,4 @@ def _emission_table(table, key_names, runs: _Runs, idx, rep_rows, out_type) -> p
         pa.array(runs.start[idx], pa.int64()),
         pa.array(runs.end[idx], pa.int64()),
         value,
-    )
-
-
-def _updates_table(table, key_names, updates, out_type) -> pa.Table:
-    if not updates:
-        return empty_result(table, key_names, out_type)
-    if len(key_names) == 1:
-        key_lists = [[u.key for u in updates]]
-    else:
-        key_lists = [[u.key[i] for u in updates] for i in range(len(key_names))]
-    keys = [
-        pa.array(values, table.schema.field(k).type)
-        for k, values in zip(key_names, key_lists, strict=True)
-    ]
-    return result_table(
-        key_names,
-        keys,
-        pa.array([u.start for u in updates], pa.int64()),
-        pa.array([u.end for u in updates], pa.int64()),
-        pa.array([u.value for u in updates], out_type),
     )

@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.operators.columnar import (
+    GroupAggregates,
     Prepared,
     empty_result,
     group_key_values,
-    result_table,
+    rows_result,
     value_struct_type,
 )
 from sessionstore.operators.session_batch import FAR_PAST, merge_slot
@@ -79,13 +80,11 @@ def _run(agg, batch_in: Prepared) -> pa.Table:
     pair_rows = rows[pair_row]
     order = np.lexsort((pair_rows, ts[pair_rows], pair_start, pair_g))
     pg, pstart, prow = pair_g[order], pair_start[order], pair_rows[order]
-    m = len(order)
-    brk = np.ones(m, dtype=bool)
-    if m:
+    brk = np.ones(len(order), dtype=bool)
+    if len(order):
         brk[1:] = (pg[1:] != pg[:-1]) | (pstart[1:] != pstart[:-1])
-    a = np.flatnonzero(brk)
-    b = np.append(a[1:], m).astype(np.int64) if m else a
-    w_g, w_start = pg[a], pstart[a]
+    groups = GroupAggregates(prow, ts[prow], brk, slots)
+    w_g, w_start = pg[groups.a], pstart[groups.a]
     w_end = w_start + size
 
     encode = agg.store._encode_key
@@ -100,19 +99,8 @@ def _run(agg, batch_in: Prepared) -> pa.Table:
     w_fire = np.searchsorted(prefix, w_end + grace, side="left")
 
     # the batch's aggregates of each window, then merged into its stored value
-    batch_slots: list[list[Any]] = []
-    for slot in slots:
-        if slot.fn == "count":
-            batch_slots.append((b - a).tolist())
-        elif slot.fn in ("sum", "min", "max"):
-            ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[slot.fn]
-            batch_slots.append(ufunc.reduceat(slot.ints[prow], a).tolist() if m else [])
-        else:
-            at = prow[a] if slot.fn == "first" else prow[b - 1]
-            values = slot.column.take(pa.array(at, pa.int64())).to_pylist()
-            batch_slots.append([[t, v] for t, v in zip(ts[at].tolist(), values, strict=True)])
     fns = [slot.fn for slot in slots]
-    accs = [list(acc) for acc in zip(*batch_slots, strict=True)] if batch_slots else []
+    accs = groups.accs()
     for i, old in enumerate(stored):
         if old is not None:
             accs[i] = [merge_slot(fn, old[j], accs[i][j]) for j, fn in enumerate(fns)]
@@ -163,20 +151,9 @@ def _run(agg, batch_in: Prepared) -> pa.Table:
 
 
 def _emitted_table(table, key_names, emitted, out_type) -> pa.Table:
-    if not emitted:
-        return empty_result(table, key_names, out_type)
-    if len(key_names) == 1:
-        key_lists = [[e[4] for e in emitted]]
-    else:
-        key_lists = [[e[4][i] for e in emitted] for i in range(len(key_names))]
-    keys = [
-        pa.array(values, table.schema.field(k).type)
-        for k, values in zip(key_names, key_lists, strict=True)
-    ]
-    return result_table(
-        key_names, keys, pa.array([e[2] for e in emitted], pa.int64()),
-        pa.array([e[1] for e in emitted], pa.int64()),
-        pa.array([e[5] for e in emitted], out_type),
+    return rows_result(
+        table, key_names, [e[4] for e in emitted], [e[2] for e in emitted],
+        [e[1] for e in emitted], [e[5] for e in emitted], out_type,
     )  # fmt: skip
 
 
