@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessionstore.operators import Aggregation, Aggregations
-from spark_integration.task import TS, checked_fields, time_column
+from spark_integration.task import TS, OperatorOutput, checked_fields, time_column
 
 __all__ = ["SessionAggregation", "AggregateInput", "aggregate_input", "parse_aggregations"]
 
@@ -100,6 +100,16 @@ class AggregateInput:
     value_cols: list[str]
     plan: list[tuple[str, str, str | None]]
     time_is_timestamp: bool
+    #: the names of the start and end time columns
+    start: str
+    end: str
+
+    def output(self, schema: Any) -> OperatorOutput:
+        """What tasks need to build output rows of the Spark ``schema`` (which
+        extends :attr:`out_fields`)."""
+        return OperatorOutput(
+            schema.json(), self.keys, self.plan, self.time_is_timestamp, self.start, self.end
+        )
 
 
 def aggregate_input(
@@ -134,5 +144,5 @@ def aggregate_input(
     )
     return AggregateInput(
         keys, selected, out_fields, aggregation, value_cols, plan,
-        isinstance(time_type, T.TimestampType),
+        isinstance(time_type, T.TimestampType), start, end,
     )  # fmt: skip

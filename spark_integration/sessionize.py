@@ -28,14 +28,12 @@ from sessionstore.operators import Aggregation, SessionWindowAggregator, Session
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
-    arrow_schema,
+    OperatorOutput,
     grace_ms,
     partition_state,
     resolve,
     run_aggregator,
-    table_output,
     task_info,
-    updates_output,
 )
 
 __all__ = ["sessionize", "SessionAggregation"]
@@ -81,15 +79,12 @@ def sessionize(
         backend=backend,
         name=name,
         num_partitions=n,
-        keys=plan.keys,
         value_cols=plan.value_cols,
         gap_ms=gap_ms,
         grace_ms=grace,
         emit=emit,
         aggregation=plan.aggregation,
-        plan=plan.plan,
-        time_is_timestamp=plan.time_is_timestamp,
-        out_schema_json=out_schema.json(),
+        output=plan.output(out_schema),
     )
     return plan.selected.repartition(n, *plan.keys).mapInArrow(task, out_schema)
 
@@ -101,15 +96,12 @@ class _SessionizeTask:
     backend: StateBackend
     name: str
     num_partitions: int
-    keys: list[str]
     value_cols: list[str]
     gap_ms: int
     grace_ms: int
     emit: str
     aggregation: Aggregation
-    plan: list
-    time_is_timestamp: bool
-    out_schema_json: str
+    output: OperatorOutput
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
@@ -126,25 +118,12 @@ class _SessionizeTask:
                 emit=self.emit,
             )
             updates, table = run_aggregator(
-                agg, provider, info, inputs, self.keys, self.value_cols, columnar=True
+                agg, provider, info, inputs, self.output.keys, self.value_cols
             )
         if updates:
-            yield self._to_arrow(updates)
-        if table is not None and table.num_rows:
-            yield from self._table_to_arrow(table).to_batches()
-
-    def _table_to_arrow(self, table: pa.Table) -> pa.Table:
-        """The output of the columnar path (``process_table``) in the output schema."""
-        return table_output(
-            table, arrow_schema(self.out_schema_json), self.keys, self.plan,
-            self.time_is_timestamp, "session_start", "session_end",
-        )  # fmt: skip
-
-    def _to_arrow(self, updates: list) -> pa.RecordBatch:
-        extra = {}
-        if self.emit == "update":
-            extra["change"] = ["delete" if u.value is None else "upsert" for u in updates]
-        return updates_output(
-            updates, arrow_schema(self.out_schema_json), self.keys, self.plan,
-            self.time_is_timestamp, "session_start", "session_end", extra,
-        )  # fmt: skip
+            extra = {}
+            if self.emit == "update":
+                extra["change"] = ["delete" if u.value is None else "upsert" for u in updates]
+            yield self.output.from_updates(updates, extra)
+        if table is not None and table.num_rows:  # the columnar path: emit-on-close
+            yield from self.output.from_table(table).to_batches()

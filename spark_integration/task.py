@@ -38,8 +38,7 @@ __all__ = [
     "key_values",
     "struct_values",
     "run_aggregator",
-    "updates_output",
-    "table_output",
+    "OperatorOutput",
     "SIDE",
     "TS",
 ]
@@ -258,15 +257,13 @@ def run_aggregator(
     inputs: list[pa.RecordBatch],
     keys: list[str],
     value_cols: list[str],
-    columnar: bool = False,
 ) -> tuple[list[Any], pa.Table | None]:
     """One batch of an event-time aggregator (session or window): advance to the
     operator's shared event time, process the rows in deterministic order (event time
     in column ``TS``), publish this partition's event time.
 
-    Returns the updates as objects and, with ``columnar=True`` (the caller converts
-    tables), as a table those of the aggregator's columnar path (``process_table``)
-    when the batch qualifies."""
+    Returns the updates as objects, and as a table those of the aggregator's columnar
+    path (``process_table``) when the batch qualifies (else None)."""
     from sessionstore.checkpoint.event_time import EventTimeExchange
     from sessionstore.operators.arrow_io import columns_of
 
@@ -281,8 +278,7 @@ def run_aggregator(
             table = deterministic_order(pa.Table.from_batches(inputs), [TS])
             key = keys[0] if len(keys) == 1 else keys
             value = value_cols or None
-            if columnar:
-                table_out = agg.process_table(table, key, TS, value)
+            table_out = agg.process_table(table, key, TS, value)
             if table_out is None:
                 k, times, values = columns_of(table, key, TS, value)
                 updates += agg.process_rows(k, times, values)
@@ -290,59 +286,50 @@ def run_aggregator(
     return updates, table_out
 
 
-def updates_output(
-    updates: list[Any],
-    schema: pa.Schema,
-    keys: list[str],
-    plan: list[tuple[str, str, str | None]],
-    time_is_timestamp: bool,
-    start: str,
-    end: str,
-    extra: dict[str, list[Any]] | None = None,
-) -> pa.RecordBatch:
-    """Operator updates (objects with key, start, end and a ``value`` dict, None for a
-    retraction) in the operator's output ``schema``: key columns, the time columns
-    (epoch ms, or Arrow microseconds when the output is a timestamp), one column per
-    aggregate, and the ``extra`` columns given. :func:`table_output` does the same
-    for a columnar path's table."""
-    columns: dict[str, list[Any]] = {}
-    single = len(keys) == 1
-    for i, k in enumerate(keys):
-        columns[k] = [u.key if single else u.key[i] for u in updates]
-    scale = 1000 if time_is_timestamp else 1
-    columns[start] = [u.start * scale for u in updates]
-    columns[end] = [u.end * scale for u in updates]
-    for out_name, _, _ in plan:
-        columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
-    columns.update(extra or {})
-    return record_batch(schema, columns)
+@dataclass
+class OperatorOutput:
+    """How an aggregating operator's results become its output rows (picklable, so
+    tasks carry it): the output schema (Spark JSON), the key columns, the aggregate
+    plan ``(output column, function, input column)``, whether times are timestamps
+    (else epoch ms), and the names of the start and end time columns."""
 
+    schema_json: str
+    keys: list[str]
+    plan: list[tuple[str, str, str | None]]
+    time_is_timestamp: bool
+    start: str
+    end: str
 
-def table_output(
-    table: pa.Table,
-    schema: pa.Schema,
-    keys: list[str],
-    plan: list[tuple[str, str, str | None]],
-    time_is_timestamp: bool,
-    start: str,
-    end: str,
-    extra: dict[str, Any] | None = None,
-) -> pa.Table:
-    """A columnar path's output (key columns, ``start``, ``end``, ``value`` struct)
-    in the operator's output ``schema``: times in ``start``/``end`` (Arrow
-    microseconds when the output is a timestamp), one column per aggregate, and the
-    ``extra`` columns given."""
-    import pyarrow.compute as pc
+    def from_updates(
+        self, updates: list[Any], extra: dict[str, list[Any]] | None = None
+    ) -> pa.RecordBatch:
+        """Operator updates (objects with key, start, end and a ``value`` dict, None
+        for a retraction) as output rows, with the ``extra`` columns given."""
+        columns: dict[str, list[Any]] = {}
+        single = len(self.keys) == 1
+        for i, k in enumerate(self.keys):
+            columns[k] = [u.key if single else u.key[i] for u in updates]
+        scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are in us
+        columns[self.start] = [u.start * scale for u in updates]
+        columns[self.end] = [u.end * scale for u in updates]
+        for out_name, _, _ in self.plan:
+            columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
+        columns.update(extra or {})
+        return record_batch(arrow_schema(self.schema_json), columns)
 
-    scale = 1000 if time_is_timestamp else 1
-    value = table.column("value")
-    columns: dict[str, Any] = {k: table.column(k) for k in keys}
-    columns[start] = pc.multiply_checked(table.column("start"), scale)
-    columns[end] = pc.multiply_checked(table.column("end"), scale)
-    for out_name, _, _ in plan:
-        columns[out_name] = pc.struct_field(value, out_name)
-    columns.update(extra or {})
-    return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
+    def from_table(self, table: pa.Table, extra: dict[str, Any] | None = None) -> pa.Table:
+        """A columnar path's output (key columns, ``start``, ``end``, ``value``
+        struct) as output rows, with the ``extra`` columns given."""
+        scale = 1000 if self.time_is_timestamp else 1
+        value = table.column("value")
+        columns: dict[str, Any] = {k: table.column(k) for k in self.keys}
+        columns[self.start] = pc.multiply_checked(table.column("start"), scale)
+        columns[self.end] = pc.multiply_checked(table.column("end"), scale)
+        for out_name, _, _ in self.plan:
+            columns[out_name] = pc.struct_field(value, out_name)
+        columns.update(extra or {})
+        schema = arrow_schema(self.schema_json)
+        return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
 def arrow_schema(spark_schema_json: str) -> pa.Schema:

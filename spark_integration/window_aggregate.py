@@ -20,14 +20,12 @@ from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
 from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
-    arrow_schema,
+    OperatorOutput,
     grace_ms,
     partition_state,
     resolve,
     run_aggregator,
-    table_output,
     task_info,
-    updates_output,
 )
 
 __all__ = ["window_aggregate"]
@@ -70,15 +68,12 @@ def window_aggregate(
         backend=backend,
         name=name,
         num_partitions=n,
-        keys=plan.keys,
         value_cols=plan.value_cols,
         windows=windows,
         emit=emit,
         early_every_ms=None if early_every is None else interval_ms(early_every, "early_every"),
         aggregation=plan.aggregation,
-        plan=plan.plan,
-        time_is_timestamp=plan.time_is_timestamp,
-        out_schema_json=out_schema.json(),
+        output=plan.output(out_schema),
     )
     # validate the emission settings on the driver, with a clear error
     WindowAggregator.check_settings(emit, task.early_every_ms)
@@ -90,15 +85,12 @@ class _WindowTask:
     backend: StateBackend
     name: str
     num_partitions: int
-    keys: list[str]
     value_cols: list[str]
     windows: TimeWindows
     emit: str
     early_every_ms: int | None
     aggregation: Aggregation
-    plan: list
-    time_is_timestamp: bool
-    out_schema_json: str
+    output: OperatorOutput
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
@@ -117,18 +109,10 @@ class _WindowTask:
                 early_every_ms=self.early_every_ms,
             )
             updates, table = run_aggregator(
-                agg, provider, info, inputs, self.keys, self.value_cols, columnar=True
+                agg, provider, info, inputs, self.output.keys, self.value_cols
             )
         if updates:
-            yield updates_output(
-                updates, arrow_schema(self.out_schema_json), self.keys, self.plan,
-                self.time_is_timestamp, "window_start", "window_end",
-                {"emission": [u.kind for u in updates]},
-            )  # fmt: skip
-        if table is not None and table.num_rows:
-            out = table_output(
-                table, arrow_schema(self.out_schema_json), self.keys, self.plan,
-                self.time_is_timestamp, "window_start", "window_end",
-                {"emission": table.column("kind")},
-            )  # fmt: skip
+            yield self.output.from_updates(updates, {"emission": [u.kind for u in updates]})
+        if table is not None and table.num_rows:  # the columnar path: emit="final"
+            out = self.output.from_table(table, {"emission": table.column("kind")})
             yield from out.to_batches()
