@@ -53,3 +53,61 @@ def test_input_checks_name_the_missing_column_and_the_bad_time_type():
         checked_fields(df, ["user", "k"], "the left input")
     with pytest.raises(ValueError, match="timestamp column 'ts' must be a timestamp or epoch"):
         time_column(checked_fields(df, ["ts"]), "ts")
+
+
+def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record_path(tmp_path):
+    """The Spark task's input (two key columns, time in ``TS``, int and string
+    values) takes the columnar path, and OperatorOutput turns its table into the
+    same output rows as the record path's updates (times as timestamps)."""
+    from pyspark.sql import types as T
+
+    from sessionstore import StateStoreProvider, StoreSpec
+    from sessionstore.operators import SessionWindowAggregator, SessionWindows
+    from sessionstore.operators.arrow_io import columns_of
+    from spark_integration.aggregations import parse_aggregations
+    from spark_integration.task import TS, OperatorOutput, TaskInfo, run_aggregator
+
+    aggregation, value_cols, plan = parse_aggregations(
+        {"n": "count", "lo": ("min", "amount"), "hi": ("max", "amount"), "exit": ("last", "page")},
+        ["amount", "page"],
+    )
+    rng = random.Random(3)
+    rows = [
+        {"user": f"u{rng.randrange(3)}", "device": rng.randrange(2), TS: t,
+         "amount": rng.randrange(-50, 50), "page": rng.choice(["/", "/cart"])}
+        for t in sorted(rng.sample(range(0, 60_000), 200))
+    ] + [{"user": "zz", "device": 0, TS: 10**6, "amount": 0, "page": "/"}]  # fmt: skip
+    batch = pa.RecordBatch.from_pylist(
+        rows,
+        schema=pa.schema([("user", pa.string()), ("device", pa.int32()), (TS, pa.int64()),
+                          ("amount", pa.int32()), ("page", pa.string())]),
+    )  # fmt: skip
+    keys = ["user", "device"]
+
+    def aggregator(name):
+        provider = StateStoreProvider(
+            f"file://{tmp_path}/ck", name, 0, [StoreSpec("s", "session", 6_001)], tmp_path / name
+        )
+        store = provider.get_store(0)["s"]
+        return provider, SessionWindowAggregator(
+            store, SessionWindows(5_000, 1_000), aggregations=aggregation, emit="final"
+        )
+
+    provider, agg = aggregator("columnar")
+    updates, table = run_aggregator(agg, provider, TaskInfo(0, 1, 0), [batch], keys, value_cols)
+    assert updates == [] and table is not None and table.num_rows > 10
+    _, reference = aggregator("records")
+    k, times, values = columns_of(pa.Table.from_batches([batch]), keys, TS, value_cols)
+    expected = reference.process_rows(k, times, values)
+
+    schema = T.StructType(
+        [T.StructField("user", T.StringType()), T.StructField("device", T.IntegerType()),
+         T.StructField("session_start", T.TimestampType()),
+         T.StructField("session_end", T.TimestampType()), T.StructField("n", T.LongType()),
+         T.StructField("lo", T.IntegerType()), T.StructField("hi", T.IntegerType()),
+         T.StructField("exit", T.StringType())]
+    )  # fmt: skip
+    output = OperatorOutput(schema.json(), keys, plan, True, "session_start", "session_end")
+    got = output.from_table(table)
+    assert got.schema.field("lo").type == pa.int32()
+    assert got.to_pylist() == pa.Table.from_batches([output.from_updates(expected)]).to_pylist()
