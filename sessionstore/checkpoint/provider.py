@@ -278,7 +278,8 @@ class StateStoreProvider:
         # listing of the remote directory is needed, whether it was open already or
         # was left by another worker process of this machine.
         self.open_local()
-        if self._db is not None and self._local_version(self._db) == version:
+        local = None if self._db is None else self._local_version(self._db)
+        if local == version:
             return self._db
         changelogs = self._changelogs()
         snapshots = self._snapshots()
@@ -287,13 +288,11 @@ class StateStoreProvider:
             raise VersionNotFoundError(
                 f"version {version} of {self._remote.uri} does not exist (latest is {latest})"
             )
-        self.open_local()
-        if self._db is not None:
-            local = self._local_version(self._db)
-            if local == version:
-                return self._db
-            if local < version and all(v in changelogs for v in range(local + 1, version + 1)):
-                for v in range(local + 1, version + 1):
+        # a local copy behind the version catches up by replaying the changelog tail
+        if local is not None and local < version:
+            tail = range(local + 1, version + 1)
+            if all(v in changelogs for v in tail):
+                for v in tail:
                     self._replay(self._db, v)
                 self._db.reload_stores()
                 return self._db
