@@ -40,14 +40,11 @@ if TYPE_CHECKING:
 __all__ = ["run_final"]
 
 
-def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: Any):
+def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
     """Process a prepared batch inside the store's batch; return the windows it closes
     as a table (key columns, ``start``, exclusive ``end``, ``value`` struct,
-    ``timestamp``, ``kind``) in the record path's order."""
-    return _run(agg, batch_in)
-
-
-def _run(agg, batch_in: Prepared) -> pa.Table:
+    ``timestamp``, ``kind``) in the record path's order. (``timestamp`` and
+    ``value`` name the batch's columns, which ``batch_in`` has already read.)"""
     table, key_names, slots = batch_in.table, batch_in.key_names, batch_in.slots
     ts, valid, codes = batch_in.ts, batch_in.valid, batch_in.codes
     store, pending, windows = agg.store, agg._pending, agg.windows
