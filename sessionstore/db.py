@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -409,13 +410,19 @@ class StateDB:
                 self._families.add(cf)
         if buf.families:
             wb = WriteBatch(raw_mode=True)
+            put, delete = wb.put, wb.delete
             for cf, entries in buf.families.items():
                 handle = self._handle(cf)
-                for key, value in entries.items():
-                    if value is None:
-                        wb.delete(key, handle)
-                    else:
-                        wb.put(key, value, handle)
+                if None in entries.values():
+                    for key, value in entries.items():
+                        if value is None:
+                            delete(key, handle)
+                        else:
+                            put(key, value, handle)
+                else:
+                    # Puts only (the usual case): one C-level loop, no per-key branch.
+                    wb.set_default_column_family(handle)
+                    deque(map(put, entries.keys(), entries.values()), 0)
             self._db().write(wb, self._write_options)
         for cf in buf.dropped:
             if cf in self._families:

@@ -146,6 +146,8 @@ def _cached_str_encoder() -> Callable[[Any], bytes]:
             return kb
         return encode_key(key)
 
+    # Hot loops look str keys up here first and call encode() only on a miss.
+    encode.cache = cache  # type: ignore[attr-defined]
     return encode
 
 

@@ -372,33 +372,48 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         per-row work inlined: this is the path micro-batch operators use.
         """
         encode, dumps, pack = self._encode_key, self._dumps, TIMES.pack
+        cached_key = getattr(encode, "cache", {}).get  # encoded str keys, if cached
         names, interval, db = self._segments.names, self.segment_interval_ms, self._db
+        retention, sign = self.retention_ms, TIME_SIGN
+        ts_min, ts_max, str_, int_ = TS_MIN, TS_MAX, str, int  # locals: this loop is hot
         with db.batch():
-            writers: dict[str, dict[bytes, bytes | None]] = {}
+            # The last segment's time range and pending-write dict, kept across rows
+            # (the rows of a micro-batch mostly share one segment). Expiry cannot
+            # stale them: a dropped segment lies wholly below stream time - retention,
+            # so a row that would land there is late and skipped first. The slow
+            # path may create or drop families, so it resets the range.
+            seg_lo = seg_hi = 0
+            entries: dict[bytes, bytes | None] = {}
+            # below every valid end, so that a new store's first row sets the time
+            st = ts_min - 1 if self._stream_time is None else self._stream_time
+            late_below = st - retention
             for key, start, end, value in rows:
                 if value is None or not (
-                    type(start) is int and type(end) is int and TS_MIN <= start <= end <= TS_MAX
+                    type(start) is int_ and type(end) is int_ and ts_min <= start <= end <= ts_max
                 ):
                     self.put(key, start, end, value)  # deletes and odd input: the slow path
-                    writers.clear()  # put() may have dropped or created families
+                    st = ts_min - 1 if self._stream_time is None else self._stream_time
+                    late_below = st - retention
+                    seg_lo = seg_hi = 0
                     continue
-                kb = encode(key)
+                kb = cached_key(key) if type(key) is str_ else None
+                if kb is None:
+                    kb = encode(key)
                 vb = dumps(value)
-                st = self._stream_time
-                if st is None or end > st:
+                if end > st:
                     self._advance(end)
-                    writers.clear()
-                elif end <= st - self.retention_ms:
+                    st, late_below = end, end - retention
+                elif end <= late_below:
                     self.dropped_records += 1
                     continue
-                seg = end // interval
-                cf = names.get(seg)
-                if cf is None:
-                    cf = self._segments.get_or_create(seg)
-                entries = writers.get(cf)
-                if entries is None:
-                    entries = writers[cf] = db.bulk_writer(cf)
-                entries[kb + pack(end + TIME_SIGN, start + TIME_SIGN)] = vb
+                if not seg_lo <= end < seg_hi:
+                    seg = end // interval
+                    cf = names.get(seg)
+                    if cf is None:
+                        cf = self._segments.get_or_create(seg)
+                    entries = db.bulk_writer(cf)
+                    seg_lo, seg_hi = seg * interval, seg * interval + interval
+                entries[kb + pack(end + sign, start + sign)] = vb
 
     def _read(self, kb: bytes, start: int, end: int) -> bytes | None:
         cf = self._segments.name(end // self._segments.interval)
