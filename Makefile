@@ -34,7 +34,7 @@ bench: $(STAMP)
 	$(PY) bench/operators.py
 	$(PY) bench/restore.py
 	$(PY) bench/handover.py
-	$(PY) bench/spark_sessionize.py
+	$(PY) bench/spark_sessionize.py --floor-parts
 
 lint: $(STAMP)
 	$(PY) -m ruff check sessionstore spark_integration tests bench

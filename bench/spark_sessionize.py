@@ -11,7 +11,11 @@ to the noop sink. Event times advance ~10 ms per event; gap 60 s.
 3. The floor: ``repartition(4, key)`` + ``mapInArrow`` that only counts rows, the
    cost Spark itself imposes on this architecture.
 
-Run: ``.venv/bin/python bench/spark_sessionize.py [--events N]``.
+With ``--floor-parts`` it also splits the floor into its steps (the plain read to
+the noop sink, the shuffle, the Python hop) and times it with larger Arrow batches,
+to show what in the floor could be lowered.
+
+Run: ``.venv/bin/python bench/spark_sessionize.py [--events N] [--floor-parts]``.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ def main(argv=None) -> str:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=20_000)
     ap.add_argument("--batches", type=int, default=10)
+    ap.add_argument("--floor-parts", action="store_true", help="also split the floor's cost")
     args = ap.parse_args(argv)
     from pyspark.sql import functions as F
 
@@ -132,10 +137,32 @@ def main(argv=None) -> str:
                 .trigger(availableNow=True).start()
             )  # fmt: skip
 
+        def noop(out, name):
+            return (
+                out.writeStream.format("noop").outputMode("append")
+                .option("checkpointLocation", os.path.join(tmp, f"ck-{name}"))
+                .trigger(availableNow=True).start()
+            )  # fmt: skip
+
+        def floor_big_batches(run):
+            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
+            try:
+                return floor(f"big-{run}")
+            finally:  # the conf is read when the query is planned, at start()
+                spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+        cases = [("floor", floor), ("builtin", builtin), ("ours", ours)]
+        if args.floor_parts:
+            cases += [
+                ("read", lambda r: noop(stream(), f"read-{r}")),
+                ("shuffle", lambda r: noop(stream().repartition(PARTITIONS, "user"), f"sh-{r}")),
+                ("hop", lambda r: noop(stream().mapInArrow(count_rows, "n long"), f"hop-{r}")),
+                ("floor_big", floor_big_batches),
+            ]
         # best of two interleaved rounds, each query on a fresh checkpoint
         times: dict[str, float] = {}
         for round_ in range(2):
-            for name, fn in (("floor", floor), ("builtin", builtin), ("ours", ours)):
+            for name, fn in cases:
                 elapsed = timed(lambda fn=fn, r=round_: fn(f"{r}"))
                 times[name] = min(times.get(name, elapsed), elapsed)
     spark.stop()
@@ -152,6 +179,27 @@ def main(argv=None) -> str:
                 f"{n / times[name]:,.0f}",
                 f"{times['builtin'] / times[name]:.2f}x",
             ]
+        )
+    if args.floor_parts:
+        parts = [
+            ["plain read to the noop sink", times["read"], None],
+            ["read + repartition(4, user)", times["shuffle"], times["shuffle"] - times["read"]],
+            ["read + mapInArrow count (no shuffle)", times["hop"], times["hop"] - times["read"]],
+            ["floor (read + repartition + mapInArrow)", times["floor"], None],
+            ["floor, maxRecordsPerBatch=100000", times["floor_big"], None],
+        ]
+        print_table(
+            f"Where the floor's time goes, same run ({n:,} events)",
+            ["pipeline", "time", "added to the plain read", "built-in / this"],
+            [
+                [
+                    label,
+                    f"{t:.2f} s",
+                    "" if extra is None else f"+{extra:.2f} s",
+                    f"{times['builtin'] / t:.2f}x",
+                ]
+                for label, t, extra in parts
+            ],
         )
     return print_table(
         f"Spark sessionization, {n:,} events, {args.keys:,} Zipf keys, {args.batches} micro-batches, "
