@@ -30,9 +30,9 @@ from spark_integration.backend import StateBackend
 from spark_integration.task import (
     OperatorOutput,
     grace_ms,
-    partition_state,
     resolve,
     run_aggregator,
+    state_and_inputs,
     task_info,
 )
 
@@ -105,12 +105,10 @@ class _SessionizeTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
-        inputs = [b for b in batches if b.num_rows]
         spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
-        with partition_state(self.backend, self.name, info, [spec], self.num_partitions) as (
-            handle,
-            provider,
-        ):
+        with state_and_inputs(
+            self.backend, self.name, info, [spec], self.num_partitions, batches
+        ) as (handle, provider, inputs):
             agg = SessionWindowAggregator(
                 handle["sessions"],
                 SessionWindows(self.gap_ms, self.grace_ms),

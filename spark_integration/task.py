@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ __all__ = [
     "TaskInfo",
     "task_info",
     "partition_state",
+    "state_and_inputs",
     "arrow_schema",
     "deterministic_order",
     "resolve",
@@ -117,6 +120,61 @@ def partition_state(
         else:  # this worker exits with the task (os._exit): a background upload would die
             provider.do_maintenance()
     _maybe_fail(backend, info)
+
+
+class _EnteredAhead:
+    """A context manager entered on a helper thread at once, so that its set-up
+    overlaps with what the caller does next; ``__enter__`` waits for it."""
+
+    def __init__(self, cm: Any) -> None:
+        self._cm = cm
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._enter, name="sessionstore-take", daemon=True)
+        self._thread.start()
+
+    def _enter(self) -> None:
+        try:
+            self._value = self._cm.__enter__()
+        except BaseException as exc:  # re-raised by __enter__, on the task's thread
+            self._error = exc
+
+    def __enter__(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._cm.__exit__(*exc)
+
+
+@contextmanager
+def state_and_inputs(
+    backend: StateBackend,
+    name: str,
+    info: TaskInfo,
+    specs: list[StoreSpec],
+    num_partitions: int,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[tuple[StoreHandle, StateStoreProvider, list[pa.RecordBatch]]]:
+    """:func:`partition_state` and the task's non-empty input batches.
+
+    The state is taken (database opened or handed over, version loaded) on a helper
+    thread while this thread receives the input from the JVM: both wait on I/O, and
+    a task used to pay for them one after the other (~10 ms for a RocksDB open, and
+    as long for a 25,000-row input).
+    """
+    ahead = _EnteredAhead(partition_state(backend, name, info, specs, num_partitions))
+    try:
+        inputs = [b for b in batches if b.num_rows]
+    except BaseException:
+        ahead._thread.join()
+        if ahead._error is None:  # the state was taken: drop its batch
+            ahead.__exit__(*sys.exc_info())
+        raise
+    with ahead as (handle, provider):
+        yield handle, provider, inputs
 
 
 def _maybe_fail(backend: StateBackend, info: TaskInfo) -> None:

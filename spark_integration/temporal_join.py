@@ -29,9 +29,9 @@ from spark_integration.task import (
     checked_fields,
     deterministic_order,
     key_values,
-    partition_state,
     record_batch,
     resolve,
+    state_and_inputs,
     struct_values,
     tagged_union,
     task_info,
@@ -120,13 +120,11 @@ class _TemporalJoinTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
-        inputs = [b for b in batches if b.num_rows]
         spec = StoreSpec("table", "versioned", self.retention_ms)
         joined = []
-        with partition_state(self.backend, self.name, info, [spec], self.num_partitions) as (
-            handle,
-            _,
-        ):
+        with state_and_inputs(
+            self.backend, self.name, info, [spec], self.num_partitions, batches
+        ) as (handle, _, inputs):
             join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
             if inputs:
                 joined = self._join(

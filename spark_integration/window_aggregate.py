@@ -22,9 +22,9 @@ from spark_integration.backend import StateBackend
 from spark_integration.task import (
     OperatorOutput,
     grace_ms,
-    partition_state,
     resolve,
     run_aggregator,
+    state_and_inputs,
     task_info,
 )
 
@@ -94,13 +94,11 @@ class _WindowTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
-        inputs = [b for b in batches if b.num_rows]
         w = self.windows
         spec = StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
-        with partition_state(self.backend, self.name, info, [spec], self.num_partitions) as (
-            handle,
-            provider,
-        ):
+        with state_and_inputs(
+            self.backend, self.name, info, [spec], self.num_partitions, batches
+        ) as (handle, provider, inputs):
             agg = WindowAggregator(
                 handle["windows"],
                 w,

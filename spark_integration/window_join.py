@@ -29,9 +29,9 @@ from spark_integration.task import (
     checked_fields,
     deterministic_order,
     key_values,
-    partition_state,
     record_batch,
     resolve,
+    state_and_inputs,
     struct_values,
     tagged_union,
     task_info,
@@ -109,17 +109,15 @@ class _WindowJoinTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
-        inputs = [b for b in batches if b.num_rows]
         retention = 2 * self.within_ms + self.grace_ms + 1
         specs = [
             StoreSpec("left", "messages", retention),
             StoreSpec("right", "messages", retention),
         ]
         pairs = []
-        with partition_state(self.backend, self.name, info, specs, self.num_partitions) as (
-            handle,
-            _,
-        ):
+        with state_and_inputs(
+            self.backend, self.name, info, specs, self.num_partitions, batches
+        ) as (handle, _, inputs):
             join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
             if inputs:
                 table = deterministic_order(pa.Table.from_batches(inputs), [TS, SIDE])

@@ -111,3 +111,101 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
     got = output.from_table(table)
     assert got.schema.field("lo").type == pa.int32()
     assert got.to_pylist() == pa.Table.from_batches([output.from_updates(expected)]).to_pylist()
+
+
+def _take_state(backend, batch_id, batches, body):
+    """Run one task's ``state_and_inputs`` block on partition 0 of operator "op"."""
+    from sessionstore import StoreSpec
+    from spark_integration.task import TaskInfo, state_and_inputs
+
+    specs = [StoreSpec("sessions", "session", 10**12)]
+    info = TaskInfo(partition=0, batch_id=batch_id, attempt=0)
+    with state_and_inputs(backend, "op", info, specs, 1, batches) as (handle, _, inputs):
+        return body(handle["sessions"], inputs)
+
+
+def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(
+    tmp_path, monkeypatch
+):
+    import threading
+
+    import spark_integration.task as task
+    from spark_integration import StateBackend
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    taken = threading.Event()
+    takers = []
+    real = task.partition_state
+
+    class Recorded:
+        def __init__(self, *args):
+            self.cm = real(*args)
+
+        def __enter__(self):
+            value = self.cm.__enter__()
+            takers.append(threading.current_thread())
+            taken.set()
+            return value
+
+        def __exit__(self, *exc):
+            return self.cm.__exit__(*exc)
+
+    monkeypatch.setattr(task, "partition_state", Recorded)
+    batch = pa.RecordBatch.from_pydict({"x": [1, 2]})
+
+    def batches():
+        yield batch
+        # the input ends only once the state is taken: taken after it, this times out
+        assert taken.wait(10), "the state was not taken while the input arrived"
+        yield batch.slice(0, 0)  # empty batches are dropped
+        yield batch
+
+    def body(store, inputs):
+        assert [b.num_rows for b in inputs] == [2, 2]
+        store.put("a", 1, 2, "v")
+
+    _take_state(backend, 0, batches(), body)
+    assert len(takers) == 1 and takers[0] is not threading.current_thread()
+    # version 1 was committed: the next batch sees the session
+    got = _take_state(backend, 1, iter(()), lambda store, inputs: list(store.fetch("a")))
+    assert [(w.start, w.end, v) for w, v in got] == [(1, 2, "v")]
+
+
+def test_a_failing_input_aborts_the_taken_state_and_releases_it(tmp_path):
+    import threading
+
+    import pytest
+
+    from sessionstore import StateStoreProvider, StoreSpec
+    from spark_integration import StateBackend
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    _take_state(backend, 0, iter(()), lambda store, inputs: store.put("a", 1, 2, "kept"))
+
+    def broken():
+        yield pa.RecordBatch.from_pydict({"x": [1]})
+        raise ConnectionError("the JVM went away")
+
+    def body(store, inputs):
+        raise AssertionError("the block must not run without its input")
+
+    with pytest.raises(ConnectionError, match="the JVM went away"):
+        _take_state(backend, 1, broken(), body)
+    # nothing of batch 1 was committed
+    spec = [StoreSpec("sessions", "session", 10**12)]
+    reader = StateStoreProvider(backend.checkpoint_uri, "op", 0, spec, str(tmp_path / "other"))
+    assert reader.latest_version() == 1
+    reader.close()
+    # and the partition is free again: a retry takes it (a held lock would hang here)
+    result = {}
+
+    def retry():
+        result["got"] = _take_state(
+            backend, 1, iter(()), lambda store, inputs: [v for _, v in store.fetch("a")]
+        )
+
+    worker = threading.Thread(target=retry, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the failed task left its partition locked"
+    assert result["got"] == ["kept"]
