@@ -25,6 +25,7 @@ import pyarrow as pa
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
 from sessionstore.operators import Aggregation, SessionWindowAggregator, SessionWindows
+from sessionstore.segments import operator_segment_interval
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
@@ -105,7 +106,8 @@ class _SessionizeTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
-        spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
+        retention = self.gap_ms + self.grace_ms + 1
+        spec = StoreSpec("sessions", "session", retention, operator_segment_interval(retention))
         with state_and_inputs(
             self.backend, self.name, info, [spec], self.num_partitions, batches
         ) as (handle, provider, inputs):

@@ -17,6 +17,7 @@ import pyarrow as pa
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
 from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
+from sessionstore.segments import operator_segment_interval
 from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
@@ -95,7 +96,11 @@ class _WindowTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
         w = self.windows
-        spec = StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
+        retention = w.size_ms + w.grace_ms
+        spec = StoreSpec(
+            "windows", "window", retention, operator_segment_interval(retention),
+            window_size_ms=w.size_ms,
+        )  # fmt: skip
         with state_and_inputs(
             self.backend, self.name, info, [spec], self.num_partitions, batches
         ) as (handle, provider, inputs):

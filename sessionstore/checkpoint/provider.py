@@ -34,6 +34,7 @@ import signal
 import struct
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -128,6 +129,31 @@ class StoreHandle:
             )
 
 
+def _with_recorded_intervals(
+    specs: list[StoreSpec], recorded: list[dict[str, Any]] | None
+) -> list[StoreSpec] | None:
+    """``specs`` with the checkpoint's segment intervals where either side leaves
+    the interval open (``segment_interval_ms`` None) and the specs differ in nothing
+    else, or None.
+
+    An interval is fixed for a store's life. Checkpoints written before operators
+    chose their stores' interval recorded None: a query restarted on a newer
+    release keeps the interval its stores were created with. And a reader that does
+    not name an interval (the CLI, a notebook) takes the recorded one.
+    """
+    if not recorded or len(recorded) != len(specs):
+        return None
+    adopted = []
+    for spec, record in zip(specs, recorded, strict=True):
+        interval = record.get("segment_interval_ms")
+        if interval is None or spec.segment_interval_ms is None:
+            spec = replace(spec, segment_interval_ms=interval)
+        if spec.describe() != record:
+            return None
+        adopted.append(spec)
+    return adopted
+
+
 class StateStoreProvider:
     """Versioned, checkpointed stores of one operator partition."""
 
@@ -201,6 +227,10 @@ class StateStoreProvider:
                 f"writes format {FORMAT}"
             )
         if recorded.get("stores") != wanted["stores"]:
+            adopted = _with_recorded_intervals(self.store_specs, recorded.get("stores"))
+            if adopted is not None:
+                self.store_specs = adopted
+                return self._check_metadata(num_partitions)
             raise CheckpointMismatchError(
                 f"{where} was written with stores {recorded.get('stores')}, but this query uses "
                 f"{wanted['stores']}; use a new checkpoint location for a changed operator"

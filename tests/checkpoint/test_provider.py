@@ -148,6 +148,49 @@ def test_store_spec_and_partition_count_changes_are_refused(checkpoint_location,
         StateStoreProvider(uri, "op", 0, changed, tmp_path / "c", storage_options=options)
 
 
+def test_a_checkpoint_from_before_operator_segment_intervals_keeps_its_own(
+    checkpoint_location, tmp_path
+):
+    """Operators now give their stores an explicit segment interval; a checkpoint
+    whose stores were created with the default one restarts with that one, a reader
+    that names no interval takes the recorded one, and an explicit interval that
+    differs from a recorded one is still refused."""
+    uri, options = checkpoint_location
+    old = [StoreSpec("sessions", "session", 120_001)]  # default interval: 60 s
+    p = StateStoreProvider(uri, "op", 0, old, tmp_path / "a", storage_options=options)
+    h = p.get_store(0)
+    h["sessions"].put("k", 0, 10, "v")
+    h.commit()
+    p.close()
+    new = [StoreSpec("sessions", "session", 120_001, 3_600_000)]
+    # another executor: restored from the checkpoint, not from a local copy
+    q = StateStoreProvider(uri, "op", 0, new, tmp_path / "b", storage_options=options)
+    assert q.store_specs == old
+    h = q.get_store(1)
+    assert h["sessions"].segment_interval_ms == 60_000
+    assert [v for _, v in h["sessions"].fetch("k")] == ["v"]
+    h["sessions"].put("k", 20, 30, "w")
+    assert h.commit() == 2
+    q.close()
+    fresh = StateStoreProvider(uri, "op2", 0, new, tmp_path / "c", storage_options=options)
+    h = fresh.get_store(0)
+    assert h["sessions"].segment_interval_ms == 3_600_000
+    h.abort()
+    fresh.close()
+    # a reader that names no interval takes the recorded one
+    reader = StateStoreProvider(uri, "op2", 0, old, tmp_path / "r", storage_options=options)
+    assert reader.store_specs == new
+    reader.close()
+    other = [StoreSpec("sessions", "session", 120_001, 7_200_000)]
+    with pytest.raises(CheckpointMismatchError, match="written with stores"):
+        StateStoreProvider(uri, "op2", 0, other, tmp_path / "d", storage_options=options)
+    with pytest.raises(CheckpointMismatchError, match="written with stores"):
+        StateStoreProvider(
+            uri, "op", 0, [StoreSpec("sessions", "session", 5, 3_600_000)], tmp_path / "e",
+            storage_options=options,
+        )  # fmt: skip
+
+
 def test_maintenance_prunes_old_versions_and_orphaned_files(checkpoint_location, tmp_path):
     p = provider(checkpoint_location, tmp_path / "local", snapshot_interval=2, retain_versions=3)
     for _ in range(4):
