@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(PY) bench/operators.py
 	$(PY) bench/restore.py
 	$(PY) bench/handover.py
+	$(PY) bench/python_tasks.py
 	$(PY) bench/spark_sessionize.py --floor-parts
 
 lint: $(STAMP)
