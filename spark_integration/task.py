@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -122,31 +122,43 @@ def partition_state(
     _maybe_fail(backend, info)
 
 
+_helper: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _helper_thread() -> ThreadPoolExecutor:
+    """This process's helper thread (one, kept for the life of the Python worker).
+
+    Starting a thread per task cost the task ~8 ms: ``Thread.start`` waits until
+    the new thread runs, and then for the GIL, which the new thread holds through
+    the Python part of taking a database. A submit to a waiting thread returns
+    at once. Recreated after a fork (PySpark forks its workers).
+    """
+    global _helper
+    pid = os.getpid()
+    if _helper is None or _helper[0] != pid:
+        _helper = (pid, ThreadPoolExecutor(1, thread_name_prefix="sessionstore-take"))
+    return _helper[1]
+
+
 class _EnteredAhead:
-    """A context manager entered on a helper thread at once, so that its set-up
-    overlaps with what the caller does next; ``__enter__`` waits for it."""
+    """A context manager entered on the helper thread at once, so that its set-up
+    overlaps with what the caller does next; ``__enter__`` waits for it (and
+    re-raises its error on the caller's thread)."""
 
     def __init__(self, cm: Any) -> None:
         self._cm = cm
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._enter, name="sessionstore-take", daemon=True)
-        self._thread.start()
-
-    def _enter(self) -> None:
-        try:
-            self._value = self._cm.__enter__()
-        except BaseException as exc:  # re-raised by __enter__, on the task's thread
-            self._error = exc
+        self._entered = _helper_thread().submit(cm.__enter__)
 
     def __enter__(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
+        return self._entered.result()
 
     def __exit__(self, *exc: Any) -> Any:
         return self._cm.__exit__(*exc)
+
+    def discard(self, *exc: Any) -> None:
+        """Exit with ``exc`` once entered (the caller failed before using it)."""
+        if self._entered.exception() is None:
+            self._cm.__exit__(*exc)
 
 
 @contextmanager
@@ -169,9 +181,7 @@ def state_and_inputs(
     try:
         inputs = [b for b in batches if b.num_rows]
     except BaseException:
-        ahead._thread.join()
-        if ahead._error is None:  # the state was taken: drop its batch
-            ahead.__exit__(*sys.exc_info())
+        ahead.discard(*sys.exc_info())  # the state's batch is dropped, its lock freed
         raise
     with ahead as (handle, provider):
         yield handle, provider, inputs
