@@ -94,6 +94,13 @@ def main(argv=None) -> str:
         def stream():
             return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
 
+        def noop(out, name):
+            return (
+                out.writeStream.format("noop").outputMode("append")
+                .option("checkpointLocation", os.path.join(tmp, f"ck-{name}"))
+                .trigger(availableNow=True).start()
+            )  # fmt: skip
+
         def builtin(run):
             spark.conf.set(
                 "spark.sql.streaming.stateStore.providerClass",
@@ -108,11 +115,7 @@ def main(argv=None) -> str:
                 .groupBy(F.session_window("ts", "60 seconds"), "user")
                 .count()
             )
-            return (
-                out.writeStream.format("noop").outputMode("append")
-                .option("checkpointLocation", os.path.join(tmp, f"ck-builtin-{run}"))
-                .trigger(availableNow=True).start()
-            )  # fmt: skip
+            return noop(out, f"builtin-{run}")
 
         def ours(run):
             backend = StateBackend(
@@ -123,26 +126,11 @@ def main(argv=None) -> str:
                 aggregations={"count": "count"}, emit="final", backend=backend,
                 num_partitions=PARTITIONS,
             )  # fmt: skip
-            return (
-                out.writeStream.format("noop").outputMode("append")
-                .option("checkpointLocation", os.path.join(tmp, f"ck-ours-{run}"))
-                .trigger(availableNow=True).start()
-            )  # fmt: skip
+            return noop(out, f"ours-{run}")
 
         def floor(run):
             out = stream().repartition(PARTITIONS, "user").mapInArrow(count_rows, "n long")
-            return (
-                out.writeStream.format("noop").outputMode("append")
-                .option("checkpointLocation", os.path.join(tmp, f"ck-floor-{run}"))
-                .trigger(availableNow=True).start()
-            )  # fmt: skip
-
-        def noop(out, name):
-            return (
-                out.writeStream.format("noop").outputMode("append")
-                .option("checkpointLocation", os.path.join(tmp, f"ck-{name}"))
-                .trigger(availableNow=True).start()
-            )  # fmt: skip
+            return noop(out, f"floor-{run}")
 
         def floor_big_batches(run):
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
