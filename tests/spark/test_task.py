@@ -124,9 +124,7 @@ def _take_state(backend, batch_id, batches, body):
         return body(handle["sessions"], inputs)
 
 
-def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(
-    tmp_path, monkeypatch
-):
+def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(tmp_path, monkeypatch):
     import threading
 
     import spark_integration.task as task
