@@ -32,11 +32,14 @@ __all__ = [
     "decode_latest",
     "ROW_HEADER",
     "ENTRY",
+    "LATEST_TS",
 ]
 
 ROW_HEADER = struct.Struct(">qqI")
 ENTRY = struct.Struct(">qi")
 _TS = struct.Struct(">q")
+#: The timestamp that prefixes a latest value (``encode_latest``).
+LATEST_TS = _TS
 
 
 def encode_latest(timestamp: int, value: bytes) -> bytes:

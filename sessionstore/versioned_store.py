@@ -38,6 +38,7 @@ from sessionstore.records import PUT_REJECTED, VALID_TO_UNDEFINED, VersionedReco
 from sessionstore.segments import default_segment_interval
 from sessionstore.serde import MsgpackSerde, key_codec
 from sessionstore.versioned_row import (
+    LATEST_TS,
     VersionRow,
     decode_latest,
     encode_latest,
@@ -49,11 +50,6 @@ if TYPE_CHECKING:
     from sessionstore.db import StateDB
 
 __all__ = ["VersionedStore"]
-
-
-def _record(value: Any, timestamp: int, valid_to: int | None) -> VersionedRecord:
-    # tuple.__new__ skips the NamedTuple's Python-level __new__ on the read path
-    return tuple.__new__(VersionedRecord, (value, timestamp, valid_to))
 
 
 def _check_history(value: Any) -> int:
@@ -159,7 +155,7 @@ class VersionedStore(DBStoreMixin):
             self.dropped_records += 1
             return None
         with self._db.batch():
-            prior = self._get(key, kb, ts)
+            prior = self.get(key, ts)
             self._advance(ts)
             self._put(kb, None, ts)
         return prior
@@ -273,39 +269,36 @@ class VersionedStore(DBStoreMixin):
     # ---------------------------------------------------------------------- reads
     def get(self, key: Any, as_of: int | None = None) -> VersionedRecord | None:
         """The version valid at ``as_of`` (inclusive), the latest if None, or None."""
+        # _get inlined, with its helpers: this is the temporal join's lookup
         kb = self._encode_key(key)
+        raw = self._db.get(self._latest, kb)
         if as_of is None:
-            raw = self._db.get(self._latest, kb)
             if raw is None:
                 return None
-            ts, vb = decode_latest(raw)
-            return _record(self._loads(vb), ts, None)
+            return tuple.__new__(
+                VersionedRecord, (self._loads(raw[8:]), LATEST_TS.unpack_from(raw)[0], None)
+            )
         if type(as_of) is not int or not TS_MIN <= as_of <= TS_MAX:
             as_of = check_timestamp("as_of", as_of)
-        return self._get(key, kb, as_of)
-
-    def _get(self, key: Any, kb: bytes, as_of: int) -> VersionedRecord | None:
-        db = self._db
-        raw = db.get(self._latest, kb)
         if raw is not None:
-            ts, vb = decode_latest(raw)
+            ts = LATEST_TS.unpack_from(raw)[0]
             if ts <= as_of:
-                return _record(self._loads(vb), ts, None)
+                return tuple.__new__(VersionedRecord, (self._loads(raw[8:]), ts, None))
         st = self._stream_time
         if st is not None and as_of < st - self.history_retention_ms:
             return None  # outside history retention only the latest may answer
-        segments = self._segments
-        for _, cf in segments.names_from(as_of // self.segment_interval_ms):
-            raw = db.get(cf, kb)
-            if raw is None:
+        get = self._db.get
+        for cf in self._segments.live_names_from(as_of // self.segment_interval_ms):
+            row = get(cf, kb)
+            if row is None:
                 continue
-            found = lookup(raw, as_of)
+            found = lookup(row, as_of)
             if found is None:
                 continue
             from_ts, valid_to, vb = found
             if from_ts > as_of or vb is None:
                 return None
-            return _record(self._loads(vb), from_ts, valid_to)
+            return tuple.__new__(VersionedRecord, (self._loads(vb), from_ts, valid_to))
         return None
 
     def get_versions(
