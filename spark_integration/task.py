@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ __all__ = [
     "arrow_schema",
     "deterministic_order",
     "resolve",
+    "warn_tcp_workers",
     "checked_fields",
     "time_column",
     "grace_ms",
@@ -279,7 +281,35 @@ def resolve(df: Any, backend: StateBackend | None, num_partitions: int | None):
     """``(backend, partition count)``: the given ones, or the session's conf."""
     spark = df.sparkSession
     backend = backend or StateBackend.from_conf(spark)
+    warn_tcp_workers(spark)
     return backend, num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+UNIX_SOCKET_CONF = "spark.python.unix.domain.socket.enabled"
+_warned_tcp = False
+
+
+def warn_tcp_workers(spark: Any) -> bool:
+    """Warn once per process when Spark 4.1+ talks to Python workers over TCP.
+
+    Each Python task then waits ~25 ms for its input (see the README's Spark
+    section), on every partition of every micro-batch. The setting is fixed when
+    the SparkContext starts, so all we can do is say so. Returns whether it warned.
+    """
+    global _warned_tcp
+    major, minor = (int(p) for p in spark.version.split(".")[:2])
+    if _warned_tcp or (major, minor) < (4, 1):
+        return False
+    if spark.sparkContext.getConf().get(UNIX_SOCKET_CONF, "false").lower() == "true":
+        return False
+    _warned_tcp = True
+    warnings.warn(
+        f"{UNIX_SOCKET_CONF} is off: every Python task of this query waits ~25 ms for "
+        f"its input over TCP. Set it to true when building the SparkSession (see the "
+        f"sessionstore README, 'Python worker transport').",
+        stacklevel=3,
+    )
+    return True
 
 
 def tagged_union(keys: list[str], sides: list[tuple[Any, Any, list[str], str]]) -> Any:

@@ -207,3 +207,28 @@ def test_a_failing_input_aborts_the_taken_state_and_releases_it(tmp_path):
     worker.join(30)
     assert not worker.is_alive(), "the failed task left its partition locked"
     assert result["got"] == ["kept"]
+
+
+def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
+    import warnings
+    from types import SimpleNamespace
+
+    import pytest
+
+    import spark_integration.task as task
+
+    def session(version, conf):
+        spark_conf = SimpleNamespace(get=lambda key, default=None: conf.get(key, default))
+        return SimpleNamespace(
+            version=version, sparkContext=SimpleNamespace(getConf=lambda: spark_conf)
+        )
+
+    monkeypatch.setattr(task, "_warned_tcp", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning here fails the test
+        assert not task.warn_tcp_workers(session("4.0.1", {}))  # 4.0 has no such setting
+        on = {task.UNIX_SOCKET_CONF: "true"}
+        assert not task.warn_tcp_workers(session("4.3.0", on))
+    with pytest.warns(UserWarning, match="spark.python.unix.domain.socket.enabled is off"):
+        assert task.warn_tcp_workers(session("4.1.0", {task.UNIX_SOCKET_CONF: "false"}))
+    assert not task.warn_tcp_workers(session("4.3.0", {}))  # once per process
