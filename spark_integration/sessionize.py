@@ -109,8 +109,14 @@ class _SessionizeTask:
         retention = self.gap_ms + self.grace_ms + 1
         spec = StoreSpec("sessions", "session", retention, operator_segment_interval(retention))
         with state_and_inputs(
-            self.backend, self.name, info, [spec], self.num_partitions, batches
-        ) as (handle, provider, inputs):
+            self.backend,
+            self.name,
+            info,
+            [spec],
+            self.num_partitions,
+            batches,
+            shared_event_time=True,
+        ) as (handle, provider, inputs, shared):
             agg = SessionWindowAggregator(
                 handle["sessions"],
                 SessionWindows(self.gap_ms, self.grace_ms),
@@ -118,7 +124,7 @@ class _SessionizeTask:
                 emit=self.emit,
             )
             updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols
+                agg, provider, info, inputs, self.output.keys, self.value_cols, shared
             )
         if updates:
             extra = {}

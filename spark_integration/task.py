@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -144,14 +144,23 @@ def _helper_thread() -> ThreadPoolExecutor:
 
 class _EnteredAhead:
     """A context manager entered on the helper thread at once, so that its set-up
-    overlaps with what the caller does next; ``__enter__`` waits for it (and
-    re-raises its error on the caller's thread)."""
+    overlaps with what the caller does next; ``then(value)``, if given, runs there
+    too, right after. ``__enter__`` waits for both and returns ``(value, then's
+    result)``, re-raising their error on the caller's thread."""
 
-    def __init__(self, cm: Any) -> None:
+    def __init__(self, cm: Any, then: Callable[[Any], Any] | None = None) -> None:
         self._cm = cm
-        self._entered = _helper_thread().submit(cm.__enter__)
+        self._entered = _helper_thread().submit(self._enter, then)
 
-    def __enter__(self) -> Any:
+    def _enter(self, then: Callable[[Any], Any] | None) -> tuple[Any, Any]:
+        value = self._cm.__enter__()
+        try:
+            return value, None if then is None else then(value)
+        except BaseException:
+            self._cm.__exit__(*sys.exc_info())
+            raise
+
+    def __enter__(self) -> tuple[Any, Any]:
         return self._entered.result()
 
     def __exit__(self, *exc: Any) -> Any:
@@ -171,22 +180,35 @@ def state_and_inputs(
     specs: list[StoreSpec],
     num_partitions: int,
     batches: Iterator[pa.RecordBatch],
-) -> Iterator[tuple[StoreHandle, StateStoreProvider, list[pa.RecordBatch]]]:
-    """:func:`partition_state` and the task's non-empty input batches.
+    shared_event_time: bool = False,
+) -> Iterator[tuple[StoreHandle, StateStoreProvider, list[pa.RecordBatch], int | None]]:
+    """:func:`partition_state`, the task's non-empty input batches, and with
+    ``shared_event_time`` the operator's event time after the previous batch (see
+    :func:`run_aggregator`; else None).
 
-    The state is taken (database opened or handed over, version loaded) on a helper
-    thread while this thread receives the input from the JVM: both wait on I/O, and
-    a task used to pay for them one after the other (~10 ms for a RocksDB open, and
-    as long for a 25,000-row input).
+    The state is taken (database opened or handed over, version loaded) and the
+    event time read on a helper thread while this thread receives the input from
+    the JVM: all of them wait on I/O, and a task used to pay for them one after the
+    other (~10 ms for a RocksDB open, as long for a 25,000-row input, and a list
+    and a read per partition in object storage for the event time).
     """
-    ahead = _EnteredAhead(partition_state(backend, name, info, specs, num_partitions))
+    then = None
+    if shared_event_time:
+
+        def then(entered: tuple[StoreHandle, StateStoreProvider]) -> int | None:
+            from sessionstore.checkpoint.event_time import EventTimeExchange
+
+            exchange = EventTimeExchange(entered[1].operator_storage, info.partition)
+            return exchange.after(info.batch_id - 1)
+
+    ahead = _EnteredAhead(partition_state(backend, name, info, specs, num_partitions), then)
     try:
         inputs = [b for b in batches if b.num_rows]
     except BaseException:
         ahead.discard(*sys.exc_info())  # the state's batch is dropped, its lock freed
         raise
-    with ahead as (handle, provider):
-        yield handle, provider, inputs
+    with ahead as ((handle, provider), shared):
+        yield handle, provider, inputs, shared
 
 
 def _maybe_fail(backend: StateBackend, info: TaskInfo) -> None:
@@ -355,9 +377,11 @@ def run_aggregator(
     inputs: list[pa.RecordBatch],
     keys: list[str],
     value_cols: list[str],
+    shared: int | None,
 ) -> tuple[list[Any], pa.Table | None]:
-    """One batch of an event-time aggregator (session or window): advance to the
-    operator's shared event time, process the rows in deterministic order (event time
+    """One batch of an event-time aggregator (session or window): advance to
+    ``shared``, the operator's event time after the previous batch (from
+    :func:`state_and_inputs`), process the rows in deterministic order (event time
     in column ``TS``), publish this partition's event time.
 
     Returns the updates as objects, and as a table those of the aggregator's columnar
@@ -368,7 +392,6 @@ def run_aggregator(
     updates: list[Any] = []
     table_out = None
     exchange = EventTimeExchange(provider.operator_storage, info.partition)
-    shared = exchange.after(info.batch_id - 1)
     if shared is not None:
         updates += agg.advance_to(shared)
     if inputs:

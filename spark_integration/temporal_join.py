@@ -127,7 +127,7 @@ class _TemporalJoinTask:
         joined = []
         with state_and_inputs(
             self.backend, self.name, info, [spec], self.num_partitions, batches
-        ) as (handle, _, inputs):
+        ) as (handle, _, inputs, _):
             join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
             if inputs:
                 joined = self._join(

@@ -102,8 +102,14 @@ class _WindowTask:
             window_size_ms=w.size_ms,
         )  # fmt: skip
         with state_and_inputs(
-            self.backend, self.name, info, [spec], self.num_partitions, batches
-        ) as (handle, provider, inputs):
+            self.backend,
+            self.name,
+            info,
+            [spec],
+            self.num_partitions,
+            batches,
+            shared_event_time=True,
+        ) as (handle, provider, inputs, shared):
             agg = WindowAggregator(
                 handle["windows"],
                 w,
@@ -112,7 +118,7 @@ class _WindowTask:
                 early_every_ms=self.early_every_ms,
             )
             updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols
+                agg, provider, info, inputs, self.output.keys, self.value_cols, shared
             )
         if updates:
             yield self.output.from_updates(updates, {"emission": [u.kind for u in updates]})

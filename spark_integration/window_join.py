@@ -118,7 +118,7 @@ class _WindowJoinTask:
         pairs = []
         with state_and_inputs(
             self.backend, self.name, info, specs, self.num_partitions, batches
-        ) as (handle, _, inputs):
+        ) as (handle, _, inputs, _):
             join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
             if inputs:
                 table = deterministic_order(pa.Table.from_batches(inputs), [TS, SIDE])

@@ -94,7 +94,9 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
         )
 
     provider, agg = aggregator("columnar")
-    updates, table = run_aggregator(agg, provider, TaskInfo(0, 1, 0), [batch], keys, value_cols)
+    updates, table = run_aggregator(
+        agg, provider, TaskInfo(0, 1, 0), [batch], keys, value_cols, None
+    )
     assert updates == [] and table is not None and table.num_rows > 10
     _, reference = aggregator("records")
     k, times, values = columns_of(pa.Table.from_batches([batch]), keys, TS, value_cols)
@@ -113,15 +115,20 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
     assert got.to_pylist() == pa.Table.from_batches([output.from_updates(expected)]).to_pylist()
 
 
-def _take_state(backend, batch_id, batches, body):
-    """Run one task's ``state_and_inputs`` block on partition 0 of operator "op"."""
+def _take_state(backend, batch_id, batches, body, partition=0, shared_event_time=False):
+    """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions)."""
     from sessionstore import StoreSpec
     from spark_integration.task import TaskInfo, state_and_inputs
 
     specs = [StoreSpec("sessions", "session", 10**12)]
-    info = TaskInfo(partition=0, batch_id=batch_id, attempt=0)
-    with state_and_inputs(backend, "op", info, specs, 1, batches) as (handle, _, inputs):
-        return body(handle["sessions"], inputs)
+    info = TaskInfo(partition=partition, batch_id=batch_id, attempt=0)
+    with state_and_inputs(backend, "op", info, specs, 2, batches, shared_event_time) as (
+        handle,
+        _,
+        inputs,
+        shared,
+    ):
+        return body(handle["sessions"], inputs) if body else shared
 
 
 def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(tmp_path, monkeypatch):
@@ -232,3 +239,62 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     with pytest.warns(UserWarning, match="spark.python.unix.domain.socket.enabled is off"):
         assert task.warn_tcp_workers(session("4.1.0", {task.UNIX_SOCKET_CONF: "false"}))
     assert not task.warn_tcp_workers(session("4.3.0", {}))  # once per process
+
+
+def test_the_shared_event_time_is_read_on_the_helper_thread(tmp_path, monkeypatch):
+    import threading
+
+    from sessionstore.checkpoint.event_time import EventTimeExchange
+    from spark_integration import StateBackend
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    for partition in (0, 1):  # batch 0 of both partitions: committed, times published
+        _take_state(backend, 0, iter(()), lambda store, inputs: None, partition)
+    from sessionstore.checkpoint.filesystem import open_filesystem
+
+    operator = open_filesystem(backend.checkpoint_uri).child("op")
+    EventTimeExchange(operator, 0).publish(0, 1_000)
+    EventTimeExchange(operator, 1).publish(0, 7_000)
+    readers = []
+    real = EventTimeExchange.after
+
+    def after(self, batch_id):
+        readers.append(threading.current_thread())
+        return real(self, batch_id)
+
+    monkeypatch.setattr(EventTimeExchange, "after", after)
+    assert _take_state(backend, 1, iter(()), None, 0, shared_event_time=True) == 7_000
+    assert _take_state(backend, 1, iter(()), None, 1) is None  # not asked for: not read
+    assert len(readers) == 1 and readers[0] is not threading.current_thread()
+
+
+def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_path, monkeypatch):
+    import threading
+
+    import pytest
+
+    from sessionstore.checkpoint.event_time import EventTimeExchange
+    from spark_integration import StateBackend
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    _take_state(backend, 0, iter(()), lambda store, inputs: store.put("a", 1, 2, "kept"))
+
+    def broken(self, batch_id):
+        raise OSError("object storage said no")
+
+    monkeypatch.setattr(EventTimeExchange, "after", broken)
+    with pytest.raises(OSError, match="object storage said no"):
+        _take_state(backend, 1, iter(()), None, shared_event_time=True)
+    monkeypatch.undo()
+    result = {}
+
+    def retry():
+        result["got"] = _take_state(
+            backend, 1, iter(()), lambda store, inputs: [v for _, v in store.fetch("a")]
+        )
+
+    worker = threading.Thread(target=retry, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the failed task left its partition locked"
+    assert result["got"] == ["kept"]
