@@ -13,14 +13,17 @@ to the noop sink. Event times advance ~10 ms per event; gap 60 s.
 
 With ``--floor-parts`` it also splits the floor into its steps (the plain read to
 the noop sink, the shuffle, the Python hop) and times it with larger Arrow batches,
-to show what in the floor could be lowered.
+to show what in the floor could be lowered. With ``--s3`` it also runs
+``sessionize`` with its checkpoint on S3 (a moto server on 127.0.0.1, which shares
+the machine's 2 cores).
 
-Run: ``.venv/bin/python bench/spark_sessionize.py [--events N] [--floor-parts]``.
+Run: ``.venv/bin/python bench/spark_sessionize.py [--events N] [--floor-parts] [--s3]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -78,6 +81,7 @@ def main(argv=None) -> str:
     ap.add_argument("--keys", type=int, default=20_000)
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--floor-parts", action="store_true", help="also split the floor's cost")
+    ap.add_argument("--s3", action="store_true", help="also checkpoint sessionize to S3 (moto)")
     args = ap.parse_args(argv)
     from pyspark.sql import functions as F
 
@@ -86,7 +90,14 @@ def main(argv=None) -> str:
 
     spark = local_spark("sessionstore-bench", partitions=PARTITIONS, spark__driver__memory="4g")
     rows = []
-    with scratch_dir("bench-spark-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(scratch_dir("bench-spark-"))
+        s3 = None
+        if args.s3:
+            from sessionstore.devtools import moto_s3_server, new_bucket
+
+            s3 = stack.enter_context(moto_s3_server())
+            bucket = new_bucket(s3)
         source = os.path.join(tmp, "in")
         write_input(source, args.events, args.keys, args.batches)
         schema = "user string, ts timestamp"
@@ -117,16 +128,18 @@ def main(argv=None) -> str:
             )
             return noop(out, f"builtin-{run}")
 
-        def ours(run):
+        def ours(run, on_s3=False):
             backend = StateBackend(
-                f"file://{tmp}/state-{run}", local_dir=os.path.join(tmp, f"local-{run}")
+                f"s3://{bucket}/state-{run}" if on_s3 else f"file://{tmp}/state-{run}",
+                local_dir=os.path.join(tmp, f"local-{'s3-' if on_s3 else ''}{run}"),
+                storage_options=dict(s3) if on_s3 else {},
             )
             out = sessionize(
                 stream(), key="user", timestamp="ts", gap="60 seconds",
                 aggregations={"count": "count"}, emit="final", backend=backend,
                 num_partitions=PARTITIONS,
             )  # fmt: skip
-            return noop(out, f"ours-{run}")
+            return noop(out, f"ours-{'s3-' if on_s3 else ''}{run}")
 
         def floor(run):
             out = stream().repartition(PARTITIONS, "user").mapInArrow(count_rows, "n long")
@@ -140,6 +153,8 @@ def main(argv=None) -> str:
                 spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
         cases = [("floor", floor), ("builtin", builtin), ("ours", ours)]
+        if args.s3:
+            cases.append(("ours_s3", lambda r: ours(r, on_s3=True)))
         if args.floor_parts:
             cases += [
                 ("read", lambda r: noop(stream(), f"read-{r}")),
@@ -155,11 +170,14 @@ def main(argv=None) -> str:
                 times[name] = min(times.get(name, elapsed), elapsed)
     spark.stop()
     n = args.events
-    for label, name in (
+    pipelines = [
         ("Spark session_window + RocksDB provider (changelog)", "builtin"),
         ("sessionize (sessionstore, file:// checkpoint)", "ours"),
         ("floor: repartition + mapInArrow counting rows", "floor"),
-    ):
+    ]
+    if args.s3:
+        pipelines.insert(2, ("sessionize, s3:// checkpoint (moto on 127.0.0.1)", "ours_s3"))
+    for label, name in pipelines:
         rows.append(
             [
                 label,
