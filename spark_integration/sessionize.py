@@ -108,15 +108,8 @@ class _SessionizeTask:
         info = task_info()
         retention = self.gap_ms + self.grace_ms + 1
         spec = StoreSpec("sessions", "session", retention, operator_segment_interval(retention))
-        with state_and_inputs(
-            self.backend,
-            self.name,
-            info,
-            [spec],
-            self.num_partitions,
-            batches,
-            shared_event_time=True,
-        ) as (handle, provider, inputs, shared):
+        task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
+        with state_and_inputs(*task, shared_event_time=True) as (handle, provider, inputs, shared):
             agg = SessionWindowAggregator(
                 handle["sessions"],
                 SessionWindows(self.gap_ms, self.grace_ms),

@@ -101,15 +101,8 @@ class _WindowTask:
             "windows", "window", retention, operator_segment_interval(retention),
             window_size_ms=w.size_ms,
         )  # fmt: skip
-        with state_and_inputs(
-            self.backend,
-            self.name,
-            info,
-            [spec],
-            self.num_partitions,
-            batches,
-            shared_event_time=True,
-        ) as (handle, provider, inputs, shared):
+        task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
+        with state_and_inputs(*task, shared_event_time=True) as (handle, provider, inputs, shared):
             agg = WindowAggregator(
                 handle["windows"],
                 w,

@@ -131,6 +131,25 @@ def _take_state(backend, batch_id, batches, body, partition=0, shared_event_time
         return body(handle["sessions"], inputs) if body else shared
 
 
+def _retry_values(backend):
+    """Batch 1 again on partition 0 (on a thread: a partition left locked would hang
+    it): the values of key "a" it finds."""
+    import threading
+
+    result = {}
+
+    def retry():
+        result["got"] = _take_state(
+            backend, 1, iter(()), lambda store, inputs: [v for _, v in store.fetch("a")]
+        )
+
+    worker = threading.Thread(target=retry, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the failed task left its partition locked"
+    return result["got"]
+
+
 def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(tmp_path, monkeypatch):
     import threading
 
@@ -177,7 +196,6 @@ def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(tmp_
 
 
 def test_a_failing_input_aborts_the_taken_state_and_releases_it(tmp_path):
-    import threading
 
     import pytest
 
@@ -202,18 +220,7 @@ def test_a_failing_input_aborts_the_taken_state_and_releases_it(tmp_path):
     assert reader.latest_version() == 1
     reader.close()
     # and the partition is free again: a retry takes it (a held lock would hang here)
-    result = {}
-
-    def retry():
-        result["got"] = _take_state(
-            backend, 1, iter(()), lambda store, inputs: [v for _, v in store.fetch("a")]
-        )
-
-    worker = threading.Thread(target=retry, daemon=True)
-    worker.start()
-    worker.join(30)
-    assert not worker.is_alive(), "the failed task left its partition locked"
-    assert result["got"] == ["kept"]
+    assert _retry_values(backend) == ["kept"]
 
 
 def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
@@ -269,7 +276,6 @@ def test_the_shared_event_time_is_read_on_the_helper_thread(tmp_path, monkeypatc
 
 
 def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_path, monkeypatch):
-    import threading
 
     import pytest
 
@@ -286,15 +292,4 @@ def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_pa
     with pytest.raises(OSError, match="object storage said no"):
         _take_state(backend, 1, iter(()), None, shared_event_time=True)
     monkeypatch.undo()
-    result = {}
-
-    def retry():
-        result["got"] = _take_state(
-            backend, 1, iter(()), lambda store, inputs: [v for _, v in store.fetch("a")]
-        )
-
-    worker = threading.Thread(target=retry, daemon=True)
-    worker.start()
-    worker.join(30)
-    assert not worker.is_alive(), "the failed task left its partition locked"
-    assert result["got"] == ["kept"]
+    assert _retry_values(backend) == ["kept"]
