@@ -17,7 +17,8 @@ to show what in the floor could be lowered. With ``--s3`` it also runs
 ``sessionize`` with its checkpoint on S3 (a moto server on 127.0.0.1, which shares
 the machine's 2 cores).
 
-Run: ``.venv/bin/python bench/spark_sessionize.py [--events N] [--floor-parts] [--s3]``.
+Run: ``.venv/bin/python bench/spark_sessionize.py [--events N] [--rounds N] [--floor-parts]
+[--s3]``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main(argv=None) -> str:
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--floor-parts", action="store_true", help="also split the floor's cost")
     ap.add_argument("--s3", action="store_true", help="also checkpoint sessionize to S3 (moto)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best counts")
     args = ap.parse_args(argv)
     from pyspark.sql import functions as F
 
@@ -162,9 +164,9 @@ def main(argv=None) -> str:
                 ("hop", lambda r: noop(stream().mapInArrow(count_rows, "n long"), f"hop-{r}")),
                 ("floor_big", floor_big_batches),
             ]
-        # best of two interleaved rounds, each query on a fresh checkpoint
+        # best of --rounds interleaved rounds, each query on a fresh checkpoint
         times: dict[str, float] = {}
-        for round_ in range(2):
+        for round_ in range(args.rounds):
             for name, fn in cases:
                 elapsed = timed(lambda fn=fn, r=round_: fn(f"{r}"))
                 times[name] = min(times.get(name, elapsed), elapsed)
