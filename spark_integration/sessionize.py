@@ -25,7 +25,6 @@ import pyarrow as pa
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
 from sessionstore.operators import Aggregation, SessionWindowAggregator, SessionWindows
-from sessionstore.segments import operator_segment_interval
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
@@ -106,8 +105,7 @@ class _SessionizeTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
-        retention = self.gap_ms + self.grace_ms + 1
-        spec = StoreSpec("sessions", "session", retention, operator_segment_interval(retention))
+        spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
         task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
         with state_and_inputs(*task, shared_event_time=True) as (handle, provider, inputs, shared):
             agg = SessionWindowAggregator(

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
 from sessionstore.gc_pause import gc_paused
+from sessionstore.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
 
 __all__ = [
@@ -82,9 +83,17 @@ def partition_state(
     The provider comes warm from this Python worker's :class:`StoreService` (the
     database stays open between micro-batches and moves to another worker of the
     executor on request); snapshot uploads run on the service's background thread.
+    Stores whose spec names no segment interval get the operators' one
+    (:func:`~sessionstore.segments.operator_segment_interval`).
     """
     from sessionstore.checkpoint.store_service import StoreService
 
+    specs = [
+        spec
+        if spec.segment_interval_ms is not None
+        else replace(spec, segment_interval_ms=operator_segment_interval(spec.retention_ms))
+        for spec in specs
+    ]
     local_dir = backend.resolved_local_dir
     # everything that shapes the provider: a query restarted with other settings,
     # stores or partition count gets a new one, which re-checks the checkpoint

@@ -21,7 +21,6 @@ from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
-from sessionstore.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
     SIDE,
@@ -121,9 +120,7 @@ class _TemporalJoinTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
-        spec = StoreSpec(
-            "table", "versioned", self.retention_ms, operator_segment_interval(self.retention_ms)
-        )
+        spec = StoreSpec("table", "versioned", self.retention_ms)
         joined = []
         with state_and_inputs(
             self.backend, self.name, info, [spec], self.num_partitions, batches

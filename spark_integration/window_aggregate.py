@@ -17,7 +17,6 @@ import pyarrow as pa
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
 from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
-from sessionstore.segments import operator_segment_interval
 from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
@@ -96,11 +95,7 @@ class _WindowTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
         w = self.windows
-        retention = w.size_ms + w.grace_ms
-        spec = StoreSpec(
-            "windows", "window", retention, operator_segment_interval(retention),
-            window_size_ms=w.size_ms,
-        )  # fmt: skip
+        spec = StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
         task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
         with state_and_inputs(*task, shared_event_time=True) as (handle, provider, inputs, shared):
             agg = WindowAggregator(

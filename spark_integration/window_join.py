@@ -21,7 +21,6 @@ from sessionstore.checkpoint import StoreSpec
 from sessionstore.intervals import interval_ms
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
-from sessionstore.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
 from spark_integration.task import (
     SIDE,
@@ -112,8 +111,8 @@ class _WindowJoinTask:
         info = task_info()
         retention = 2 * self.within_ms + self.grace_ms + 1
         specs = [
-            StoreSpec("left", "messages", retention, operator_segment_interval(retention)),
-            StoreSpec("right", "messages", retention, operator_segment_interval(retention)),
+            StoreSpec("left", "messages", retention),
+            StoreSpec("right", "messages", retention),
         ]
         pairs = []
         with state_and_inputs(

@@ -293,3 +293,16 @@ def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_pa
         _take_state(backend, 1, iter(()), None, shared_event_time=True)
     monkeypatch.undo()
     assert _retry_values(backend) == ["kept"]
+
+
+def test_operator_stores_get_hour_long_segments_unless_their_spec_names_one(tmp_path):
+    from sessionstore import StoreSpec
+    from spark_integration import StateBackend
+    from spark_integration.task import TaskInfo, partition_state
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    specs = [StoreSpec("open", "session", 120_001), StoreSpec("named", "session", 120_001, 60_000)]
+    with partition_state(backend, "op", TaskInfo(0, 0, 0), specs, 1) as (handle, provider):
+        assert handle["open"].segment_interval_ms == 3_600_000
+        assert handle["named"].segment_interval_ms == 60_000
+        assert [s.segment_interval_ms for s in provider.store_specs] == [3_600_000, 60_000]
