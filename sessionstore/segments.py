@@ -106,11 +106,14 @@ class Segments:
         names = self.names
         return ((i, names[i]) for i in ids)
 
-    def live_names_from(self, min_id: int) -> list[str]:
+    def live_names_from(self, min_id: int, reverse: bool = False) -> list[str]:
         """Column families of the live segments with id >= ``min_id``, ascending
-        (a list: cheaper than :meth:`names_from` for a point lookup)."""
+        (or descending): :meth:`names_from` without the ids, as a list."""
         ids, names = self._ids, self.names
-        return [names[i] for i in ids[bisect_left(ids, min_id) :]]
+        out = [names[i] for i in ids[bisect_left(ids, min_id) :]]
+        if reverse:
+            out.reverse()
+        return out
 
     def expire_below(self, min_live_ts: int) -> int:
         """Drop every segment whose times are all below ``min_live_ts``.

@@ -452,7 +452,7 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         unpack, sign = TIMES.unpack_from, TIME_SIGN
         new, window = tuple.__new__, SessionWindow
         out: list[tuple[SessionWindow, Any]] = []
-        for _, cf in segments.names_from(segments.segment_id(min_end), reverse=backward):
+        for cf in segments.live_names_from(segments.segment_id(min_end), backward):
             for raw, vb in scan_list(cf, lo, hi, backward):
                 end, start = unpack(raw, len(raw) - 16)
                 start -= sign
@@ -471,7 +471,7 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         segments = self._segments
         streams = [
             self._filtered(cf, kb_lo, kb_hi, min_end, latest_start, backward)
-            for _, cf in segments.names_from(segments.segment_id(min_end), reverse=backward)
+            for cf in segments.live_names_from(segments.segment_id(min_end), backward)
         ]
         if len(streams) == 1:
             return streams[0]

@@ -37,17 +37,16 @@ __all__ = [
 
 ROW_HEADER = struct.Struct(">qqI")
 ENTRY = struct.Struct(">qi")
-_TS = struct.Struct(">q")
 #: The timestamp that prefixes a latest value (``encode_latest``).
-LATEST_TS = _TS
+LATEST_TS = struct.Struct(">q")
 
 
 def encode_latest(timestamp: int, value: bytes) -> bytes:
-    return _TS.pack(timestamp) + value
+    return LATEST_TS.pack(timestamp) + value
 
 
 def decode_latest(raw: bytes) -> tuple[int, bytes]:
-    return _TS.unpack_from(raw)[0], raw[8:]
+    return LATEST_TS.unpack_from(raw)[0], raw[LATEST_TS.size :]
 
 
 _ENTRIES: dict[int, struct.Struct] = {}

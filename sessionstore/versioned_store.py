@@ -269,21 +269,19 @@ class VersionedStore(DBStoreMixin):
     # ---------------------------------------------------------------------- reads
     def get(self, key: Any, as_of: int | None = None) -> VersionedRecord | None:
         """The version valid at ``as_of`` (inclusive), the latest if None, or None."""
-        # _get inlined, with its helpers: this is the temporal join's lookup
+        # One function, its helpers inlined: this is the temporal join's lookup.
+        # tuple.__new__ skips VersionedRecord's Python-level __new__.
         kb = self._encode_key(key)
-        raw = self._db.get(self._latest, kb)
-        if as_of is None:
-            if raw is None:
-                return None
-            return tuple.__new__(
-                VersionedRecord, (self._loads(raw[8:]), LATEST_TS.unpack_from(raw)[0], None)
-            )
-        if type(as_of) is not int or not TS_MIN <= as_of <= TS_MAX:
+        if as_of is not None and (type(as_of) is not int or not TS_MIN <= as_of <= TS_MAX):
             as_of = check_timestamp("as_of", as_of)
+        raw = self._db.get(self._latest, kb)
         if raw is not None:
             ts = LATEST_TS.unpack_from(raw)[0]
-            if ts <= as_of:
-                return tuple.__new__(VersionedRecord, (self._loads(raw[8:]), ts, None))
+            if as_of is None or ts <= as_of:
+                value = self._loads(raw[LATEST_TS.size :])
+                return tuple.__new__(VersionedRecord, (value, ts, None))
+        if as_of is None:
+            return None
         st = self._stream_time
         if st is not None and as_of < st - self.history_retention_ms:
             return None  # outside history retention only the latest may answer
@@ -324,7 +322,7 @@ class VersionedStore(DBStoreMixin):
         after = max(lo, self._grace_floor())
         get = self._db.get
         segments = self._segments
-        for _, cf in segments.names_from(segments.segment_id(after)):
+        for cf in segments.live_names_from(segments.segment_id(after)):
             raw = get(cf, kb)
             if raw is None:
                 continue

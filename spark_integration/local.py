@@ -7,7 +7,10 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["local_spark"]
+__all__ = ["local_spark", "UNIX_SOCKET_CONF"]
+
+#: Spark 4.1+: Python workers talk to the JVM over a Unix socket instead of TCP.
+UNIX_SOCKET_CONF = "spark.python.unix.domain.socket.enabled"
 
 
 def local_spark(
@@ -42,7 +45,7 @@ def local_spark(
     # over TCP each Python task waits ~25 ms for its first Arrow message here (a
     # small-write/delayed-ACK stall), a fixed cost per task and micro-batch. Spark
     # 4.1+ reads this; older releases ignore it. See the README's Spark section.
-    conf.setdefault("spark__python__unix__domain__socket__enabled", "true")
+    conf.setdefault(UNIX_SOCKET_CONF.replace(".", "__"), "true")
     for key, value in conf.items():
         builder = builder.config(key.replace("__", "."), value)
     session = builder.getOrCreate()

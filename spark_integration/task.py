@@ -26,6 +26,7 @@ from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
 from sessionstore.gc_pause import gc_paused
 from sessionstore.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
+from spark_integration.local import UNIX_SOCKET_CONF
 
 __all__ = [
     "TaskInfo",
@@ -316,7 +317,6 @@ def resolve(df: Any, backend: StateBackend | None, num_partitions: int | None):
     return backend, num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
-UNIX_SOCKET_CONF = "spark.python.unix.domain.socket.enabled"
 _warned_tcp = False
 
 

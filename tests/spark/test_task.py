@@ -230,6 +230,7 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     import pytest
 
     import spark_integration.task as task
+    from spark_integration.local import UNIX_SOCKET_CONF
 
     def session(version, conf):
         spark_conf = SimpleNamespace(get=lambda key, default=None: conf.get(key, default))
@@ -241,10 +242,10 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning here fails the test
         assert not task.warn_tcp_workers(session("4.0.1", {}))  # 4.0 has no such setting
-        on = {task.UNIX_SOCKET_CONF: "true"}
+        on = {UNIX_SOCKET_CONF: "true"}
         assert not task.warn_tcp_workers(session("4.3.0", on))
     with pytest.warns(UserWarning, match="spark.python.unix.domain.socket.enabled is off"):
-        assert task.warn_tcp_workers(session("4.1.0", {task.UNIX_SOCKET_CONF: "false"}))
+        assert task.warn_tcp_workers(session("4.1.0", {UNIX_SOCKET_CONF: "false"}))
     assert not task.warn_tcp_workers(session("4.3.0", {}))  # once per process
 
 
