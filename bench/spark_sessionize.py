@@ -94,7 +94,6 @@ def main(argv=None) -> str:
     rows = []
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(scratch_dir("bench-spark-"))
-        s3 = None
         if args.s3:
             from sessionstore.devtools import moto_s3_server, new_bucket
 
@@ -131,9 +130,11 @@ def main(argv=None) -> str:
             return noop(out, f"builtin-{run}")
 
         def ours(run, on_s3=False):
+            if on_s3:
+                run = f"s3-{run}"
             backend = StateBackend(
                 f"s3://{bucket}/state-{run}" if on_s3 else f"file://{tmp}/state-{run}",
-                local_dir=os.path.join(tmp, f"local-{'s3-' if on_s3 else ''}{run}"),
+                local_dir=os.path.join(tmp, f"local-{run}"),
                 storage_options=dict(s3) if on_s3 else {},
             )
             out = sessionize(
@@ -141,7 +142,7 @@ def main(argv=None) -> str:
                 aggregations={"count": "count"}, emit="final", backend=backend,
                 num_partitions=PARTITIONS,
             )  # fmt: skip
-            return noop(out, f"ours-{'s3-' if on_s3 else ''}{run}")
+            return noop(out, f"ours-{run}")
 
         def floor(run):
             out = stream().repartition(PARTITIONS, "user").mapInArrow(count_rows, "n long")
