@@ -68,9 +68,10 @@ REQUEST_TIMEOUT_S = 1.0
 #: Connections served at once. A new one beyond this drops the oldest connection that
 #: has not sent its request yet (a flood cannot keep a real asker out).
 MAX_CLIENTS = 64
-#: How often a request for a database that a task of ours uses is tried again (the
-#: end of a task also wakes the server at once).
-RETRY_S = 0.005
+#: How often a request for a database that a task of ours uses is tried again. The
+#: end of a task, or of an idle close, wakes the server at once; this only covers the
+#: rare other holders of a provider's lock, without waking a busy process often.
+RETRY_S = 0.02
 #: At most one warning per this interval about refused peers (a flood must not fill
 #: the executor's log).
 REFUSED_LOG_EVERY_S = 60.0
@@ -115,7 +116,7 @@ class _HandoverServer:
     ``release(db_path)`` closes the database if this process holds it and no task of
     ours uses it: True if it held it, False if not, None while a task uses it. Such
     a request waits, without blocking the others, and is tried again when
-    :meth:`wake` is called (a task ended) or every ``RETRY_S``.
+    :meth:`wake` is called (a task or an idle close ended) or every ``RETRY_S``.
     """
 
     def __init__(self, listener: socket.socket, release: Callable[[str], bool | None]) -> None:
@@ -131,7 +132,7 @@ class _HandoverServer:
         self._refused = 0  # refused since the last warning
         self._refused_logged_at = -REFUSED_LOG_EVERY_S
         #: a request waits for a task of this process to finish (read unlocked by
-        #: tasks: a stale value costs at most one RETRY_S)
+        #: tasks; set before each try, so a task that ends meanwhile sees it)
         self.waiting = False
 
     def start(self) -> None:
@@ -139,7 +140,9 @@ class _HandoverServer:
         threading.Thread(target=self._run, name="sessionstore-handover", daemon=True).start()
 
     def wake(self) -> None:
-        """Try the waiting requests again now (a task of this process ended)."""
+        """Try the waiting requests again now (a provider's lock was released)."""
+        if not self.waiting:
+            return
         try:
             self._wake_w.send(b"\0")
         except OSError:  # full: a wake-up is pending already
@@ -150,26 +153,36 @@ class _HandoverServer:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         while True:
-            for key, _ in self._selector.select(self._timeout()):
-                sock = key.fileobj
-                if sock is self._listener:
-                    if not self._accept():
-                        return
-                elif sock is self._wake_r:
-                    try:
-                        self._wake_r.recv(4096)
-                    except OSError:
-                        pass
-                elif sock in self._clients:  # not dropped earlier in this round
-                    self._read(self._clients[sock])
-            now = time.monotonic()
-            if self._accept_again_at is not None and now >= self._accept_again_at:
-                self._accept_again_at = None
-                self._selector.register(self._listener, selectors.EVENT_READ)
-            if self.waiting:
-                self._answer_waiting()
-            for client in [c for c in self._clients.values() if c.deadline <= now]:
-                self._drop(client)  # too slow to send, or its asker gave up waiting
+            try:
+                if not self._serve_once():
+                    return
+            except Exception:  # keep serving: askers would otherwise wait for minutes
+                log.warning("sessionstore: the handover server failed", exc_info=True)
+                time.sleep(0.01)
+
+    def _serve_once(self) -> bool:
+        """One round of the loop; False once the listener is gone."""
+        for key, _ in self._selector.select(self._timeout()):
+            sock = key.fileobj
+            if sock is self._listener:
+                if not self._accept():
+                    return False
+            elif sock is self._wake_r:
+                try:
+                    self._wake_r.recv(4096)
+                except OSError:
+                    pass
+            elif sock in self._clients:  # not dropped earlier in this round
+                self._read(self._clients[sock])
+        now = time.monotonic()
+        if self._accept_again_at is not None and now >= self._accept_again_at:
+            self._accept_again_at = None
+            self._selector.register(self._listener, selectors.EVENT_READ)
+        if self.waiting:
+            self._answer_waiting()
+        for client in [c for c in self._clients.values() if c.deadline <= now]:
+            self._drop(client)  # too slow to send, or its asker gave up waiting
+        return True
 
     def _timeout(self) -> float | None:
         times = [c.deadline for c in self._clients.values()]
@@ -257,6 +270,8 @@ class _HandoverServer:
         self._answer(client)
 
     def _answer(self, client: _Client) -> None:
+        # set before trying, so that a task ending while we try wakes us
+        self.waiting = True
         try:
             released = self._release(client.db_path)
         except Exception:  # the asker tries the lock again; the next open finds out
@@ -264,7 +279,6 @@ class _HandoverServer:
             self._drop(client)
             return
         if released is None:
-            self.waiting = True
             return
         try:
             client.conn.send(b"ok\n" if released else b"no\n")
@@ -273,9 +287,9 @@ class _HandoverServer:
         self._drop(client)
 
     def _answer_waiting(self) -> None:
-        self.waiting = False
         for client in [c for c in self._clients.values() if c.db_path is not None]:
             self._answer(client)
+        self.waiting = any(c.db_path is not None for c in self._clients.values())
 
     def _drop(self, client: _Client) -> None:
         self._selector.unregister(client.conn)
@@ -355,8 +369,8 @@ class StoreService:
         finally:
             with self._entries_lock:
                 self._active -= 1
-            if self._server is not None and self._server.waiting:
-                self._server.wake()  # another process waits for this database
+            if self._server is not None:
+                self._server.wake()  # in case another process waits for this database
         if self.contended:
             timer = threading.Timer(PARK_AFTER_S, self._park_if_idle)
             timer.daemon = True
@@ -379,6 +393,8 @@ class StoreService:
                 log.warning("sessionstore: closing an idle database failed", exc_info=True)
             finally:
                 entry.lock.release()
+                if self._server is not None:
+                    self._server.wake()
 
     def maintain_later(self, key: str) -> None:
         """Run ``do_maintenance`` of ``key``'s provider on the background thread."""
