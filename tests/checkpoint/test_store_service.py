@@ -370,7 +370,7 @@ def test_a_request_waiting_for_a_busy_task_holds_up_no_other_client(service, tmp
             assert "zero" not in answers
             t0 = time.monotonic()
         waiter.join(5)
-        assert answers["zero"] == b"ok\n" and time.monotonic() - t0 < 0.5  # woken, not polled late
+        assert answers["zero"] == b"ok\n" and time.monotonic() - t0 < 0.5  # as the task ends
         assert not _open(service, "op/0") and service.stats["released"] == 2
         stuck.settimeout(5)
         assert stuck.recv(16) == b""  # dropped after its short timeout
