@@ -7,8 +7,9 @@ is safe but cold (an open costs ~15 ms, and the block cache starts empty). The
 service keeps each provider open in the process that used it last and hands it
 over when another process asks:
 
-* every process that holds warm providers runs a small listener thread on a Unix
-  socket (Linux abstract namespace, so no file is left behind);
+* every process that holds warm providers serves requests on one listener thread
+  (a Unix socket in the Linux abstract namespace, so no file is left behind), from
+  processes of its own user only (see ``_HandoverServer``);
 * the holder writes its pid into ``<local>/<operator>/<partition>/owner``;
 * a process that finds the database locked reads the owner's pid and asks it to
   release that database; the holder closes it as soon as no task of its own uses
@@ -32,10 +33,13 @@ any other maintenance of that partition on this machine by the provider's lock.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
+import selectors
 import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -56,6 +60,21 @@ HANDOVER_TIMEOUT_S = 120.0
 PARK_AFTER_S = 0.05
 #: The interpreter's thread switch interval in a process that serves handovers.
 SWITCH_INTERVAL_S = 0.0005
+#: The longest handover request: a database path (Linux's PATH_MAX) and its newline.
+MAX_REQUEST_BYTES = 4097
+#: How long a connected client may take to send its request (an asker sends it with
+#: the connect, so only a stuck or hostile client comes near this).
+REQUEST_TIMEOUT_S = 1.0
+#: Connections served at once. A new one beyond this drops the oldest connection that
+#: has not sent its request yet (a flood cannot keep a real asker out).
+MAX_CLIENTS = 64
+#: How often a request for a database that a task of ours uses is tried again. The
+#: end of a task, or of an idle close, wakes the server at once; this only covers the
+#: rare other holders of a provider's lock, without waking a busy process often.
+RETRY_S = 0.02
+#: At most one warning per this interval about refused peers (a flood must not fill
+#: the executor's log).
+REFUSED_LOG_EVERY_S = 60.0
 
 
 def _addresses(pid: int) -> list[str]:
@@ -73,6 +92,211 @@ class _Entry:
         self.lock = threading.Lock()  # held while a task of this process uses it
 
 
+class _Client:
+    __slots__ = ("conn", "request", "deadline", "db_path")
+
+    def __init__(self, conn: socket.socket, deadline: float) -> None:
+        self.conn = conn
+        self.request = bytearray()
+        self.deadline = deadline
+        self.db_path: str | None = None  # set once the whole request has arrived
+
+
+class _HandoverServer:
+    """Handover requests of one process, served by one thread with a selector.
+
+    Trust: the socket is reachable by every local process (an abstract socket has no
+    file permissions), so a connection is served only if its peer runs as our user
+    (``SO_PEERCRED``); others are closed unanswered, with a warning, and change
+    nothing. A request is one database path and a newline, at most
+    ``MAX_REQUEST_BYTES``, sent within ``REQUEST_TIMEOUT_S``; anything else is
+    dropped. At most ``MAX_CLIENTS`` connections are held, so memory, file
+    descriptors and threads stay bounded whatever the clients do.
+
+    ``release(db_path)`` closes the database if this process holds it and no task of
+    ours uses it: True if it held it, False if not, None while a task uses it. Such
+    a request waits, without blocking the others, and is tried again when
+    :meth:`wake` is called (a task or an idle close ended) or every ``RETRY_S``.
+    """
+
+    def __init__(self, listener: socket.socket, release: Callable[[str], bool | None]) -> None:
+        self._listener = listener
+        self._release = release
+        self._wake_r, self._wake_w = socket.socketpair()
+        for sock in (listener, self._wake_r, self._wake_w):
+            sock.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._clients: dict[socket.socket, _Client] = {}  # oldest first
+        self._accept_again_at: float | None = None  # accepting paused (out of fds)
+        self._paused_before = False
+        self._refused = 0  # refused since the last warning
+        self._refused_logged_at = -REFUSED_LOG_EVERY_S
+        #: a request waits for a task of this process to finish (read unlocked by
+        #: tasks; set before each try, so a task that ends meanwhile sees it)
+        self.waiting = False
+
+    def start(self) -> None:
+        """Serve on a daemon thread."""
+        threading.Thread(target=self._run, name="sessionstore-handover", daemon=True).start()
+
+    def wake(self) -> None:
+        """Try the waiting requests again now (a provider's lock was released)."""
+        if not self.waiting:
+            return
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full: a wake-up is pending already
+            pass
+
+    # ------------------------------------------------------------------ loop
+    def _run(self) -> None:
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        while True:
+            try:
+                if not self._serve_once():
+                    return
+            except Exception:  # keep serving: askers would otherwise wait for minutes
+                log.warning("sessionstore: the handover server failed", exc_info=True)
+                time.sleep(0.01)
+
+    def _serve_once(self) -> bool:
+        """One round of the loop; False once the listener is gone."""
+        for key, _ in self._selector.select(self._timeout()):
+            sock = key.fileobj
+            if sock is self._listener:
+                if not self._accept():
+                    return False
+            elif sock is self._wake_r:
+                try:
+                    self._wake_r.recv(4096)
+                except OSError:
+                    pass
+            elif sock in self._clients:  # not dropped earlier in this round
+                self._read(self._clients[sock])
+        now = time.monotonic()
+        if self._accept_again_at is not None and now >= self._accept_again_at:
+            self._accept_again_at = None
+            self._selector.register(self._listener, selectors.EVENT_READ)
+        if self.waiting:
+            self._answer_waiting()
+        for client in [c for c in self._clients.values() if c.deadline <= now]:
+            self._drop(client)  # too slow to send, or its asker gave up waiting
+        return True
+
+    def _timeout(self) -> float | None:
+        times = [c.deadline for c in self._clients.values()]
+        if self._accept_again_at is not None:
+            times.append(self._accept_again_at)
+        timeout = max(0.0, min(times) - time.monotonic()) if times else None
+        if self.waiting:
+            timeout = RETRY_S if timeout is None else min(timeout, RETRY_S)
+        return timeout
+
+    def _accept(self) -> bool:
+        """Accept what is pending; False once the listener is gone."""
+        for _ in range(MAX_CLIENTS):
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                return True
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if not self._paused_before:
+                        log.warning("sessionstore: handovers paused for 0.1 s at times: %s", e)
+                        self._paused_before = True
+                    self._selector.unregister(self._listener)
+                    self._accept_again_at = time.monotonic() + 0.1
+                    return True
+                if e.errno == errno.ECONNABORTED:
+                    continue
+                return False
+            if not self._same_user(conn):
+                conn.close()
+                continue
+            if len(self._clients) >= MAX_CLIENTS:
+                unsent = next((c for c in self._clients.values() if c.db_path is None), None)
+                if unsent is None:  # every slot waits for a task of ours: ask again later
+                    conn.close()
+                    continue
+                self._drop(unsent)
+            conn.setblocking(False)
+            client = self._clients[conn] = _Client(conn, time.monotonic() + REQUEST_TIMEOUT_S)
+            self._selector.register(conn, selectors.EVENT_READ)
+            self._read(client)  # an asker sends its request with the connect
+        return True
+
+    def _same_user(self, conn: socket.socket) -> bool:
+        if not hasattr(socket, "SO_PEERCRED"):
+            return True  # not Linux: no abstract socket; the socket file is ours, 0600
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid, uid, _ = struct.unpack("3i", creds)
+        except OSError:
+            return False
+        if uid == os.geteuid():
+            return True
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= REFUSED_LOG_EVERY_S:
+            log.warning(
+                "sessionstore: refused a handover request from pid %d of uid %d: only "
+                "processes of uid %d may ask this worker for its databases "
+                "(%d refused in the last %.0f s)",
+                pid, uid, os.geteuid(), self._refused, REFUSED_LOG_EVERY_S,
+            )  # fmt: skip
+            self._refused, self._refused_logged_at = 0, now
+        return False
+
+    def _read(self, client: _Client) -> None:
+        try:
+            data = client.conn.recv(MAX_REQUEST_BYTES - len(client.request))
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if client.db_path is not None or not data:
+            self._drop(client)  # hung up, or sent more than one request
+            return
+        client.request += data
+        end = client.request.find(b"\n")
+        if end < 0:
+            if len(client.request) >= MAX_REQUEST_BYTES:
+                self._drop(client)  # not a database path
+            return
+        client.db_path = os.fsdecode(bytes(client.request[:end]))
+        client.request = bytearray()
+        client.deadline = time.monotonic() + HANDOVER_TIMEOUT_S  # the asker's patience
+        self._answer(client)
+
+    def _answer(self, client: _Client) -> None:
+        # set before trying, so that a task ending while we try wakes us
+        self.waiting = True
+        try:
+            released = self._release(client.db_path)
+        except Exception:  # the asker tries the lock again; the next open finds out
+            log.warning("sessionstore: a handover request failed", exc_info=True)
+            self._drop(client)
+            return
+        if released is None:
+            return
+        try:
+            client.conn.send(b"ok\n" if released else b"no\n")
+        except OSError:
+            pass
+        self._drop(client)
+
+    def _answer_waiting(self) -> None:
+        for client in [c for c in self._clients.values() if c.db_path is not None]:
+            self._answer(client)
+        self.waiting = any(c.db_path is not None for c in self._clients.values())
+
+    def _drop(self, client: _Client) -> None:
+        self._selector.unregister(client.conn)
+        del self._clients[client.conn]
+        client.conn.close()
+
+
 class StoreService:
     """The warm providers of this process. Use :meth:`instance`."""
 
@@ -83,7 +307,7 @@ class StoreService:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._entries_lock = threading.Lock()
-        self._listener: socket.socket | None = None
+        self._server: _HandoverServer | None = None
         self._listen_failed = False
         self._maintenance: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -145,6 +369,8 @@ class StoreService:
         finally:
             with self._entries_lock:
                 self._active -= 1
+            if self._server is not None:
+                self._server.wake()  # in case another process waits for this database
         if self.contended:
             timer = threading.Timer(PARK_AFTER_S, self._park_if_idle)
             timer.daemon = True
@@ -167,6 +393,8 @@ class StoreService:
                 log.warning("sessionstore: closing an idle database failed", exc_info=True)
             finally:
                 entry.lock.release()
+                if self._server is not None:
+                    self._server.wake()
 
     def maintain_later(self, key: str) -> None:
         """Run ``do_maintenance`` of ``key``'s provider on the background thread."""
@@ -247,17 +475,18 @@ class StoreService:
                     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                         conn.settimeout(HANDOVER_TIMEOUT_S)
                         conn.connect(address)
-                        conn.sendall(db_path.encode() + b"\n")
-                        conn.recv(16)  # "ok" or "no": either way, try the lock again
-                        return
+                        conn.sendall(os.fsencode(db_path) + b"\n")
+                        if conn.recv(16):  # "ok" or "no": either way, try the lock again
+                            return
+                        # dropped unanswered: not our user's process, or overloaded
                 except OSError:
                     continue  # the owner is gone (its lock with it) or not listening yet
         time.sleep(0.05)
 
     def _listen(self) -> bool:
-        """Start the handover listener once; False if no socket could be opened
-        (then providers are closed after each use, as without a service)."""
-        if self._listener is not None:
+        """Start the handover server once; False if no socket could be opened (then
+        providers are closed after each use, as without a service)."""
+        if self._server is not None:
             return True
         if self._listen_failed:
             return False
@@ -267,52 +496,43 @@ class StoreService:
                 if not address.startswith("\0") and os.path.exists(address):
                     os.unlink(address)  # left by a dead process that had our pid
                 listener.bind(address)
-                listener.listen(16)
+                if not address.startswith("\0"):
+                    os.chmod(address, 0o600)  # before listen: no other user ever connects
+                listener.listen(MAX_CLIENTS)
             except OSError:
                 listener.close()
                 continue
-            self._listener = listener
             # A handover is served by this thread while a task of ours may keep the
             # GIL busy; with the default 5 ms switch interval each of the few GIL
             # hand-offs a release needs can wait that long (measured: 38 ms per
             # handover against a busy holder, 24 ms with 0.5 ms). Only threads that
             # ask for the GIL are affected, and ours mostly wait on sockets.
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
-            threading.Thread(
-                target=self._serve, args=(listener,), name="sessionstore-handover", daemon=True
-            ).start()
+            self._server = _HandoverServer(listener, self._try_release)
+            self._server.start()
             return True
         log.warning("sessionstore: no handover socket; databases are closed after each task")
         self._listen_failed = True
         return False
 
-    def _serve(self, listener: socket.socket) -> None:
-        while True:
+    def _try_release(self, db_path: str) -> bool | None:
+        """Close the database at ``db_path`` (asked for by a process of our user) once
+        no task of ours uses it; its provider stays listed, to reopen the database
+        if the partition comes back. Only a database this process holds is touched.
+        True if we held it, False if not, None while a task of ours uses it."""
+        self.contended = True
+        with self._entries_lock:
+            found = [e for e in self._entries.values() if e.provider.local_db_path == db_path]
+        for entry in found:
+            if not entry.lock.acquire(blocking=False):
+                return None
             try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._release, args=(conn,), daemon=True).start()
-
-    def _release(self, conn: socket.socket) -> None:
-        """Close the database asked for once no task of ours is using it (its
-        provider stays listed, to reopen the database if the partition comes back)."""
-        with conn:
-            try:
-                db_path = conn.makefile("rb").readline().decode().strip()
-                self.contended = True
-                with self._entries_lock:
-                    found = [
-                        e for e in self._entries.values() if e.provider.local_db_path == db_path
-                    ]
-                for entry in found:
-                    with entry.lock:
-                        if entry.provider.local_open:
-                            entry.provider.close()
-                            self.stats["released"] += 1
-                conn.sendall(b"ok\n" if found else b"no\n")
-            except OSError:
-                log.warning("sessionstore: a handover request failed", exc_info=True)
+                if entry.provider.local_open:
+                    entry.provider.close()
+                    self.stats["released"] += 1
+            finally:
+                entry.lock.release()
+        return bool(found)
 
     def _forget(self, key: str, entry: _Entry) -> None:
         with self._entries_lock:
