@@ -315,10 +315,9 @@ def _columns(row: dict[str, Any]) -> dict[str, Any]:
 def _flat(row: dict[str, Any]) -> dict[str, Any]:
     """A row for csv and parquet: keys, values and aggregates as text (JSON unless a
     string); the other columns (partition, times, offsets) are integers."""
-    return {
-        k: v if k in row and k not in ("key", "value") or v is None else _as_text(v)
-        for k, v in _columns(row).items()
-    }
+    columns = _columns(row)
+    text = {k for k in columns if k not in row} | {"key", "value"}  # aggregates, key, value
+    return {k: _as_text(v) if k in text and v is not None else v for k, v in columns.items()}
 
 
 def _write_rows(rows: Iterator[dict], fmt: str, out, output: str | None) -> None:

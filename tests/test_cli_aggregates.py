@@ -273,3 +273,22 @@ def test_the_recorded_plan_finishes_every_stored_session_as_the_operator_emitted
     finish = recorded_output(store)
     stored = {(w.key, w.start, w.end): finish(v) for w, v in store.fetch_range(None, None)}
     assert stored == {k: ({}, v) for k, v in last.items() if v is not None}
+
+
+def test_a_plan_of_a_newer_release_reads_raw():
+    import msgpack
+
+    from sessionstore.operators.aggregations import OUTPUT_PLAN_AUX, recorded_output
+
+    store = InMemorySessionStore("s", 10**9)
+    assert recorded_output(store) is None
+    for plan in (
+        {"layout": "future", "aggregates": [["n", "count", None]]},
+        {"layout": "acc", "aggregates": [["n", "median", "x"]]},
+    ):
+        store.write_aux(OUTPUT_PLAN_AUX, msgpack.packb(plan))
+        assert recorded_output(store) is None
+    store.write_aux(
+        OUTPUT_PLAN_AUX, msgpack.packb({"layout": "acc", "aggregates": [["n", "count", None]]})
+    )
+    assert recorded_output(store)(7) == ({}, {"n": 7})

@@ -251,7 +251,11 @@ def recorded_output(store: Any) -> Callable[[Any], tuple[dict[str, Any], dict[st
     unwrap = _LAYOUTS.get(plan.get("layout"))
     if unwrap is None:
         return None
-    finish = Aggregations({name: (fn, column) for name, fn, column in plan["aggregates"]}).finish
+    try:
+        spec = {name: (fn, column) for name, fn, column in plan["aggregates"]}
+        finish = Aggregations(spec).finish
+    except ValueError:  # a function of a newer release
+        return None
 
     def finished(value: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         fields, acc = unwrap(value)
