@@ -291,4 +291,4 @@ def test_a_plan_of_a_newer_release_reads_raw():
     store.write_aux(
         OUTPUT_PLAN_AUX, msgpack.packb({"layout": "acc", "aggregates": [["n", "count", None]]})
     )
-    assert recorded_output(store)(7) == ({}, {"n": 7})
+    assert recorded_output(store)([7]) == ({}, {"n": 7})
