@@ -4,8 +4,9 @@
     sessionstore dump URI --store NAME [--operator OP] [--partition P] [--version N]
                           [--key K | --key-from A --key-to B] [--from-ts T1 --to-ts T2]
                           [--as-of T] [--format jsonl|table|csv|parquet] [--output FILE]
-                          [--limit N]
+                          [--limit N] [--raw]
     sessionstore get URI --store NAME --key K [--operator OP] [--as-of T] [--version N]
+                         [--raw]
     sessionstore verify URI [--operator OP]
     sessionstore restore URI --operator OP --partition P [--version N] --to DIR
 
@@ -15,6 +16,10 @@ k=v`` or the AWS environment) or a local database directory of a job (its
 a job's lock or writes into its directories: checkpoints are restored into a
 temporary directory, local databases are opened as RocksDB secondary instances.
 Progress bars show on a terminal only. Errors print one line and exit with status 2.
+
+Stores of aggregating operators hold accumulators; ``dump`` and ``get`` show the
+operator's output instead (the aggregates by name, from the plan the operator
+recorded with its state), and ``--raw`` the stored accumulators.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import click
 from sessionstore.checkpoint.layout import PartitionFiles
 from sessionstore.errors import SessionStoreError
 from sessionstore.inspect import (
+    Aggregates,
     CheckpointSource,
     LocalSource,
     RowFilter,
@@ -106,6 +112,12 @@ def _iso(ms: int | None) -> str:
 storage_option = click.option(
     "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
     help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable)",
+)  # fmt: skip
+
+
+raw_option = click.option(
+    "--raw", is_flag=True,
+    help="values as stored (an aggregating operator's accumulators), not its aggregates",
 )  # fmt: skip
 
 
@@ -247,13 +259,16 @@ def _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of) -> RowFi
 )
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="default: stdout")
 @click.option("--limit", type=int, default=None)
+@raw_option
 @storage_option
 def dump(
     uri, operator, store_name, partition, version, key, key_from, key_to, key_json, from_ts,
-    to_ts, as_of, fmt, output, limit, storage_options,
+    to_ts, as_of, fmt, output, limit, raw, storage_options,
 ):  # fmt: skip
     """Rows of a store: key, window or validity, value (keys and values as JSON in
-    csv and parquet). Times are epoch ms or ISO-8601. Streams with flat memory."""
+    csv and parquet). An aggregating operator's value is its aggregates by name: an
+    object in jsonl, one column per aggregate in table, csv and parquet. Times are
+    epoch ms or ISO-8601. Streams with flat memory."""
     if fmt == "parquet" and output is None:
         raise CliError("--format parquet needs --output FILE")
     if limit is not None and limit < 1:
@@ -264,7 +279,7 @@ def dump(
     with _progress() as progress:
         rows = store_rows(
             source, operator, store_name, None if partition is None else [partition], version,
-            row_filter, limit, progress,
+            row_filter, limit, progress, raw,
         )  # fmt: skip
         rows = _counted(rows, progress)
         first = next(rows, None)  # errors surface before an output file is created
@@ -285,12 +300,24 @@ def _chain(first: dict | None, rest: Iterator[dict]) -> Iterator[dict]:
         yield from rest
 
 
+def _columns(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with its :class:`Aggregates` value spread into one column per aggregate
+    (named ``value.<name>`` where the name is taken by another column)."""
+    value = row.get("value")
+    if not isinstance(value, Aggregates):
+        return row
+    out = {k: v for k, v in row.items() if k != "value"}
+    for name, result in value.items():
+        out[f"value.{name}" if name in row else name] = result
+    return out
+
+
 def _flat(row: dict[str, Any]) -> dict[str, Any]:
-    """A row for csv and parquet: keys and values as text (JSON unless a string)."""
-    return {
-        k: (None if v is None else _as_text(v)) if k in ("key", "value") else v
-        for k, v in row.items()
-    }
+    """A row for csv and parquet: keys, values and aggregates as text (JSON unless a
+    string); the other columns (partition, times, offsets) are integers."""
+    columns = _columns(row)
+    text = {k for k in columns if k not in row} | {"key", "value"}  # aggregates, key, value
+    return {k: _as_text(v) if k in text and v is not None else v for k, v in columns.items()}
 
 
 def _write_rows(rows: Iterator[dict], fmt: str, out, output: str | None) -> None:
@@ -316,7 +343,7 @@ def _write_rows(rows: Iterator[dict], fmt: str, out, output: str | None) -> None
     from rich.console import Console
     from rich.table import Table
 
-    materialised = list(rows)  # a table needs its widths: use --limit for big stores
+    materialised = [_columns(row) for row in rows]  # widths need every row: use --limit
     table = Table()
     for column in materialised[0] if materialised else ["partition", "key", "value"]:
         table.add_column(column)
@@ -333,7 +360,7 @@ def _write_parquet(rows: Iterator[dict], output: str, chunk: int = 65536) -> Non
     writer, total, buffer = None, 0, []
     try:
         for row in rows:
-            buffer.append(_flat(row))
+            buffer.append(row)
             total += 1
             if len(buffer) >= chunk:
                 writer = _write_chunk(writer, buffer, output)
@@ -350,15 +377,17 @@ def _write_parquet(rows: Iterator[dict], output: str, chunk: int = 65536) -> Non
 
 
 def _write_chunk(writer: Any, buffer: list[dict], output: str) -> Any:
-    """Append ``buffer`` as a row group (opening the writer on the first one)."""
+    """Append ``buffer`` (rows) as a row group (opening the writer on the first one)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    flat = [_flat(row) for row in buffer]
     if writer is None:
-        # key and value are text; every other column is an integer (partition, times)
-        fields = [(n, pa.string() if n in ("key", "value") else pa.int64()) for n in buffer[0]]
+        # the row's own columns are integers, except the key; everything else is text
+        ints = {n for n in buffer[0] if n not in ("key", "value")}
+        fields = [(n, pa.int64() if n in ints else pa.string()) for n in flat[0]]
         writer = pq.ParquetWriter(output, pa.schema(fields))
-    writer.write_table(pa.Table.from_pylist(buffer, schema=writer.schema))
+    writer.write_table(pa.Table.from_pylist(flat, schema=writer.schema))
     buffer.clear()
     return writer
 
@@ -376,8 +405,9 @@ def _as_text(value: Any) -> str:
 @click.option("--key-json", is_flag=True)
 @click.option("--as-of", default=None)
 @click.option("--version", type=int, default=None)
+@raw_option
 @storage_option
-def get(uri, operator, store_name, key, key_json, as_of, version, storage_options):
+def get(uri, operator, store_name, key, key_json, as_of, version, raw, storage_options):
     """The rows of one key, searched in every partition."""
     found = False
     source = _source(uri, storage_options)
@@ -385,7 +415,7 @@ def get(uri, operator, store_name, key, key_json, as_of, version, storage_option
     with _progress() as progress:
         rows = store_rows(
             source, _operator(source, operator), store_name, None, version, row_filter, None,
-            progress,
+            progress, raw,
         )  # fmt: skip
         for row in rows:
             click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str))

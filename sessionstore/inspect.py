@@ -13,6 +13,11 @@ kinds of source, both opened with :func:`open_source`:
 Either way, stores are read inside a batch that is rolled back: opening a store
 may want to expire segments or record its spec, and those writes never land.
 Rows are streamed: memory stays flat however large the store.
+
+A store in which an aggregating operator recorded its output plan (sessions,
+time windows, count windows with built-in aggregates) holds accumulators; its
+rows show the operator's output instead, as :class:`Aggregates` (``raw=True``
+reads the stored form).
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.db import StateDB
 from sessionstore.errors import SessionStoreError
 from sessionstore.keys import TS_MAX, TS_MIN
+from sessionstore.operators.aggregations import recorded_output
 from sessionstore.write_buffer import WriteBuffer
 
 __all__ = [
+    "Aggregates",
     "NotFoundError",
     "RowFilter",
     "CheckpointSource",
@@ -59,6 +66,11 @@ _VERSION_KEY = b"committed_version"
 
 class NotFoundError(SessionStoreError, LookupError):
     """An operator, store, partition or key that the source does not have."""
+
+
+class Aggregates(dict):
+    """A row's value finished by its store's recorded output plan: each aggregate's
+    result by name, as the operator emits it (flat formats show one column each)."""
 
 
 # ----------------------------------------------------------- checkpoint metadata
@@ -391,6 +403,22 @@ def _rows(store: Any, kind: str, f: RowFilter) -> Iterator[dict[str, Any]]:
             yield {"key": k, "value": value}
 
 
+def _finished(
+    rows: Iterator[dict[str, Any]], finish: Callable, where: str
+) -> Iterator[dict[str, Any]]:
+    """Rows whose value is replaced by the fields and aggregates ``finish`` gives."""
+    for row in rows:
+        value = row.pop("value")
+        try:
+            fields, results = finish(value)
+        except Exception as exc:
+            raise SessionStoreError(
+                f"{where}: key {row['key']!r} holds {value!r:.200}, which its recorded output "
+                f"plan cannot finish ({type(exc).__name__}: {exc}); read it raw (--raw)"
+            ) from None
+        yield {**row, **fields, "value": Aggregates(results)}
+
+
 def store_rows(
     source: CheckpointSource | LocalSource,
     operator: str,
@@ -400,9 +428,14 @@ def store_rows(
     row_filter: RowFilter = RowFilter(),
     limit: int | None = None,
     progress: Progress | None = None,
+    raw: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Rows of ``store`` (``partition`` first) at ``version`` (default: the latest of
-    each partition), filtered by ``row_filter``. Streams partition by partition."""
+    each partition), filtered by ``row_filter``. Streams partition by partition.
+
+    Where an operator recorded its output plan in the store, a row's ``value`` is
+    :class:`Aggregates` (and count windows add ``window`` and ``count`` before it);
+    ``raw`` keeps the stored value (the accumulator)."""
     kind = _kind_of(source.store_records(operator), operator, store)
     row_filter.check(kind, store)  # clear errors before any restore
     known = source.partitions(operator)
@@ -417,7 +450,11 @@ def store_rows(
         if progress is not None:
             progress("partitions", done, len(ids))
         with source.open(operator, partition, version, progress) as (_, stores):
-            for row in _rows(stores[store], kind, row_filter):
+            rows = _rows(stores[store], kind, row_filter)
+            finish = None if raw else recorded_output(stores[store])
+            if finish is not None:
+                rows = _finished(rows, finish, f"{operator}/{partition} store {store!r}")
+            for row in rows:
                 yield {"partition": partition, **row}
                 count += 1
                 if limit is not None and count >= limit:

@@ -4,13 +4,19 @@ Options: ``path`` (a checkpoint root URI, or a job's local database directory),
 ``store`` (required); ``operator`` (required when there are several);
 ``batchId`` (the version to read: the state after that many batches; default the
 latest), ``partition``, ``key`` and ``asOf`` (versioned stores), ``keySchema`` and
-``valueSchema`` (DDL, see below), and ``storage.<option>`` for ``pyarrow.fs``. One
-Spark partition reads one state partition (a checkpoint version is restored into a
-temporary directory; a local database is opened as a RocksDB secondary).
+``valueSchema`` (DDL, see below), ``raw`` and ``storage.<option>`` for
+``pyarrow.fs``. One Spark partition reads one state partition (a checkpoint version
+is restored into a temporary directory; a local database is opened as a RocksDB
+secondary).
 
 Columns: ``partition_id``, the key field(s), then ``start``/``end`` (session and
 window stores), ``valid_from``/``valid_to`` (versioned), ``timestamp``/``offset``
-(message stores), and ``value``.
+(message stores), ``window``/``count`` (count windows), and ``value``.
+
+Stores of aggregating operators (``sessionize``, ``window_aggregate``) hold
+accumulators; their ``value`` is the operator's output instead, a struct of the
+aggregates by name (for example ``value.clicks``), from the output plan the operator
+recorded with its state. ``.option("raw", "true")`` reads the stored accumulators.
 
 Types: keys and values are stored as msgpack, without a schema. The reader infers
 Spark types from the first rows of the store (ints are ``bigint``, floats
@@ -171,6 +177,7 @@ class SessionStoreDataSource(DataSource):
             "as_of": int(opts["asof"]) if opts.get("asof") else None,
             "key_schema": opts.get("keyschema"),
             "value_schema": opts.get("valueschema"),
+            "raw": _flag("raw", opts.get("raw")),
             "storage": storage or None,
         }
 
@@ -178,7 +185,7 @@ class SessionStoreDataSource(DataSource):
         rows = store_rows(
             open_source(s["uri"], s["storage"]), s["operator"], s["store"],
             None if s["partition"] is None else [s["partition"]], s["version"],
-            RowFilter(key=s["key"], as_of=s["as_of"]), _SAMPLE,
+            RowFilter(key=s["key"], as_of=s["as_of"]), _SAMPLE, raw=s["raw"],
         )  # fmt: skip
         return list(rows)
 
@@ -188,7 +195,7 @@ class SessionStoreDataSource(DataSource):
         needs_sample = s["key_schema"] is None or s["value_schema"] is None
         sample = self._sample(s) if needs_sample else []
         columns = ["partition_id int", *self._key_columns(s, sample)]
-        columns += [f"{c} bigint" for c in _TIME_COLUMNS[kind]]
+        columns += [f"{c} bigint" for c in _row_columns(kind, sample[:1])]
         value_type = s["value_schema"]
         if value_type is None:
             value_type = infer_type([r["value"] for r in sample])
@@ -211,7 +218,37 @@ class SessionStoreDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         s = self._settings()
         kind = store_kind(open_source(s["uri"], s["storage"]), s["operator"], s["store"])
-        return _Reader(s, schema, _TIME_COLUMNS[kind])
+        names = [f.name for f in schema.fields]
+        before_value = names[: names.index("value")] if "value" in names else names
+        n = len(_COUNT_WINDOW_COLUMNS)
+        finished_windows = (
+            kind == "kv" and not s["raw"] and before_value[-n:] == _COUNT_WINDOW_COLUMNS
+        )
+        return _Reader(
+            s, schema, _TIME_COLUMNS[kind] + (_COUNT_WINDOW_COLUMNS if finished_windows else [])
+        )
+
+
+#: What a finished count-window row adds before its value (see ``store_rows``).
+_COUNT_WINDOW_COLUMNS = ["window", "count"]
+
+
+def _row_columns(kind: str, sample: list[dict[str, Any]]) -> list[str]:
+    """The columns of a ``kind`` store's rows between key and value: its time
+    columns, and a finished count window's ``window`` and ``count``."""
+    columns = list(_TIME_COLUMNS[kind])
+    if sample:
+        columns += [c for c in _COUNT_WINDOW_COLUMNS if c in sample[0]]
+    return columns
+
+
+def _flag(option: str, text: str | None) -> bool:
+    """A boolean option: true or false (any case), default false."""
+    if text is None or text.lower() == "false":
+        return False
+    if text.lower() == "true":
+        return True
+    raise ValueError(f"option {option!r} must be 'true' or 'false', got {text!r}")
 
 
 def _converter(data_type: Any, column: str):
@@ -257,11 +294,11 @@ class _Reader(DataSourceReader):
         s = self.settings
         rows = store_rows(
             open_source(s["uri"], s["storage"]), s["operator"], s["store"], [partition.value],
-            s["version"], RowFilter(key=s["key"], as_of=s["as_of"]),
+            s["version"], RowFilter(key=s["key"], as_of=s["as_of"]), raw=s["raw"],
         )  # fmt: skip
         names = self.columns
         value_at = names.index("value")
-        # the schema is partition_id, key fields, the kind's time columns, value
+        # the schema is partition_id, key fields, the row's time columns, value
         time_columns = self.time_columns
         key_columns = names[1 : value_at - len(time_columns)]
         convert = self.converters

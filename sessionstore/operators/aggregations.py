@@ -12,6 +12,13 @@ serialises with msgpack. ``finish`` turns it into a ``{name: result}`` dict.
 last arrival for ``last``), so they do not depend on the order records arrive in.
 ``collect`` keeps values in session order: merged sessions oldest first, then
 records in arrival order.
+
+An operator that keeps accumulators of built-in aggregates in a store records an
+*output plan* there (:func:`record_output_plan`): the aggregates' names, functions
+and columns, and how its stored values wrap the accumulator. It is written in the
+store's metadata, so it travels in the checkpoint's changelogs and snapshots, and a
+reader (the CLI, the Spark data source) turns stored values back into the
+operator's output with :func:`recorded_output`, without the job's code.
 """
 
 from __future__ import annotations
@@ -20,7 +27,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Aggregation", "Aggregations", "BUILTINS"]
+import msgpack
+
+__all__ = [
+    "Aggregation",
+    "Aggregations",
+    "BUILTINS",
+    "OUTPUT_PLAN_AUX",
+    "output_plan",
+    "record_output_plan",
+    "recorded_output",
+]
 
 
 def _identity(acc: Any) -> Any:
@@ -181,3 +198,67 @@ class Aggregations(Aggregation):
 
     def __repr__(self) -> str:
         return f"Aggregations({self.spec!r})"
+
+
+#: The store metadata entry (``write_aux``) that holds an operator's output plan.
+OUTPUT_PLAN_AUX = "output_plan"
+
+#: How each operator wraps its accumulator in a stored value: ``value -> (fields
+#: shown beside the aggregates, accumulator)``. "acc": the value is the
+#: accumulator (sessions, time windows); "acc_offsets": ``[acc, record offsets]``
+#: (sessions with ``track_offsets``); "count_window": ``[window index, count, acc,
+#: last offset]`` (the open window of count windows).
+_LAYOUTS: dict[str, Callable[[Any], tuple[dict[str, Any], Any]]] = {
+    "acc": lambda value: ({}, value),
+    "acc_offsets": lambda value: ({}, value[0]),
+    "count_window": lambda value: ({"window": value[0], "count": value[1]}, value[2]),
+}
+
+
+def output_plan(aggregation: Aggregation, layout: str) -> dict[str, Any] | None:
+    """The record of how to finish stored values of ``aggregation`` wrapped as
+    ``layout`` (see ``_LAYOUTS``), or None when the aggregation is custom code,
+    which cannot be recorded (its stored values are then read raw)."""
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
+    if not isinstance(aggregation, Aggregations):
+        return None
+    aggregates = zip(aggregation.names, aggregation.functions, aggregation.columns, strict=True)
+    return {"layout": layout, "aggregates": [list(a) for a in aggregates]}
+
+
+def record_output_plan(store: Any, aggregation: Aggregation, layout: str) -> None:
+    """Record in ``store``'s metadata how a reader finishes its values (or that it
+    cannot, for a custom aggregation); written only when it changes, in the
+    store's current batch, so it is committed with the operator's state."""
+    plan = output_plan(aggregation, layout)
+    packed = None if plan is None else msgpack.packb(plan)
+    if store.read_aux(OUTPUT_PLAN_AUX) != packed:
+        store.write_aux(OUTPUT_PLAN_AUX, packed)
+
+
+def recorded_output(store: Any) -> Callable[[Any], tuple[dict[str, Any], dict[str, Any]]] | None:
+    """The output plan recorded in ``store`` as a function ``stored value ->
+    (fields beside the aggregates, {aggregate name: result})``, or None when the
+    store has no plan (a plain store, a custom aggregation, an older checkpoint, or
+    a layout this release does not know). Results come from the operators' own
+    :meth:`Aggregations.finish`."""
+    read = getattr(store, "read_aux", None)
+    packed = None if read is None else read(OUTPUT_PLAN_AUX)
+    if packed is None:
+        return None
+    plan = msgpack.unpackb(packed, raw=False)
+    unwrap = _LAYOUTS.get(plan.get("layout"))
+    if unwrap is None:
+        return None
+    try:
+        spec = {name: (fn, column) for name, fn, column in plan["aggregates"]}
+        finish = Aggregations(spec).finish
+    except ValueError:  # a function of a newer release
+        return None
+
+    def finished(value: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        fields, acc = unwrap(value)
+        return fields, finish(acc)
+
+    return finished

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from sessionstore.kv_store import KeyValueStore
-from sessionstore.operators.aggregations import Aggregation
+from sessionstore.operators.aggregations import Aggregation, record_output_plan
 from sessionstore.operators.sessions import _make_aggregation
 
 __all__ = ["CountWindowAggregator", "CountWindowUpdate"]
@@ -55,6 +55,7 @@ class CountWindowAggregator:
             merger = _never
         self.store, self.size, self.emit = store, size, emit
         self.aggregation = _make_aggregation(initializer, aggregator, merger, aggregations)
+        record_output_plan(store, self.aggregation, "count_window")
         #: Messages dropped for a None key; replays are ignored, not counted.
         self.dropped_records = 0
         self.replayed_records = 0

@@ -36,7 +36,7 @@ import numpy as np
 
 from sessionstore.gc_pause import gc_paused
 from sessionstore.keys import TS_MAX, TS_MIN, check_timestamp
-from sessionstore.operators.aggregations import Aggregation, Aggregations
+from sessionstore.operators.aggregations import Aggregation, Aggregations, record_output_plan
 from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
 from sessionstore.operators.session_batch import (
     FAR_PAST,
@@ -162,6 +162,7 @@ class SessionWindowAggregator(ArrowBatches):
         # With offsets tracked a session is stored as [acc, sorted record offsets], and
         # a record whose offset a candidate session already holds is a replay.
         self.track_offsets = track_offsets
+        record_output_plan(store, self.aggregation, "acc_offsets" if track_offsets else "acc")
         #: Records dropped: None key or timestamp, or late beyond grace.
         self.dropped_records = 0
         #: Records ignored because their offset was already in their session.

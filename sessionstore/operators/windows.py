@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sessionstore.keys import check_timestamp
-from sessionstore.operators.aggregations import Aggregation
+from sessionstore.operators.aggregations import Aggregation, record_output_plan
 from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
 from sessionstore.operators.sessions import _make_aggregation
 from sessionstore.window_store import WindowStore
@@ -112,6 +112,7 @@ class WindowAggregator(ArrowBatches):
         self.store, self.windows, self.emit = store, windows, emit
         self.early_every_ms = early_every_ms
         self.aggregation = _make_aggregation(initializer, aggregator, merger, aggregations)
+        record_output_plan(store, self.aggregation, "acc")
         store.set_min_retention(windows.size_ms + windows.grace_ms)
         self._pending = store.end_index() if emit != "update" else None
         self._stream_time = self._read("stream_time")

@@ -105,3 +105,45 @@ def test_type_inference_and_ddl_fields():
     ]  # fmt: skip
     with pytest.raises(ValueError, match="cannot read 'oops' in 'a int, oops' as 'name type'"):
         _fields("a int, oops")
+
+
+def test_sessionize_state_reads_as_named_aggregates(spark, tmp_path):
+    """After a real sessionize query, the store's value is a struct of the aggregates
+    by name, equal to the query's own output; raw reads the accumulators."""
+    from spark_integration import StateBackend, sessionize
+
+    uri = f"file://{tmp_path}/state"
+    events = [("u1", 1, "/a"), ("u2", 3, "/x"), ("u1", 5, "/b"), ("u1", 9, "/c"), ("u1", 500, "/d")]
+    out = sessionize(
+        spark.createDataFrame(events, "user string, ts long, page string"),
+        key="user", timestamp="ts", gap="100 ms", grace="1 s", emit="update",
+        aggregations={"clicks": "count", "entry": ("first", "page"), "exit": ("last", "page")},
+        backend=StateBackend(uri, local_dir=str(tmp_path / "local")), num_partitions=2,
+    ).collect()  # fmt: skip
+    emitted = {
+        (r.user, r.session_start, r.session_end): (r.clicks, r.entry, r.exit)
+        for r in out
+        if r.change == "upsert"
+    }
+    register(spark)
+    read = spark.read.format("sessionstore").option("path", uri).option("store", "sessions")
+    state = read.load()
+    assert state.schema.simpleString() == (
+        "struct<partition_id:int,key:string,start:bigint,end:bigint,"
+        "value:struct<clicks:bigint,entry:string,exit:string>>"
+    )
+    got = {(r.key, r.start, r.end): (r.value.clicks, r.value.entry, r.value.exit)
+           for r in state.collect()}  # fmt: skip
+    assert got == {
+        ("u1", 1, 9): (3, "/a", "/c"), ("u1", 500, 500): (1, "/d", "/d"),
+        ("u2", 3, 3): (1, "/x", "/x"),
+    }  # fmt: skip
+    assert {k: v for k, v in emitted.items() if k in got} == got
+    raw = read.option("raw", "true").load()
+    assert raw.schema["value"].simpleString() == "value:array<string>"
+    assert sorted(r.value for r in raw.collect()) == [
+        ["1", '[3, "/x"]', '[3, "/x"]'], ["1", '[500, "/d"]', '[500, "/d"]'],
+        ["3", '[1, "/a"]', '[9, "/c"]'],
+    ]  # fmt: skip
+    with pytest.raises(Exception, match="option 'raw' must be 'true' or 'false', got 'yes'"):
+        read.option("raw", "yes").load()
