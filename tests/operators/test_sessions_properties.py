@@ -148,8 +148,8 @@ def test_in_order_sessions_equal_offline_sessionization(times, gap, batch_size):
     assert agg.dropped_records == 0
 
 
-@pytest.mark.parametrize("emit", ["update", "final"])
-def test_replay_from_the_same_state_is_byte_identical(tmp_path, emit):
+@pytest.mark.parametrize("emit, net", [("update", False), ("final", False), ("update", True)])
+def test_replay_from_the_same_state_is_byte_identical(tmp_path, emit, net):
     batch = [("a", 1, 10), ("b", 2, 12), ("a", 3, 25), ("a", 4, 11), ("b", 5, 90), ("a", 6, 200)]
     outputs, states = [], []
     for run in range(2):
@@ -158,7 +158,8 @@ def test_replay_from_the_same_state_is_byte_identical(tmp_path, emit):
             agg = SessionWindowAggregator(
                 store, SessionWindows(10, 5), aggregations={"n": "count"}, emit=emit
             )
-            outputs.append(agg.process_records(batch))
+            outputs.append(agg.process_records(batch[:3], net=net))
+            outputs[-1] += agg.process_records(batch[3:], net=net)
             states.append(list(db.scan("s.0")) + list(db.scan("meta")))
     assert outputs[0] == outputs[1]
     assert states[0] == states[1]
@@ -229,12 +230,16 @@ def net_change(before, after):
     return change
 
 
-def run_net(make_store, batches, gap, grace, retention, track=False, aggs=AGGS, nudges=None):
+def run_net(
+    make_store, batches, gap, grace, retention, track=False, aggs=AGGS, nudges=None,
+    restart=False,
+):  # fmt: skip
     """The record path's updates, applied to a table batch by batch, against
     ``process_rows(net=True)``: each batch's net updates are exactly the change of
     that table, one per identity, and the state is the record path's. ``nudges``
     moves both stores' stream time before a batch, as another writer would (the
-    batch path then falls back to records)."""
+    batch path then falls back to records). With ``restart`` the net path's
+    aggregator is made anew for every batch: what it knows comes from the store."""
     one = make_store("one", retention)
     many = make_store("many", retention)
     windows = SessionWindows(gap, grace)
@@ -245,6 +250,10 @@ def run_net(make_store, batches, gap, grace, retention, track=False, aggs=AGGS, 
         if nudges and nudges[n % len(nudges)] and rec.stream_time is not None:
             for store in (one, many):
                 store.advance_stream_time(rec.stream_time + nudges[n % len(nudges)])
+        if restart:
+            counters = net.dropped_records, net.replayed_records
+            net = SessionWindowAggregator(many, windows, aggregations=aggs, track_offsets=track)
+            net.dropped_records, net.replayed_records = counters
         offsets = [r[1] for r in batch] if track else None
         events = []
         for key, value, ts in batch:
@@ -296,4 +305,4 @@ def test_net_updates_with_replayed_offsets(batches, gap, grace):
 @given(batches=st.one_of(IN_ORDER, BATCHES), gap=st.integers(0, 15), grace=st.integers(0, 20))
 def test_net_updates_in_rocksdb(batches, gap, grace):
     with rocksdb_stores() as make:
-        run_net(make, batches, gap, grace, gap + grace + 1, aggs=FAST_AGGS)
+        run_net(make, batches, gap, grace, gap + grace + 1, aggs=FAST_AGGS, restart=True)
