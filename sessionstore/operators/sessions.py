@@ -12,8 +12,11 @@ Rules (README "Session windows" has the full list):
   None key or timestamp.
 * ``emit="update"`` forwards every change: merged-away sessions as tombstones
   (value None, stamped with their old end), then the merged session stamped with
-  its end. ``emit="final"`` forwards each session once, when it closes, ordered by
+  its end; as in Kafka, no tombstone for the window the merged session keeps.
+  ``emit="final"`` forwards each session once, when it closes, ordered by
   (end, start, key); a closed session is never merged into or re-emitted.
+* ``net=True`` on the batch paths (update mode): a batch's net change, at most one
+  update per session identity (see :meth:`SessionWindowAggregator.process_rows`).
 
 :meth:`SessionWindowAggregator.process_batch` gives exactly the updates and final
 state of calling :meth:`~SessionWindowAggregator.process` on each record in order,
