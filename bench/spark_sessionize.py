@@ -15,10 +15,12 @@ With ``--floor-parts`` it also splits the floor into its steps (the plain read t
 the noop sink, the shuffle, the Python hop) and times it with larger Arrow batches,
 to show what in the floor could be lowered. With ``--s3`` it also runs
 ``sessionize`` with its checkpoint on S3 (a moto server on 127.0.0.1, which shares
-the machine's 2 cores).
+the machine's 2 cores). With ``--update`` it also runs ``sessionize(emit="update")``
+in update output mode (Spark's ``session_window`` has no update mode) and prints the
+rows it emits per input event (the sink's ``numOutputRows`` in the query progress).
 
-Run: ``.venv/bin/python bench/spark_sessionize.py [--events N] [--rounds N] [--floor-parts]
-[--s3]``.
+Run: ``.venv/bin/python bench/spark_sessionize.py [--events N] [--keys N] [--batches N]
+[--rounds N] [--floor-parts] [--s3] [--update]``.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ def write_input(folder, events, keys, batches):
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(5)
-    ranks = rng.zipf(1.1, size=events * 2)
-    ranks = ranks[ranks <= keys][:events] - 1
+    ranks = np.empty(0, dtype=np.int64)
+    while len(ranks) < events:  # few keys reject most draws: draw until there are enough
+        drawn = rng.zipf(1.1, size=events * 2)
+        ranks = np.concatenate([ranks, drawn[drawn <= keys]])
+    ranks = ranks[:events] - 1
     names = np.array([f"user-{i:06d}" for i in range(keys)], dtype=object)[ranks]
     ts = 1_700_000_000_000 + np.cumsum(rng.integers(0, 20, size=events))
     os.makedirs(folder, exist_ok=True)
@@ -70,10 +75,12 @@ def count_rows(batches):
 
 
 def timed(query_factory):
+    """Seconds until the query ends, and the rows its sink received."""
     t0 = time.perf_counter()
     query = query_factory()
     query.awaitTermination()
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    return elapsed, sum(max(p["sink"].get("numOutputRows", 0), 0) for p in query.recentProgress)
 
 
 def main(argv=None) -> str:
@@ -83,6 +90,7 @@ def main(argv=None) -> str:
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--floor-parts", action="store_true", help="also split the floor's cost")
     ap.add_argument("--s3", action="store_true", help="also checkpoint sessionize to S3 (moto)")
+    ap.add_argument("--update", action="store_true", help="also run both in update mode")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best counts")
     args = ap.parse_args(argv)
     from pyspark.sql import functions as F
@@ -106,9 +114,9 @@ def main(argv=None) -> str:
         def stream():
             return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
 
-        def noop(out, name):
+        def noop(out, name, mode="append"):
             return (
-                out.writeStream.format("noop").outputMode("append")
+                out.writeStream.format("noop").outputMode(mode)
                 .option("checkpointLocation", os.path.join(tmp, f"ck-{name}"))
                 .trigger(availableNow=True).start()
             )  # fmt: skip
@@ -129,9 +137,11 @@ def main(argv=None) -> str:
             )
             return noop(out, f"builtin-{run}")
 
-        def ours(run, on_s3=False):
+        def ours(run, on_s3=False, emit="final"):
             if on_s3:
                 run = f"s3-{run}"
+            if emit == "update":
+                run = f"update-{run}"
             backend = StateBackend(
                 f"s3://{bucket}/state-{run}" if on_s3 else f"file://{tmp}/state-{run}",
                 local_dir=os.path.join(tmp, f"local-{run}"),
@@ -139,10 +149,10 @@ def main(argv=None) -> str:
             )
             out = sessionize(
                 stream(), key="user", timestamp="ts", gap="60 seconds",
-                aggregations={"count": "count"}, emit="final", backend=backend,
+                aggregations={"count": "count"}, emit=emit, backend=backend,
                 num_partitions=PARTITIONS,
             )  # fmt: skip
-            return noop(out, f"ours-{run}")
+            return noop(out, f"ours-{run}", "update" if emit == "update" else "append")
 
         def floor(run):
             out = stream().repartition(PARTITIONS, "user").mapInArrow(count_rows, "n long")
@@ -158,6 +168,8 @@ def main(argv=None) -> str:
         cases = [("floor", floor), ("builtin", builtin), ("ours", ours)]
         if args.s3:
             cases.append(("ours_s3", lambda r: ours(r, on_s3=True)))
+        if args.update:
+            cases.append(("ours_update", lambda r: ours(r, emit="update")))
         if args.floor_parts:
             cases += [
                 ("read", lambda r: noop(stream(), f"read-{r}")),
@@ -167,9 +179,10 @@ def main(argv=None) -> str:
             ]
         # best of --rounds interleaved rounds, each query on a fresh checkpoint
         times: dict[str, float] = {}
+        out_rows: dict[str, int] = {}
         for round_ in range(args.rounds):
             for name, fn in cases:
-                elapsed = timed(lambda fn=fn, r=round_: fn(f"{r}"))
+                elapsed, out_rows[name] = timed(lambda fn=fn, r=round_: fn(f"{r}"))
                 times[name] = min(times.get(name, elapsed), elapsed)
     spark.stop()
     n = args.events
@@ -180,6 +193,8 @@ def main(argv=None) -> str:
     ]
     if args.s3:
         pipelines.insert(2, ("sessionize, s3:// checkpoint (moto on 127.0.0.1)", "ours_s3"))
+    if args.update:
+        pipelines.insert(-1, ('sessionize emit="update", update mode', "ours_update"))
     for label, name in pipelines:
         rows.append(
             [
@@ -208,6 +223,16 @@ def main(argv=None) -> str:
                     f"{times['builtin'] / t:.2f}x",
                 ]
                 for label, t, extra in parts
+            ],
+        )
+    if args.update:
+        print_table(
+            f"Rows emitted per input event in update mode, same run ({n:,} events)",
+            ["pipeline", "rows", "rows per event"],
+            [
+                [label, f"{out_rows[name]:,}", f"{out_rows[name] / n:.3f}"]
+                for label, name in pipelines
+                if name.endswith("_update")
             ],
         )
     return print_table(

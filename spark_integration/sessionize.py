@@ -56,8 +56,11 @@ def sessionize(
     Output columns: the key columns, ``session_start`` and ``session_end`` (the
     first and last event; timestamps if ``timestamp`` is a timestamp column, epoch
     milliseconds if it is a long), the aggregates, and in update mode ``change``:
-    ``"upsert"``, or ``"delete"`` for a session merged away. Use append output mode
-    with ``emit="final"`` and update mode with ``emit="update"``.
+    ``"upsert"``, or ``"delete"`` for a session an earlier micro-batch emitted and
+    this one merged away. Update mode emits at most one row per session per
+    micro-batch (its net change), so a sink may apply a batch's rows in any order.
+    Use append output mode with ``emit="final"`` and update mode with
+    ``emit="update"``.
 
     ``grace`` defaults to the input's watermark delay when ``timestamp`` carries
     one (``withWatermark``), else 0: a session is final once the event time passes

@@ -411,7 +411,8 @@ def run_aggregator(
             table_out = agg.process_table(table, key, TS, value)
             if table_out is None:
                 k, times, values = columns_of(table, key, TS, value)
-                updates += agg.process_rows(k, times, values)
+                # update mode: one row per changed session or window per micro-batch
+                updates += agg.process_rows(k, times, values, net=True)
     exchange.publish(info.batch_id, agg.stream_time)
     return updates, table_out
 

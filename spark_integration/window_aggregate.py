@@ -48,7 +48,8 @@ def window_aggregate(
     """Windowed aggregates per key: ``[window_start, window_end)``.
 
     ``emit``: ``"final"`` (once, when ``end + grace`` passes; append mode),
-    ``"update"`` (every change; update mode) or ``"on_time"`` (at the window end,
+    ``"update"`` (each window a micro-batch changed, once, with its value after
+    the batch; update mode) or ``"on_time"`` (at the window end,
     then once per late row within grace). ``early_every`` adds periodic early
     results of open windows. Output: key columns, ``window_start``, ``window_end``,
     the aggregates and ``emission`` (update, early, on_time, late or final).

@@ -29,12 +29,15 @@ class ArrowBatches:
         key: str | Sequence[str] = "key",
         timestamp: str = "timestamp",
         value: str | Sequence[str] | None = "value",
+        *,
+        net: bool = False,
     ) -> Any:
         """Process an Arrow table or record batch; return the updates as an Arrow table.
 
         ``key`` names one column or several (tuple keys); ``value`` names one column,
         several (each value is a dict of them) or None. Timestamps are epoch
-        milliseconds or an Arrow timestamp column.
+        milliseconds or an Arrow timestamp column. ``net``: the batch's net change
+        in update mode (see ``process_rows``).
         """
         from sessionstore.operators.arrow_io import columns_of
 
@@ -42,7 +45,7 @@ class ArrowBatches:
         if table is not None:
             return table
         keys, timestamps, values = columns_of(batch, key, timestamp, value)
-        return self._updates_table(self.process_rows(keys, timestamps, values), key)
+        return self._updates_table(self.process_rows(keys, timestamps, values, net=net), key)
 
     def process_table(
         self,

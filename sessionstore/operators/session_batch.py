@@ -146,11 +146,9 @@ def run_fast_keys(
             acc = [_slot(functions[j], running[j], ts_list, a, p, prior, j) for j in width]
             if not final:
                 i, t = order[p], ts_list[p]
-                if prev_end is None:
-                    emitted.append(((i, 0), update_type(key, start, t, finish(acc), t)))
-                else:
+                if prev_end is not None and prev_end != t:  # a new window replaces it
                     emitted.append(((i, 0), update_type(key, start, prev_end, None, prev_end)))
-                    emitted.append(((i, 1), update_type(key, start, t, finish(acc), t)))
+                emitted.append(((i, 1), update_type(key, start, t, finish(acc), t)))
                 prev_end = t
         if cont:
             stored.removed_at = order[a]

@@ -12,8 +12,11 @@ Rules (README "Session windows" has the full list):
   None key or timestamp.
 * ``emit="update"`` forwards every change: merged-away sessions as tombstones
   (value None, stamped with their old end), then the merged session stamped with
-  its end. ``emit="final"`` forwards each session once, when it closes, ordered by
+  its end; as in Kafka, no tombstone for the window the merged session keeps.
+  ``emit="final"`` forwards each session once, when it closes, ordered by
   (end, start, key); a closed session is never merged into or re-emitted.
+* ``net=True`` on the batch paths (update mode): a batch's net change, at most one
+  update per session identity (see :meth:`SessionWindowAggregator.process_rows`).
 
 :meth:`SessionWindowAggregator.process_batch` gives exactly the updates and final
 state of calling :meth:`~SessionWindowAggregator.process` on each record in order,
@@ -279,7 +282,8 @@ class SessionWindowAggregator(ArrowBatches):
             store.remove(key, window.start, window.end)
             if self._final:
                 self._index.discard(kb, window.start, window.end)
-            else:
+            elif window.start != start or window.end != end:
+                # Kafka forwards no tombstone for the window the update replaces
                 out.append(SessionUpdate(key, window.start, window.end, None, window.end))
         store.put(key, start, end, [acc, offsets] if self.track_offsets else acc)
         if self._final:
@@ -319,8 +323,21 @@ class SessionWindowAggregator(ArrowBatches):
         timestamps: Sequence[int | None],
         values: Sequence[Any],
         offsets: Sequence[int | None] | None = None,
+        *,
+        net: bool = False,
     ) -> list[SessionUpdate]:
-        """Process a batch given as columns; same result as :meth:`process` per row."""
+        """Process a batch given as columns; same result as :meth:`process` per row.
+
+        ``net=True`` (update mode; final mode emits each session once anyway) returns
+        the batch's net change instead, at most one update per session identity
+        ``(key, start, end)``, in (encoded key, start, end) order: the value of each
+        session that exists when the batch ends and whose value differs from the one
+        stored (so emitted) before it, and a tombstone for each stored session the
+        batch merged away. A session created and merged away within the batch emits
+        nothing, and neither does closing. Applied in any order, these updates turn
+        the table of the earlier updates into the table of all updates so far. The
+        state written is the same either way.
+        """
         n = len(keys)
         if offsets is None:
             offsets = [None] * n
@@ -331,21 +348,27 @@ class SessionWindowAggregator(ArrowBatches):
             )
         if n == 0:
             return []
+        net = net and not self._final
         store = self.store
         if store.observed_stream_time != self._stream_time:
             # Someone else wrote to the store: its visibility no longer follows our
             # stream time, so replay record by record (still exact, just slower).
             out: list[SessionUpdate] = []
             with self._rolling_back():
+                before = self._stored_values(keys, timestamps) if net else None
                 for k, t, v, o in zip(keys, timestamps, values, offsets, strict=True):
                     out.extend(self.process(k, v, t, o))
-            return out
+            if before is None:
+                return out
+            encode = self._encode
+            after = {(encode(u.key), u.start, u.end): (u.key, u.value) for u in out}
+            return _net_changes(before, after)
         with self._rolling_back(), gc_paused():
-            out = self._process_rows(keys, timestamps, values, offsets)
+            out = self._process_rows(keys, timestamps, values, offsets, net)
             self._save_times()
         return out
 
-    def _process_rows(self, keys, timestamps, values, offsets) -> list[SessionUpdate]:
+    def _process_rows(self, keys, timestamps, values, offsets, net=False) -> list[SessionUpdate]:
         groups, times, offsets = self._group(keys, timestamps, offsets)
         if not groups:
             return []
@@ -355,10 +378,49 @@ class SessionWindowAggregator(ArrowBatches):
         loaded_ids: set[tuple[bytes, int, int]] = set()
         entries = self._open_entries()
         open_kbs = None if entries is None else {kb for _, _, kb in entries}
-        self._replay(groups, keys, values, offsets, timing, open_kbs, emitted, tracked, loaded_ids)
+        self._replay(
+            groups, keys, values, offsets, timing, open_kbs, emitted, tracked, loaded_ids,
+            net=net,
+        )  # fmt: skip
         self._settle(timing, emitted, tracked, loaded_ids, entries)
+        if net:
+            return self._net_of(tracked)
         emitted.sort(key=lambda e: e[0])
         return [u for _, u in emitted]
+
+    def _net_of(self, tracked: list[tuple[Any, bytes, _Session]]) -> list[SessionUpdate]:
+        """The net change of a replayed batch: stored sessions it removed, and the
+        sessions it leaves (a removed one's identity may come back with them)."""
+        finish = self.aggregation.finish
+        before: dict[tuple[bytes, int, int], Any] = {}
+        after: dict[tuple[bytes, int, int], tuple[Any, Any]] = {}
+        for key, kb, s in tracked:
+            if s.loaded and s.removed_at is not None:
+                ident = (kb, s.start, s.end)
+                before[ident] = finish(s.acc)
+                after[ident] = (key, None)
+        for key, kb, s in tracked:
+            if not s.loaded and s.removed_at is None:
+                after[(kb, s.start, s.end)] = (key, finish(s.acc))
+        return _net_changes(before, after)
+
+    def _stored_values(self, keys, timestamps) -> dict[tuple[bytes, int, int], Any]:
+        """Finished values of every stored session a batch can touch (within gap of
+        its records' times, per key), by identity: what earlier batches emitted."""
+        spans: dict[bytes, list] = {}
+        encode = self._encode
+        for key, t in zip(keys, timestamps, strict=True):
+            if key is None or t is None:
+                continue
+            t = check_timestamp("timestamp", t)
+            span = spans.setdefault(encode(key), [key, t, t])
+            span[1], span[2] = min(span[1], t), max(span[2], t)
+        finish, gap, track = self.aggregation.finish, self._gap, self.track_offsets
+        return {
+            (kb, window.start, window.end): finish(acc[0] if track else acc)
+            for kb, (key, lo, hi) in spans.items()
+            for window, acc in self.store.find_sessions(key, lo - gap, hi + gap)
+        }
 
     def _group(self, keys, timestamps, offsets) -> tuple[dict[bytes, list[int]], list[int], list]:
         """Row indices by encoded key, every row's time (``FAR_PAST`` for a dropped
@@ -416,12 +478,14 @@ class SessionWindowAggregator(ArrowBatches):
 
     def _replay(
         self, groups, keys, values, offsets, timing, open_kbs, emitted, tracked, loaded_ids,
-        allow_fast: bool = True,
+        allow_fast: bool = True, net: bool = False,
     ) -> None:  # fmt: skip
         """Replay each group's records (vectorised for keys that qualify), collecting
-        emissions, every session touched and the ids of the stored sessions loaded."""
+        emissions, every session touched and the ids of the stored sessions loaded.
+        With ``net`` (update mode) only the sessions count, not each record's updates."""
         store, agg = self.store, self.aggregation
         gap, final = self._gap, self._final
+        each = not final and not net  # update mode: every record's updates
         track = self.track_offsets
         ts_l, close_l, vis_l = timing.ts_l, timing.close_l, timing.vis_l
         # keys that provably behave like a sorted stream take the vectorised path
@@ -453,14 +517,17 @@ class SessionWindowAggregator(ArrowBatches):
                 tracked.append((key, kb, s))
                 loaded_ids.add((kb, window.start, window.end))
             if fast_columns is not None:
-                if final:
-                    # only closures are emitted: any arrival order will do
+                if not each:
+                    # only closures or the final sessions count: any arrival order will do
                     if all(map(ok_at, idxs)):
                         ordered = sorted(idxs, key=ts_l.__getitem__)  # stable
                         # Closed sessions end before tmin - gap and are not even
                         # loaded here; the filter keeps the sweep from relying on it.
+                        # (Update mode merges into closed sessions: all are candidates.)
                         open_stored = [
-                            s for s in sessions if emitted_close is None or s.end >= emitted_close
+                            s
+                            for s in sessions
+                            if not final or emitted_close is None or s.end >= emitted_close
                         ]
                         fast_keys.append((key, kb, ordered, open_stored))
                         continue
@@ -498,16 +565,16 @@ class SessionWindowAggregator(ArrowBatches):
                 for s in cands:
                     s.removed_at = i
                     sessions.remove(s)
-                    if not final:
+                    if each and (s.start != start or s.end != end):  # as the record path
                         emitted.append(((i, seq), SessionUpdate(key, s.start, s.end, None, s.end)))
                         seq += 1
                 new = _Session(start, end, acc, merged_offsets, False)
                 _insert_sorted(sessions, new)
                 tracked.append((key, kb, new))
-                if not final:
+                if each:
                     emitted.append(((i, seq), SessionUpdate(key, start, end, finish(acc), end)))
 
-        if fast_keys and final:
+        if fast_keys and not each:
             run_fast_final(fast_keys, ts_l, fast_columns, agg, gap, _Session, tracked)
         elif fast_keys:
             run_fast_keys(
@@ -608,14 +675,41 @@ class SessionWindowAggregator(ArrowBatches):
 
         return run_final(self, prepared, timestamp, value)
 
-    def process_records(self, records: Iterable[tuple]) -> list[SessionUpdate]:
+    def process_records(
+        self, records: Iterable[tuple], *, net: bool = False
+    ) -> list[SessionUpdate]:
         """Batch path for ``(key, value, timestamp)`` or ``(key, value, timestamp,
-        offset)`` tuples."""
+        offset)`` tuples (``net`` as in :meth:`process_rows`)."""
         rows = list(records)
         offsets = [r[3] for r in rows] if rows and len(rows[0]) > 3 else None
         return self.process_rows(
-            [r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows], offsets
+            [r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows], offsets, net=net
         )
+
+
+def _net_changes(
+    before: dict[tuple[bytes, int, int], Any], after: dict[tuple[bytes, int, int], tuple[Any, Any]]
+) -> list[SessionUpdate]:
+    """A batch's net change, in identity order. ``before``: finished values of the
+    stored sessions the batch touched, as it began; ``after``: ``(key, finished
+    value, or None when merged away)`` of every session identity it touched, as it
+    ends. Merged away and stored before: a tombstone; present with a new value: an
+    update; anything else (a session born and merged away in the batch, a value
+    unchanged) emits nothing."""
+    out = []
+    for ident in sorted(after):
+        key, value = after[ident]
+        _, start, end = ident
+        old = before.get(ident, _MISSING)
+        if value is None:
+            if old is not _MISSING:
+                out.append(SessionUpdate(key, start, end, None, end))
+        elif old is _MISSING or old != value:
+            out.append(SessionUpdate(key, start, end, value, end))
+    return out
+
+
+_MISSING = object()
 
 
 def _sorted_stream(

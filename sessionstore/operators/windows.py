@@ -173,13 +173,19 @@ class WindowAggregator(ArrowBatches):
         self._stream_time = self._read("stream_time")
         self._early_tick = self._read("early_tick")
 
-    def _checked(self, key: Any, value: Any, timestamp: Any) -> list[WindowUpdate]:
+    def _checked(
+        self, key: Any, value: Any, timestamp: Any, before: dict | None = None
+    ) -> list[WindowUpdate]:
         if key is None or timestamp is None:
             self.dropped_records += 1
             return []
-        return self._process(key, value, check_timestamp("timestamp", timestamp))
+        return self._process(key, value, check_timestamp("timestamp", timestamp), before)
 
-    def _process(self, key: Any, value: Any, ts: int) -> list[WindowUpdate]:
+    def _process(
+        self, key: Any, value: Any, ts: int, before: dict | None = None
+    ) -> list[WindowUpdate]:
+        """One record; ``before`` (if given) gets the finished value of each window it
+        touches first, as stored before (``_MISSING`` for a new window)."""
         store, agg, windows = self.store, self.aggregation, self.windows
         size, grace = windows.size_ms, windows.grace_ms
         self._advance(ts)
@@ -196,6 +202,8 @@ class WindowAggregator(ArrowBatches):
             accepted = True
             acc = store.fetch_window(key, start)
             is_new = acc is None
+            if before is not None and (kb, start) not in before:
+                before[(kb, start)] = _MISSING if is_new else agg.finish(acc)
             if is_new:
                 acc = agg.initializer()
             acc = agg.add(key, value, ts, acc)
@@ -246,14 +254,30 @@ class WindowAggregator(ArrowBatches):
         return out
 
     def process_rows(
-        self, keys: Sequence[Any], timestamps: Sequence[int | None], values: Sequence[Any]
+        self,
+        keys: Sequence[Any],
+        timestamps: Sequence[int | None],
+        values: Sequence[Any],
+        *,
+        net: bool = False,
     ) -> list[WindowUpdate]:
-        """Process a batch in order, as one atomic write; same result as per record."""
+        """Process a batch in order, as one atomic write; same result as per record.
+
+        ``net=True`` with ``emit="update"`` returns the batch's net change instead:
+        one update per window the batch changed, with its value after the batch, in
+        (encoded key, start) order, and none for a window whose value ends as it was
+        (windows are never deleted). Other policies ignore it.
+        """
         out: list[WindowUpdate] = []
+        before: dict[tuple[bytes, int], Any] | None = {} if net and self.emit == "update" else None
         with self._rolling_back():
             for key, ts, value in zip(keys, timestamps, values, strict=True):
-                out.extend(self._checked(key, value, ts))
-        return out
+                out.extend(self._checked(key, value, ts, before))
+        if before is None:
+            return out
+        encode = self.store._encode_key
+        last = {(encode(u.key), u.start): u for u in out}
+        return [last[w] for w in sorted(last) if before[w] != last[w].value]
 
     def _columnar_applies(self) -> bool:
         # emit="final" without early emission: see window_columns
@@ -269,6 +293,9 @@ class WindowAggregator(ArrowBatches):
 
         table = super()._updates_table(updates, key)
         return table.append_column("kind", pa.array([u.kind for u in updates], pa.string()))
+
+
+_MISSING = object()
 
 
 def _no_merge(key: Any, a: Any, b: Any) -> Any:

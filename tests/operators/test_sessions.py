@@ -72,10 +72,71 @@ def test_chain_merges_of_three_sessions(feed):
 
 
 def test_same_timestamp_and_record_inside_a_session(feed):
+    """As Kafka: no tombstone for the window that the update replaces (a second
+    record at the same time, a record inside the session), only for a window that
+    changes."""
     agg = make(gap=10, retention=1000)
     out = feed(agg, [("a", 5), ("a", 5), ("a", 0), ("a", 3)])
-    assert out[-2:] == [U("a", 0, 5, None, 5), U("a", 0, 5, {"n": 4}, 5)]
-    assert out[:3] == [U("a", 5, 5, {"n": 1}, 5), U("a", 5, 5, None, 5), U("a", 5, 5, {"n": 2}, 5)]
+    assert out == [
+        U("a", 5, 5, {"n": 1}, 5),
+        U("a", 5, 5, {"n": 2}, 5),
+        U("a", 5, 5, None, 5),
+        U("a", 0, 5, {"n": 3}, 5),
+        U("a", 0, 5, {"n": 4}, 5),
+    ]
+    assert sessions(agg) == [("a", 0, 5, [4])]
+
+
+def test_two_records_at_the_same_time_emit_no_tombstone_between_them():
+    """The issue's example, record by record: gap 5 minutes, a custom collect."""
+    store = InMemorySessionStore("s", 10**9)
+    agg = SessionWindowAggregator(
+        store, SessionWindows(5 * 60_000), initializer=list,
+        aggregator=lambda k, v, acc: acc + [v], merger=lambda k, a, b: a + b,
+    )  # fmt: skip
+    assert agg.process("k", "first", 0) == [U("k", 0, 0, ["first"], 0)]
+    assert agg.process("k", "second", 0) == [U("k", 0, 0, ["first", "second"], 0)]
+    # a record inside [start, end] keeps the window too
+    agg.process("k", "third", 60_000)
+    assert agg.process("k", "inside", 30_000) == [
+        U("k", 0, 60_000, ["first", "second", "third", "inside"], 60_000)
+    ]
+
+
+def test_net_updates_one_row_per_session_per_batch():
+    """``net=True``: per batch, each session's last value, a tombstone only for a
+    session an earlier batch emitted, nothing for a session born and merged away in
+    the batch or for a value that did not change."""
+    agg = make(gap=10, grace=20, retention=1000, aggs={"n": "count", "hi": ("max", None)})
+
+    def batch(*records):
+        return agg.process_rows(
+            [k for k, _, _ in records], [t for _, _, t in records],
+            [v for _, v, _ in records], net=True,
+        )  # fmt: skip
+
+    # a[0, 0] and a[20, 20] are born and merged away in the batch: one row
+    assert batch(("a", 5, 0), ("a", 1, 20), ("a", 1, 10), ("b", 1, 3)) == [
+        U("a", 0, 20, {"n": 3, "hi": 5}, 20),
+        U("b", 3, 3, {"n": 1, "hi": 1}, 3),
+    ]
+    # inside a's session: an update of the same window, no tombstone
+    assert batch(("a", 7, 15), ("a", 2, 16)) == [U("a", 0, 20, {"n": 5, "hi": 7}, 20)]
+    # a grows: its old window is deleted
+    assert batch(("a", 1, 30), ("a", 1, 25)) == [
+        U("a", 0, 20, None, 20),
+        U("a", 0, 30, {"n": 7, "hi": 7}, 30),
+    ]
+    # b and a close (close time 60 - 10 - 20 = 30): closing is no change
+    assert batch(("c", 1, 60)) == [U("c", 60, 60, {"n": 1, "hi": 1}, 60)]
+    assert sessions(agg)[-1] == ("c", 60, 60, [1, 1])
+
+
+def test_net_updates_skip_unchanged_values():
+    agg = make(gap=10, retention=1000, aggs={"hi": ("max", None)})
+    assert agg.process_rows(["a", "a"], [0, 4], [5, 1], net=True) == [U("a", 0, 4, {"hi": 5}, 4)]
+    assert agg.process_rows(["a"], [2], [3], net=True) == []  # same window, same max
+    assert agg.process_records([("a", 9, 3)]) == [U("a", 0, 4, {"hi": 9}, 4)]
 
 
 def test_gap_is_inclusive(feed):

@@ -134,3 +134,41 @@ def test_columnar_final_equals_records(batches, size, advance_div, grace, shift)
                 for r in got.to_pylist()
             ] == want
             assert state(col) == state(rec)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    batches=st.lists(ROWS, min_size=1, max_size=4),
+    size=st.integers(1, 12),
+    advance_div=st.sampled_from([1, 2, 3]),
+    grace=st.integers(0, 6),
+    shift=st.integers(0, 2),
+)
+def test_net_updates_are_the_change_of_the_record_paths_table(
+    batches, size, advance_div, grace, shift
+):
+    """``process_rows(net=True)`` in update mode: per batch, one update per window
+    whose value changed, with the value the record path's updates leave in a table."""
+    aggs_spec = {"n": "count", "hi": ("max", "v")}  # max often stays the same
+    missing = object()
+    with tempfile.TemporaryDirectory() as tmp, StateDB.open(tmp) as db:
+        rec, net = aggregator_pair(db, size, advance_div, grace, aggs_spec, "update")
+        table: dict = {}
+        for n, rows in enumerate(batches):
+            rows = [(k, None if t is None else t + 30 * n * shift, v) for k, t, v, _ in rows]
+            after = dict(table)
+            for key, ts, v in rows:
+                for u in rec.process(key, {"v": v}, ts):
+                    after[(u.key, u.start, u.end)] = u.value
+            got = net.process_rows(
+                [r[0] for r in rows], [r[1] for r in rows], [{"v": r[2]} for r in rows], net=True
+            )
+            idents = [(u.key, u.start, u.end) for u in got]
+            assert len(set(idents)) == len(idents)
+            assert {i: u.value for i, u in zip(idents, got, strict=True)} == {
+                i: v for i, v in after.items() if table.get(i, missing) != v
+            }
+            assert {u.kind for u in got} <= {"update"}
+            assert list(net.store.fetch_all()) == list(rec.store.fetch_all())
+            assert (net.stream_time, net.dropped_records) == (rec.stream_time, rec.dropped_records)
+            table = after

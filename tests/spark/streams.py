@@ -26,11 +26,18 @@ def run_stream(out: Any, checkpoint: Path, steps: Sequence[Callable[[], None]]) 
     """Start ``out`` in append mode, run each step (writing a batch's files) and let
     the query process it before the next, so no file source can reorder batches.
     Returns every emitted row."""
-    collected: list[dict] = []
+    return [row for rows in run_stream_batches(out, checkpoint, steps) for row in rows]
+
+
+def run_stream_batches(
+    out: Any, checkpoint: Path, steps: Sequence[Callable[[], None]], mode: str = "append"
+) -> list[list[dict]]:
+    """:func:`run_stream` in output mode ``mode``; the rows of each micro-batch apart."""
+    collected: list[list[dict]] = []
     query = (
-        out.writeStream.outputMode("append")
+        out.writeStream.outputMode(mode)
         .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
+        .foreachBatch(lambda batch, _: collected.append([r.asDict() for r in batch.collect()]))
         .start()
     )
     try:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 
 from spark_integration import StateBackend, sessionize
 from tests.models import offline_sessions
-from tests.spark.streams import json_source, run_stream, write_json
+from tests.spark.streams import json_source, run_stream, run_stream_batches, write_json
 
 pytestmark = pytest.mark.slow
 
@@ -37,18 +38,22 @@ def rows_of(rows):
     return [{"user": user, "ts": ts, "amount": amount} for user, ts, amount in rows]
 
 
-def feed(spark, source, checkpoint, batches, build, first=0):
-    """Run ``build(stream)`` over ``batches``, one file (one micro-batch) at a time."""
+def feed(spark, source, checkpoint, batches, build, first=0, mode=None):
+    """Run ``build(stream)`` over ``batches``, one file (one micro-batch) at a time.
+    Returns the rows, or with an output ``mode`` the rows of each micro-batch."""
     out = build(json_source(spark, source, SCHEMA))
     steps = [
         (lambda i=i, rows=rows: write_json(source, i, rows_of(rows)))
         for i, rows in enumerate(batches, start=first)
     ]
+    if mode is not None:
+        return run_stream_batches(out, checkpoint, steps, mode)
     return run_stream(out, checkpoint, steps)
 
 
-def run_query(spark, source, tmp_path, name, backend, batches, first=0):
-    """``feed`` through sessionize (count, sum and first of amount per session)."""
+def run_query(spark, source, tmp_path, name, backend, batches, first=0, emit="final"):
+    """``feed`` through sessionize (count, sum and first of amount per session); in
+    update mode, the rows of each micro-batch."""
 
     def build(stream):
         return sessionize(
@@ -57,11 +62,13 @@ def run_query(spark, source, tmp_path, name, backend, batches, first=0):
             timestamp="ts",
             gap=f"{GAP_MS} ms",
             aggregations={"n": "count", "spent": ("sum", "amount"), "entry": ("first", "amount")},
+            emit=emit,
             backend=backend,
             name=name,
         )
 
-    return feed(spark, source, tmp_path / f"spark-ckpt-{name}", batches, build, first)
+    mode = "update" if emit == "update" else None
+    return feed(spark, source, tmp_path / f"spark-ckpt-{name}", batches, build, first, mode)
 
 
 def as_sessions(rows):
@@ -83,16 +90,27 @@ def test_final_sessions_equal_offline_sessionization(spark, tmp_path):
         assert spent[(user, start)] == expected
 
 
-def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path):
+@pytest.mark.parametrize("emit", ["final", "update"])
+def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path, emit):
     batches = generated(seed=11)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    reference = run_query(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
+    run = functools.partial(run_query, spark, emit=emit)
+    reference = run(tmp_path / "all", tmp_path, "ref", backend, batches)
     # the same stream, stopped after 3 batches and restarted with a new local dir
     # (a new executor): the state comes back from the checkpoint
-    first = run_query(spark, tmp_path / "part", tmp_path, "restart", backend, batches[:3])
+    first = run(tmp_path / "part", tmp_path, "restart", backend, batches[:3])
     moved = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local2"))
-    second = run_query(spark, tmp_path / "part", tmp_path, "restart", moved, batches[3:], first=3)
-    assert as_sessions(first + second) == as_sessions(reference)
+    second = run(tmp_path / "part", tmp_path, "restart", moved, batches[3:], first=3)
+    if emit == "update":
+        # what the first batches emitted is known after the restart: the same rows
+        # per micro-batch, deletes included
+        assert [sorted(map(str, b)) for b in first + second] == [
+            sorted(map(str, b)) for b in reference
+        ]
+        assert any(r["change"] == "delete" for b in reference for r in b)
+        reference = [r for b in reference for r in b]
+    else:
+        assert as_sessions(first + second) == as_sessions(reference)
     assert len(reference) > 20
 
 
@@ -154,7 +172,10 @@ def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spar
 
 def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
     """Differential test against Spark's built-in session_window (count and sum),
-    whose session end is the last event + gap."""
+    whose session end is the last event + gap: the sessions emitted on close, and
+    the table that update mode's rows build when a sink applies each micro-batch's
+    rows in a shuffled order (one row per session per batch, a delete only for a
+    session an earlier batch emitted)."""
     from pyspark.sql import functions as F
 
     batches = generated(seed=8)
@@ -192,6 +213,34 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
     )
     assert len(spark_sessions) > 20
     assert our_sessions == spark_sessions
+
+    per_batch = run_query(
+        spark, tmp_path / "in-upd", tmp_path, "upd", backend, batches, emit="update"
+    )
+    rng = random.Random(4)
+    table: dict = {}
+    deletes = 0
+    for rows in per_batch:
+        idents = [(r["user"], r["session_start"], r["session_end"]) for r in rows]
+        assert len(set(idents)) == len(idents)  # one row per session identity
+        rows = list(rows)
+        rng.shuffle(rows)
+        for r in rows:
+            ident = (r["user"], r["session_start"], r["session_end"])
+            if r["change"] == "delete":
+                assert ident in table  # emitted by an earlier batch
+                del table[ident]
+                deletes += 1
+            else:
+                assert r["change"] == "upsert"
+                table[ident] = (r["n"], r["spent"])
+    updated = sorted(
+        (*ident, n, spent) for ident, (n, spent) in table.items() if ident[0] != "zz-close"
+    )
+    assert updated == spark_sessions
+    assert deletes > 0  # merges across batches happened
+    # fewer rows than events: no row per event any more
+    assert sum(map(len, per_batch)) < sum(map(len, batches))
 
 
 def late_events(seed=11, batches=6, per_batch=30):

@@ -12,10 +12,11 @@ from tests.spark.test_sessionize import feed
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("advance", [None, 5_000])
-def test_final_windows_equal_a_brute_force(spark, tmp_path, advance):
+SIZE = 10_000
+
+
+def events():
     rng = random.Random(9)
-    size = 10_000
     batches, t = [], 0
     for _ in range(4):
         rows = []
@@ -24,31 +25,64 @@ def test_final_windows_equal_a_brute_force(spark, tmp_path, advance):
             rows.append((f"u{rng.randrange(4)}", t - rng.randrange(0, 1_000), rng.randrange(1, 9)))
         batches.append(rows)
     far = t + 100_000
-    batches += [[("zz", far, 0)], [("zz", far + 1, 0)]]
+    return batches + [[("zz", far, 0)], [("zz", far + 1, 0)]]
+
+
+def brute_force(batches, advance):
+    """``(user, start, end, n, spent)`` of every window, from the raw events."""
+    step = advance or SIZE
+    expected: dict = {}
+    for user, ts, amount in (r for b in batches for r in b if r[0] != "zz"):
+        first = (ts - SIZE) // step * step + step
+        for start in range(first, ts // step * step + 1, step):
+            n, spent = expected.get((user, start), (0, 0))
+            expected[(user, start)] = (n + 1, spent + amount)
+    return sorted(
+        (user, start, start + SIZE, n, spent) for (user, start), (n, spent) in expected.items()
+    )
+
+
+def run(spark, tmp_path, batches, advance, emit):
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
 
     def build(stream):
         return window_aggregate(
-            stream, key="user", timestamp="ts", size=f"{size} ms",
+            stream, key="user", timestamp="ts", size=f"{SIZE} ms",
             advance=None if advance is None else f"{advance} ms", grace="2 seconds",
-            aggregations={"n": "count", "spent": ("sum", "amount")}, backend=backend,
+            aggregations={"n": "count", "spent": ("sum", "amount")}, emit=emit, backend=backend,
         )  # fmt: skip
 
-    rows = feed(spark, tmp_path / "in", tmp_path / "ck", batches, build)
+    mode = "update" if emit == "update" else None
+    return feed(spark, tmp_path / "in", tmp_path / "ck", batches, build, mode=mode)
+
+
+@pytest.mark.parametrize("advance", [None, 5_000])
+def test_final_windows_equal_a_brute_force(spark, tmp_path, advance):
+    batches = events()
+    rows = run(spark, tmp_path, batches, advance, "final")
     got = sorted(
         (r["user"], r["window_start"], r["window_end"], r["n"], r["spent"], r["emission"])
         for r in rows
         if r["user"] != "zz"
     )
-    step = advance or size
-    expected: dict = {}
-    for user, ts, amount in (r for b in batches for r in b if r[0] != "zz"):
-        first = (ts - size) // step * step + step
-        for start in range(first, ts // step * step + 1, step):
-            n, spent = expected.get((user, start), (0, 0))
-            expected[(user, start)] = (n + 1, spent + amount)
-    want = sorted(
-        (user, start, start + size, n, spent, "final")
-        for (user, start), (n, spent) in expected.items()
-    )
-    assert got == want
+    assert got == [(*w, "final") for w in brute_force(batches, advance)]
+
+
+def test_update_mode_emits_one_row_per_changed_window_per_batch(spark, tmp_path):
+    """Update mode: each micro-batch has at most one row per window, and the rows
+    applied in any order build the brute-force windows."""
+    batches = events()
+    per_batch = run(spark, tmp_path, batches, 5_000, "update")
+    rng = random.Random(2)
+    table: dict = {}
+    for rows in per_batch:
+        idents = [(r["user"], r["window_start"], r["window_end"]) for r in rows]
+        assert len(set(idents)) == len(idents)
+        assert {r["emission"] for r in rows} <= {"update"}
+        rows = list(rows)
+        rng.shuffle(rows)
+        for r in rows:
+            table[(r["user"], r["window_start"], r["window_end"])] = (r["n"], r["spent"])
+    got = sorted((*ident, *value) for ident, value in table.items() if ident[0] != "zz")
+    assert got == brute_force(batches, 5_000)
+    assert sum(map(len, per_batch)) < sum(map(len, batches))
