@@ -422,11 +422,18 @@ def test_a_checkpoint_without_an_id_loads_and_gets_one_with_its_first_commit(tmp
     the first commit records an id, and the writer's local copy stays warm."""
     location, root = (f"file://{tmp_path}/remote", None), tmp_path / "remote"
     p = provider(location, tmp_path / "writer", snapshot_interval=2)
-    write_versions(p, 3)
+    # as an earlier release left it: the partition's URI, spelled otherwise, as the
+    # owner in changelog 1 (and so in snapshot 2), and no id in _metadata
+    h = p.get_store(0)
+    h.db.put_meta(b"checkpoint_partition", f"{tmp_path}/remote/op/0".encode())
+    h["sessions"].put("k", 0, 0, 0)
+    h["plans"].put("k", "plan0", 0)
+    h.commit()
+    write_versions(p, 2, start=1)
     p.do_maintenance()
     p.close()
     old = {k: v for k, v in metadata_of(root).items() if k != "checkpoint_id"}
-    (root / "op" / "_metadata").write_bytes(msgpack.packb(old))  # as an earlier release
+    (root / "op" / "_metadata").write_bytes(msgpack.packb(old))
     reader = provider(location, tmp_path / "reader")
     assert state(reader, 3) == expected(3)
     reader.close()
