@@ -70,7 +70,7 @@ _VERSION_KEY = b"committed_version"
 #: ``checkpoint_partition``, into the changelogs: that key is ignored.)
 _IDENTITY_KEY = b"checkpoint_identity"
 #: The field of an operator's ``_metadata`` that holds the checkpoint's id.
-ID_FIELD = "checkpoint_id"
+_ID_FIELD = "checkpoint_id"
 _I64 = struct.Struct(">q")
 #: Test hook: the name of a commit step at which the process kills itself (SIGKILL).
 FAULT_ENV = "SESSIONSTORE_FAULT"
@@ -241,7 +241,7 @@ class StateStoreProvider:
             # a new checkpoint: its id is born with its metadata
             self._write_id(wanted)
             return
-        self._checkpoint_id = recorded.get(ID_FIELD)
+        self._checkpoint_id = recorded.get(_ID_FIELD)
         where = f"{self._operator.uri}/_metadata"
         if recorded.get("format") != FORMAT:
             raise CheckpointMismatchError(
@@ -275,19 +275,19 @@ class StateStoreProvider:
         reading it back leaves few of them believing a lost id. One that does has
         its local database refused once (see :meth:`_owns`); nothing else follows.
         """
-        new = {**metadata, ID_FIELD: uuid.uuid4().hex}
+        new = {**metadata, _ID_FIELD: uuid.uuid4().hex}
         self._operator.write_atomic("_metadata", msgpack.packb(new))
-        self._checkpoint_id = self._read_metadata().get(ID_FIELD)
+        self._checkpoint_id = self._read_metadata().get(_ID_FIELD)
 
     def _adopt_id(self) -> bool:
         """Give a checkpoint written before checkpoint ids existed its id, at its
         first commit by this release (before the changelog upload, the commit
         point). True if it has one now."""
         recorded = self._read_metadata()
-        if recorded.get(ID_FIELD) is None:
+        if recorded.get(_ID_FIELD) is None:
             self._write_id(recorded)
         else:
-            self._checkpoint_id = recorded[ID_FIELD]
+            self._checkpoint_id = recorded[_ID_FIELD]
         return self._checkpoint_id is not None
 
     @property
@@ -337,7 +337,7 @@ class StateStoreProvider:
             return False
         if owner != self._identity:
             try:
-                self._checkpoint_id = self._read_metadata().get(ID_FIELD)
+                self._checkpoint_id = self._read_metadata().get(_ID_FIELD)
             except FileNotFoundError:  # the checkpoint is gone: nothing here is its state
                 return False
         return owner == self._identity
