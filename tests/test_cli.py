@@ -15,13 +15,12 @@ SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned"
 CLI = [sys.executable, "-m", "sessionstore.cli"]
 
 
-@pytest.fixture
-def checkpoint(checkpoint_location, tmp_path):
-    uri, options = checkpoint_location
+def write_checkpoint(uri, options, local, retain_versions=100):
+    """Partitions 0 and 1 of operator "op" at version 3, with a snapshot of version 2."""
     for partition in (0, 1):
         p = StateStoreProvider(
-            uri, "op", partition, SPECS, tmp_path / "local", snapshot_interval=2,
-            storage_options=options,
+            uri, "op", partition, SPECS, local, snapshot_interval=2,
+            retain_versions=retain_versions, storage_options=options,
         )  # fmt: skip
         for v in range(3):
             h = p.get_store(v)
@@ -30,12 +29,24 @@ def checkpoint(checkpoint_location, tmp_path):
             h.commit()
         p.do_maintenance()
         p.close()
+
+
+@pytest.fixture
+def checkpoint(checkpoint_location, tmp_path):
+    uri, options = checkpoint_location
+    write_checkpoint(uri, options, tmp_path / "local")
     flags = [f"--storage-option={k}={v}" for k, v in (options or {}).items()]
     return uri, flags
 
 
-def run(*args):
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+def run(*args, cwd=None):
+    """The CLI in a subprocess (in ``cwd``, importing this checkout's package)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
+    )
 
 
 def test_ls(checkpoint):
@@ -278,3 +289,32 @@ def test_progress_shows_on_a_terminal_only(checkpoint, tmp_path):
     assert proc.returncode == 0
     assert len(stdout.splitlines()) == 6  # rows still go to stdout, unchanged
     assert b"partitions" in seen and b"\x1b[" in seen  # a drawn (ANSI) progress display
+
+
+@pytest.mark.parametrize("spelling", ["remote", "./remote/"])
+def test_commands_work_on_a_relative_path(tmp_path, spelling):
+    """`make demo` writes through a file:// URI; verify, get, dump and ls on the
+    relative path used to refuse the checkpoint's own snapshots ("snapshot 2 of
+    remote/op/0 holds version -1")."""
+    write_checkpoint(f"file://{tmp_path}/remote", None, tmp_path / "local", retain_versions=1)
+    assert not (tmp_path / "remote/op/0/changelog/2.changelog").exists()  # snapshot 2 needed
+    out = run("verify", spelling, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verified 2 partitions of 1 operators: 0 problems" in out.stdout
+    out = run("get", spelling, "--store", "plans", "--key", "u1", "--as-of", "15", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "partition": 1, "key": "u1", "value": "plan1", "valid_from": 10, "valid_to": 20,
+    }  # fmt: skip
+    out = run("dump", spelling, "--store", "sessions", "--partition", "0", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [
+        {"partition": 0, "key": "u0", "start": v, "end": v + 5, "value": {"n": v}} for v in range(3)
+    ]
+    out = run("ls", spelling, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.stdout.splitlines()]
+    assert [r[:5] for r in rows if r and r[0] == "op"] == [
+        ["op", "0", "3", "2..3", "2"],
+        ["op", "1", "3", "2..3", "2"],
+    ]

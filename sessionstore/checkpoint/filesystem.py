@@ -74,6 +74,14 @@ class Storage:
     def __repr__(self) -> str:
         return f"Storage({self.uri!r})"
 
+    @property
+    def location(self) -> str:
+        """Where these files are, the same however the URI was spelled (a relative
+        or absolute path, ``file://``, a trailing slash, ``s3a://`` for ``s3://``):
+        the filesystem type and the resolved root."""
+        root = os.path.realpath(self.root) if self._local else self.root
+        return f"{self.fs.type_name}:{root}"
+
     def path(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
 

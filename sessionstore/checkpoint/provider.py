@@ -5,7 +5,8 @@ Version N is the state after micro-batch N; version 0 is empty.
 
 Remote layout under ``<checkpoint_uri>/<operator_id>/``::
 
-    _metadata                      store specs, partition count, format (msgpack)
+    _metadata                      store specs, partition count, format and the
+                                   checkpoint's id (msgpack)
     <partition>/changelog/<N>.changelog   every write of version N (see changelog.py)
     <partition>/snapshot/<N>.manifest     files of the snapshot of version N
     <partition>/files/<sha256>            content-addressed snapshot files
@@ -23,6 +24,16 @@ executor, a replayed batch whose local state is ahead, a gap in the changelogs)
 the newest snapshot at or below N is downloaded into a fresh directory, the
 changelogs after it are replayed, and the directory replaces the local copy only
 when complete: a store is never returned partly restored.
+
+Identity: a checkpoint is known by the ``checkpoint_id`` in its operator's
+``_metadata`` (a random id written when the checkpoint is created, or with the
+first commit of a checkpoint written before ids existed), not by the spelling of
+its URI. A local database records the id and the location of the copy it came
+from; it is used only by a provider of that same checkpoint at that same place,
+so two checkpoints sharing a ``local_dir`` and an operator name never read each
+other's state. Snapshots and changelogs carry no owner: whatever is downloaded from
+a checkpoint belongs to it, which is what lets a checkpoint be reached by any
+spelling of its URI, or copied to another folder or bucket.
 """
 
 from __future__ import annotations
@@ -52,9 +63,14 @@ __all__ = ["StateStoreProvider", "StoreHandle", "CheckpointMismatchError", "Vers
 
 FORMAT = 1
 _VERSION_KEY = b"committed_version"
-#: Which checkpoint partition a local database belongs to: two queries may share a
-#: local_dir and an operator name, and one must never take the other's state.
-_OWNER_KEY = b"checkpoint_partition"
+#: Which checkpoint a local database belongs to: msgpack ``[checkpoint id, location
+#: of the partition]``. Two queries may share a local_dir and an operator name, and
+#: one must never take the other's state. Written to the local database alone, never
+#: into a changelog. (Releases before checkpoint ids wrote the partition's URI under
+#: ``checkpoint_partition``, into the changelogs: that key is ignored.)
+_IDENTITY_KEY = b"checkpoint_identity"
+#: The field of an operator's ``_metadata`` that holds the checkpoint's id.
+_ID_FIELD = "checkpoint_id"
 _I64 = struct.Struct(">q")
 #: Test hook: the name of a commit step at which the process kills itself (SIGKILL).
 FAULT_ENV = "SESSIONSTORE_FAULT"
@@ -189,8 +205,9 @@ class StateStoreProvider:
         self._operator = root.child(operator_id)
         self._remote: Storage = self._operator.child(str(partition_id))
         self._files = PartitionFiles(self._remote)
+        self._checkpoint_id: str | None = None
         self._check_metadata(num_partitions)
-        self._owner_id = self._remote.uri.encode()
+        self._location = self._remote.location
         self._local = os.path.join(os.fspath(local_dir), operator_id, str(partition_id))
         self._db_path = os.path.join(self._local, "db")
         self._snap_dir = os.path.join(self._local, "snapshots")
@@ -208,6 +225,9 @@ class StateStoreProvider:
         return self._operator
 
     # --------------------------------------------------------------- metadata
+    def _read_metadata(self) -> dict[str, Any]:
+        return msgpack.unpackb(self._operator.read("_metadata"), raw=False)
+
     def _check_metadata(self, num_partitions: int | None) -> None:
         wanted = {
             "format": FORMAT,
@@ -216,10 +236,12 @@ class StateStoreProvider:
             "stores": [s.describe() for s in self.store_specs],
         }
         try:
-            recorded = msgpack.unpackb(self._operator.read("_metadata"), raw=False)
+            recorded = self._read_metadata()
         except FileNotFoundError:
-            self._operator.write_atomic("_metadata", msgpack.packb(wanted))
+            # a new checkpoint: its id is born with its metadata
+            self._write_id(wanted)
             return
+        self._checkpoint_id = recorded.get(_ID_FIELD)
         where = f"{self._operator.uri}/_metadata"
         if recorded.get("format") != FORMAT:
             raise CheckpointMismatchError(
@@ -245,6 +267,33 @@ class StateStoreProvider:
             self._operator.write_atomic(
                 "_metadata", msgpack.packb({**recorded, "num_partitions": num_partitions})
             )
+
+    def _write_id(self, metadata: dict[str, Any]) -> None:
+        """Record ``metadata`` with a new checkpoint id and take the id recorded.
+
+        Partitions starting together may each write one: the last write wins, and
+        reading it back leaves few of them believing a lost id. One that does has
+        its local database refused once (see :meth:`_owns`); nothing else follows.
+        """
+        new = {**metadata, _ID_FIELD: uuid.uuid4().hex}
+        self._operator.write_atomic("_metadata", msgpack.packb(new))
+        self._checkpoint_id = self._read_metadata().get(_ID_FIELD)
+
+    def _adopt_id(self) -> bool:
+        """Give a checkpoint written before checkpoint ids existed its id, at its
+        first commit by this release (before the changelog upload, the commit
+        point). True if it has one now."""
+        recorded = self._read_metadata()
+        if recorded.get(_ID_FIELD) is None:
+            self._write_id(recorded)
+        else:
+            self._checkpoint_id = recorded[_ID_FIELD]
+        return self._checkpoint_id is not None
+
+    @property
+    def _identity(self) -> bytes:
+        """What a local database of this partition records as its owner."""
+        return msgpack.packb([self._checkpoint_id, self._location])
 
     # --------------------------------------------------------------- versions
     def _changelogs(self) -> set[int]:
@@ -274,14 +323,34 @@ class StateStoreProvider:
         self._handle = StoreHandle(self, version, db, stores)
         return self._handle
 
+    def _owns(self, db: StateDB) -> bool:
+        """Whether the local database ``db`` holds state of this checkpoint's copy.
+
+        A database without a record (left by an earlier release) is not trusted. On
+        a mismatch the recorded id is read again: partitions that created the id
+        together may have believed another one for a moment, and another provider
+        of this partition may have restored the database since under the id that
+        won.
+        """
+        owner = db.get_meta(_IDENTITY_KEY)
+        if owner is None:
+            return False
+        if owner != self._identity:
+            try:
+                self._checkpoint_id = self._read_metadata().get(_ID_FIELD)
+            except FileNotFoundError:  # the checkpoint is gone: nothing here is its state
+                return False
+        return owner == self._identity
+
+    @staticmethod
+    def _committed_version(db: StateDB) -> int:
+        raw = db.get_meta(_VERSION_KEY)
+        return 0 if raw is None else _I64.unpack(raw)[0]
+
     def _local_version(self, db: StateDB) -> int:
         """The committed version of a local database, or -1 if it belongs to another
         checkpoint (so that it is never used, only replaced by a restore)."""
-        owner = db.get_meta(_OWNER_KEY)
-        if owner is not None and owner != self._owner_id:
-            return -1
-        raw = db.get_meta(_VERSION_KEY)
-        return 0 if raw is None else _I64.unpack(raw)[0]
+        return self._committed_version(db) if self._owns(db) else -1
 
     @property
     def local_db_path(self) -> str:
@@ -339,7 +408,7 @@ class StateStoreProvider:
             ) from None
         _, buf = decode_changelog(data, f"{self._remote.uri}/{rel}", version)
         db.apply(buf)
-        if self._local_version(db) != version:
+        if self._committed_version(db) != version:
             raise SessionStoreError(
                 f"{self._remote.uri}/{rel} did not bring the state to version {version}"
             )
@@ -356,15 +425,18 @@ class StateStoreProvider:
                 self._progress("download snapshot", 1, 1)
             db = StateDB.open(db_dir)
             try:
-                if self._local_version(db) != base:
+                if self._committed_version(db) != base:
                     raise SessionStoreError(
                         f"snapshot {base} of {self._remote.uri} holds version "
-                        f"{self._local_version(db)}"
+                        f"{self._committed_version(db)}"
                     )
                 for v in range(base + 1, version + 1):
                     self._progress("replay changelogs", v - base - 1, version - base)
                     self._replay(db, v)
                 self._progress("replay changelogs", version - base, version - base)
+                # downloaded from this checkpoint, so it is this checkpoint's state,
+                # whatever the snapshot's writer recorded
+                db.put_meta(_IDENTITY_KEY, self._identity)
             finally:
                 db.close()
         except BaseException:
@@ -382,8 +454,7 @@ class StateStoreProvider:
     # -------------------------------------------------------------- committing
     def _commit(self, handle: StoreHandle) -> int:
         db, version = handle.db, handle.version + 1
-        if db.get_meta(_OWNER_KEY) != self._owner_id:
-            db.put_meta(_OWNER_KEY, self._owner_id)  # in the changelog, so restores keep it
+        adopted = self._checkpoint_id is None and self._adopt_id()
         db.put_meta(_VERSION_KEY, _I64.pack(version))
         buf = db.prepare()
         data = encode_changelog(
@@ -398,6 +469,8 @@ class StateStoreProvider:
         _fault("after_upload")
         db.apply(buf)
         _fault("after_apply")
+        if adopted:  # outside the batch: the record stays local (see _IDENTITY_KEY)
+            db.put_meta(_IDENTITY_KEY, self._identity)
         if version % self.snapshot_interval == 0:
             os.makedirs(self._snap_dir, exist_ok=True)
             target = os.path.join(self._snap_dir, str(version))
