@@ -29,10 +29,10 @@ from rocksdict import WriteBatch  # noqa: E402
 
 from bench.common import machine, print_table, raw_rdict, scratch_dir  # noqa: E402
 from sessionstore import StateStoreProvider, StoreSpec  # noqa: E402
-from sessionstore.devtools import moto_s3_server, new_bucket  # noqa: E402
-from sessionstore.keys import encode_key  # noqa: E402
-from sessionstore.serde import MsgpackSerde  # noqa: E402
-from sessionstore.session_key import session_key  # noqa: E402
+from sessionstore.encoding.keys import encode_key  # noqa: E402
+from sessionstore.encoding.serde import MsgpackSerde  # noqa: E402
+from sessionstore.encoding.session_key import session_key  # noqa: E402
+from tests.moto_server import moto_s3_server, new_bucket  # noqa: E402
 
 SPECS = [StoreSpec("sessions", "session", 10**12)]
 

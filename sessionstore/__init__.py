@@ -13,14 +13,19 @@ from sessionstore.checkpoint import (
     StoreSpec,
     VersionNotFoundError,
 )
-from sessionstore.db import StateDB
+from sessionstore.encoding.keys import decode_key, encode_key
+from sessionstore.encoding.serde import BytesSerde, KeyCodecSerde, MsgpackSerde, Serde, StringSerde
+from sessionstore.engine.db import StateDB
 from sessionstore.errors import SessionStoreError, StateDBLockedError, StoreSpecMismatchError
-from sessionstore.keys import decode_key, encode_key
-from sessionstore.memory_session_store import InMemorySessionStore
-from sessionstore.records import PUT_REJECTED, VALID_TO_UNDEFINED, SessionWindow, VersionedRecord
-from sessionstore.serde import BytesSerde, KeyCodecSerde, MsgpackSerde, Serde, StringSerde
-from sessionstore.session_store import SessionStore
-from sessionstore.versioned_store import VersionedStore
+from sessionstore.stores.memory_session import InMemorySessionStore
+from sessionstore.stores.records import (
+    PUT_REJECTED,
+    VALID_TO_UNDEFINED,
+    SessionWindow,
+    VersionedRecord,
+)
+from sessionstore.stores.session import SessionStore
+from sessionstore.stores.versioned import VersionedStore
 
 __all__ = [
     "StateDB",

@@ -36,7 +36,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from sessionstore.inspect import RowFilter, open_source, store_kind, store_rows
+from sessionstore.tools.reader import RowFilter, open_source, store_kind, store_rows
 
 __all__ = ["SessionStoreDataSource", "register", "infer_type"]
 

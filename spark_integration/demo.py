@@ -18,8 +18,8 @@ import time
 from collections import Counter
 
 from sessionstore.checkpoint import StateStoreProvider, StoreSpec
-from sessionstore.cli import main as cli_main
-from sessionstore.demo import click_stream
+from sessionstore.tools.cli import main as cli_main
+from sessionstore.tools.demo import click_stream
 
 GAP = "30 minutes"
 GAP_MS = 30 * 60_000

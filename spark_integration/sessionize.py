@@ -23,10 +23,10 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
-from sessionstore.intervals import interval_ms
 from sessionstore.operators import Aggregation, SessionWindowAggregator, SessionWindows
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
+from spark_integration.intervals import interval_ms
 from spark_integration.task import (
     OperatorOutput,
     grace_ms,

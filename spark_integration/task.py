@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
-from sessionstore.gc_pause import gc_paused
-from sessionstore.segments import operator_segment_interval
+from sessionstore.operators.gc_pause import gc_paused
+from sessionstore.stores.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
 from spark_integration.local import UNIX_SOCKET_CONF
 
@@ -85,7 +85,7 @@ def partition_state(
     database stays open between micro-batches and moves to another worker of the
     executor on request); snapshot uploads run on the service's background thread.
     Stores whose spec names no segment interval get the operators' one
-    (:func:`~sessionstore.segments.operator_segment_interval`).
+    (:func:`~sessionstore.stores.segments.operator_segment_interval`).
     """
     from sessionstore.checkpoint.store_service import StoreService
 
@@ -275,7 +275,7 @@ def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
     watermark passes its end, as in Spark: the watermark of micro-batch N is the
     largest event time of the batches before it, across partitions, minus the delay.
     """
-    from sessionstore.intervals import interval_ms
+    from spark_integration.intervals import interval_ms
 
     if grace is not None:
         return interval_ms(grace, "grace")

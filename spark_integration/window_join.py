@@ -18,10 +18,10 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
-from sessionstore.intervals import interval_ms
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from spark_integration.backend import StateBackend
+from spark_integration.intervals import interval_ms
 from spark_integration.task import (
     SIDE,
     TS,

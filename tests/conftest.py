@@ -18,7 +18,7 @@ def db(tmp_path):
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 HTTP endpoint (moto server) on 127.0.0.1, stopped after the session."""
-    from sessionstore.devtools import moto_s3_server
+    from tests.moto_server import moto_s3_server
 
     with moto_s3_server() as options:
         yield options
@@ -27,7 +27,7 @@ def s3_server():
 @pytest.fixture
 def s3_bucket(s3_server):
     """A fresh bucket on the moto endpoint; yields (uri, storage_options)."""
-    from sessionstore.devtools import new_bucket
+    from tests.moto_server import new_bucket
 
     yield f"s3://{new_bucket(s3_server)}/checkpoints", dict(s3_server)
 

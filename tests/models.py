@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sessionstore.records import PUT_REJECTED, VALID_TO_UNDEFINED, SessionWindow, VersionedRecord
+from sessionstore.stores.records import (
+    PUT_REJECTED,
+    VALID_TO_UNDEFINED,
+    SessionWindow,
+    VersionedRecord,
+)
 
 
 class SessionModel:

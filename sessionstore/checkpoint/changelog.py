@@ -33,8 +33,8 @@ from typing import Any
 
 import msgpack
 
+from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
-from sessionstore.write_buffer import WriteBuffer
 
 __all__ = [
     "encode_changelog",

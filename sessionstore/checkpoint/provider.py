@@ -55,9 +55,9 @@ from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
 from sessionstore.checkpoint.layout import PartitionFiles
 from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
 from sessionstore.checkpoint.spec import StoreSpec
-from sessionstore.db import StateDB, check_store_name, is_data_family
+from sessionstore.engine.db import StateDB, check_store_name, is_data_family
+from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
-from sessionstore.write_buffer import WriteBuffer
 
 __all__ = ["StateStoreProvider", "StoreHandle", "CheckpointMismatchError", "VersionNotFoundError"]
 

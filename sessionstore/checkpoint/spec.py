@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sessionstore.serde import serde_from_name, serde_name
+from sessionstore.encoding.serde import serde_from_name, serde_name
 
 __all__ = ["StoreSpec", "KINDS"]
 

@@ -1,11 +1,15 @@
 """Engine-agnostic operators: they take records and stores, and return what to emit."""
 
 from sessionstore.operators.aggregations import Aggregation, Aggregations
-from sessionstore.operators.count_windows import CountWindowAggregator, CountWindowUpdate
-from sessionstore.operators.sessions import SessionUpdate, SessionWindowAggregator, SessionWindows
+from sessionstore.operators.sessions.aggregator import (
+    SessionUpdate,
+    SessionWindowAggregator,
+    SessionWindows,
+)
 from sessionstore.operators.temporal_join import JoinedRecord, TemporalJoin
 from sessionstore.operators.window_join import JoinedPair, WindowedJoin
-from sessionstore.operators.windows import TimeWindows, WindowAggregator, WindowUpdate
+from sessionstore.operators.windows.aggregator import TimeWindows, WindowAggregator, WindowUpdate
+from sessionstore.operators.windows.count import CountWindowAggregator, CountWindowUpdate
 
 __all__ = [
     "Aggregation",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sessionstore.gc_pause import gc_paused
+from sessionstore.operators.gc_pause import gc_paused
 
 __all__ = ["ArrowBatches", "batch_restoring"]
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.operators.arrow_io import epoch_millis_array
-from sessionstore.operators.session_batch import SUM_LIMIT, built_in_functions
+from sessionstore.operators.sessions.batch import SUM_LIMIT, built_in_functions
 
 __all__ = [
     "Slot", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sessionstore.keys import check_timestamp
-from sessionstore.versioned_store import VersionedStore
+from sessionstore.encoding.keys import check_timestamp
+from sessionstore.stores.versioned import VersionedStore
 
 __all__ = ["TemporalJoin", "JoinedRecord", "STREAM", "TABLE"]
 

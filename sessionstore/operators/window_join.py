@@ -1,7 +1,7 @@
 """Windowed stream-stream join (SAMZA-552, case 2).
 
 Two keyed streams join when their event times lie within ``within_ms`` of each
-other. Each side buffers its messages in a :class:`~sessionstore.message_store.
+other. Each side buffers its messages in a :class:`~sessionstore.stores.messages.
 MessageStore` keyed ``key ‖ timestamp ‖ offset``; a new message range-reads the
 other side's buffer for ``[ts - within, ts + within]`` and emits one pair per
 partner found, so each pair is emitted exactly once, by whichever side arrives
@@ -21,8 +21,8 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sessionstore.keys import check_timestamp
-from sessionstore.message_store import MessageStore
+from sessionstore.encoding.keys import check_timestamp
+from sessionstore.stores.messages import MessageStore
 
 __all__ = ["WindowedJoin", "JoinedPair", "LEFT", "RIGHT"]
 

@@ -9,7 +9,7 @@ from sessionstore.checkpoint.changelog import (
     decode_changelog,
     encode_changelog,
 )
-from sessionstore.write_buffer import WriteBuffer
+from sessionstore.engine.write_buffer import WriteBuffer
 
 
 def sample() -> WriteBuffer:

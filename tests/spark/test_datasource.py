@@ -29,7 +29,7 @@ def _write(uri, local):
 
 def _cli(uri, store):
     out = subprocess.run(
-        [sys.executable, "-m", "sessionstore.cli", "dump", uri, "--store", store, "--version", "2"],
+        [sys.executable, "-m", "sessionstore.tools.cli", "dump", uri, "--store", store, "--version", "2"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sessionstore.demo import click_stream
+from sessionstore.tools.demo import click_stream
 from spark_integration.demo import GAP_MS, plan_changes, run
 from tests.models import offline_sessions
 

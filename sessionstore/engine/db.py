@@ -1,0 +1,746 @@
+"""StateDB: one RocksDB instance (rocksdict, raw mode) shared by many logical stores.
+
+Column families:
+
+* ``meta`` – reserved keys: the format version, each store's recorded spec
+  (``store:<name>``) and each store's observed stream time (``stream_time:<name>``).
+* ``<store>.<segment id>`` – time segments of a store (see :mod:`sessionstore.stores.segments`).
+* ``<store>.latest`` – the latest-value family of a versioned store.
+
+Writes go through a :class:`~sessionstore.engine.write_buffer.WriteBuffer` and reach RocksDB
+as one atomic ``WriteBatch`` when the outermost :meth:`StateDB.batch` ends (or at
+once, outside a batch). Stores write their metadata into that same batch, so a
+crash never separates data from the stream time that describes it. Reads see the
+pending writes of the current batch.
+
+rocksdict pitfalls handled here (measured, see DESIGN.md section 7): every family is
+passed with its options on reopen, family objects and iterators are released before
+``drop_column_family`` and ``close``, and ``ReadOptions`` outlive their iterators.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import msgpack
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    DBCompressionType,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
+
+from sessionstore.engine.write_buffer import MISSING, WriteBuffer
+from sessionstore.errors import SessionStoreError, StateDBLockedError, StoreSpecMismatchError
+
+__all__ = ["StateDB", "META_CF", "FORMAT_VERSION"]
+
+META_CF = "meta"
+FORMAT_VERSION = 1
+_FORMAT_KEY = b"format_version"
+_STORE_PREFIX = b"store:"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,120}$")
+_RESERVED = {"meta", "default"}
+
+_COMPRESSION = {
+    "none": DBCompressionType.none(),
+    "lz4": DBCompressionType.lz4(),
+    "zstd": DBCompressionType.zstd(),
+    "snappy": DBCompressionType.snappy(),
+}
+
+
+class Participant(Protocol):
+    """A store that keeps in-memory state tied to the current batch."""
+
+    def _before_commit(self) -> None: ...
+
+    def _after_rollback(self) -> None: ...
+
+
+def _make_options(
+    block_cache_mb: int,
+    bloom_bits_per_key: float,
+    write_buffer_mb: int,
+    compression: str,
+    create_if_missing: bool,
+) -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(create_if_missing)
+    opts.create_missing_column_families(True)
+    opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
+    # RocksDB opens each column family's table files with this many threads, and it
+    # starts them per family even when there is nothing to open: 15 thread starts
+    # per family at the default of 16. Our databases are one partition's state with
+    # a handful of files per family, and Spark reopens them whenever a partition
+    # moves between Python workers; one thread cuts the open of a partition
+    # database with 5 families from about 12 ms to 7 ms here.
+    opts.set_max_file_opening_threads(1)
+    try:
+        opts.set_compression_type(_COMPRESSION[compression])
+    except KeyError:
+        raise ValueError(
+            f"unknown compression {compression!r}; choose one of {sorted(_COMPRESSION)}"
+        ) from None
+    table = BlockBasedOptions()
+    table.set_block_cache(Cache(block_cache_mb * 1024 * 1024))
+    if bloom_bits_per_key > 0:
+        table.set_bloom_filter(bloom_bits_per_key, False)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+class StateDB:
+    """One RocksDB database holding the stores of one operator partition.
+
+    Open it with :meth:`open`; use it as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, path: str, rdict: Rdict, options: Options, read_only: bool = False) -> None:
+        self.path = path
+        #: A secondary (reader) instance: batches may be opened and rolled back, but
+        #: nothing ever reaches the database.
+        self.read_only = read_only
+        self._rdict: Rdict | None = rdict
+        self._options = options
+        self._families: set[str] = {n for n in Rdict.list_cf(path) if n != "default"}
+        self._cf_objects: dict[str, Rdict] = {}
+        self._cf_handles: dict[str, Any] = {}
+        self._buffer = WriteBuffer()
+        self._depth = 0
+        self._participants: dict[int, Participant] = {}
+        self._iterators: weakref.WeakSet = weakref.WeakSet()
+        self._stores: dict[str, Any] = {}
+        self._commit_listeners: list[Callable[[WriteBuffer], None]] = []
+        self._prepared: WriteBuffer | None = None
+        self._write_options = WriteOptions()
+        if META_CF not in self._families:
+            if read_only:
+                rdict.close()
+                raise SessionStoreError(
+                    f"{path!r} is a RocksDB database but not a sessionstore one"
+                )
+            self.create_column_family(META_CF)
+        recorded = self._rdict_cf(META_CF).get(_FORMAT_KEY)
+        if recorded is None:
+            if read_only:
+                self.close()
+                raise SessionStoreError(f"{path!r} has no sessionstore format version")
+            self.put(META_CF, _FORMAT_KEY, msgpack.packb(FORMAT_VERSION))
+        elif msgpack.unpackb(recorded) != FORMAT_VERSION:
+            version = msgpack.unpackb(recorded)
+            self.close()
+            raise SessionStoreError(
+                f"state database {path!r} has format version {version}, this sessionstore "
+                f"reads version {FORMAT_VERSION}; restore it with a matching release"
+            )
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        block_cache_mb: int = 64,
+        bloom_bits_per_key: float = 10,
+        write_buffer_mb: int = 16,
+        compression: str = "lz4",
+        create_if_missing: bool = True,
+    ) -> StateDB:
+        """Open (or create) the database at ``path`` with every column family it has.
+
+        Raises :class:`StateDBLockedError` when another handle holds the database.
+        """
+        path = os.fspath(path)
+        opts = _make_options(
+            block_cache_mb, bloom_bits_per_key, write_buffer_mb, compression, create_if_missing
+        )
+        families: dict[str, Options] = {}
+        if os.path.exists(os.path.join(path, "CURRENT")):
+            families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
+        elif not create_if_missing:
+            raise FileNotFoundError(f"no state database at {path!r}")
+        try:
+            rdict = Rdict(path, opts, column_families=families)
+        except Exception as exc:  # rocksdict raises a bare Exception for IO errors
+            if "lock" in str(exc).lower():
+                raise StateDBLockedError(path, str(exc).splitlines()[0]) from exc
+            raise
+        return cls(path, rdict, opts)
+
+    @classmethod
+    def open_secondary(cls, path: str | os.PathLike[str], secondary_dir: str) -> StateDB:
+        """Open a live database as a RocksDB *secondary* instance: no lock is taken and
+        nothing is written to ``path``, so the job owning it keeps writing.
+
+        The view is the state as of the open (the latest committed write batch, never
+        part of one). ``secondary_dir`` holds the reader's own info log. Every file is
+        opened up front (``max_open_files=-1``) so compactions by the writer cannot
+        pull files from under the reader.
+        """
+        path = os.fspath(path)
+        if not os.path.exists(os.path.join(path, "CURRENT")):
+            raise FileNotFoundError(f"no state database at {path!r}")
+        opts = _make_options(8, 10, 4, "lz4", False)
+        opts.set_max_open_files(-1)
+        families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
+        rdict = Rdict(
+            path, opts, column_families=families, access_type=AccessType.secondary(secondary_dir)
+        )
+        return cls(path, rdict, opts, read_only=True)
+
+    def __enter__(self) -> StateDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._rdict is None
+
+    def close(self) -> None:
+        """Close the database and release its lock, even if iterators are still open.
+
+        Pending writes of an unfinished batch are discarded.
+        """
+        if self._rdict is None:
+            return
+        for it in list(self._iterators):
+            it.close()
+        self._iterators.clear()
+        self._buffer = WriteBuffer()
+        self._participants.clear()
+        self._release_families()
+        rdict, self._rdict = self._rdict, None
+        rdict.close()
+        del rdict
+
+    def _release_families(self) -> None:
+        # rocksdict keeps the lock (and refuses drops) while family objects live.
+        self._cf_objects.clear()
+        self._cf_handles.clear()
+
+    def _db(self) -> Rdict:
+        if self._rdict is None:
+            raise SessionStoreError(f"state database {self.path!r} is closed")
+        return self._rdict
+
+    # ------------------------------------------------------------ column families
+    def column_families(self) -> list[str]:
+        """Names of every column family, ``default`` excluded, sorted."""
+        return sorted(self._families)
+
+    def has_column_family(self, name: str) -> bool:
+        return name in self._families
+
+    def create_column_family(self, name: str) -> None:
+        """Create ``name`` now (RocksDB cannot create families transactionally)."""
+        if name in self._families:
+            return
+        if self.read_only:
+            raise SessionStoreError(
+                f"state database {self.path!r} is open read-only; cannot create {name!r}"
+            )
+        if name in self._buffer.dropped:
+            raise SessionStoreError(f"column family {name!r} is being dropped in this batch")
+        self._db().create_column_family(name, self._options)
+        self._families.add(name)
+        self._buffer.created.append(name)
+
+    def drop_column_family(self, name: str) -> None:
+        """Drop ``name``: at once outside a batch, after the batch's write inside one."""
+        if name not in self._families:
+            return
+        if self._depth:
+            self._buffer.drop_family(name)
+        else:
+            self._drop_now(name)
+
+    def _drop_now(self, name: str) -> None:
+        if self.read_only:
+            raise SessionStoreError(
+                f"state database {self.path!r} is open read-only; cannot drop {name!r}"
+            )
+        self._db().drop_column_family(name)
+        # Release this family's object and handle right after the drop, which frees
+        # its data; other families' objects may live on. Measured (rocksdict 0.3.29):
+        # a family object released before its drop costs about 2 ms when it holds
+        # unflushed writes, after the drop 0.03 ms; releasing every family object at
+        # each segment expiry cost that 2 ms per family.
+        self._cf_objects.pop(name, None)
+        self._cf_handles.pop(name, None)
+        self._families.discard(name)
+        if name in self._buffer.created:  # gone before any changelog needed it
+            self._buffer.created.remove(name)
+
+    def estimated_keys(self, store: str) -> int:
+        """RocksDB's estimate of the entries of ``store``: its segments and its
+        latest-value or key-value family, not its indexes (memtables included, so
+        overwrites may be counted)."""
+        total = 0
+        for name in self._families:
+            if is_data_family(store, name):
+                total += self._rdict_cf(name).property_int_value("rocksdb.estimate-num-keys") or 0
+        return total
+
+    def _rdict_cf(self, name: str) -> Rdict:
+        cf = self._cf_objects.get(name)
+        if cf is None:
+            cf = self._cf_objects[name] = self._db().get_column_family(name)
+        return cf
+
+    def _handle(self, name: str) -> Any:
+        h = self._cf_handles.get(name)
+        if h is None:
+            h = self._cf_handles[name] = self._db().get_column_family_handle(name)
+        return h
+
+    # ------------------------------------------------------------------ batches
+    @contextmanager
+    def batch(self) -> Iterator[StateDB]:
+        """Group writes into one atomic RocksDB write; re-entrant (inner joins outer).
+
+        If the block raises, every write of the outermost batch is discarded.
+        """
+        self.begin()
+        try:
+            yield self
+        except BaseException:
+            self._depth -= 1
+            if self._depth == 0:
+                self._rollback()
+            raise
+        self._depth -= 1
+        if self._depth == 0:
+            self._commit()
+
+    def begin(self) -> None:
+        """Open a batch that lasts until :meth:`prepare` + :meth:`apply` or :meth:`rollback`
+        (for callers, like the checkpoint provider, whose unit of work spans calls)."""
+        self._db()
+        self._depth += 1
+
+    def prepare(self) -> WriteBuffer:
+        """End the outermost batch and return its writes, stores' metadata included,
+        without applying them: the caller persists them elsewhere first, then calls
+        :meth:`apply` (or :meth:`rollback` to discard them)."""
+        if self._depth != 1:
+            raise SessionStoreError(f"prepare() needs exactly one open batch, not {self._depth}")
+        self._flush_participants()
+        self._depth = 0
+        buf, self._buffer = self._buffer, WriteBuffer()
+        self._prepared = buf
+        return buf
+
+    def apply(self, buf: WriteBuffer) -> None:
+        """Write a prepared (or replayed) buffer to RocksDB atomically."""
+        self._prepared = None
+        self._apply(buf)
+
+    def rollback(self) -> None:
+        """Discard the open (or prepared) batch."""
+        self._depth = 0
+        self._rollback()
+        self._prepared = None
+
+    def checkpoint(self, path: str) -> None:
+        """Write a consistent RocksDB checkpoint of the committed state to ``path``
+        (hard links where possible, so it is cheap)."""
+        from rocksdict import Checkpoint
+
+        Checkpoint(self._db()).create_checkpoint(path)
+
+    def reload_stores(self) -> None:
+        """Re-read every open store's stream time and segments (after a replay)."""
+        for store in self._stores.values():
+            refresh = getattr(store, "_after_rollback", None)
+            if refresh is not None:
+                refresh()
+
+    @property
+    def in_batch(self) -> bool:
+        return self._depth > 0
+
+    def enlist(self, participant: Participant) -> None:
+        """Have ``participant`` flush its state at commit and reset it on rollback."""
+        self._participants[id(participant)] = participant
+
+    def add_commit_listener(self, listener: Callable[[WriteBuffer], None]) -> None:
+        """Call ``listener(buffer)`` after every successful commit (used by changelogs)."""
+        self._commit_listeners.append(listener)
+
+    def _flush_participants(self) -> None:
+        participants = list(self._participants.values())
+        self._participants.clear()
+        self._depth += 1  # their metadata joins this batch instead of committing alone
+        try:
+            for p in participants:
+                p._before_commit()
+        finally:
+            self._depth -= 1
+
+    def _commit(self) -> None:
+        self._flush_participants()
+        buf, self._buffer = self._buffer, WriteBuffer()
+        self._apply(buf)
+
+    def _apply(self, buf: WriteBuffer) -> None:
+        if self.read_only:
+            if buf.created or buf.families or buf.dropped:
+                raise SessionStoreError(
+                    f"state database {self.path!r} is open read-only (secondary); "
+                    "writes are refused"
+                )
+            return
+        for cf in buf.created:
+            if cf not in self._families and cf not in buf.dropped:
+                self._db().create_column_family(cf, self._options)
+                self._families.add(cf)
+        if buf.families:
+            wb = WriteBatch(raw_mode=True)
+            put, delete = wb.put, wb.delete
+            for cf, entries in buf.families.items():
+                handle = self._handle(cf)
+                if None in entries.values():
+                    for key, value in entries.items():
+                        if value is None:
+                            delete(key, handle)
+                        else:
+                            put(key, value, handle)
+                else:
+                    # Puts only (the usual case): one C-level loop, no per-key branch.
+                    wb.set_default_column_family(handle)
+                    deque(map(put, entries.keys(), entries.values()), 0)
+            self._db().write(wb, self._write_options)
+        for cf in buf.dropped:
+            if cf in self._families:
+                self._drop_now(cf)
+        for listener in self._commit_listeners:
+            listener(buf)
+
+    def _rollback(self) -> None:
+        # Families created in the batch exist anyway (RocksDB cannot undo that):
+        # keep them on record so that the next changelog still creates them.
+        created = [cf for cf in self._buffer.created if cf in self._families]
+        if self._prepared is not None:
+            created = [cf for cf in self._prepared.created if cf in self._families] + created
+        self._buffer = WriteBuffer()
+        self._buffer.created.extend(created)
+        participants = list(self._participants.values())
+        self._participants.clear()
+        for p in participants:
+            p._after_rollback()
+
+    # ------------------------------------------------------------ reads and writes
+    def put(self, cf: str, key: bytes, value: bytes | None) -> None:
+        """Write ``value`` (or delete when None) under ``key`` in family ``cf``."""
+        self._buffer.put(cf, key, value)
+        if self._depth == 0:
+            self._commit()
+
+    def bulk_writer(self, cf: str) -> dict[bytes, bytes | None]:
+        """Pending-write dict of ``cf`` in the current batch: assign ``d[key] = value``
+        (None deletes) for many keys without a call per key. Only inside a batch."""
+        if not self._depth:
+            raise SessionStoreError("bulk_writer() needs an open db.batch()")
+        return self._buffer.family_for_bulk_write(cf)
+
+    def delete(self, cf: str, key: bytes) -> None:
+        self.put(cf, key, None)
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        """Value of ``key`` in ``cf`` including pending writes, or None."""
+        # Inlined buffer and family lookups: this is the hottest read path.
+        entries = self._buffer.families.get(cf)
+        if entries is not None:
+            pending = entries.get(key, MISSING)
+            if pending is not MISSING:
+                return pending  # type: ignore[return-value]
+        family = self._cf_objects.get(cf)
+        if family is None:
+            family = self._rdict_cf(cf)
+        return family.get(key)
+
+    def get_many(self, cf: str, keys: list[bytes]) -> list[bytes | None]:
+        """Multi-get: one RocksDB call for every key the batch has not written."""
+        if not self._buffer.has_family(cf):
+            return self._rdict_cf(cf).get(keys)
+        out: list[Any] = [self._buffer.get(cf, k) for k in keys]
+        missing = [i for i, v in enumerate(out) if v is MISSING]
+        if missing:
+            found = self._rdict_cf(cf).get([keys[i] for i in missing])
+            for i, v in zip(missing, found, strict=True):
+                out[i] = v
+        return out
+
+    def scan_list(
+        self, cf: str, lo: bytes | None = None, hi: bytes | None = None, reverse: bool = False
+    ) -> list[tuple[bytes, bytes]]:
+        """Like :meth:`scan`, read eagerly into a list: faster for small ranges such
+        as the rows of one key, and it holds no RocksDB iterator afterwards."""
+        family = self._cf_objects.get(cf)
+        if family is None:
+            family = self._rdict_cf(cf)
+        read_opts = ReadOptions()
+        if reverse:
+            rows = list(
+                _reverse_bounded(
+                    family.items(backwards=True, from_key=hi, read_opt=read_opts), lo, hi
+                )
+            )
+        else:
+            if hi is not None:
+                read_opts.set_iterate_upper_bound(hi)
+            rows = list(family.items(from_key=lo, read_opt=read_opts))
+        del read_opts
+        if cf in self._buffer.families:
+            pending = self._buffer.range(cf, lo, hi)
+            if pending:
+                if reverse:
+                    pending.reverse()
+                rows = list(_merge(iter(rows), pending, reverse))
+        return rows
+
+    def scan(
+        self, cf: str, lo: bytes | None = None, hi: bytes | None = None, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Entries of ``cf`` with ``lo <= key < hi`` in key order, pending writes included.
+
+        The iterator is closed (and its RocksDB resources freed) by :meth:`close`.
+        """
+        it = self._scan(cf, lo, hi, reverse)
+        self._iterators.add(it)
+        return it
+
+    def _scan(
+        self, cf: str, lo: bytes | None, hi: bytes | None, reverse: bool
+    ) -> Iterator[tuple[bytes, bytes]]:
+        pending = self._buffer.range(cf, lo, hi)
+        family = self._rdict_cf(cf)
+        read_opts = ReadOptions()  # must outlive the iterator
+        if reverse:
+            raw = family.items(backwards=True, from_key=hi, read_opt=read_opts)
+            rows = _reverse_bounded(raw, lo, hi)
+            pending.reverse()
+        else:
+            if hi is not None:
+                read_opts.set_iterate_upper_bound(hi)
+            rows = family.items(from_key=lo, read_opt=read_opts)
+        if not pending:
+            yield from rows
+        else:
+            yield from _merge(rows, pending, reverse)
+        del rows, family, read_opts
+
+    # ------------------------------------------------------------------ metadata
+    def get_meta(self, key: bytes) -> bytes | None:
+        return self.get(META_CF, key)
+
+    def put_meta(self, key: bytes, value: bytes | None) -> None:
+        self.put(META_CF, key, value)
+
+    def store_specs(self) -> dict[str, dict[str, Any]]:
+        """The recorded spec of every store in this database, by name."""
+        specs = {}
+        for key, value in self.scan(META_CF, _STORE_PREFIX, _STORE_PREFIX[:-1] + b";"):
+            specs[key[len(_STORE_PREFIX) :].decode()] = msgpack.unpackb(value)
+        return specs
+
+    def record_store_spec(
+        self, name: str, spec: dict[str, Any], explicit_interval: bool = True
+    ) -> dict[str, Any]:
+        """Check ``spec`` against the recorded one for ``name`` and record it.
+
+        ``kind`` and ``segment_interval_ms`` are fixed for a store's life (its bytes
+        depend on them). Without ``explicit_interval`` the recorded interval is
+        adopted. Retention and serdes may change. Returns the effective spec.
+        """
+        check_store_name(name)
+        key = _STORE_PREFIX + name.encode()
+        raw = self.get_meta(key)
+        effective = dict(spec)
+        if raw is not None:
+            recorded = msgpack.unpackb(raw)
+            for field in ("kind", "window_size_ms"):  # they decide what the bytes mean
+                if spec.get(field) != recorded.get(field):
+                    raise StoreSpecMismatchError(name, field, recorded.get(field), spec.get(field))
+            interval = recorded["segment_interval_ms"]
+            if not explicit_interval:
+                effective["segment_interval_ms"] = interval
+            elif spec["segment_interval_ms"] != interval:
+                raise StoreSpecMismatchError(
+                    name, "segment_interval_ms", interval, spec["segment_interval_ms"]
+                )
+            if effective == recorded:
+                return effective
+        self.put_meta(key, msgpack.packb(effective))
+        return effective
+
+    # ------------------------------------------------------------------ stores
+    def session_store(
+        self,
+        name: str,
+        retention_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ):
+        """The RocksDB session store ``name`` (created on first use, restored on reopen)."""
+        from sessionstore.stores.session import SessionStore
+
+        return self._open_store(
+            SessionStore, name, retention_ms, segment_interval_ms, key_serde, value_serde
+        )
+
+    def window_store(
+        self,
+        name: str,
+        retention_ms: int,
+        window_size_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ):
+        """The window store ``name`` (fixed-size windows per key), created on first use."""
+        from sessionstore.stores.window import WindowStore
+
+        return self._open_store(
+            WindowStore,
+            name,
+            retention_ms,
+            segment_interval_ms,
+            key_serde,
+            value_serde,
+            window_size_ms=window_size_ms,
+        )
+
+    def kv_store(self, name: str, key_serde: Any = None, value_serde: Any = None):
+        """The key-value store ``name``, created on first use."""
+        from sessionstore.stores.kv import KeyValueStore
+
+        check_store_name(name)
+        store = self._stores.get(name)
+        if isinstance(store, KeyValueStore):
+            return store
+        store = self._stores[name] = KeyValueStore(self, name, key_serde, value_serde)
+        return store
+
+    def message_store(
+        self,
+        name: str,
+        retention_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ):
+        """The message store ``name`` (messages by key, time and offset)."""
+        from sessionstore.stores.messages import MessageStore
+
+        return self._open_store(
+            MessageStore, name, retention_ms, segment_interval_ms, key_serde, value_serde
+        )
+
+    def versioned_store(
+        self,
+        name: str,
+        history_retention_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ):
+        """The versioned store ``name`` (KIP-889), created on first use."""
+        from sessionstore.stores.versioned import VersionedStore
+
+        return self._open_store(
+            VersionedStore, name, history_retention_ms, segment_interval_ms, key_serde, value_serde
+        )
+
+    def _open_store(
+        self, cls, name, retention_ms, segment_interval_ms, key_serde, value_serde, **layout
+    ):
+        """The open store ``name`` if it has this class and layout, else a new one."""
+        check_store_name(name)
+        store = self._stores.get(name)
+        if (
+            store is not None
+            and type(store) is cls
+            and all(getattr(store, k) == v for k, v in layout.items())
+        ):
+            store.reconfigure(retention_ms, segment_interval_ms)
+            return store
+        store = cls(
+            self,
+            name,
+            retention_ms,
+            segment_interval_ms=segment_interval_ms,
+            key_serde=key_serde,
+            value_serde=value_serde,
+            **layout,
+        )
+        self._stores[name] = store
+        return store
+
+
+def is_data_family(store: str, family: str) -> bool:
+    """Whether ``family`` holds ``store``'s rows (a segment, ``.latest`` or ``.kv``)
+    rather than an index such as the end index ``.open``."""
+    prefix, _, suffix = family.partition(".")
+    return prefix == store and (suffix.lstrip("-").isdigit() or suffix in ("latest", "kv"))
+
+
+def check_store_name(name: Any) -> None:
+    """Raise ``ValueError`` unless ``name`` can name a store (and its column families)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in _RESERVED:
+        raise ValueError(
+            f"invalid store name {name!r}: use 1-120 letters, digits, '_' or '-', "
+            f"not {sorted(_RESERVED)}"
+        )
+
+
+def _reverse_bounded(
+    rows: Iterator[tuple[bytes, bytes]], lo: bytes | None, hi: bytes | None
+) -> Iterator[tuple[bytes, bytes]]:
+    # seek_for_prev lands on hi itself when present; hi is exclusive.
+    for key, value in rows:
+        if hi is not None and key >= hi:
+            continue
+        if lo is not None and key < lo:
+            return
+        yield key, value
+
+
+def _merge(
+    rows: Iterator[tuple[bytes, bytes]],
+    pending: list[tuple[bytes, bytes | None]],
+    reverse: bool,
+) -> Iterator[tuple[bytes, bytes]]:
+    """Merge committed rows with pending writes (which win; None hides a row)."""
+    i, n = 0, len(pending)
+    for key, value in rows:
+        while i < n and (pending[i][0] > key if reverse else pending[i][0] < key):
+            pk, pv = pending[i]
+            i += 1
+            if pv is not None:
+                yield pk, pv
+        if i < n and pending[i][0] == key:
+            pv = pending[i][1]
+            i += 1
+            if pv is not None:
+                yield key, pv
+            continue
+        yield key, value
+    for pk, pv in pending[i:]:
+        if pv is not None:
+            yield pk, pv

@@ -1,0 +1,302 @@
+"""Tumbling and hopping event-time windows (SAMZA-552) with emission policies.
+
+``TimeWindows(size_ms, advance_ms=None, grace_ms=0)``: windows ``[start, start +
+size)`` with ``start`` a multiple of ``advance_ms`` (tumbling when it equals the
+size). A record belongs to every window that contains its timestamp.
+
+Stream time is the largest timestamp seen. A window is *closed* once
+``stream_time >= end + grace``; records for a closed window are ignored, and a
+record that lands in no open window is dropped and counted.
+
+Emission policies (``emit=``), after the Samza design's triggers:
+
+* ``"update"`` – every change of a window, as it happens (kind ``"update"``).
+* ``"final"`` – once per window, when it closes (kind ``"final"``, Samza's
+  full-size/default trigger with the grace period folded in).
+* ``"on_time"`` – once when stream time reaches the window's end (kind
+  ``"on_time"``), then again for every late record within grace (kind ``"late"``,
+  the late-arrival update of a past window).
+* ``early_every_ms=N`` (with ``"final"`` or ``"on_time"``) – each time stream time
+  crosses a multiple of N, the current value of every window whose end has not
+  been reached yet (kind ``"early"``).
+
+A record's emissions come in this order: early values, windows whose trigger time
+its stream time reached (by end, start, key), then its own updates (by window
+start). Everything that decides an emission (stream time,
+the last early tick, which windows are pending) is stored with the window values,
+so replaying the same input from the same committed state emits the same output.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from sessionstore.encoding.keys import check_timestamp
+from sessionstore.operators.aggregations import Aggregation, record_output_plan
+from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
+from sessionstore.operators.sessions.aggregator import _make_aggregation
+from sessionstore.stores.window import WindowStore
+
+__all__ = ["TimeWindows", "WindowUpdate", "WindowAggregator"]
+
+_I64 = struct.Struct(">q")
+
+
+@dataclass(frozen=True)
+class TimeWindows:
+    """Tumbling (``advance_ms`` None or equal to the size) or hopping windows."""
+
+    size_ms: int
+    advance_ms: int | None = None
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if type(self.size_ms) is not int or self.size_ms <= 0:
+            raise ValueError(f"size_ms must be a positive int, got {self.size_ms!r}")
+        advance = self.size_ms if self.advance_ms is None else self.advance_ms
+        if type(advance) is not int or not 0 < advance <= self.size_ms:
+            raise ValueError(
+                f"advance_ms must be a positive int no larger than size_ms={self.size_ms}, "
+                f"got {self.advance_ms!r}"
+            )
+        object.__setattr__(self, "advance_ms", advance)
+        if type(self.grace_ms) is not int or self.grace_ms < 0:
+            raise ValueError(f"grace_ms must be a non-negative int, got {self.grace_ms!r}")
+
+    def starts_for(self, ts: int) -> range:
+        """Starts of every window containing ``ts``, ascending."""
+        advance = self.advance_ms
+        first = (ts - self.size_ms) // advance * advance + advance
+        return range(first, ts // advance * advance + 1, advance)
+
+
+class WindowUpdate(NamedTuple):
+    """An emitted window value; ``end`` is exclusive."""
+
+    key: Any
+    start: int
+    end: int
+    value: Any
+    timestamp: int
+    kind: str
+
+
+class WindowAggregator(ArrowBatches):
+    """Aggregate records into time windows held in a :class:`WindowStore`."""
+
+    def __init__(
+        self,
+        store: WindowStore,
+        windows: TimeWindows,
+        initializer: Callable[[], Any] | None = None,
+        aggregator: Callable[[Any, Any, Any], Any] | None = None,
+        merger: Callable[[Any, Any, Any], Any] | None = None,
+        *,
+        aggregations: Aggregation | Mapping | None = None,
+        emit: str = "update",
+        early_every_ms: int | None = None,
+    ) -> None:
+        self.check_settings(emit, early_every_ms)
+        if not isinstance(store, WindowStore):
+            raise TypeError(f"store must be a WindowStore, got {type(store).__name__}")
+        if store.window_size_ms != windows.size_ms:
+            raise ValueError(
+                f"store {store.name!r} holds {store.window_size_ms} ms windows, "
+                f"not {windows.size_ms} ms"
+            )
+        if merger is None and aggregations is None and initializer and aggregator:
+            merger = _no_merge  # fixed windows never merge
+        self.store, self.windows, self.emit = store, windows, emit
+        self.early_every_ms = early_every_ms
+        self.aggregation = _make_aggregation(initializer, aggregator, merger, aggregations)
+        record_output_plan(store, self.aggregation, "acc")
+        store.set_min_retention(windows.size_ms + windows.grace_ms)
+        self._pending = store.end_index() if emit != "update" else None
+        self._stream_time = self._read("stream_time")
+        self._early_tick = self._read("early_tick")
+        # Windows ending before this were fired (None: unknown, scan them all once).
+        self._fired_due: int | None = None
+        #: Records that landed in no open window (or had a None key or timestamp).
+        self.dropped_records = 0
+
+    @staticmethod
+    def check_settings(emit: str, early_every_ms: int | None = None) -> None:
+        """Raise ``ValueError`` for an unknown policy or a bad early interval."""
+        if emit not in ("update", "final", "on_time"):
+            raise ValueError(f"emit must be 'update', 'final' or 'on_time', got {emit!r}")
+        if early_every_ms is not None:
+            if emit == "update":
+                raise ValueError("early_every_ms needs emit='final' or 'on_time'")
+            if type(early_every_ms) is not int or early_every_ms <= 0:
+                raise ValueError(f"early_every_ms must be a positive int, got {early_every_ms!r}")
+
+    def _read(self, name: str) -> int | None:
+        raw = self.store.read_aux(name)
+        return None if raw is None else _I64.unpack(raw)[0]
+
+    @property
+    def stream_time(self) -> int | None:
+        return self._stream_time
+
+    def advance_to(self, event_time: int) -> list[WindowUpdate]:
+        """Move stream time to ``event_time`` without a record (never back), firing
+        the windows it makes due; engines call it with the query's event time."""
+        ts = check_timestamp("event_time", event_time)
+        with self._rolling_back():
+            if not self._advance(ts):
+                return []
+            return self._fire(ts) if self._pending is not None else []
+
+    def process(self, key: Any, value: Any, timestamp: int | None) -> list[WindowUpdate]:
+        """Add one record to its windows; return what it emits."""
+        with self._rolling_back():
+            return self._checked(key, value, timestamp)
+
+    def _advance(self, ts: int) -> bool:
+        """Move stream time to ``ts`` if that is forward (saved with the batch)."""
+        if self._stream_time is not None and ts <= self._stream_time:
+            return False
+        self._stream_time = ts
+        self.store.write_aux("stream_time", _I64.pack(ts))
+        return True
+
+    def _rolling_back(self):
+        """The store's batch; on failure, stream time and the early tick are read back
+        from it, and the next firing scans the pending windows afresh."""
+        return batch_restoring(self.store, self._reread)
+
+    def _reread(self) -> None:
+        self._fired_due = None
+        self._stream_time = self._read("stream_time")
+        self._early_tick = self._read("early_tick")
+
+    def _checked(
+        self, key: Any, value: Any, timestamp: Any, before: dict | None = None
+    ) -> list[WindowUpdate]:
+        if key is None or timestamp is None:
+            self.dropped_records += 1
+            return []
+        return self._process(key, value, check_timestamp("timestamp", timestamp), before)
+
+    def _process(
+        self, key: Any, value: Any, ts: int, before: dict | None = None
+    ) -> list[WindowUpdate]:
+        """One record; ``before`` (if given) gets the finished value of each window it
+        touches first, as stored before (``_MISSING`` for a new window)."""
+        store, agg, windows = self.store, self.aggregation, self.windows
+        size, grace = windows.size_ms, windows.grace_ms
+        self._advance(ts)
+        st = self._stream_time
+        # Fire due windows before this record's puts move the store's own stream
+        # time: with retention >= size + grace they are still visible now.
+        out = self._fire(st) if self._pending is not None else []
+        kb = store._encode_key(key)
+        accepted = False
+        for start in windows.starts_for(ts):
+            end = start + size
+            if end + grace <= st:
+                continue  # closed
+            accepted = True
+            acc = store.fetch_window(key, start)
+            is_new = acc is None
+            if before is not None and (kb, start) not in before:
+                before[(kb, start)] = _MISSING if is_new else agg.finish(acc)
+            if is_new:
+                acc = agg.initializer()
+            acc = agg.add(key, value, ts, acc)
+            store.put_window(key, start, acc)
+            if self.emit == "update":
+                out.append(WindowUpdate(key, start, end, agg.finish(acc), ts, "update"))
+            elif self.emit == "on_time" and end <= st:
+                out.append(WindowUpdate(key, start, end, agg.finish(acc), ts, "late"))
+            elif is_new:
+                self._pending.add(kb, start, end)
+        if not accepted:
+            self.dropped_records += 1
+        return out
+
+    def _fire(self, st: int) -> list[WindowUpdate]:
+        """Early ticks, then windows whose trigger time stream time has reached."""
+        out: list[WindowUpdate] = []
+        store, finish, pending = self.store, self.aggregation.finish, self._pending
+        every = self.early_every_ms
+        if every is not None:
+            tick = st // every
+            if self._early_tick is None or tick > self._early_tick:
+                if self._early_tick is not None:  # the first record starts the clock
+                    for end, start, kb in pending.all():
+                        if end > st:
+                            key = store._decode_key(kb)
+                            value = finish(store.fetch_window(key, start))
+                            out.append(WindowUpdate(key, start, end, value, st, "early"))
+                self._early_tick = tick
+                store.write_aux("early_tick", _I64.pack(tick))
+        if self.emit == "final":
+            due, kind = st - self.windows.grace_ms + 1, "final"
+        else:
+            due, kind = st + 1, "on_time"
+        if self._fired_due is not None and due <= self._fired_due:
+            return out  # stream time did not move: nothing new is due
+        # Windows ending before the last due were fired then, and a window is added
+        # only while it ends at or after the current due, so only [last due, due)
+        # can hold new work: scanning from the start would meet every window this
+        # batch already fired (pending deletes), once per record.
+        fired_from, self._fired_due = self._fired_due, due
+        for end, start, kb in pending.below(due, fired_from):
+            pending.discard(kb, start, end)
+            key = store._decode_key(kb)
+            value = store.fetch_window(key, start)
+            if value is not None:
+                out.append(WindowUpdate(key, start, end, finish(value), end, kind))
+        return out
+
+    def process_rows(
+        self,
+        keys: Sequence[Any],
+        timestamps: Sequence[int | None],
+        values: Sequence[Any],
+        *,
+        net: bool = False,
+    ) -> list[WindowUpdate]:
+        """Process a batch in order, as one atomic write; same result as per record.
+
+        ``net=True`` with ``emit="update"`` returns the batch's net change instead:
+        one update per window the batch changed, with its value after the batch, in
+        (encoded key, start) order, and none for a window whose value ends as it was
+        (windows are never deleted). Other policies ignore it.
+        """
+        out: list[WindowUpdate] = []
+        before: dict[tuple[bytes, int], Any] | None = {} if net and self.emit == "update" else None
+        with self._rolling_back():
+            for key, ts, value in zip(keys, timestamps, values, strict=True):
+                out.extend(self._checked(key, value, ts, before))
+        if before is None:
+            return out
+        encode = self.store._encode_key
+        last = {(encode(u.key), u.start): u for u in out}
+        return [last[w] for w in sorted(last) if before[w] != last[w].value]
+
+    def _columnar_applies(self) -> bool:
+        # emit="final" without early emission: see window_columns
+        return self.emit == "final" and self.early_every_ms is None
+
+    def _run_columnar(self, prepared: Any, timestamp: str, value: Any) -> Any:
+        from sessionstore.operators.windows.columns import run_final
+
+        return run_final(self, prepared, timestamp, value)
+
+    def _updates_table(self, updates: list[Any], key: str | Sequence[str]) -> Any:
+        import pyarrow as pa
+
+        table = super()._updates_table(updates, key)
+        return table.append_column("kind", pa.array([u.kind for u in updates], pa.string()))
+
+
+_MISSING = object()
+
+
+def _no_merge(key: Any, a: Any, b: Any) -> Any:
+    raise AssertionError("fixed windows never merge")

@@ -1,0 +1,1 @@
+"""sessionstore.stores."""

@@ -1,0 +1,85 @@
+"""Open sessions ordered by (end, start, key): what emit-on-close reads.
+
+The session store orders rows by key, so finding every session that closes when
+stream time moves would need a scan of whole segments. The index holds only the
+sessions not yet emitted, keyed ``end ‖ start ‖ enc(key)`` (times as in
+:mod:`sessionstore.encoding.keys`), so closing them is one range read of the index.
+
+:class:`RocksDBEndIndex` lives in the column family ``<store>.open`` of the store's
+StateDB and is written in the same batch; :class:`MemoryEndIndex` pairs with the
+in-memory session store.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import TYPE_CHECKING
+
+from sessionstore.encoding.session_key import TIME_SIGN, TIMES
+
+if TYPE_CHECKING:
+    from sessionstore.engine.db import StateDB
+
+__all__ = ["RocksDBEndIndex", "MemoryEndIndex"]
+
+Entry = tuple[int, int, bytes]  # (end, start, encoded key)
+
+
+def _index_key(kb: bytes, start: int, end: int) -> bytes:
+    return TIMES.pack(end + TIME_SIGN, start + TIME_SIGN) + kb
+
+
+class RocksDBEndIndex:
+    """End-ordered index of open sessions in a StateDB column family."""
+
+    def __init__(self, db: StateDB, store: str) -> None:
+        self._db = db
+        self._cf = f"{store}.open"
+        db.create_column_family(self._cf)
+
+    def add(self, kb: bytes, start: int, end: int) -> None:
+        self._db.put(self._cf, _index_key(kb, start, end), b"")
+
+    def discard(self, kb: bytes, start: int, end: int) -> None:
+        self._db.delete(self._cf, _index_key(kb, start, end))
+
+    def below(self, end: int, from_end: int | None = None) -> list[Entry]:
+        """Entries with ``from_end <= end' < end``, in (end, start, key) order (no
+        lower bound when ``from_end`` is None)."""
+        hi = TIMES.pack(end + TIME_SIGN, 0)
+        lo = None if from_end is None else TIMES.pack(from_end + TIME_SIGN, 0)
+        return [self._decode(raw) for raw, _ in self._db.scan_list(self._cf, lo, hi)]
+
+    def all(self) -> list[Entry]:
+        return [self._decode(raw) for raw, _ in self._db.scan_list(self._cf)]
+
+    @staticmethod
+    def _decode(raw: bytes) -> Entry:
+        e, s = TIMES.unpack_from(raw)
+        return e - TIME_SIGN, s - TIME_SIGN, raw[16:]
+
+
+class MemoryEndIndex:
+    """End-ordered index of open sessions held in memory."""
+
+    def __init__(self) -> None:
+        self._entries: list[Entry] = []
+
+    def add(self, kb: bytes, start: int, end: int) -> None:
+        entry = (end, start, kb)
+        i = bisect_left(self._entries, entry)
+        if i == len(self._entries) or self._entries[i] != entry:
+            insort(self._entries, entry)
+
+    def discard(self, kb: bytes, start: int, end: int) -> None:
+        entry = (end, start, kb)
+        i = bisect_left(self._entries, entry)
+        if i < len(self._entries) and self._entries[i] == entry:
+            del self._entries[i]
+
+    def below(self, end: int, from_end: int | None = None) -> list[Entry]:
+        lo = 0 if from_end is None else bisect_left(self._entries, (from_end, -(2**63), b""))
+        return self._entries[lo : bisect_left(self._entries, (end, -(2**63), b""))]
+
+    def all(self) -> list[Entry]:
+        return list(self._entries)

@@ -1,0 +1,494 @@
+"""Session stores (KIP-94): sessions keyed by (key, end, start), segmented by end.
+
+:class:`SessionStoreBase` holds the semantics shared by the RocksDB store
+(:class:`SessionStore`, here) and the in-memory one
+(:class:`~sessionstore.stores.memory_session.InMemorySessionStore`); each subclass only
+stores and scans rows. Both therefore return identical results in identical order.
+
+Rules (see README "Session stores"):
+
+* Observed stream time is the largest ``end`` ever put with a value. It is persisted
+  in the same write batch as the data.
+* A session is visible and writable while ``end >= stream_time - retention_ms + 1``.
+  A put outside that range is dropped and counted in ``dropped_records``.
+* ``find_sessions(key, earliest_end, latest_start)`` returns the sessions with
+  ``end >= earliest_end`` and ``start <= latest_start`` (both inclusive), forward in
+  (key, end, start) order; ``backward=True`` gives the exact reverse.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+from sessionstore.encoding.keys import (
+    TS_MAX,
+    TS_MIN,
+    check_timestamp,
+    key_range,
+    prefix_upper_bound,
+)
+from sessionstore.encoding.serde import MsgpackSerde, key_codec
+from sessionstore.encoding.session_key import TIME_SIGN, TIMES, session_key, times_of
+from sessionstore.stores.base import DBStoreMixin, describe_store
+from sessionstore.stores.records import SessionWindow
+from sessionstore.stores.segments import default_segment_interval
+
+if TYPE_CHECKING:
+    from sessionstore.engine.db import StateDB
+
+__all__ = ["SessionStoreBase", "SessionStore"]
+
+#: A scanned row: (encoded key, start, end, value bytes).
+Row = tuple[bytes, int, int, bytes]
+
+
+def _check_retention(name: str, value: Any) -> int:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{name} must be a positive int of milliseconds, got {value!r}")
+    return value
+
+
+class SessionStoreBase:
+    """Session-store semantics over an abstract row storage."""
+
+    kind = "session"
+
+    def __init__(
+        self,
+        name: str,
+        retention_ms: int,
+        segment_interval_ms: int | None,
+        key_serde: Any,
+        value_serde: Any,
+    ) -> None:
+        self.name = name
+        self.retention_ms = _check_retention("retention_ms", retention_ms)
+        if segment_interval_ms is None:
+            segment_interval_ms = default_segment_interval(retention_ms)
+        self.segment_interval_ms = segment_interval_ms
+        self.key_serde = key_serde
+        self.value_serde = value_serde if value_serde is not None else MsgpackSerde()
+        self._encode_key, self._decode_key = key_codec(key_serde)
+        self._dumps = self.value_serde.dumps
+        self._loads = self.value_serde.loads
+        self._stream_time: int | None = None
+        self._time_dirty = False  # stream time changed since the last commit
+        self._first_live_segment = TS_MIN  # expiry has run up to this segment
+        #: Puts dropped because their session was already outside retention.
+        self.dropped_records = 0
+        self._aux: dict[str, bytes] = {}
+        self._end_index = None
+
+    # ----------------------------------------------------------- row storage API
+    def _write(self, kb: bytes, start: int, end: int, value: bytes | None) -> None:
+        raise NotImplementedError
+
+    def _read(self, kb: bytes, start: int, end: int) -> bytes | None:
+        raise NotImplementedError
+
+    def _key_rows(
+        self, kb: bytes, min_end: int, latest_start: int, backward: bool
+    ) -> list[tuple[int, int, bytes]]:
+        """``(start, end, value)`` of one key with ``end >= min_end``, ``start <=
+        latest_start``, in (end, start) order (reversed when ``backward``)."""
+        raise NotImplementedError
+
+    def _range_rows(
+        self,
+        kb_lo: bytes | None,
+        kb_hi: bytes | None,
+        min_end: int,
+        latest_start: int,
+        backward: bool,
+    ) -> Iterator[Row]:
+        """Rows with ``kb_lo <= kb < kb_hi`` (None is open), filtered likewise."""
+        raise NotImplementedError
+
+    def _expire(self, min_visible_end: int) -> None:
+        raise NotImplementedError
+
+    def _stream_time_changed(self) -> None:
+        """Hook: the stream time moved (persist it)."""
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def observed_stream_time(self) -> int | None:
+        """Largest session end ever put, or None before the first put."""
+        return self._stream_time
+
+    def min_visible_end(self) -> int:
+        """Smallest session end that is still visible and writable."""
+        st = self._stream_time
+        if st is None:
+            return TS_MIN
+        return max(TS_MIN, st - self.retention_ms + 1)
+
+    def spec(self) -> dict[str, Any]:
+        """The recorded description of this store."""
+        return describe_store(
+            self.kind, self.retention_ms, self.segment_interval_ms, self.key_serde, self.value_serde
+        )
+
+    # --------------------------------------------------------------------- writes
+    def _window(self, start: Any, end: Any) -> tuple[int, int]:
+        if type(start) is not int or type(end) is not int:
+            start = check_timestamp("start", start)
+            end = check_timestamp("end", end)
+        elif not (TS_MIN <= start <= TS_MAX and TS_MIN <= end <= TS_MAX):
+            check_timestamp("start", start)
+            check_timestamp("end", end)
+        if start > end:
+            raise ValueError(f"session start {start} is after its end {end}")
+        return start, end
+
+    def put(self, key: Any, start: int, end: int, value: Any) -> None:
+        """Store ``value`` for the session ``[start, end]`` of ``key``; None deletes."""
+        kb = self._encode_key(key)
+        if not (type(start) is int and type(end) is int and TS_MIN <= start <= end <= TS_MAX):
+            start, end = self._window(start, end)
+        return self._put_checked(kb, start, end, value)
+
+    def _put_checked(self, kb: bytes, start: int, end: int, value: Any) -> None:
+        if value is None:
+            if end >= self.min_visible_end():
+                self._write(kb, start, end, None)
+            return
+        vb = self._dumps(value)
+        st = self._stream_time
+        if st is None or end > st:
+            self._advance(end)
+        elif end <= st - self.retention_ms:
+            self.dropped_records += 1
+            return
+        self._write(kb, start, end, vb)
+
+    def advance_stream_time(self, ts: int) -> None:
+        """Move observed stream time forward to ``ts`` (never back), expiring what
+        falls out of retention. Operators call it with the query's event time, so
+        retention follows event time even where no session was put for a while."""
+        ts = check_timestamp("ts", ts)
+        if self._stream_time is None or ts > self._stream_time:
+            self._advance(ts)
+
+    def put_many(self, rows: Iterable[tuple[Any, int, int, Any]]) -> None:
+        """``put`` each ``(key, start, end, value)`` in order, as one atomic batch."""
+        put = self.put
+        with self._batch():
+            for key, start, end, value in rows:
+                put(key, start, end, value)
+
+    def _batch(self):
+        """Context manager grouping writes atomically (a no-op in memory)."""
+        return nullcontext()
+
+    def set_min_retention(self, retention_ms: int) -> None:
+        """Raise retention to at least ``retention_ms``."""
+        if retention_ms > self.retention_ms:
+            self.retention_ms = _check_retention("retention_ms", retention_ms)
+
+    def batch(self):
+        """Group writes into one atomic unit (the StateDB's batch; a no-op in memory)."""
+        return self._batch()
+
+    # Operators keep a little state of their own next to the store (stream time,
+    # emitted close time); it is written atomically with the store's rows.
+    def read_aux(self, name: str) -> bytes | None:
+        """Operator metadata saved with :meth:`write_aux`, or None."""
+        return self._aux.get(name)
+
+    def write_aux(self, name: str, value: bytes) -> None:
+        self._aux[name] = value
+
+    def end_index(self):
+        """The end-ordered index of open sessions used by emit-on-close."""
+        from sessionstore.stores.end_index import MemoryEndIndex
+
+        if self._end_index is None:
+            self._end_index = MemoryEndIndex()
+        return self._end_index
+
+    def _advance(self, end: int) -> None:
+        """Move stream time forward to ``end`` and expire what fell out of retention."""
+        self._stream_time = end
+        if not self._time_dirty:
+            self._time_dirty = True
+            self._stream_time_changed()
+        min_visible = end - self.retention_ms + 1
+        first_live = min_visible // self.segment_interval_ms
+        if first_live > self._first_live_segment:
+            self._first_live_segment = first_live
+            self._expire(min_visible)
+
+    def remove(self, key: Any, start: int, end: int) -> None:
+        """Delete the session ``[start, end]`` of ``key`` (no-op if absent)."""
+        self.put(key, start, end, None)
+
+    # ---------------------------------------------------------------------- reads
+    def fetch_session(self, key: Any, start: int, end: int) -> Any:
+        """Value of exactly the session ``[start, end]`` of ``key``, or None."""
+        kb = self._encode_key(key)
+        start, end = self._window(start, end)
+        if end < self.min_visible_end():
+            return None
+        raw = self._read(kb, start, end)
+        return None if raw is None else self._loads(raw)
+
+    def fetch_encoded(self, sessions: list[tuple[bytes, int, int]]) -> list[Any]:
+        """Values of the sessions ``(encoded key, start, end)`` (None where absent or
+        no longer visible), as :meth:`fetch_session` gives them; operators use it to
+        read many sessions they know from an index in one pass."""
+        min_visible, read, loads = self.min_visible_end(), self._read, self._loads
+        out = []
+        for kb, start, end in sessions:
+            raw = read(kb, start, end) if end >= min_visible else None
+            out.append(None if raw is None else loads(raw))
+        return out
+
+    def find_sessions(
+        self, key: Any, earliest_end: int, latest_start: int, backward: bool = False
+    ) -> Iterator[tuple[SessionWindow, Any]]:
+        """Sessions of ``key`` with ``end >= earliest_end`` and ``start <= latest_start``."""
+        kb = self._encode_key(key)
+        if not (type(earliest_end) is int and type(latest_start) is int):
+            earliest_end = check_timestamp("earliest_end", earliest_end)
+            latest_start = check_timestamp("latest_start", latest_start)
+        min_end = self.min_visible_end()
+        if earliest_end > min_end:
+            min_end = earliest_end
+        return iter(self._key_results(key, kb, min_end, latest_start, backward))
+
+    def _key_results(
+        self, key: Any, kb: bytes, min_end: int, latest_start: int, backward: bool
+    ) -> list[tuple[SessionWindow, Any]]:
+        """``find_sessions`` results; backends may build them in one pass."""
+        loads, new, window = self._loads, tuple.__new__, SessionWindow
+        rows = self._key_rows(kb, min_end, latest_start, backward)
+        # tuple.__new__ skips the NamedTuple's Python-level __new__
+        return [(new(window, (key, s, e)), loads(v)) for s, e, v in rows]
+
+    def find_sessions_in_range(
+        self,
+        key_from: Any,
+        key_to: Any,
+        earliest_end: int,
+        latest_start: int,
+        backward: bool = False,
+    ) -> Iterator[tuple[SessionWindow, Any]]:
+        """Like :meth:`find_sessions` for keys in ``[key_from, key_to]``; None is open."""
+        earliest_end = check_timestamp("earliest_end", earliest_end)
+        latest_start = check_timestamp("latest_start", latest_start)
+        bounds = key_range(self._encode_key, key_from, key_to)
+        if bounds is None:
+            return iter(())
+        lo, hi = bounds
+        min_end = max(earliest_end, self.min_visible_end())
+        rows = self._range_rows(lo, hi, min_end, latest_start, backward)
+        return self._range_results(rows)
+
+    def _range_results(self, rows: Iterable[Row]):
+        loads, decode = self._loads, self._decode_key
+        last_kb, last_key = None, None
+        for kb, start, end, vb in rows:
+            if kb != last_kb:
+                last_kb, last_key = kb, decode(kb)
+            yield SessionWindow(last_key, start, end), loads(vb)
+
+    def fetch(self, key: Any, backward: bool = False) -> Iterator[tuple[SessionWindow, Any]]:
+        """Every visible session of ``key``."""
+        return self.find_sessions(key, TS_MIN, TS_MAX, backward)
+
+    def fetch_range(
+        self, key_from: Any, key_to: Any, backward: bool = False
+    ) -> Iterator[tuple[SessionWindow, Any]]:
+        """Every visible session of the keys in ``[key_from, key_to]``."""
+        return self.find_sessions_in_range(key_from, key_to, TS_MIN, TS_MAX, backward)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.name!r}, retention_ms={self.retention_ms}, "
+            f"segment_interval_ms={self.segment_interval_ms})"
+        )
+
+
+class SessionStore(DBStoreMixin, SessionStoreBase):
+    """Session store in a :class:`~sessionstore.engine.db.StateDB`; segments are column families.
+
+    Create it with ``db.session_store(name, retention_ms, ...)``.
+    """
+
+    def __init__(
+        self,
+        db: StateDB,
+        name: str,
+        retention_ms: int,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ) -> None:
+        super().__init__(name, retention_ms, segment_interval_ms, key_serde, value_serde)
+        self._attach(db, segment_interval_ms)
+        if self._stream_time is not None:
+            self._segments.expire_below(self.min_visible_end())
+
+    def _set_retention(self, retention_ms: int) -> None:
+        self.retention_ms = _check_retention("retention_ms", retention_ms)
+
+    # ---------------------------------------------------------------- row storage
+    def _expire(self, min_visible_end: int) -> None:
+        self._segments.expire_below(min_visible_end)
+
+    def _write(self, kb: bytes, start: int, end: int, value: bytes | None) -> None:
+        seg = end // self.segment_interval_ms
+        cf = self._segments.names.get(seg)
+        if cf is None:
+            if value is None:
+                return
+            cf = self._segments.get_or_create(seg)
+        # Outside a batch db.put commits at once, stream time included.
+        self._db.put(cf, kb + TIMES.pack(end + TIME_SIGN, start + TIME_SIGN), value)
+
+    def _batch(self):
+        return self._db.batch()
+
+    def read_aux(self, name: str) -> bytes | None:
+        return self._db.get_meta(b"aux:" + self.name.encode() + b":" + name.encode())
+
+    def write_aux(self, name: str, value: bytes) -> None:
+        self._db.put_meta(b"aux:" + self.name.encode() + b":" + name.encode(), value)
+
+    def end_index(self):
+        from sessionstore.stores.end_index import RocksDBEndIndex
+
+        if self._end_index is None:
+            self._end_index = RocksDBEndIndex(self._db, self.name)
+        return self._end_index
+
+    def set_min_retention(self, retention_ms: int) -> None:
+        """Raise retention to at least ``retention_ms`` (recorded in the spec)."""
+        if retention_ms > self.retention_ms:
+            self.reconfigure(retention_ms, None)
+
+    def put_many(self, rows: Iterable[tuple[Any, int, int, Any]]) -> None:
+        """``put`` each ``(key, start, end, value)`` in order, as one atomic batch.
+
+        Same rules as :meth:`put` (the property tests hold them equal), with the
+        per-row work inlined: this is the path micro-batch operators use.
+        """
+        encode, dumps, pack = self._encode_key, self._dumps, TIMES.pack
+        cached_key = getattr(encode, "cache", {}).get  # encoded str keys, if cached
+        names, interval, db = self._segments.names, self.segment_interval_ms, self._db
+        retention, sign = self.retention_ms, TIME_SIGN
+        ts_min, ts_max, str_, int_ = TS_MIN, TS_MAX, str, int  # locals: this loop is hot
+        with db.batch():
+            # The last segment's time range and pending-write dict, kept across rows
+            # (the rows of a micro-batch mostly share one segment). Expiry cannot
+            # stale them: a dropped segment lies wholly below stream time - retention,
+            # so a row that would land there is late and skipped first. The slow
+            # path may create or drop families, so it resets the range.
+            seg_lo = seg_hi = 0
+            entries: dict[bytes, bytes | None] = {}
+            # below every valid end, so that a new store's first row sets the time
+            st = ts_min - 1 if self._stream_time is None else self._stream_time
+            late_below = st - retention
+            for key, start, end, value in rows:
+                if value is None or not (
+                    type(start) is int_ and type(end) is int_ and ts_min <= start <= end <= ts_max
+                ):
+                    self.put(key, start, end, value)  # deletes and odd input: the slow path
+                    st = ts_min - 1 if self._stream_time is None else self._stream_time
+                    late_below = st - retention
+                    seg_lo = seg_hi = 0
+                    continue
+                kb = cached_key(key) if type(key) is str_ else None
+                if kb is None:
+                    kb = encode(key)
+                vb = dumps(value)
+                if end > st:
+                    self._advance(end)
+                    st, late_below = end, end - retention
+                elif end <= late_below:
+                    self.dropped_records += 1
+                    continue
+                if not seg_lo <= end < seg_hi:
+                    seg = end // interval
+                    cf = names.get(seg)
+                    if cf is None:
+                        cf = self._segments.get_or_create(seg)
+                    entries = db.bulk_writer(cf)
+                    seg_lo, seg_hi = seg * interval, seg * interval + interval
+                entries[kb + pack(end + sign, start + sign)] = vb
+
+    def _read(self, kb: bytes, start: int, end: int) -> bytes | None:
+        cf = self._segments.name(end // self._segments.interval)
+        if cf is None:
+            return None
+        return self._db.get(cf, session_key(kb, start, end))
+
+    def fetch_encoded(self, sessions: list[tuple[bytes, int, int]]) -> list[Any]:
+        # one multi-get per segment instead of a get per session
+        min_visible, loads = self.min_visible_end(), self._loads
+        segment_of, interval = self._segments.name, self._segments.interval
+        out: list[Any] = [None] * len(sessions)
+        by_family: dict[str, tuple[list[int], list[bytes]]] = {}
+        for i, (kb, start, end) in enumerate(sessions):
+            if end < min_visible:
+                continue
+            cf = segment_of(end // interval)
+            if cf is not None:
+                at, keys = by_family.setdefault(cf, ([], []))
+                at.append(i)
+                keys.append(session_key(kb, start, end))
+        for cf, (at, keys) in by_family.items():
+            for i, raw in zip(at, self._db.get_many(cf, keys), strict=True):
+                if raw is not None:
+                    out[i] = loads(raw)
+        return out
+
+    def _key_results(
+        self, key: Any, kb: bytes, min_end: int, latest_start: int, backward: bool
+    ) -> list[tuple[SessionWindow, Any]]:
+        # _key_rows and the result tuples in one pass: this is the hottest read
+        segments = self._segments
+        lo = session_key(kb, TS_MIN, min_end)
+        hi = prefix_upper_bound(kb)
+        scan_list, loads = self._db.scan_list, self._loads
+        unpack, sign = TIMES.unpack_from, TIME_SIGN
+        new, window = tuple.__new__, SessionWindow
+        out: list[tuple[SessionWindow, Any]] = []
+        for cf in segments.live_names_from(segments.segment_id(min_end), backward):
+            for raw, vb in scan_list(cf, lo, hi, backward):
+                end, start = unpack(raw, len(raw) - 16)
+                start -= sign
+                if start <= latest_start:
+                    out.append((new(window, (key, start, end - sign)), loads(vb)))
+        return out
+
+    def _range_rows(
+        self,
+        kb_lo: bytes | None,
+        kb_hi: bytes | None,
+        min_end: int,
+        latest_start: int,
+        backward: bool,
+    ) -> Iterator[Row]:
+        segments = self._segments
+        streams = [
+            self._filtered(cf, kb_lo, kb_hi, min_end, latest_start, backward)
+            for cf in segments.live_names_from(segments.segment_id(min_end), backward)
+        ]
+        if len(streams) == 1:
+            return streams[0]
+        return heapq.merge(*streams, key=_row_sort_key, reverse=backward)
+
+    def _filtered(self, cf, lo, hi, min_end, latest_start, backward) -> Iterator[Row]:
+        for raw, vb in self._db.scan(cf, lo, hi, backward):
+            start, end = times_of(raw)
+            if end >= min_end and start <= latest_start:
+                yield raw[:-16], start, end, vb
+
+
+def _row_sort_key(row: Row) -> tuple[bytes, int, int]:
+    return row[0], row[2], row[1]

@@ -1,0 +1,547 @@
+"""``sessionstore`` command line: look at state without stopping the job.
+
+    sessionstore ls URI
+    sessionstore dump URI --store NAME [--operator OP] [--partition P] [--version N]
+                          [--key K | --key-from A --key-to B] [--from-ts T1 --to-ts T2]
+                          [--as-of T] [--format jsonl|table|csv|parquet] [--output FILE]
+                          [--limit N] [--raw]
+    sessionstore get URI --store NAME --key K [--operator OP] [--as-of T] [--version N]
+                         [--raw]
+    sessionstore verify URI [--operator OP]
+    sessionstore restore URI --operator OP --partition P [--version N] --to DIR
+
+``URI`` is a checkpoint root (``file://``, a path, ``s3://`` with ``--storage-option
+k=v`` or the AWS environment) or a local database directory of a job (its
+``localDir``, an operator directory below it, or one database). Reading never takes
+a job's lock or writes into its directories: checkpoints are restored into a
+temporary directory, local databases are opened as RocksDB secondary instances.
+Progress bars show on a terminal only. Errors print one line and exit with status 2.
+
+Stores of aggregating operators hold accumulators; ``dump`` and ``get`` show the
+operator's output instead (the aggregates by name, from the plan the operator
+recorded with its state), and ``--raw`` the stored accumulators.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from sessionstore.checkpoint.layout import PartitionFiles
+from sessionstore.errors import SessionStoreError
+from sessionstore.tools.reader import (
+    Aggregates,
+    CheckpointSource,
+    LocalSource,
+    RowFilter,
+    open_source,
+    store_rows,
+)
+
+__all__ = ["main", "cli"]
+
+
+class CliError(click.ClickException):
+    exit_code = 2
+
+
+def _options(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise CliError(f"--storage-option needs key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key] = value
+    return out
+
+
+def _key(text: str | None, as_json: bool) -> Any:
+    if text is None or not as_json:
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--key-json: {text!r} is not JSON ({exc.msg})") from None
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _time(option: str, text: str | None) -> int | None:
+    """Epoch milliseconds, or an ISO-8601 time (UTC unless it names a zone)."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise CliError(
+            f"{option} {text!r} is neither epoch milliseconds nor an ISO-8601 time"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+storage_option = click.option(
+    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+    help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable)",
+)  # fmt: skip
+
+
+raw_option = click.option(
+    "--raw", is_flag=True,
+    help="values as stored (an aggregating operator's accumulators), not its aggregates",
+)  # fmt: skip
+
+
+def _source(uri: str, storage_options: tuple[str, ...]) -> CheckpointSource | LocalSource:
+    return open_source(uri, _options(storage_options))
+
+
+def _operator(source: CheckpointSource | LocalSource, operator: str | None) -> str:
+    """The operator named, or the only one there is."""
+    known = source.operators()
+    if not known:
+        raise CliError(f"no sessionstore state under {source.uri}")
+    if operator is None:
+        if len(known) > 1:
+            raise CliError(f"{source.uri} has several operators; pick one with --operator "
+                           f"({', '.join(known)})")  # fmt: skip
+        return known[0]
+    if operator not in known:
+        raise CliError(f"no operator {operator!r} in {source.uri} (operators: {', '.join(known)})")
+    return operator
+
+
+@contextmanager
+def _progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A rich progress display on stderr when it is a terminal, else nothing."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        console=console, transient=True, redirect_stdout=False, redirect_stderr=False,
+    ) as bar:  # fmt: skip
+        tasks: dict[str, Any] = {}
+
+        def update(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total or None)
+            bar.update(tasks[label], completed=done, total=total or None)
+
+        yield update
+
+
+def _counted(rows: Iterator[dict], progress: Callable | None) -> Iterator[dict]:
+    """Rows, reporting their running count to ``progress`` every 1,000 rows."""
+    if progress is None:
+        yield from rows
+        return
+    n = 0
+    for n, row in enumerate(rows, 1):
+        if n % 1000 == 0:
+            progress("rows", n, 0)
+        yield row
+    progress("rows", n, 0)
+
+
+@click.group(help=__doc__.split("\n\n")[0])
+@click.version_option(package_name="sessionstore", prog_name="sessionstore")
+def cli() -> None:
+    pass
+
+
+def _stores_cell(records: dict[str, dict], stats: dict | None) -> str:
+    lines = []
+    for name, r in sorted(records.items()):
+        line = f"{name} ({r['kind']}"
+        if r["kind"] != "kv":
+            line += f", retention {r['retention_ms']:,} ms"
+        line += ")"
+        s = (stats or {}).get(name)
+        if s is not None:
+            if s.get("stream_time") is not None:
+                line += f" stream time {_iso(s['stream_time'])}"
+            line += f" ~{s.get('keys', 0):,} keys"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@cli.command("ls")
+@click.argument("uri")
+@storage_option
+def ls(uri: str, storage_options: tuple[str, ...]) -> None:
+    """Operators, partitions, versions, snapshots, sizes and stores (with their
+    observed stream time and estimated key count) under URI."""
+    from rich.console import Console
+    from rich.table import Table
+
+    source = _source(uri, storage_options)
+    operators = source.operators()
+    if not operators:
+        raise CliError(f"no sessionstore state under {uri}")
+    kind = "local databases" if source.local else "checkpoint"
+    table = Table(title=f"sessionstore {kind} {uri}", show_lines=True)
+    for column in ("operator", "partition", "version", "loadable", "snapshots", "bytes", "stores"):
+        table.add_column(column)
+    for operator in operators:
+        records = source.store_records(operator)
+        for partition in source.partitions(operator):
+            info = source.info(operator, partition)
+            span = f"{info.loadable[0]}..{info.loadable[-1]}" if info.loadable else "-"
+            table.add_row(
+                operator, str(partition), str(info.latest), span,
+                ",".join(map(str, info.snapshots)) or "-", f"{info.bytes:,}",
+                _stores_cell(records, info.stats),
+            )  # fmt: skip
+    Console(width=220).print(table)
+
+
+def _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of) -> RowFilter:
+    return RowFilter(
+        key=_key(key, key_json),
+        key_from=_key(key_from, key_json),
+        key_to=_key(key_to, key_json),
+        from_ts=_time("--from-ts", from_ts),
+        to_ts=_time("--to-ts", to_ts),
+        as_of=_time("--as-of", as_of),
+    )
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", default=None, help="default: the only operator there is")
+@click.option("--store", "store_name", required=True)
+@click.option("--partition", type=int, default=None)
+@click.option("--version", type=int, default=None, help="default: the latest")
+@click.option("--key", default=None, help="one key")
+@click.option("--key-from", default=None, help="smallest key (inclusive)")
+@click.option("--key-to", default=None, help="largest key (inclusive)")
+@click.option("--key-json", is_flag=True, help="parse keys as JSON (ints, lists as tuples)")
+@click.option("--from-ts", default=None, help="rows whose time span ends at or after this")
+@click.option("--to-ts", default=None, help="rows whose time span starts at or before this")
+@click.option("--as-of", default=None, help="versioned stores: the version valid then")
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "table", "csv", "parquet"]), default="jsonl"
+)
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="default: stdout")
+@click.option("--limit", type=int, default=None)
+@raw_option
+@storage_option
+def dump(
+    uri, operator, store_name, partition, version, key, key_from, key_to, key_json, from_ts,
+    to_ts, as_of, fmt, output, limit, raw, storage_options,
+):  # fmt: skip
+    """Rows of a store: key, window or validity, value (keys and values as JSON in
+    csv and parquet). An aggregating operator's value is its aggregates by name: an
+    object in jsonl, one column per aggregate in table, csv and parquet. Times are
+    epoch ms or ISO-8601. Streams with flat memory."""
+    if fmt == "parquet" and output is None:
+        raise CliError("--format parquet needs --output FILE")
+    if limit is not None and limit < 1:
+        raise CliError(f"--limit must be at least 1, got {limit}")
+    row_filter = _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of)
+    source = _source(uri, storage_options)
+    operator = _operator(source, operator)
+    with _progress() as progress:
+        rows = store_rows(
+            source, operator, store_name, None if partition is None else [partition], version,
+            row_filter, limit, progress, raw,
+        )  # fmt: skip
+        rows = _counted(rows, progress)
+        first = next(rows, None)  # errors surface before an output file is created
+        rows = _chain(first, rows)
+        out = (
+            open(output, "w", encoding="utf-8", newline="") if output and fmt != "parquet" else None
+        )
+        try:
+            _write_rows(rows, fmt, out, output)
+        finally:
+            if out is not None:
+                out.close()
+
+
+def _chain(first: dict | None, rest: Iterator[dict]) -> Iterator[dict]:
+    if first is not None:
+        yield first
+        yield from rest
+
+
+def _columns(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with its :class:`Aggregates` value spread into one column per aggregate
+    (named ``value.<name>`` where the name is taken by another column)."""
+    value = row.get("value")
+    if not isinstance(value, Aggregates):
+        return row
+    out = {k: v for k, v in row.items() if k != "value"}
+    for name, result in value.items():
+        out[f"value.{name}" if name in row else name] = result
+    return out
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """A row for csv and parquet: keys, values and aggregates as text (JSON unless a
+    string); the other columns (partition, times, offsets) are integers."""
+    columns = _columns(row)
+    text = {k for k in columns if k not in row} | {"key", "value"}  # aggregates, key, value
+    return {k: _as_text(v) if k in text and v is not None else v for k, v in columns.items()}
+
+
+def _write_rows(rows: Iterator[dict], fmt: str, out, output: str | None) -> None:
+    if fmt == "jsonl":
+        dumps, write = json.dumps, (out or sys.stdout).write
+        for row in rows:
+            write(dumps({k: _jsonable(v) for k, v in row.items()}, default=str) + "\n")
+        return
+    if fmt == "csv":
+        import csv
+
+        writer = None
+        for row in rows:
+            flat = _flat(row)
+            if writer is None:
+                writer = csv.DictWriter(out or sys.stdout, fieldnames=list(flat))
+                writer.writeheader()
+            writer.writerow(flat)
+        return
+    if fmt == "parquet":
+        _write_parquet(rows, output)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    materialised = [_columns(row) for row in rows]  # widths need every row: use --limit
+    table = Table()
+    for column in materialised[0] if materialised else ["partition", "key", "value"]:
+        table.add_column(column)
+    for row in materialised:
+        table.add_row(*(str(_jsonable(v)) for v in row.values()))
+    Console(width=200, file=out).print(table)
+
+
+def _write_parquet(rows: Iterator[dict], output: str, chunk: int = 65536) -> None:
+    """Row groups of ``chunk`` rows, so memory stays flat for any store size."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer, total, buffer = None, 0, []
+    try:
+        for row in rows:
+            buffer.append(row)
+            total += 1
+            if len(buffer) >= chunk:
+                writer = _write_chunk(writer, buffer, output)
+        if buffer:
+            writer = _write_chunk(writer, buffer, output)
+        elif writer is None:
+            empty = pa.schema([("partition", pa.int64()), ("key", pa.string()),
+                               ("value", pa.string())])  # fmt: skip
+            pq.write_table(empty.empty_table(), output)
+    finally:
+        if writer is not None:
+            writer.close()
+    click.echo(f"wrote {total:,} rows to {output}")
+
+
+def _write_chunk(writer: Any, buffer: list[dict], output: str) -> Any:
+    """Append ``buffer`` (rows) as a row group (opening the writer on the first one)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    flat = [_flat(row) for row in buffer]
+    if writer is None:
+        # the row's own columns are integers, except the key; everything else is text
+        ints = {n for n in buffer[0] if n not in ("key", "value")}
+        fields = [(n, pa.int64() if n in ints else pa.string()) for n in flat[0]]
+        writer = pq.ParquetWriter(output, pa.schema(fields))
+    writer.write_table(pa.Table.from_pylist(flat, schema=writer.schema))
+    buffer.clear()
+    return writer
+
+
+def _as_text(value: Any) -> str:
+    """Keys and values as text for flat formats: strings as they are, others JSON."""
+    return value if isinstance(value, str) else json.dumps(_jsonable(value), default=str)
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", default=None, help="default: the only operator there is")
+@click.option("--store", "store_name", required=True)
+@click.option("--key", required=True)
+@click.option("--key-json", is_flag=True)
+@click.option("--as-of", default=None)
+@click.option("--version", type=int, default=None)
+@raw_option
+@storage_option
+def get(uri, operator, store_name, key, key_json, as_of, version, raw, storage_options):
+    """The rows of one key, searched in every partition."""
+    found = False
+    source = _source(uri, storage_options)
+    row_filter = RowFilter(key=_key(key, key_json), as_of=_time("--as-of", as_of))
+    with _progress() as progress:
+        rows = store_rows(
+            source, _operator(source, operator), store_name, None, version, row_filter, None,
+            progress, raw,
+        )  # fmt: skip
+        for row in rows:
+            click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str))
+            found = True
+    if not found:
+        raise CliError(f"key {key!r} not found in store {store_name!r}")
+
+
+def _checkpoint_only(source: CheckpointSource | LocalSource, command: str) -> CheckpointSource:
+    if source.local:
+        raise CliError(
+            f"{command} works on a checkpoint root (object storage), and {source.uri} holds "
+            "local databases; give the job's checkpointUri"
+        )
+    return source
+
+
+def _problems(
+    source: CheckpointSource, operator: str, partition: int, progress: Callable | None
+) -> list[str]:
+    """Everything wrong with one partition's checkpoint (empty when it is sound)."""
+    from sessionstore.checkpoint.changelog import decode_changelog
+    from sessionstore.checkpoint.snapshot import download_snapshot
+
+    where = f"{operator}/{partition}"
+    files = PartitionFiles(source.root.child(where))
+    changelogs, snapshots = files.changelogs(), files.snapshots()
+    problems = []
+    latest = files.latest()
+    base = min(snapshots, default=0)
+    for v in range(base + 1, latest + 1):
+        if v not in changelogs and v not in snapshots:
+            problems.append(f"{where}: changelog of version {v} is missing (gap after {v - 1})")
+    for i, v in enumerate(sorted(changelogs)):
+        if progress is not None:
+            progress(f"{where} changelogs", i, len(changelogs))
+        try:
+            decode_changelog(
+                files.storage.read(f"changelog/{v}.changelog"), f"{where}/changelog/{v}", v
+            )
+        except SessionStoreError as exc:
+            problems.append(str(exc))
+    for v in sorted(snapshots):
+        with tempfile.TemporaryDirectory(prefix="sessionstore-verify-") as tmp:
+            try:
+                download_snapshot(files.storage, v, tmp)
+            except (SessionStoreError, FileNotFoundError) as exc:
+                problems.append(str(exc))
+    if not problems and latest:
+        try:
+            with source.open(operator, partition, latest, progress):
+                pass
+        except (SessionStoreError, FileNotFoundError) as exc:
+            problems.append(f"{where}: replay to version {latest} failed: {exc}")
+    return problems
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", default=None, help="default: every operator")
+@storage_option
+def verify(uri, operator, storage_options):
+    """Check every retained version: checksums, changelog continuity, snapshot
+    files and hashes, and a replay to the latest version. Exit 1 on problems."""
+    source = _checkpoint_only(_source(uri, storage_options), "verify")
+    operators = [_operator(source, operator)] if operator else source.operators()
+    if not operators:
+        raise CliError(f"no sessionstore checkpoint under {uri}")
+    problems, checked = [], 0
+    with _progress() as progress:
+        for op in operators:
+            for partition in source.partitions(op):
+                problems += _problems(source, op, partition, progress)
+                checked += 1
+    for problem in problems:
+        click.echo(f"PROBLEM {problem}")
+    click.echo(
+        f"verified {checked} partitions of {len(operators)} operators: {len(problems)} problems"
+    )
+    if problems:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", default=None, help="default: the only operator there is")
+@click.option("--partition", type=int, required=True)
+@click.option("--version", type=int, default=None, help="default: the latest")
+@click.option("--to", "target", required=True, type=click.Path(file_okay=False))
+@storage_option
+def restore(uri, operator, partition, version, target, storage_options):
+    """Materialise a version of a partition as a local RocksDB directory."""
+    import os
+    import shutil
+
+    if os.path.exists(target) and os.listdir(target):
+        raise CliError(f"{target} exists and is not empty; restore into a new directory")
+    source = _checkpoint_only(_source(uri, storage_options), "restore")
+    operator = _operator(source, operator)
+    if partition not in source.partitions(operator):
+        raise CliError(
+            f"operator {operator!r} has no partition {partition} "
+            f"(partitions: {source.partitions(operator)})"
+        )
+    with tempfile.TemporaryDirectory(prefix="sessionstore-restore-") as workdir:
+        with _progress() as progress:
+            with source.open(operator, partition, version, progress, workdir) as (restored, _):
+                pass  # closed on exit, so the directory can move
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        shutil.move(os.path.join(workdir, operator, str(partition), "db"), target)
+    click.echo(f"restored {operator}/{partition} version {restored} to {target}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: errors become one line and exit status 2."""
+    try:
+        cli.main(args=argv, prog_name="sessionstore", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"sessionstore: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except (SessionStoreError, FileNotFoundError, ValueError, OSError) as exc:
+        click.echo(f"sessionstore: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,463 @@
+"""Read-only access to sessionstore state: operators, partitions and store rows.
+
+Shared by the ``sessionstore`` CLI and the ``sessionstore`` Spark data source. Two
+kinds of source, both opened with :func:`open_source`:
+
+* a **checkpoint root** in object storage (``file://``, a path, ``s3://``, ...):
+  a version is restored from the checkpoint into a temporary directory;
+* a **local database directory** of a running (or stopped) job: an executor's
+  ``local_dir``, one operator's directory below it, or one database directory.
+  It is opened as a RocksDB secondary instance, which takes no lock and writes
+  nothing into the job's directory, so the job keeps writing while it is read.
+
+Either way, stores are read inside a batch that is rolled back: opening a store
+may want to expire segments or record its spec, and those writes never land.
+Rows are streamed: memory stays flat however large the store.
+
+A store in which an aggregating operator recorded its output plan (sessions,
+time windows, count windows with built-in aggregates) holds accumulators; its
+rows show the operator's output instead, as :class:`Aggregates` (``raw=True``
+reads the stored form).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import msgpack
+
+from sessionstore.checkpoint.changelog import read_changelog_header
+from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.layout import PartitionFiles
+from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
+from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.encoding.keys import TS_MAX, TS_MIN
+from sessionstore.engine.db import StateDB
+from sessionstore.engine.write_buffer import WriteBuffer
+from sessionstore.errors import SessionStoreError
+from sessionstore.operators.aggregations import recorded_output
+
+__all__ = [
+    "Aggregates",
+    "NotFoundError",
+    "RowFilter",
+    "CheckpointSource",
+    "LocalSource",
+    "open_source",
+    "store_rows",
+    "operators",
+    "operator_metadata",
+    "partitions",
+    "store_kind",
+]
+
+#: ``progress(label, done, total)``: called as long operations advance.
+Progress = Callable[[str, int, int], None]
+
+_VERSION_KEY = b"committed_version"
+
+
+class NotFoundError(SessionStoreError, LookupError):
+    """An operator, store, partition or key that the source does not have."""
+
+
+class Aggregates(dict):
+    """A row's value finished by its store's recorded output plan: each aggregate's
+    result by name, as the operator emits it (flat formats show one column each)."""
+
+
+# ----------------------------------------------------------- checkpoint metadata
+def operators(root: Storage) -> list[str]:
+    """Operators (directories with a ``_metadata`` file) under a checkpoint root."""
+    return [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
+
+
+def operator_metadata(root: Storage, operator: str) -> dict[str, Any]:
+    """The recorded specs and partition count of ``operator``."""
+    try:
+        return msgpack.unpackb(root.read(f"{operator}/_metadata"), raw=False)
+    except FileNotFoundError:
+        known = ", ".join(operators(root)) or "none"
+        raise NotFoundError(
+            f"no operator {operator!r} in {root.uri} (operators: {known})"
+        ) from None
+
+
+def partitions(root: Storage, operator: str) -> list[int]:
+    return sorted(int(d) for d in root.list_dirs(operator) if d.isdigit())
+
+
+def store_kind(source: CheckpointSource | LocalSource, operator: str, store: str) -> str:
+    """The kind of ``store`` of ``operator`` in any source."""
+    return _kind_of(source.store_records(operator), operator, store)
+
+
+def _kind_of(records: dict[str, dict[str, Any]], operator: str, store: str) -> str:
+    if store not in records:
+        raise NotFoundError(
+            f"operator {operator!r} has no store {store!r} "
+            f"(stores: {', '.join(sorted(records)) or 'none'})"
+        )
+    return records[store]["kind"]
+
+
+# ------------------------------------------------------------------- sources
+@dataclass
+class PartitionInfo:
+    """What ``sessionstore ls`` shows for one partition."""
+
+    latest: int
+    loadable: list[int]
+    snapshots: list[int]
+    bytes: int
+    #: per store: ``{"stream_time": ms or None, "keys": estimate}``, or None if unknown
+    stats: dict[str, dict[str, Any]] | None
+
+
+class CheckpointSource:
+    """State in object storage, restored version by version into a temporary directory."""
+
+    local = False
+
+    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.uri, self.storage_options = uri, storage_options
+        self.root = open_filesystem(uri, storage_options)
+        self._records: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def operators(self) -> list[str]:
+        return operators(self.root)
+
+    def store_records(self, operator: str) -> dict[str, dict[str, Any]]:
+        """The recorded store specs of ``operator`` by name (read once per source)."""
+        if operator not in self._records:
+            stores = operator_metadata(self.root, operator)["stores"]
+            self._records[operator] = {r["name"]: r for r in stores}
+        return self._records[operator]
+
+    def partitions(self, operator: str) -> list[int]:
+        return partitions(self.root, operator)
+
+    def info(self, operator: str, partition: int) -> PartitionInfo:
+        files = PartitionFiles(self.root.child(f"{operator}/{partition}"))
+        latest = files.latest()
+        stats = None
+        if latest in files.changelogs():
+            header = read_changelog_header(files.storage, f"changelog/{latest}.changelog")
+            stats = header.get("stats")
+        return PartitionInfo(
+            latest, files.loadable(), sorted(files.snapshots()), files.bytes_used(), stats
+        )
+
+    @contextmanager
+    def open(
+        self,
+        operator: str,
+        partition: int,
+        version: int | None = None,
+        progress: Progress | None = None,
+        workdir: str | None = None,
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(version, stores by name)`` of one partition (default: the latest
+        version), restored under ``workdir`` (default: a temporary directory, removed
+        after) as ``<workdir>/<operator>/<partition>/db``; nothing is written back."""
+        specs = [StoreSpec.from_record(r) for r in self.store_records(operator).values()]
+        place = nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="ss-read-")
+        with place as workdir:
+            provider = StateStoreProvider(
+                self.uri, operator, partition, specs, workdir,
+                storage_options=self.storage_options, progress=progress,
+            )  # fmt: skip
+            try:
+                handle = provider.get_store(
+                    provider.latest_version() if version is None else version
+                )
+                yield handle.version, handle.stores
+            finally:
+                provider.close()
+
+
+class LocalSource:
+    """Live local databases (``<local_dir>/<operator>/<partition>/db``), read through
+    RocksDB secondary instances: no lock, no writes, the job keeps running."""
+
+    local = True
+
+    def __init__(self, path: str) -> None:
+        self.uri = path
+        self._records: dict[str, dict[str, dict[str, Any]]] = {}
+        self._dbs = _find_databases(path)
+        if not self._dbs:
+            raise NotFoundError(f"no sessionstore database under {path}")
+
+    def operators(self) -> list[str]:
+        return sorted({op for op, _ in self._dbs})
+
+    def partitions(self, operator: str) -> list[int]:
+        found = sorted(p for op, p in self._dbs if op == operator)
+        if not found:
+            raise NotFoundError(
+                f"no operator {operator!r} in {self.uri} (operators: {', '.join(self.operators())})"
+            )
+        return found
+
+    def store_records(self, operator: str) -> dict[str, dict[str, Any]]:
+        """The store specs recorded in ``operator``'s first database (read once)."""
+        if operator not in self._records:
+            with self._secondary(operator, self.partitions(operator)[0]) as db:
+                specs = db.store_specs()
+            self._records[operator] = {name: {"name": name, **r} for name, r in specs.items()}
+        return self._records[operator]
+
+    @contextmanager
+    def _secondary(self, operator: str, partition: int) -> Iterator[StateDB]:
+        path = self._dbs.get((operator, partition))
+        if path is None:
+            raise NotFoundError(
+                f"operator {operator!r} has no partition {partition} in {self.uri} "
+                f"(partitions: {self.partitions(operator)})"
+            )
+        scratch = tempfile.mkdtemp(prefix="sessionstore-secondary-")
+        try:
+            db = StateDB.open_secondary(path, scratch)
+            try:
+                yield db
+            finally:
+                db.close()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    @contextmanager
+    def open(
+        self,
+        operator: str,
+        partition: int,
+        version: int | None = None,
+        progress: Progress | None = None,
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(version, stores by name)`` as the database is now."""
+        with self._secondary(operator, partition) as db, _stores_of(db) as (local, stores):
+            if version is not None and version != local:
+                raise NotFoundError(
+                    f"the local database of {operator}/{partition} is at version {local}, "
+                    f"not {version}; read other versions from the checkpoint URI"
+                )
+            yield local, stores
+
+    def info(self, operator: str, partition: int) -> PartitionInfo:
+        with self._secondary(operator, partition) as db, _stores_of(db) as (version, stores):
+            stats = store_stats(db, stores, WriteBuffer())
+        path = self._dbs[(operator, partition)]
+        size = sum(
+            os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files
+        )
+        return PartitionInfo(version, [version], [], size, stats)
+
+
+@contextmanager
+def _stores_of(db: StateDB) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(committed version, stores)`` of a read-only database, opened inside a batch
+    that is rolled back (opening may expire segments; that must not be written)."""
+    raw = db.get_meta(_VERSION_KEY)
+    version = 0 if raw is None else int.from_bytes(raw, "big", signed=True)
+    db.begin()
+    try:
+        specs = [StoreSpec.from_record({"name": n, **r}) for n, r in db.store_specs().items()]
+        yield version, {spec.name: spec.open(db) for spec in specs}
+    finally:
+        db.rollback()
+
+
+def _find_databases(path: str) -> dict[tuple[str, int], str]:
+    """``(operator, partition) -> database directory`` for a local_dir, an operator
+    directory or a single database directory."""
+
+    def is_db(p: str) -> bool:
+        return os.path.isfile(os.path.join(p, "CURRENT"))
+
+    path = os.path.abspath(path)
+    if is_db(path):
+        parent = os.path.dirname(path)
+        if os.path.basename(path) == "db" and os.path.basename(parent).isdigit():
+            operator = os.path.basename(os.path.dirname(parent))
+            return {(operator, int(os.path.basename(parent))): path}
+        return {(os.path.basename(path), 0): path}
+    found = {}
+    for part in _digit_dirs(path):
+        if is_db(os.path.join(path, part, "db")):
+            found[(os.path.basename(path), int(part))] = os.path.join(path, part, "db")
+    if found:
+        return found
+    for operator in sorted(os.listdir(path)) if os.path.isdir(path) else []:
+        for part in _digit_dirs(os.path.join(path, operator)):
+            db = os.path.join(path, operator, part, "db")
+            if is_db(db):
+                found[(operator, int(part))] = db
+    return found
+
+
+def _digit_dirs(path: str) -> list[str]:
+    if not os.path.isdir(path):
+        return []
+    return [d for d in os.listdir(path) if d.isdigit() and os.path.isdir(os.path.join(path, d))]
+
+
+def _local_path(uri: str) -> str | None:
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return parsed.path
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):
+        return uri
+    return None
+
+
+def open_source(
+    uri: str, storage_options: dict[str, Any] | None = None
+) -> CheckpointSource | LocalSource:
+    """The source at ``uri``: local databases if the path holds RocksDB databases,
+    otherwise a checkpoint root (object storage or a local folder)."""
+    path = _local_path(uri)
+    if path is not None:
+        if not os.path.exists(path):
+            raise NotFoundError(f"{uri} does not exist")
+        if _find_databases(path):
+            return LocalSource(path)
+    return CheckpointSource(uri, storage_options)
+
+
+# ---------------------------------------------------------------------- rows
+@dataclass(frozen=True)
+class RowFilter:
+    """Which rows to read. ``key`` or ``key_from``/``key_to`` (inclusive, None is
+    open); ``from_ts``/``to_ts``: rows whose time span overlaps them (sessions,
+    windows, validity intervals; a message's timestamp); ``as_of``: the version of a
+    versioned store valid at that time."""
+
+    key: Any = None
+    key_from: Any = None
+    key_to: Any = None
+    from_ts: int | None = None
+    to_ts: int | None = None
+    as_of: int | None = None
+
+    def check(self, kind: str, store: str) -> None:
+        """Refuse filters that mean nothing for a store of ``kind``."""
+        if self.key is not None and (self.key_from is not None or self.key_to is not None):
+            raise ValueError("give either a key or a key range (key_from/key_to), not both")
+        if self.as_of is not None and kind != "versioned":
+            raise ValueError(f"as_of applies to versioned stores; {store!r} is a {kind} store")
+        if kind == "kv" and (self.from_ts is not None or self.to_ts is not None):
+            raise ValueError(f"{store!r} is a key-value store: it has no time to filter on")
+        if self.from_ts is not None and self.to_ts is not None and self.from_ts > self.to_ts:
+            raise ValueError(f"from_ts {self.from_ts} is after to_ts {self.to_ts}")
+        if self.as_of is not None and (self.from_ts is not None or self.to_ts is not None):
+            raise ValueError("give either as_of or a time range (from_ts/to_ts), not both")
+
+
+def _rows(store: Any, kind: str, f: RowFilter) -> Iterator[dict[str, Any]]:
+    lo = TS_MIN if f.from_ts is None else f.from_ts
+    hi = TS_MAX if f.to_ts is None else f.to_ts
+    if kind in ("session", "window", "messages"):
+        # messages: end is the timestamp and start the offset, so filter time by hand
+        latest_start = TS_MAX if kind == "messages" else hi
+        if f.key is not None:
+            found = store.find_sessions(f.key, lo, latest_start)
+        else:
+            found = store.find_sessions_in_range(f.key_from, f.key_to, lo, latest_start)
+        for window, value in found:
+            if kind == "messages":
+                if window.end <= hi:
+                    yield {
+                        "key": window.key,
+                        "timestamp": window.end,
+                        "offset": window.start,
+                        "value": value,
+                    }
+            else:
+                end = window.end + 1 if kind == "window" else window.end
+                yield {"key": window.key, "start": window.start, "end": end, "value": value}
+    elif kind == "versioned":
+        keys = [f.key] if f.key is not None else store.iter_keys(f.key_from, f.key_to)
+        for k in keys:
+            if f.as_of is not None:
+                records = [store.get(k, f.as_of)]
+            else:
+                records = store.get_versions(k, f.from_ts, f.to_ts)  # newest first
+            for r in records:
+                if r is not None:
+                    yield {"key": k, "value": r.value, "valid_from": r.timestamp,
+                           "valid_to": r.valid_to}  # fmt: skip
+    else:
+        if f.key is not None:
+            value = store.get(f.key)
+            if value is not None:
+                yield {"key": f.key, "value": value}
+            return
+        for k, value in store.items(f.key_from, f.key_to):
+            yield {"key": k, "value": value}
+
+
+def _finished(
+    rows: Iterator[dict[str, Any]], finish: Callable, where: str
+) -> Iterator[dict[str, Any]]:
+    """Rows whose value is replaced by the fields and aggregates ``finish`` gives."""
+    for row in rows:
+        value = row.pop("value")
+        try:
+            fields, results = finish(value)
+        except Exception as exc:
+            raise SessionStoreError(
+                f"{where}: key {row['key']!r} holds {value!r:.200}, which its recorded output "
+                f"plan cannot finish ({type(exc).__name__}: {exc}); read it raw (--raw)"
+            ) from None
+        yield {**row, **fields, "value": Aggregates(results)}
+
+
+def store_rows(
+    source: CheckpointSource | LocalSource,
+    operator: str,
+    store: str,
+    partition_ids: list[int] | None = None,
+    version: int | None = None,
+    row_filter: RowFilter = RowFilter(),
+    limit: int | None = None,
+    progress: Progress | None = None,
+    raw: bool = False,
+) -> Iterator[dict[str, Any]]:
+    """Rows of ``store`` (``partition`` first) at ``version`` (default: the latest of
+    each partition), filtered by ``row_filter``. Streams partition by partition.
+
+    Where an operator recorded its output plan in the store, a row's ``value`` is
+    :class:`Aggregates` (and count windows add ``window`` and ``count`` before it);
+    ``raw`` keeps the stored value (the accumulator)."""
+    kind = _kind_of(source.store_records(operator), operator, store)
+    row_filter.check(kind, store)  # clear errors before any restore
+    known = source.partitions(operator)
+    ids = known if partition_ids is None else partition_ids
+    for p in ids:
+        if p not in known:
+            raise NotFoundError(
+                f"operator {operator!r} has no partition {p} (partitions: {sorted(known)})"
+            )
+    count = 0
+    for done, partition in enumerate(ids):
+        if progress is not None:
+            progress("partitions", done, len(ids))
+        with source.open(operator, partition, version, progress) as (_, stores):
+            rows = _rows(stores[store], kind, row_filter)
+            finish = None if raw else recorded_output(stores[store])
+            if finish is not None:
+                rows = _finished(rows, finish, f"{operator}/{partition} store {store!r}")
+            for row in rows:
+                yield {"partition": partition, **row}
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+    if progress is not None:
+        progress("partitions", len(ids), len(ids))

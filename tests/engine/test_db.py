@@ -1,0 +1,263 @@
+"""StateDB: atomic batches, read-your-writes, column families, reopen and locking."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import msgpack
+import pytest
+from rocksdict import Options, Rdict
+
+from sessionstore import StateDB, StateDBLockedError, StoreSpecMismatchError
+from sessionstore.engine.db import META_CF
+from sessionstore.errors import SessionStoreError
+
+
+class Boom(Exception):
+    pass
+
+
+def test_batch_is_atomic_and_rollback_discards(tmp_path):
+    with StateDB.open(tmp_path) as db:
+        db.create_column_family("x.0")
+        with db.batch():
+            db.put("x.0", b"a", b"1")
+            db.put("x.0", b"b", b"2")
+        with pytest.raises(Boom):
+            with db.batch():
+                db.put("x.0", b"c", b"3")
+                db.delete("x.0", b"a")
+                assert db.get("x.0", b"c") == b"3"  # read-your-writes
+                assert db.get("x.0", b"a") is None
+                raise Boom()
+        assert db.get("x.0", b"c") is None
+        assert db.get("x.0", b"a") == b"1"
+    with StateDB.open(tmp_path) as db:
+        assert list(db.scan("x.0")) == [(b"a", b"1"), (b"b", b"2")]
+
+
+def test_nested_batches_commit_once(db):
+    db.create_column_family("x.0")
+    commits = []
+    db.add_commit_listener(lambda buf: commits.append(dict(buf.families["x.0"])))
+    with db.batch():
+        db.put("x.0", b"a", b"1")
+        with db.batch():
+            db.put("x.0", b"b", b"2")
+        assert commits == []
+        db.put("x.0", b"a", b"3")  # last write wins, one RocksDB op
+    assert commits == [{b"a": b"3", b"b": b"2"}]
+
+
+def test_scan_merges_pending_writes_in_both_directions(db):
+    db.create_column_family("x.0")
+    with db.batch():
+        for k in (b"b", b"d", b"f"):
+            db.put("x.0", k, k.upper())
+    with db.batch():
+        db.put("x.0", b"a", b"A2")
+        db.put("x.0", b"d", b"D2")
+        db.delete("x.0", b"f")
+        db.put("x.0", b"e", b"E2")
+        assert list(db.scan("x.0")) == [(b"a", b"A2"), (b"b", b"B"), (b"d", b"D2"), (b"e", b"E2")]
+        assert list(db.scan("x.0", b"b", b"e")) == [(b"b", b"B"), (b"d", b"D2")]
+        assert list(db.scan("x.0", b"b", b"f", reverse=True)) == [
+            (b"e", b"E2"),
+            (b"d", b"D2"),
+            (b"b", b"B"),
+        ]
+        assert db.get_many("x.0", [b"a", b"b", b"f", b"z"]) == [b"A2", b"B", None, None]
+    assert list(db.scan("x.0", reverse=True))[0] == (b"e", b"E2")
+
+
+def test_close_releases_lock_with_open_iterators(tmp_path):
+    db = StateDB.open(tmp_path)
+    db.create_column_family("x.0")
+    for i in range(10):
+        db.put("x.0", bytes([i]), b"v")
+    started = db.scan("x.0")
+    next(started)
+    unstarted = db.scan("x.0", reverse=True)
+    db.close()
+    with StateDB.open(tmp_path) as again:  # would fail with "lock hold by current process"
+        assert len(list(again.scan("x.0"))) == 10
+    with pytest.raises(StopIteration):
+        next(started)
+    del unstarted
+
+
+def test_second_handle_in_process_is_a_clear_error(tmp_path):
+    with StateDB.open(tmp_path):
+        with pytest.raises(StateDBLockedError, match="locked by another open handle"):
+            StateDB.open(tmp_path)
+
+
+def test_other_process_holding_the_db_is_a_clear_error_and_nothing_is_lost(tmp_path):
+    with StateDB.open(tmp_path) as db:
+        store = db.session_store("s", 1000)
+        store.put("k", 1, 2, "kept")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys, time
+                from sessionstore import StateDB
+                db = StateDB.open({str(tmp_path)!r})
+                print("ready", flush=True)
+                sys.stdin.read()
+                """
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(StateDBLockedError) as err:
+            StateDB.open(tmp_path)
+        assert str(tmp_path) in str(err.value)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    with StateDB.open(tmp_path) as db:
+        assert db.session_store("s", 1000).fetch_session("k", 1, 2) == "kept"
+
+
+def test_reopen_restores_families_stores_and_stream_time(tmp_path):
+    with StateDB.open(tmp_path) as db:
+        s = db.session_store("clicks", 100_000, segment_interval_ms=10_000)
+        v = db.versioned_store("prices", 50_000, segment_interval_ms=10_000)
+        s.put("u", 0, 5_000, 1)
+        s.put("u", 20_000, 25_000, 2)
+        v.put("p", 1.5, 1_000)
+        v.put("p", 2.5, 30_000)
+        families = db.column_families()
+    assert families == [
+        "clicks.0",
+        "clicks.2",
+        "meta",
+        "prices.3",
+        "prices.latest",
+    ]
+    with StateDB.open(tmp_path) as db:
+        assert db.column_families() == families
+        assert set(db.store_specs()) == {"clicks", "prices"}
+        assert db.store_specs()["clicks"]["segment_interval_ms"] == 10_000
+        s = db.session_store("clicks", 100_000)  # interval adopted from the record
+        assert s.segment_interval_ms == 10_000
+        assert s.observed_stream_time == 25_000
+        assert [w.end for w, _ in s.fetch("u")] == [5_000, 25_000]
+        v = db.versioned_store("prices", 50_000)
+        assert v.observed_stream_time == 30_000
+        assert v.get("p", 2_000).value == 1.5
+
+
+def test_expired_segments_are_dropped_column_families(db):
+    s = db.session_store("s", retention_ms=100, segment_interval_ms=50)
+    for end in (0, 60, 110, 160):
+        s.put("k", end, end, end)
+    before = db.column_families()
+    assert [f for f in before if f.startswith("s.")] == ["s.1", "s.2", "s.3"]
+    s.put("k", 400, 400, 1)  # stream time 400: only ends >= 301 remain visible
+    after = db.column_families()
+    assert [f for f in after if f.startswith("s.")] == ["s.8"]
+    assert len(after) < len(before)
+
+
+def test_dropping_a_read_family_frees_it_and_keeps_the_others(tmp_path):
+    """Families are dropped while other families' objects live (only the dropped
+    one's object is released): the others stay readable, the dropped one is gone
+    after reopen, and close still releases the lock."""
+    db = StateDB.open(tmp_path)
+    for name in ("x.0", "x.1"):
+        db.create_column_family(name)
+        db.put(name, b"k", name.encode())
+        assert db.get(name, b"k") == name.encode()  # creates the family's object
+    db.drop_column_family("x.0")
+    assert db.get("x.1", b"k") == b"x.1"
+    assert db.column_families() == ["meta", "x.1"]
+    db.close()
+    with StateDB.open(tmp_path) as again:  # would fail with "lock hold by current process"
+        assert again.column_families() == ["meta", "x.1"]
+        assert again.get("x.1", b"k") == b"x.1"
+
+
+def test_store_spec_mismatch_is_refused(db):
+    db.session_store("s", 1000, segment_interval_ms=100)
+    with pytest.raises(StoreSpecMismatchError, match="segment_interval_ms=100"):
+        db.session_store("s", 1000, segment_interval_ms=200)
+    with pytest.raises(StoreSpecMismatchError, match="kind='session'"):
+        db.versioned_store("s", 1000)
+
+
+@pytest.mark.parametrize("name", ["", "a.b", "meta", "default", "a b", None])
+def test_bad_store_names(db, name):
+    with pytest.raises(ValueError, match="invalid store name"):
+        db.session_store(name, 1000)
+
+
+def test_bad_options(tmp_path):
+    with pytest.raises(ValueError, match="unknown compression 'brotli'"):
+        StateDB.open(tmp_path, compression="brotli")
+    with pytest.raises(TypeError):
+        StateDB.open(tmp_path, no_such_option=1)
+    with pytest.raises(FileNotFoundError, match="no state database"):
+        StateDB.open(tmp_path / "missing", create_if_missing=False)
+
+
+def test_format_version_mismatch_is_refused(tmp_path):
+    with StateDB.open(tmp_path) as db:
+        db.put(META_CF, b"format_version", msgpack.packb(99))
+    with pytest.raises(SessionStoreError, match="format version 99"):
+        StateDB.open(tmp_path)
+    # the refused open released the lock: a raw handle can still repair the record
+    opts = Options(raw_mode=True)
+    families = {n: opts for n in Rdict.list_cf(str(tmp_path)) if n != "default"}
+    raw = Rdict(str(tmp_path), opts, column_families=families)
+    meta = raw.get_column_family(META_CF)
+    meta[b"format_version"] = msgpack.packb(1)
+    del meta
+    raw.close()
+    with StateDB.open(tmp_path) as db:
+        assert db.column_families() == ["meta"]
+
+
+def test_closed_db_is_a_clear_error(tmp_path):
+    db = StateDB.open(tmp_path)
+    s = db.session_store("s", 1000)
+    db.close()
+    db.close()  # idempotent
+    with pytest.raises(SessionStoreError, match="is closed"):
+        s.put("k", 1, 2, 3)
+
+
+def test_a_batch_is_one_commit_with_its_metadata(db):
+    store = db.session_store("s", 1000)
+    commits = []
+    db.add_commit_listener(lambda buf: commits.append(sorted(buf.families)))
+    with db.batch():
+        for i in range(5):
+            store.put(f"k{i}", i, i, i)
+    store.put("solo", 9, 9, 9)  # outside a batch: its own commit
+    assert commits == [["meta", "s.0"], ["meta", "s.0"]]
+
+
+def test_estimated_keys_count_a_stores_rows_not_its_indexes(db):
+    from sessionstore.engine.db import is_data_family
+
+    store = db.session_store("s", 10**9, segment_interval_ms=10)
+    with db.batch():
+        for start in (1, 15, 25):  # three segments
+            store.put("k", start, start, 1)
+    index = store.end_index()
+    with db.batch():
+        index.add(b"k", 1, 1)  # an index family, s.open, is not the store's rows
+    assert db.estimated_keys("s") == 3
+    assert [is_data_family("s", f) for f in ("s.0", "s.-3", "s.latest", "s.open", "st.0")] == [
+        True, True, True, False, False,
+    ]  # fmt: skip

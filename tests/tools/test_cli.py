@@ -1,0 +1,320 @@
+"""The sessionstore CLI, run as a subprocess on checkpoints written by the provider."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sessionstore import StateStoreProvider, StoreSpec
+
+SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
+CLI = [sys.executable, "-m", "sessionstore.tools.cli"]
+
+
+def write_checkpoint(uri, options, local, retain_versions=100):
+    """Partitions 0 and 1 of operator "op" at version 3, with a snapshot of version 2."""
+    for partition in (0, 1):
+        p = StateStoreProvider(
+            uri, "op", partition, SPECS, local, snapshot_interval=2,
+            retain_versions=retain_versions, storage_options=options,
+        )  # fmt: skip
+        for v in range(3):
+            h = p.get_store(v)
+            h["sessions"].put(f"u{partition}", v, v + 5, {"n": v})
+            h["plans"].put(f"u{partition}", f"plan{v}", v * 10)
+            h.commit()
+        p.do_maintenance()
+        p.close()
+
+
+@pytest.fixture
+def checkpoint(checkpoint_location, tmp_path):
+    uri, options = checkpoint_location
+    write_checkpoint(uri, options, tmp_path / "local")
+    flags = [f"--storage-option={k}={v}" for k, v in (options or {}).items()]
+    return uri, flags
+
+
+def run(*args, cwd=None):
+    """The CLI in a subprocess (in ``cwd``, importing this checkout's package)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
+    )
+
+
+def test_ls(checkpoint):
+    uri, flags = checkpoint
+    out = run("ls", uri, *flags)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "│ op" in line]
+    assert len(lines) == 2
+    cells = [c.strip() for c in lines[1].split("│")[1:-1]]
+    assert cells[:5] == ["op", "1", "3", "1..3", "2"]
+    assert "sessions (session" in out.stdout and "plans (versioned" in out.stdout
+
+
+def test_dump_jsonl_exact(checkpoint):
+    uri, flags = checkpoint
+    out = run("dump", uri, "--operator", "op", "--store", "sessions", "--partition", "1", *flags)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [
+        {"partition": 1, "key": "u1", "start": v, "end": v + 5, "value": {"n": v}} for v in range(3)
+    ]
+    out = run(
+        "dump",
+        uri,
+        "--operator",
+        "op",
+        "--store",
+        "plans",
+        "--version",
+        "2",
+        "--limit",
+        "1",
+        *flags,
+    )
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [
+        {"partition": 0, "key": "u0", "value": "plan1", "valid_from": 10, "valid_to": None}
+    ]
+
+
+def test_get_as_of(checkpoint):
+    uri, flags = checkpoint
+    out = run(
+        "get", uri, "--operator", "op", "--store", "plans", "--key", "u1", "--as-of", "15", *flags
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "partition": 1, "key": "u1", "value": "plan1", "valid_from": 10, "valid_to": 20,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["dump", "{uri}", "--operator", "op", "--store", "nope"], "has no store 'nope'"),
+        (["dump", "{uri}", "--operator", "nobody", "--store", "plans"], "no operator 'nobody'"),
+        (
+            ["get", "{uri}", "--operator", "op", "--store", "plans", "--key", "zz"],
+            "key 'zz' not found",
+        ),
+        (["ls", "ftp://host/x"], "unsupported storage URI scheme 'ftp'"),
+        (["dump", "{uri}", "--operator", "op"], "Missing option '--store'"),
+        (["dump", "{uri}", "--operator", "op", "--store", "plans", "--version", "9"], "version 9"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(checkpoint, args, message):
+    uri, flags = checkpoint
+    out = run(*[a.format(uri=uri) for a in args], *flags)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in out.stderr
+
+
+def test_console_script_is_installed():
+    from importlib.metadata import version
+
+    script = os.path.join(os.path.dirname(sys.executable), "sessionstore")
+    out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "dump" in out.stdout and "ls" in out.stdout
+    out = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    assert (
+        out.returncode == 0
+        and out.stdout.strip() == f"sessionstore, version {version('sessionstore')}"
+    )
+
+
+def test_verify_passes_then_names_each_problem(checkpoint, tmp_path):
+    uri, flags = checkpoint
+    out = run("verify", uri, *flags)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verified 2 partitions of 1 operators: 0 problems" in out.stdout
+    if not uri.startswith("file://"):
+        return
+    root = uri[len("file://") :]
+    with open(f"{root}/op/0/changelog/3.changelog", "r+b") as f:
+        f.seek(30)
+        byte = f.read(1)
+        f.seek(30)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.remove(f"{root}/op/1/snapshot/2.manifest")  # without it, versions 1-3 need changelog 1
+    os.remove(f"{root}/op/1/changelog/1.changelog")
+    out = run("verify", uri, *flags)
+    assert out.returncode == 1
+    assert "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch" in out.stdout
+    assert "op/1: changelog of version 1 is missing (gap after 0)" in out.stdout
+    assert "2 problems" in out.stdout
+
+
+def test_restore_materialises_a_local_database(checkpoint, tmp_path):
+    from sessionstore import StateDB
+
+    uri, flags = checkpoint
+    target = tmp_path / "restored"
+    out = run(
+        "restore",
+        uri,
+        "--operator",
+        "op",
+        "--partition",
+        "1",
+        "--version",
+        "2",
+        "--to",
+        str(target),
+        *flags,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "version 2" in out.stdout
+    with StateDB.open(target) as db:
+        store = db.session_store("sessions", 10**9)
+        assert [w.start for w, _ in store.fetch("u1")] == [0, 1]
+    again = run("restore", uri, "--operator", "op", "--partition", "1", "--to", str(target), *flags)
+    assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_dump_csv_and_parquet(checkpoint, tmp_path):
+    import csv
+
+    import pyarrow.parquet as pq
+
+    uri, flags = checkpoint
+    args = ["dump", uri, "--operator", "op", "--store", "sessions", "--partition", "0", *flags]
+    out = run(*args, "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(out.stdout.splitlines()))
+    assert rows[0] == {"partition": "0", "key": "u0", "start": "0", "end": "5", "value": '{"n": 0}'}
+    target = tmp_path / "sessions.parquet"
+    out = run(*args, "--format", "parquet", "--output", str(target))
+    assert out.returncode == 0 and "wrote 3 rows" in out.stdout
+    assert pq.read_table(target).to_pylist()[2] == {
+        "partition": 0, "key": "u0", "start": 2, "end": 7, "value": '{"n": 2}',
+    }  # fmt: skip
+    out = run(*args, "--format", "parquet")
+    assert out.returncode == 2 and "--format parquet needs --output FILE" in out.stderr
+
+
+def test_ls_shows_stream_time_and_key_estimates(checkpoint):
+    uri, flags = checkpoint
+    out = run("ls", uri, *flags)
+    assert out.returncode == 0, out.stderr
+    # read from the newest changelog's header: sessions ended at 5, 6 and 7 ms; plans at 0..20
+    assert out.stdout.count("sessions (session, retention 1,000,000,000 ms) stream time") == 2
+    assert "stream time 1970-01-01T00:00:00.007Z ~3 keys" in out.stdout
+    assert "plans (versioned, retention 1,000,000,000 ms) stream time 1970-01-01T00:00:00.020Z" in (
+        out.stdout
+    )
+
+
+def dump_rows(*args):
+    out = run("dump", *args)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_dump_filters_key_range_and_time(checkpoint):
+    uri, flags = checkpoint
+    base = [uri, "--store", "sessions", *flags]  # one operator: --operator may be left out
+    assert [r["key"] for r in dump_rows(*base, "--key-from", "u1")] == ["u1"] * 3
+    assert [r["key"] for r in dump_rows(*base, "--key-to", "u0")] == ["u0"] * 3
+    assert dump_rows(*base, "--key-from", "u1", "--key-to", "u0") == []
+    # sessions [v, v+5]: overlapping [6, 6] are v=1 and v=2; ending by 5 only v=0
+    assert [(r["partition"], r["start"]) for r in dump_rows(*base, "--from-ts", "6", "--to-ts", "6")
+            ] == [(0, 1), (0, 2), (1, 1), (1, 2)]  # fmt: skip
+    assert [r["start"] for r in dump_rows(*base, "--key", "u0", "--to-ts", "0")] == [0]
+    # versioned: validity [0,10), [10,20), [20,-): versions overlapping [12, 25]
+    plans = [uri, "--store", "plans", "--partition", "0", *flags]
+    assert [r["value"] for r in dump_rows(*plans, "--from-ts", "12", "--to-ts", "25")] == [
+        "plan2",
+        "plan1",
+    ]
+    assert [r["value"] for r in dump_rows(*plans, "--key-from", "u0", "--key-to", "u0")] == [
+        "plan2", "plan1", "plan0",
+    ]  # fmt: skip
+    iso = "1970-01-01T00:00:00.015Z"
+    assert dump_rows(*plans, "--as-of", iso) == [
+        {"partition": 0, "key": "u0", "value": "plan1", "valid_from": 10, "valid_to": 20}
+    ]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--key", "u0", "--key-from", "u0"], "either a key or a key range"),
+        (["--as-of", "5"], "as_of applies to versioned stores; 'sessions' is a session store"),
+        (["--from-ts", "yesterday"], "--from-ts 'yesterday' is neither epoch milliseconds"),
+        (["--key", "[1", "--key-json"], "--key-json: '[1' is not JSON"),
+        (["--partition", "7"], "has no partition 7"),
+        (["--limit", "0"], "--limit must be at least 1, got 0"),
+        (["--from-ts", "9", "--to-ts", "3"], "from_ts 9 is after to_ts 3"),
+    ],
+)
+def test_dump_filter_errors(checkpoint, args, message):
+    uri, flags = checkpoint
+    out = run("dump", uri, "--store", "sessions", *args, *flags)
+    assert out.returncode == 2, out.stdout
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_progress_shows_on_a_terminal_only(checkpoint, tmp_path):
+    import pty
+
+    uri, flags = checkpoint
+    args = [*CLI, "dump", uri, "--store", "sessions", *flags]
+    piped = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == ""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "100"}
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=follower, env=env) as proc:
+        os.close(follower)
+        stdout, _ = proc.communicate(timeout=120)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.returncode == 0
+    assert len(stdout.splitlines()) == 6  # rows still go to stdout, unchanged
+    assert b"partitions" in seen and b"\x1b[" in seen  # a drawn (ANSI) progress display
+
+
+@pytest.mark.parametrize("spelling", ["remote", "./remote/"])
+def test_commands_work_on_a_relative_path(tmp_path, spelling):
+    """`make demo` writes through a file:// URI; verify, get, dump and ls on the
+    relative path used to refuse the checkpoint's own snapshots ("snapshot 2 of
+    remote/op/0 holds version -1")."""
+    write_checkpoint(f"file://{tmp_path}/remote", None, tmp_path / "local", retain_versions=1)
+    assert not (tmp_path / "remote/op/0/changelog/2.changelog").exists()  # snapshot 2 needed
+    out = run("verify", spelling, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verified 2 partitions of 1 operators: 0 problems" in out.stdout
+    out = run("get", spelling, "--store", "plans", "--key", "u1", "--as-of", "15", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "partition": 1, "key": "u1", "value": "plan1", "valid_from": 10, "valid_to": 20,
+    }  # fmt: skip
+    out = run("dump", spelling, "--store", "sessions", "--partition", "0", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [
+        {"partition": 0, "key": "u0", "start": v, "end": v + 5, "value": {"n": v}} for v in range(3)
+    ]
+    out = run("ls", spelling, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.stdout.splitlines()]
+    assert [r[:5] for r in rows if r and r[0] == "op"] == [
+        ["op", "0", "3", "2..3", "2"],
+        ["op", "1", "3", "2..3", "2"],
+    ]
