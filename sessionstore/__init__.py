@@ -14,7 +14,12 @@ from sessionstore.checkpoint import (
     VersionNotFoundError,
 )
 from sessionstore.db import StateDB
-from sessionstore.errors import SessionStoreError, StateDBLockedError, StoreSpecMismatchError
+from sessionstore.errors import (
+    SessionStoreError,
+    StateDBLockedError,
+    StateDBPathError,
+    StoreSpecMismatchError,
+)
 from sessionstore.keys import decode_key, encode_key
 from sessionstore.memory_session_store import InMemorySessionStore
 
@@ -66,6 +71,7 @@ __all__ = [
     "decode_key",
     "SessionStoreError",
     "StateDBLockedError",
+    "StateDBPathError",
     "StoreSpecMismatchError",
     # operators (also in sessionstore.operators)
     "SessionWindows",
