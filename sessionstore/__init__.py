@@ -16,7 +16,31 @@ from sessionstore.checkpoint import (
 from sessionstore.encoding.keys import decode_key, encode_key
 from sessionstore.encoding.serde import BytesSerde, KeyCodecSerde, MsgpackSerde, Serde, StringSerde
 from sessionstore.engine.db import StateDB
-from sessionstore.errors import SessionStoreError, StateDBLockedError, StoreSpecMismatchError
+from sessionstore.errors import (
+    SessionStoreError,
+    StateDBLockedError,
+    StateDBPathError,
+    StoreSpecMismatchError,
+)
+
+# Eager: the operators add a little to the import time this package already takes
+# (numpy and pyarrow dominate), too little for lazy loading to pay for itself.
+from sessionstore.operators import (
+    Aggregation,
+    Aggregations,
+    CountWindowAggregator,
+    CountWindowUpdate,
+    JoinedPair,
+    JoinedRecord,
+    SessionUpdate,
+    SessionWindowAggregator,
+    SessionWindows,
+    TemporalJoin,
+    TimeWindows,
+    WindowAggregator,
+    WindowedJoin,
+    WindowUpdate,
+)
 from sessionstore.stores.memory_session import InMemorySessionStore
 from sessionstore.stores.records import (
     PUT_REJECTED,
@@ -52,6 +76,22 @@ __all__ = [
     "decode_key",
     "SessionStoreError",
     "StateDBLockedError",
+    "StateDBPathError",
     "StoreSpecMismatchError",
+    # operators (also in sessionstore.operators)
+    "SessionWindows",
+    "SessionUpdate",
+    "SessionWindowAggregator",
+    "TimeWindows",
+    "WindowAggregator",
+    "WindowUpdate",
+    "CountWindowAggregator",
+    "CountWindowUpdate",
+    "TemporalJoin",
+    "JoinedRecord",
+    "WindowedJoin",
+    "JoinedPair",
+    "Aggregation",
+    "Aggregations",
 ]
 __version__ = "0.1.0"

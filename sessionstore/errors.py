@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["SessionStoreError", "StoreSpecMismatchError", "StateDBLockedError"]
+__all__ = ["SessionStoreError", "StoreSpecMismatchError", "StateDBLockedError", "StateDBPathError"]
 
 
 class SessionStoreError(Exception):
@@ -30,3 +30,12 @@ class StateDBLockedError(SessionStoreError):
             f"state database {path!r} is locked by another open handle ({detail}); "
             "close the other handle, or read a copy or checkpoint instead"
         )
+
+
+class StateDBPathError(SessionStoreError, OSError):
+    """A state database cannot live at the given path (a file, under a file, not
+    writable, ...). ``problem`` says why."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path, self.problem = path, problem
+        super().__init__(f"cannot open state database {path!r}: {problem}")

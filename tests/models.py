@@ -123,11 +123,11 @@ class VersionedModel:
         hi = 2**63 - 1 if to_ts is None else to_ts
         if lo > hi:
             return []
-        after = max(lo, self.floor())
+        after = max(lo, self.floor())  # history answers no as_of before the floor
         out = []
         for ts, value in self.versions.get(key, {}).items():
             nxt = self._next_after(key, ts)
-            if value is not None and ts <= hi and (nxt is None or nxt > after):
+            if value is not None and ts <= hi and (nxt is None or after < nxt and after <= hi):
                 out.append(VersionedRecord(value, ts, nxt))
         out.sort(key=lambda r: r.timestamp, reverse=not ascending)
         return out

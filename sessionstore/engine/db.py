@@ -42,7 +42,12 @@ from rocksdict import (
 )
 
 from sessionstore.engine.write_buffer import MISSING, WriteBuffer
-from sessionstore.errors import SessionStoreError, StateDBLockedError, StoreSpecMismatchError
+from sessionstore.errors import (
+    SessionStoreError,
+    StateDBLockedError,
+    StateDBPathError,
+    StoreSpecMismatchError,
+)
 
 __all__ = ["StateDB", "META_CF", "FORMAT_VERSION"]
 
@@ -99,6 +104,28 @@ def _make_options(
         table.set_bloom_filter(bloom_bits_per_key, False)
     opts.set_block_based_table_factory(table)
     return opts
+
+
+# How rocksdict words an operating-system error: "... (os error 17)", "IO error: ..."
+_OS_ERROR = re.compile(r"\(os error \d+\)|^IO error")
+
+
+def _path_problem(path: str) -> str | None:
+    """Why a database cannot be created or written at ``path``, or None if the path
+    looks usable (run after RocksDB refused it, to say why in the user's terms)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "it is a file, not a directory (give a directory; it is created if missing)"
+    # the nearest existing ancestor: RocksDB creates the missing directories below it
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing!r} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        if existing == os.path.abspath(path):
+            return "the directory is not writable"
+        return f"{existing!r} is not writable, so the database cannot be created in it"
+    return None
 
 
 class StateDB:
@@ -160,22 +187,33 @@ class StateDB:
     ) -> StateDB:
         """Open (or create) the database at ``path`` with every column family it has.
 
-        Raises :class:`StateDBLockedError` when another handle holds the database.
+        Raises :class:`StateDBLockedError` when another handle holds the database,
+        and :class:`~sessionstore.errors.StateDBPathError` (naming the path and the
+        problem) when ``path`` is a file, lies under a file, or is not writable.
         """
         path = os.fspath(path)
+        if not path:  # RocksDB would put its files in the working directory
+            raise StateDBPathError(path, "the path is empty")
         opts = _make_options(
             block_cache_mb, bloom_bits_per_key, write_buffer_mb, compression, create_if_missing
         )
         families: dict[str, Options] = {}
-        if os.path.exists(os.path.join(path, "CURRENT")):
-            families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
-        elif not create_if_missing:
+        exists = os.path.exists(os.path.join(path, "CURRENT"))
+        if not exists and not create_if_missing:
             raise FileNotFoundError(f"no state database at {path!r}")
         try:
+            if exists:
+                families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
             rdict = Rdict(path, opts, column_families=families)
         except Exception as exc:  # rocksdict raises a bare Exception for IO errors
-            if "lock" in str(exc).lower():
-                raise StateDBLockedError(path, str(exc).splitlines()[0]) from exc
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "lock" in detail.lower():
+                raise StateDBLockedError(path, detail) from exc
+            problem = _path_problem(path)
+            if problem is None and (isinstance(exc, OSError) or _OS_ERROR.search(detail)):
+                problem = detail  # an OS error the checks did not foresee: still name the path
+            if problem is not None:
+                raise StateDBPathError(path, problem) from exc
             raise
         return cls(path, rdict, opts)
 

@@ -70,8 +70,7 @@ class TemporalJoin:
             return None
         ts = check_timestamp("timestamp", timestamp)
         table = self.table
-        st = table.observed_stream_time
-        if st is not None and ts < st - table.history_retention_ms:
+        if ts < table._grace_floor():  # the store's history rule
             self.dropped_records += 1
             return None
         return self._joined(key, value, ts, table.get(key, ts))
@@ -83,8 +82,7 @@ class TemporalJoin:
         the same results in the same order, but the store is read once per key (all
         the key's versions in the batch's time span) instead of once per record."""
         table = self.table
-        st = table.observed_stream_time
-        floor = None if st is None else st - table.history_retention_ms
+        floor = table._grace_floor()
         out: list[JoinedRecord | None] = [None] * len(keys)
         groups: dict[bytes, list[tuple[int, int]]] = {}
         for i, (key, timestamp) in enumerate(zip(keys, timestamps, strict=True)):
@@ -92,7 +90,7 @@ class TemporalJoin:
                 self.dropped_records += 1
                 continue
             ts = check_timestamp("timestamp", timestamp)
-            if floor is not None and ts < floor:
+            if ts < floor:
                 self.dropped_records += 1
                 continue
             groups.setdefault(table._encode_key(key), []).append((i, ts))

@@ -13,7 +13,8 @@ Rules (see README "Versioned stores"):
 * History retention doubles as the grace period: a put or delete with
   ``timestamp < stream_time - history_retention_ms`` is rejected and counted.
 * ``get(key, as_of)`` is inclusive. When ``as_of < stream_time - history_retention_ms``
-  only the latest version may answer.
+  only the latest version may answer (``_grace_floor``). ``get_versions(key, a, b)``
+  returns exactly the distinct versions ``get(key, t)`` returns for ``t`` in ``[a, b]``.
 
 Two places where we deliberately do better than Kafka 3.x:
 
@@ -118,7 +119,9 @@ class VersionedStore(DBStoreMixin):
         return self._stream_time
 
     def _grace_floor(self) -> int:
-        """Oldest timestamp still accepted (and oldest ``as_of`` history can answer)."""
+        """Oldest timestamp still accepted, and oldest ``as_of`` history can answer
+        (older ones see only the latest version). The one rule ``get``,
+        ``get_versions`` and the temporal join's drops share."""
         st = self._stream_time
         return TS_MIN if st is None else max(TS_MIN, st - self.history_retention_ms)
 
@@ -269,7 +272,8 @@ class VersionedStore(DBStoreMixin):
     # ---------------------------------------------------------------------- reads
     def get(self, key: Any, as_of: int | None = None) -> VersionedRecord | None:
         """The version valid at ``as_of`` (inclusive), the latest if None, or None."""
-        # One function, its helpers inlined: this is the temporal join's lookup.
+        # One function, its helpers inlined (but the retention rule, off the latest
+        # path): this is the temporal join's lookup.
         # tuple.__new__ skips VersionedRecord's Python-level __new__.
         kb = self._encode_key(key)
         if as_of is not None and (type(as_of) is not int or not TS_MIN <= as_of <= TS_MAX):
@@ -282,8 +286,7 @@ class VersionedStore(DBStoreMixin):
                 return tuple.__new__(VersionedRecord, (value, ts, None))
         if as_of is None:
             return None
-        st = self._stream_time
-        if st is not None and as_of < st - self.history_retention_ms:
+        if as_of < self._grace_floor():
             return None  # outside history retention only the latest may answer
         get = self._db.get
         for cf in self._segments.live_names_from(as_of // self.segment_interval_ms):
@@ -306,9 +309,10 @@ class VersionedStore(DBStoreMixin):
         to_ts: int | None = None,
         ascending: bool = False,
     ) -> list[VersionedRecord]:
-        """Every non-tombstone version whose validity overlaps ``[from_ts, to_ts]``.
-
-        Versions out of history retention are not returned (the latest always may be).
+        """The distinct versions ``get(key, as_of=t)`` returns for some ``t`` in
+        ``[from_ts, to_ts]`` (None is open): every non-tombstone version whose
+        validity overlaps the range, except that history answers no ``as_of`` older
+        than ``stream_time - history_retention_ms`` (the latest always may).
         Newest first unless ``ascending``.
         """
         kb = self._encode_key(key)
@@ -318,17 +322,20 @@ class VersionedStore(DBStoreMixin):
         if lo > hi:
             return out
         loads = self._loads
-        # valid_to must be after both lo and the retention floor
-        after = max(lo, self._grace_floor())
+        # the part of the range history may answer, by get's rule
+        history_lo = max(lo, self._grace_floor())
         get = self._db.get
         segments = self._segments
-        for cf in segments.live_names_from(segments.segment_id(after)):
+        names = (
+            segments.live_names_from(segments.segment_id(history_lo)) if history_lo <= hi else ()
+        )
+        for cf in names:
             raw = get(cf, kb)
             if raw is None:
                 continue
             row = VersionRow.decode(raw)
             for i, (ts, vb) in enumerate(row.entries):
-                if vb is not None and ts <= hi and row.valid_to(i) > after:
+                if vb is not None and ts <= hi and row.valid_to(i) > history_lo:
                     out.append(VersionedRecord(loads(vb), ts, row.valid_to(i)))
             if row.min_ts > hi:
                 break  # every later row only holds newer versions

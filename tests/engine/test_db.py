@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import msgpack
 import pytest
 from rocksdict import Options, Rdict
 
-from sessionstore import StateDB, StateDBLockedError, StoreSpecMismatchError
+from sessionstore import StateDB, StateDBLockedError, StateDBPathError, StoreSpecMismatchError
 from sessionstore.engine.db import META_CF
 from sessionstore.errors import SessionStoreError
 
@@ -208,6 +211,97 @@ def test_bad_options(tmp_path):
         StateDB.open(tmp_path, no_such_option=1)
     with pytest.raises(FileNotFoundError, match="no state database"):
         StateDB.open(tmp_path / "missing", create_if_missing=False)
+
+
+def test_open_on_a_regular_file_names_the_path_and_leaves_the_file(tmp_path):
+    path = tmp_path / "state"
+    path.write_text("not a database")
+    with pytest.raises(StateDBPathError) as info:
+        StateDB.open(path)
+    assert str(info.value) == (
+        f"cannot open state database {str(path)!r}: it is a file, not a directory "
+        "(give a directory; it is created if missing)"
+    )
+    assert info.value.path == str(path)
+    assert isinstance(info.value, SessionStoreError) and isinstance(info.value, OSError)
+    assert path.read_text() == "not a database"
+
+
+@pytest.mark.parametrize("below", ["db", "x/y/db"])
+def test_open_below_a_regular_file_names_the_path_and_the_file(tmp_path, below):
+    (tmp_path / "f").write_text("x")
+    path = tmp_path / "f" / below
+    with pytest.raises(StateDBPathError) as info:
+        StateDB.open(path)
+    assert str(info.value) == (
+        f"cannot open state database {str(path)!r}: {str(tmp_path / 'f')!r} is a file, "
+        "not a directory"
+    )
+
+
+def test_open_on_an_empty_path_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StateDBPathError, match="cannot open state database '': the path is empty"):
+        StateDB.open("")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _open_without_privileges(path: str) -> str:
+    """``StateDB.open(path)`` in a forked child that is not root (as nobody if we are
+    root, since root may write anywhere); returns the error text or "opened"."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        result = "opened"
+        try:
+            if os.geteuid() == 0:
+                os.setuid(65534)
+            try:
+                StateDB.open(path).close()
+            except Exception as exc:
+                result = f"{type(exc).__name__}: {exc}"
+            os.write(write, result.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        out = pipe.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+@pytest.fixture
+def shared_dir():
+    """A temporary directory the unprivileged child can enter (tmp_path cannot be)."""
+    path = tempfile.mkdtemp()
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_open_in_a_directory_that_is_not_writable(shared_dir):
+    parent = os.path.join(shared_dir, "read-only")
+    os.mkdir(parent, 0o555)
+    os.chmod(parent, 0o555)
+    path = os.path.join(parent, "db")
+    assert _open_without_privileges(path) == (
+        f"StateDBPathError: cannot open state database {path!r}: {parent!r} is not writable, "
+        "so the database cannot be created in it"
+    )
+    assert os.listdir(parent) == []
+
+
+def test_open_of_a_database_whose_directory_is_not_writable(shared_dir):
+    path = os.path.join(shared_dir, "db")
+    with StateDB.open(path) as db:
+        db.session_store("s", 1000).put("k", 0, 5, "kept")
+    os.chmod(path, 0o555)
+    assert _open_without_privileges(path) == (
+        f"StateDBPathError: cannot open state database {path!r}: the directory is not writable"
+    )
+    os.chmod(path, 0o755)
+    with StateDB.open(path) as db:
+        assert db.session_store("s", 1000).fetch_session("k", 0, 5) == "kept"
 
 
 def test_format_version_mismatch_is_refused(tmp_path):

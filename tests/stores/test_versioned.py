@@ -76,6 +76,24 @@ def test_as_of_older_than_retention_only_latest_answers(db):
     assert store.get_versions("a") == [R("v100", 100, None), R("v50", 50, 100)]
 
 
+def test_get_versions_returns_no_history_that_get_refuses(db):
+    # issue 14: as_of in [0, 10] is older than 300_012 - 300_000, so get answers None
+    # there; get_versions over the same range must not return vo_old either.
+    store = db.versioned_store("v", history_retention_ms=300_000)
+    store.put("ko", "vo_old", 1)
+    store.put("ko", "vo_new", 300_012)
+    assert store.get("ko", 5) is None
+    assert store.get_versions("ko", 0, 10) == []
+    assert store.get_versions("ko", 0, 11) == []
+    assert store.get("ko", 12) == R("vo_old", 1, 300_012)  # the floor itself answers
+    assert store.get_versions("ko", 0, 12) == [R("vo_old", 1, 300_012)]
+    assert store.get_versions("ko", 0, 300_012) == [
+        R("vo_new", 300_012, None),
+        R("vo_old", 1, 300_012),
+    ]
+    assert store.get_versions("ko", 0, 300_011) == [R("vo_old", 1, 300_012)]
+
+
 def test_tombstones_bound_validity_but_are_never_returned(store):
     store.put("k", "a", 0)
     assert store.put("k", None, 5) == VALID_TO_UNDEFINED

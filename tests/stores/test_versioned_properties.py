@@ -1,5 +1,6 @@
 """Random operation sequences: the RocksDB versioned store agrees with a naive model
-(every version in a dict), including across reopen and after aborted batches."""
+(every version in a dict), including across reopen and after aborted batches; and
+``get_versions`` agrees with ``get`` by brute force over small ranges."""
 
 from __future__ import annotations
 
@@ -114,3 +115,72 @@ VersionedStoreMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=35, deadline=None
 )
 TestVersionedStore = VersionedStoreMachine.TestCase
+
+
+# Few keys and a narrow span of times, so that versions often straddle the retention
+# floor. Below LOW every get answers None; from HIGH on, the latest version or None.
+NEAR_KEY_LIST = ["k", ("k", 1)]
+NEAR_KEYS = st.sampled_from(NEAR_KEY_LIST)
+LOW, HIGH = -3, 20
+NEAR_TIMES = st.integers(LOW, HIGH)
+
+
+class VersionsAgreeWithGet(RuleBasedStateMachine):
+    """``get_versions(key, a, b)`` is exactly the distinct versions ``get(key, t)``
+    returns for some t in ``[a, b]`` (issue 14), whatever writes and reopens came
+    before. Checked by brute force: ``get`` at every t of the range."""
+
+    @initialize(retention=st.sampled_from([1, 3, 8]), interval=st.sampled_from([2, 5, 1000]))
+    def setup(self, retention, interval):
+        self.dir = tempfile.mkdtemp()
+        self.retention = retention
+        self.db = StateDB.open(self.dir)
+        self.store = self.db.versioned_store("v", retention, segment_interval_ms=interval)
+
+    def teardown(self):
+        if hasattr(self, "db"):
+            self.db.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    @rule(key=NEAR_KEYS, value=VALUES, ts=NEAR_TIMES)
+    def put(self, key, value, ts):
+        self.store.put(key, value, ts)
+
+    @rule(key=NEAR_KEYS, ts=NEAR_TIMES)
+    def delete(self, key, ts):
+        self.store.delete(key, ts)
+
+    @rule()
+    def reopen(self):
+        self.db.close()
+        self.db = StateDB.open(self.dir)
+        self.store = self.db.versioned_store("v", self.retention)
+
+    @rule(ascending=st.booleans())
+    def get_versions(self, ascending):
+        for key in NEAR_KEY_LIST:
+            self._check_ranges(key, ascending)
+
+    def _check_ranges(self, key, ascending):
+        store = self.store
+        at = {t: store.get(key, t) for t in range(LOW - 1, HIGH + 1)}
+        # every range [lo, hi] inside [LOW - 1, HIGH], and each end left open
+        ends = [None, *range(LOW - 1, HIGH + 1)]
+        for lo in ends:
+            found: dict = {}
+            t = LOW - 1 if lo is None else lo
+            for hi in [*ends[1:], None]:
+                if lo is not None and hi is not None and hi < lo:
+                    continue
+                while t <= (HIGH if hi is None else hi):
+                    if at[t] is not None:  # one version per timestamp
+                        assert found.setdefault(at[t].timestamp, at[t]) == at[t]
+                    t += 1
+                want = sorted(found.values(), key=lambda r: r.timestamp, reverse=not ascending)
+                assert store.get_versions(key, lo, hi, ascending) == want, (key, lo, hi)
+
+
+VersionsAgreeWithGet.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=25, deadline=None
+)
+TestVersionsAgreeWithGet = VersionsAgreeWithGet.TestCase

@@ -84,3 +84,23 @@ def test_versioned_filters(tmp_path_factory, puts, key_from, key_to, from_ts, to
     ]
     assert got == want
     assert len(everything) == len({(r["key"], r["valid_from"]) for r in everything})
+
+
+def test_versioned_rows_follow_the_history_retention_rule(tmp_path):
+    # dump/get (and the DataSource, through the same rows) answer a time range with
+    # what get(as_of) answers in it: as_of 0..11 is older than 300_012 - 300_000.
+    with StateDB.open(tmp_path / "db") as db:
+        store = db.versioned_store("v", 300_000)
+        store.put("ko", "vo_old", 1)
+        store.put("ko", "vo_new", 300_012)
+
+        def rows(**kw):
+            return [
+                (r["value"], r["valid_from"]) for r in _rows(store, "versioned", RowFilter(**kw))
+            ]
+
+        assert rows(from_ts=0, to_ts=11) == []
+        assert rows(as_of=5) == []
+        assert rows(from_ts=0, to_ts=12) == [("vo_old", 1)]
+        assert rows(as_of=12) == [("vo_old", 1)]
+        assert rows() == [("vo_new", 300_012), ("vo_old", 1)]

@@ -1,0 +1,73 @@
+"""The top-level package: every exported name imports, the names the docs show users
+importing are exported, and importing it loads no pyspark."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import sessionstore
+import sessionstore.operators
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _documented_imports() -> set[str]:
+    """Names the docs import from ``sessionstore`` or one of its modules."""
+    names = set()
+    for doc in DOCS:
+        for found in re.finditer(
+            r"^\s*from sessionstore[\w.]* import (.+)$", doc.read_text(), re.M
+        ):
+            names.update(n.strip() for n in found.group(1).split(","))
+    return names
+
+
+def _readme_operators() -> set[str]:
+    """The operator classes the README's Operators section lists."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Operators\n", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in re.findall(r"^- (.+?):", section, re.M):
+        names.update(re.findall(r"`([A-Z]\w+)`", line))
+    return names
+
+
+def test_every_exported_name_imports():
+    assert len(set(sessionstore.__all__)) == len(sessionstore.__all__)
+    for name in sessionstore.__all__:
+        assert getattr(sessionstore, name) is not None, name
+    namespace: dict = {}
+    exec("from sessionstore import *", namespace)
+    assert set(sessionstore.__all__) <= set(namespace)
+
+
+def test_documented_names_are_exported_from_the_top_level():
+    operators = _readme_operators()
+    assert operators == {
+        "SessionWindowAggregator",
+        "WindowAggregator",
+        "TimeWindows",
+        "CountWindowAggregator",
+        "TemporalJoin",
+        "WindowedJoin",
+    }
+    documented = _documented_imports() | operators
+    assert {"SessionWindows", "StateDB", "StoreSpec"} <= documented  # the parser works
+    assert documented - set(sessionstore.__all__) == set()
+
+
+def test_operators_are_the_same_objects_in_both_packages():
+    for name in sessionstore.operators.__all__:
+        assert getattr(sessionstore, name) is getattr(sessionstore.operators, name), name
+    assert set(sessionstore.operators.__all__) <= set(sessionstore.__all__)
+
+
+def test_importing_the_package_loads_no_pyspark():
+    code = "import sys, sessionstore; print('pyspark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
