@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessionstore.operators import Aggregation, Aggregations
-from spark_integration.task import TS, OperatorOutput, checked_fields, time_column
+from spark_integration.output import OperatorOutput
+from spark_integration.planning import TS, checked_fields, time_column
 
 __all__ = ["SessionAggregation", "AggregateInput", "aggregate_input", "parse_aggregations"]
 

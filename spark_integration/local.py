@@ -42,9 +42,10 @@ def local_spark(
         .config("spark.driver.host", "127.0.0.1")
     )
     # Python workers talk to the JVM over a Unix socket instead of loopback TCP:
-    # over TCP each Python task waits ~25 ms for its first Arrow message here (a
-    # small-write/delayed-ACK stall), a fixed cost per task and micro-batch. Spark
-    # 4.1+ reads this; older releases ignore it. See the README's Spark section.
+    # over TCP each Python task stalls on its first Arrow message (a
+    # small-write/delayed-ACK stall, measured in BENCHMARKS.md), a fixed cost per
+    # task and micro-batch. Spark 4.1+ reads this; older releases ignore it. See
+    # the README's Spark section.
     conf.setdefault(UNIX_SOCKET_CONF.replace(".", "__"), "true")
     for key, value in conf.items():
         builder = builder.config(key.replace("__", "."), value)

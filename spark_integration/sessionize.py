@@ -27,14 +27,9 @@ from sessionstore.operators import Aggregation, SessionWindowAggregator, Session
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
-from spark_integration.task import (
-    OperatorOutput,
-    grace_ms,
-    resolve,
-    run_aggregator,
-    state_and_inputs,
-    task_info,
-)
+from spark_integration.output import OperatorOutput
+from spark_integration.planning import grace_ms, resolve
+from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
 
 __all__ = ["sessionize", "SessionAggregation"]
 

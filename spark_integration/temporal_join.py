@@ -22,20 +22,14 @@ from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
 from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
-from spark_integration.task import (
-    SIDE,
-    TS,
-    arrow_schema,
-    checked_fields,
+from spark_integration.output import arrow_schema, record_batch
+from spark_integration.planning import SIDE, TS, checked_fields, resolve, tagged_union, time_column
+from spark_integration.runtime import (
     deterministic_order,
     key_values,
-    record_batch,
-    resolve,
     state_and_inputs,
     struct_values,
-    tagged_union,
     task_info,
-    time_column,
 )
 
 __all__ = ["temporal_join"]

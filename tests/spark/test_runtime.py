@@ -1,4 +1,5 @@
-"""The task runtime's deterministic row order (no Spark session needed)."""
+"""The executor runtime: taking and committing a partition's state, the
+deterministic row order, and an aggregator's batch (no Spark session needed)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 
 import pyarrow as pa
 
-from spark_integration.task import deterministic_order
+from spark_integration.runtime import deterministic_order
 
 
 def test_any_delivery_order_gives_the_same_sequence():
@@ -33,28 +34,6 @@ def test_any_delivery_order_gives_the_same_sequence():
         assert deterministic_order(pa.Table.from_pylist(shuffled), ["ts"]).to_pylist() == want
 
 
-def test_input_checks_name_the_missing_column_and_the_bad_time_type():
-    from types import SimpleNamespace
-
-    import pytest
-    from pyspark.sql import types as T
-
-    from spark_integration.task import checked_fields, time_column
-
-    df = SimpleNamespace(
-        schema=T.StructType(
-            [T.StructField("user", T.StringType()), T.StructField("ts", T.StringType())]
-        )
-    )
-    assert list(checked_fields(df, ["user", "ts"])) == ["user", "ts"]
-    with pytest.raises(
-        ValueError, match=r"the left input has no column 'k' \(it has \['ts', 'user'\]\)"
-    ):
-        checked_fields(df, ["user", "k"], "the left input")
-    with pytest.raises(ValueError, match="timestamp column 'ts' must be a timestamp or epoch"):
-        time_column(checked_fields(df, ["ts"]), "ts")
-
-
 def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record_path(tmp_path):
     """The Spark task's input (two key columns, time in ``TS``, int and string
     values) takes the columnar path, and OperatorOutput turns its table into the
@@ -65,7 +44,9 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
     from sessionstore.operators import SessionWindowAggregator, SessionWindows
     from sessionstore.operators.arrow_io import columns_of
     from spark_integration.aggregations import parse_aggregations
-    from spark_integration.task import TS, OperatorOutput, TaskInfo, run_aggregator
+    from spark_integration.output import OperatorOutput
+    from spark_integration.planning import TS
+    from spark_integration.runtime import TaskInfo, run_aggregator
 
     aggregation, value_cols, plan = parse_aggregations(
         {"n": "count", "lo": ("min", "amount"), "hi": ("max", "amount"), "exit": ("last", "page")},
@@ -118,7 +99,7 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
 def _take_state(backend, batch_id, batches, body, partition=0, shared_event_time=False):
     """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions)."""
     from sessionstore import StoreSpec
-    from spark_integration.task import TaskInfo, state_and_inputs
+    from spark_integration.runtime import TaskInfo, state_and_inputs
 
     specs = [StoreSpec("sessions", "session", 10**12)]
     info = TaskInfo(partition=partition, batch_id=batch_id, attempt=0)
@@ -153,13 +134,13 @@ def _retry_values(backend):
 def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(tmp_path, monkeypatch):
     import threading
 
-    import spark_integration.task as task
+    import spark_integration.runtime as runtime
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     taken = threading.Event()
     takers = []
-    real = task.partition_state
+    real = runtime.partition_state
 
     class Recorded:
         def __init__(self, *args):
@@ -174,7 +155,7 @@ def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(tmp_
         def __exit__(self, *exc):
             return self.cm.__exit__(*exc)
 
-    monkeypatch.setattr(task, "partition_state", Recorded)
+    monkeypatch.setattr(runtime, "partition_state", Recorded)
     batch = pa.RecordBatch.from_pydict({"x": [1, 2]})
 
     def batches():
@@ -221,32 +202,6 @@ def test_a_failing_input_aborts_the_taken_state_and_releases_it(tmp_path):
     reader.close()
     # and the partition is free again: a retry takes it (a held lock would hang here)
     assert _retry_values(backend) == ["kept"]
-
-
-def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
-    import warnings
-    from types import SimpleNamespace
-
-    import pytest
-
-    import spark_integration.task as task
-    from spark_integration.local import UNIX_SOCKET_CONF
-
-    def session(version, conf):
-        spark_conf = SimpleNamespace(get=lambda key, default=None: conf.get(key, default))
-        return SimpleNamespace(
-            version=version, sparkContext=SimpleNamespace(getConf=lambda: spark_conf)
-        )
-
-    monkeypatch.setattr(task, "_warned_tcp", False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # any warning here fails the test
-        assert not task.warn_tcp_workers(session("4.0.1", {}))  # 4.0 has no such setting
-        on = {UNIX_SOCKET_CONF: "true"}
-        assert not task.warn_tcp_workers(session("4.3.0", on))
-    with pytest.warns(UserWarning, match="spark.python.unix.domain.socket.enabled is off"):
-        assert task.warn_tcp_workers(session("4.1.0", {UNIX_SOCKET_CONF: "false"}))
-    assert not task.warn_tcp_workers(session("4.3.0", {}))  # once per process
 
 
 def test_the_shared_event_time_is_read_on_the_helper_thread(tmp_path, monkeypatch):
@@ -299,7 +254,7 @@ def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_pa
 def test_operator_stores_get_hour_long_segments_unless_their_spec_names_one(tmp_path):
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.task import TaskInfo, partition_state
+    from spark_integration.runtime import TaskInfo, partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001), StoreSpec("named", "session", 120_001, 60_000)]

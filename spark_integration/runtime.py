@@ -4,15 +4,14 @@ A task finds its partition and micro-batch, loads version ``batchId`` of its
 partition's state from the worker's warm store service, lets the operator work
 and commits ``batchId + 1``; every ``snapshot_interval`` versions a snapshot is
 uploaded in the background. A partition that moves to another Python worker is
-handed over by the service, so it never meets a RocksDB lock.
+handed over by the service, so it never meets a RocksDB lock. The task's input
+is read here too: in a deterministic order, keys and structs as Python values.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,32 +25,18 @@ from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.stores.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
-from spark_integration.local import UNIX_SOCKET_CONF
+from spark_integration.planning import TS
 
 __all__ = [
     "TaskInfo",
     "task_info",
     "partition_state",
     "state_and_inputs",
-    "arrow_schema",
+    "run_aggregator",
     "deterministic_order",
-    "resolve",
-    "warn_tcp_workers",
-    "checked_fields",
-    "time_column",
-    "grace_ms",
-    "watermark_delay_ms",
-    "tagged_union",
     "key_values",
     "struct_values",
-    "run_aggregator",
-    "OperatorOutput",
-    "SIDE",
-    "TS",
 ]
-
-#: Columns of a tagged union: which input a row came from, and its event time.
-SIDE, TS = "__ss_side", "__ss_ts"
 
 
 @dataclass(frozen=True)
@@ -140,10 +125,11 @@ _helper: tuple[int, ThreadPoolExecutor] | None = None
 def _helper_thread() -> ThreadPoolExecutor:
     """This process's helper thread (one, kept for the life of the Python worker).
 
-    Starting a thread per task cost the task ~8 ms: ``Thread.start`` waits until
+    Starting a thread per task made every task wait: ``Thread.start`` waits until
     the new thread runs, and then for the GIL, which the new thread holds through
-    the Python part of taking a database. A submit to a waiting thread returns
-    at once. Recreated after a fork (PySpark forks its workers).
+    the Python part of taking a database (measured in BENCHMARKS.md, "Figures
+    quoted in code"). A submit to a waiting thread returns at once. Recreated
+    after a fork (PySpark forks its workers).
     """
     global _helper
     pid = os.getpid()
@@ -199,8 +185,9 @@ def state_and_inputs(
     The state is taken (database opened or handed over, version loaded) and the
     event time read on a helper thread while this thread receives the input from
     the JVM: all of them wait on I/O, and a task used to pay for them one after the
-    other (~10 ms for a RocksDB open, as long for a 25,000-row input, and a list
-    and a read per partition in object storage for the event time).
+    other (a RocksDB open, about as long as a large input takes to arrive, and a
+    list and a read per partition in object storage for the event time; measured
+    in BENCHMARKS.md, "Figures quoted in code").
     """
     then = None
     if shared_event_time:
@@ -254,116 +241,6 @@ def deterministic_order(table: pa.Table, first: Sequence[str] = ()) -> pa.Table:
     return table.take(pc.sort_indices(flat, sort_keys=keys))
 
 
-#: Where Spark records ``withWatermark``'s delay: metadata of the event-time column.
-WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
-
-
-def watermark_delay_ms(df: Any, timestamp: str) -> int | None:
-    """The delay of the watermark the input declares on ``timestamp``
-    (``withWatermark``), or None."""
-    for field in df.schema.fields:
-        if field.name == timestamp and WATERMARK_DELAY_KEY in (field.metadata or {}):
-            return int(field.metadata[WATERMARK_DELAY_KEY])
-    return None
-
-
-def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
-    """The grace period in ms: ``grace`` when given, else the delay of the watermark
-    the input declares on ``timestamp`` (``withWatermark``), else 0.
-
-    With grace equal to the delay, a session or window closes when the query's
-    watermark passes its end, as in Spark: the watermark of micro-batch N is the
-    largest event time of the batches before it, across partitions, minus the delay.
-    """
-    from spark_integration.intervals import interval_ms
-
-    if grace is not None:
-        return interval_ms(grace, "grace")
-    delay = watermark_delay_ms(df, timestamp)
-    return 0 if delay is None else delay
-
-
-def checked_fields(df: Any, columns: Sequence[str], side: str = "the input") -> dict[str, Any]:
-    """The fields of ``df`` by name; ``ValueError`` naming the first of ``columns``
-    that ``df`` lacks (and ``side``, for operators with two inputs)."""
-    fields = {f.name: f for f in df.schema.fields}
-    for column in columns:
-        if column not in fields:
-            raise ValueError(f"{side} has no column {column!r} (it has {sorted(fields)})")
-    return fields
-
-
-def time_column(fields: dict[str, Any], timestamp: str) -> tuple[Any, Any]:
-    """``(epoch-millisecond column, output time type)`` for a timestamp or long column."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    ts_type = fields[timestamp].dataType
-    if isinstance(ts_type, (T.TimestampType, T.TimestampNTZType)):
-        return F.unix_millis(F.col(timestamp).cast("timestamp")), T.TimestampType()
-    if isinstance(ts_type, (T.LongType, T.IntegerType)):
-        return F.col(timestamp).cast("long"), T.LongType()
-    raise ValueError(
-        f"timestamp column {timestamp!r} must be a timestamp or epoch milliseconds (long), "
-        f"not {ts_type.simpleString()}"
-    )
-
-
-def resolve(df: Any, backend: StateBackend | None, num_partitions: int | None):
-    """``(backend, partition count)``: the given ones, or the session's conf."""
-    spark = df.sparkSession
-    backend = backend or StateBackend.from_conf(spark)
-    warn_tcp_workers(spark)
-    return backend, num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
-
-
-_warned_tcp = False
-
-
-def warn_tcp_workers(spark: Any) -> bool:
-    """Warn once per process when Spark 4.1+ talks to Python workers over TCP.
-
-    Each Python task then waits ~25 ms for its input (see the README's Spark
-    section), on every partition of every micro-batch. The setting is fixed when
-    the SparkContext starts, so all we can do is say so. Returns whether it warned.
-    """
-    global _warned_tcp
-    major, minor = (int(p) for p in spark.version.split(".")[:2])
-    if _warned_tcp or (major, minor) < (4, 1):
-        return False
-    if spark.sparkContext.getConf().get(UNIX_SOCKET_CONF, "false").lower() == "true":
-        return False
-    _warned_tcp = True
-    warnings.warn(
-        f"{UNIX_SOCKET_CONF} is off: every Python task of this query waits ~25 ms for "
-        f"its input over TCP. Set it to true when building the SparkSession (see the "
-        f"sessionstore README, 'Python worker transport').",
-        stacklevel=3,
-    )
-    return True
-
-
-def tagged_union(keys: list[str], sides: list[tuple[Any, Any, list[str], str]]) -> Any:
-    """Union several inputs as (keys, side number, event-time ms, struct of columns).
-
-    ``sides`` holds ``(DataFrame, millisecond time column, struct columns, struct
-    name)``; each input's own columns travel in its struct, nulls elsewhere."""
-    from pyspark.sql import functions as F
-
-    combined = None
-    for number, (df, millis, columns, struct) in enumerate(sides):
-        tagged = df.select(
-            *[F.col(k) for k in keys],
-            F.lit(number).alias(SIDE),
-            millis.alias(TS),
-            F.struct(*[F.col(c) for c in columns]).alias(struct),
-        )
-        combined = (
-            tagged if combined is None else combined.unionByName(tagged, allowMissingColumns=True)
-        )
-    return combined
-
-
 def key_values(table: pa.Table, keys: list[str]) -> list[Any]:
     """The key of every row: a column's values, or tuples for several columns."""
     if len(keys) == 1:
@@ -415,64 +292,3 @@ def run_aggregator(
                 updates += agg.process_rows(k, times, values, net=True)
     exchange.publish(info.batch_id, agg.stream_time)
     return updates, table_out
-
-
-@dataclass
-class OperatorOutput:
-    """How an aggregating operator's results become its output rows (picklable, so
-    tasks carry it): the output schema (Spark JSON), the key columns, the aggregate
-    plan ``(output column, function, input column)``, whether times are timestamps
-    (else epoch ms), and the names of the start and end time columns."""
-
-    schema_json: str
-    keys: list[str]
-    plan: list[tuple[str, str, str | None]]
-    time_is_timestamp: bool
-    start: str
-    end: str
-
-    def from_updates(
-        self, updates: list[Any], extra: dict[str, list[Any]] | None = None
-    ) -> pa.RecordBatch:
-        """Operator updates (objects with key, start, end and a ``value`` dict, None
-        for a retraction) as output rows, with the ``extra`` columns given."""
-        columns: dict[str, list[Any]] = {}
-        single = len(self.keys) == 1
-        for i, k in enumerate(self.keys):
-            columns[k] = [u.key if single else u.key[i] for u in updates]
-        scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are in us
-        columns[self.start] = [u.start * scale for u in updates]
-        columns[self.end] = [u.end * scale for u in updates]
-        for out_name, _, _ in self.plan:
-            columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
-        columns.update(extra or {})
-        return record_batch(arrow_schema(self.schema_json), columns)
-
-    def from_table(self, table: pa.Table, extra: dict[str, Any] | None = None) -> pa.Table:
-        """A columnar path's output (key columns, ``start``, ``end``, ``value``
-        struct) as output rows, with the ``extra`` columns given."""
-        scale = 1000 if self.time_is_timestamp else 1
-        value = table.column("value")
-        columns: dict[str, Any] = {k: table.column(k) for k in self.keys}
-        columns[self.start] = pc.multiply_checked(table.column("start"), scale)
-        columns[self.end] = pc.multiply_checked(table.column("end"), scale)
-        for out_name, _, _ in self.plan:
-            columns[out_name] = pc.struct_field(value, out_name)
-        columns.update(extra or {})
-        schema = arrow_schema(self.schema_json)
-        return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
-
-
-def arrow_schema(spark_schema_json: str) -> pa.Schema:
-    """The Arrow schema ``mapInArrow`` expects for a Spark schema (as JSON)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    # timestamps travel as UTC instants; Spark converts them to its session zone
-    return to_arrow_schema(StructType.fromJson(json.loads(spark_schema_json)), timezone="UTC")
-
-
-def record_batch(schema: pa.Schema, columns: dict[str, list[Any]]) -> pa.RecordBatch:
-    """A record batch of ``schema`` from Python column lists."""
-    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)

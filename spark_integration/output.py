@@ -1,0 +1,75 @@
+"""How operator tasks turn their results into the Arrow record batches
+``mapInArrow`` returns: the output schema from Spark's, and rows from Python
+columns or a columnar path's table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["OperatorOutput", "arrow_schema", "record_batch"]
+
+
+@dataclass
+class OperatorOutput:
+    """How an aggregating operator's results become its output rows (picklable, so
+    tasks carry it): the output schema (Spark JSON), the key columns, the aggregate
+    plan ``(output column, function, input column)``, whether times are timestamps
+    (else epoch ms), and the names of the start and end time columns."""
+
+    schema_json: str
+    keys: list[str]
+    plan: list[tuple[str, str, str | None]]
+    time_is_timestamp: bool
+    start: str
+    end: str
+
+    def from_updates(
+        self, updates: list[Any], extra: dict[str, list[Any]] | None = None
+    ) -> pa.RecordBatch:
+        """Operator updates (objects with key, start, end and a ``value`` dict, None
+        for a retraction) as output rows, with the ``extra`` columns given."""
+        columns: dict[str, list[Any]] = {}
+        single = len(self.keys) == 1
+        for i, k in enumerate(self.keys):
+            columns[k] = [u.key if single else u.key[i] for u in updates]
+        scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are in us
+        columns[self.start] = [u.start * scale for u in updates]
+        columns[self.end] = [u.end * scale for u in updates]
+        for out_name, _, _ in self.plan:
+            columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
+        columns.update(extra or {})
+        return record_batch(arrow_schema(self.schema_json), columns)
+
+    def from_table(self, table: pa.Table, extra: dict[str, Any] | None = None) -> pa.Table:
+        """A columnar path's output (key columns, ``start``, ``end``, ``value``
+        struct) as output rows, with the ``extra`` columns given."""
+        scale = 1000 if self.time_is_timestamp else 1
+        value = table.column("value")
+        columns: dict[str, Any] = {k: table.column(k) for k in self.keys}
+        columns[self.start] = pc.multiply_checked(table.column("start"), scale)
+        columns[self.end] = pc.multiply_checked(table.column("end"), scale)
+        for out_name, _, _ in self.plan:
+            columns[out_name] = pc.struct_field(value, out_name)
+        columns.update(extra or {})
+        schema = arrow_schema(self.schema_json)
+        return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def arrow_schema(spark_schema_json: str) -> pa.Schema:
+    """The Arrow schema ``mapInArrow`` expects for a Spark schema (as JSON)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    # timestamps travel as UTC instants; Spark converts them to its session zone
+    return to_arrow_schema(StructType.fromJson(json.loads(spark_schema_json)), timezone="UTC")
+
+
+def record_batch(schema: pa.Schema, columns: dict[str, list[Any]]) -> pa.RecordBatch:
+    """A record batch of ``schema`` from Python column lists."""
+    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -1,0 +1,145 @@
+"""Driver-side planning of the sessionstore operators: what an operator checks and
+derives from its input DataFrames before any task runs.
+
+Input columns are checked with clear errors, the event time becomes epoch
+milliseconds, the grace period defaults to the watermark delay, two inputs are
+unioned into one tagged input (:func:`tagged_union`), and the backend and partition
+count come from the session's conf when not given. Tasks read the columns named
+here (:data:`SIDE`, :data:`TS`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from spark_integration.backend import StateBackend
+from spark_integration.local import UNIX_SOCKET_CONF
+
+__all__ = [
+    "resolve",
+    "warn_tcp_workers",
+    "checked_fields",
+    "time_column",
+    "grace_ms",
+    "watermark_delay_ms",
+    "tagged_union",
+    "SIDE",
+    "TS",
+]
+
+#: Columns of a tagged union: which input a row came from, and its event time.
+SIDE, TS = "__ss_side", "__ss_ts"
+
+#: Where Spark records ``withWatermark``'s delay: metadata of the event-time column.
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+
+
+def watermark_delay_ms(df: Any, timestamp: str) -> int | None:
+    """The delay of the watermark the input declares on ``timestamp``
+    (``withWatermark``), or None."""
+    for field in df.schema.fields:
+        if field.name == timestamp and WATERMARK_DELAY_KEY in (field.metadata or {}):
+            return int(field.metadata[WATERMARK_DELAY_KEY])
+    return None
+
+
+def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
+    """The grace period in ms: ``grace`` when given, else the delay of the watermark
+    the input declares on ``timestamp`` (``withWatermark``), else 0.
+
+    With grace equal to the delay, a session or window closes when the query's
+    watermark passes its end, as in Spark: the watermark of micro-batch N is the
+    largest event time of the batches before it, across partitions, minus the delay.
+    """
+    from spark_integration.intervals import interval_ms
+
+    if grace is not None:
+        return interval_ms(grace, "grace")
+    delay = watermark_delay_ms(df, timestamp)
+    return 0 if delay is None else delay
+
+
+def checked_fields(df: Any, columns: Sequence[str], side: str = "the input") -> dict[str, Any]:
+    """The fields of ``df`` by name; ``ValueError`` naming the first of ``columns``
+    that ``df`` lacks (and ``side``, for operators with two inputs)."""
+    fields = {f.name: f for f in df.schema.fields}
+    for column in columns:
+        if column not in fields:
+            raise ValueError(f"{side} has no column {column!r} (it has {sorted(fields)})")
+    return fields
+
+
+def time_column(fields: dict[str, Any], timestamp: str) -> tuple[Any, Any]:
+    """``(epoch-millisecond column, output time type)`` for a timestamp or long column."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    ts_type = fields[timestamp].dataType
+    if isinstance(ts_type, (T.TimestampType, T.TimestampNTZType)):
+        return F.unix_millis(F.col(timestamp).cast("timestamp")), T.TimestampType()
+    if isinstance(ts_type, (T.LongType, T.IntegerType)):
+        return F.col(timestamp).cast("long"), T.LongType()
+    raise ValueError(
+        f"timestamp column {timestamp!r} must be a timestamp or epoch milliseconds (long), "
+        f"not {ts_type.simpleString()}"
+    )
+
+
+def resolve(
+    df: Any, backend: StateBackend | None, num_partitions: int | None
+) -> tuple[StateBackend, int]:
+    """``(backend, partition count)``: the given ones, or the session's conf."""
+    spark = df.sparkSession
+    backend = backend or StateBackend.from_conf(spark)
+    warn_tcp_workers(spark)
+    return backend, num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+_warned_tcp = False
+
+
+def warn_tcp_workers(spark: Any) -> bool:
+    """Warn once per process when Spark 4.1+ talks to Python workers over TCP.
+
+    Each Python task then stalls before its input arrives (see the README's Spark
+    section; measured in BENCHMARKS.md), on every partition of every micro-batch.
+    The setting is fixed when the SparkContext starts, so all we can do is say so.
+    Returns whether it warned.
+    """
+    global _warned_tcp
+    major, minor = (int(p) for p in spark.version.split(".")[:2])
+    if _warned_tcp or (major, minor) < (4, 1):
+        return False
+    if spark.sparkContext.getConf().get(UNIX_SOCKET_CONF, "false").lower() == "true":
+        return False
+    _warned_tcp = True
+    warnings.warn(
+        f"{UNIX_SOCKET_CONF} is off: every Python task of this query waits ~25 ms for "
+        f"its input over TCP. Set it to true when building the SparkSession (see the "
+        f"sessionstore README, 'Python worker transport').",
+        stacklevel=3,
+    )
+    return True
+
+
+def tagged_union(keys: list[str], sides: list[tuple[Any, Any, list[str], str]]) -> Any:
+    """Union several inputs as (keys, side number, event-time ms, struct of columns).
+
+    ``sides`` holds ``(DataFrame, millisecond time column, struct columns, struct
+    name)``; each input's own columns travel in its struct, nulls elsewhere."""
+    from pyspark.sql import functions as F
+
+    combined = None
+    for number, (df, millis, columns, struct) in enumerate(sides):
+        tagged = df.select(
+            *[F.col(k) for k in keys],
+            F.lit(number).alias(SIDE),
+            millis.alias(TS),
+            F.struct(*[F.col(c) for c in columns]).alias(struct),
+        )
+        combined = (
+            tagged if combined is None else combined.unionByName(tagged, allowMissingColumns=True)
+        )
+    return combined
