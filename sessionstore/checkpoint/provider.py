@@ -55,9 +55,10 @@ from sessionstore.checkpoint.layout import PartitionFiles
 from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
 from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.encoding.ints import INT64 as _I64
-from sessionstore.engine.db import StateDB, check_store_name, is_data_family
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
+from sessionstore.stores.base import check_store_name, is_data_family
+from sessionstore.stores.state_db import StateDB
 
 __all__ = ["StateStoreProvider", "StoreHandle", "CheckpointMismatchError", "VersionNotFoundError"]
 

@@ -19,7 +19,7 @@ from sessionstore.encoding.keys import TS_MIN
 from sessionstore.encoding.session_key import TIMES_LEN, decode_times, encode_times
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
 __all__ = ["RocksDBEndIndex", "MemoryEndIndex"]
 
@@ -33,7 +33,7 @@ def _index_key(kb: bytes, start: int, end: int) -> bytes:
 class RocksDBEndIndex:
     """End-ordered index of open sessions in a StateDB column family."""
 
-    def __init__(self, db: StateDB, store: str) -> None:
+    def __init__(self, db: Database, store: str) -> None:
         self._db = db
         self._cf = f"{store}.open"
         db.create_column_family(self._cf)

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp
+from sessionstore.stores.base import describe_store
 from sessionstore.stores.session import SessionStore
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
 __all__ = ["WindowStore", "TimeWindow"]
 
@@ -33,10 +34,11 @@ class WindowStore(SessionStore):
     """Per-key values of fixed-size windows. Create with ``db.window_store(...)``."""
 
     kind = "window"
+    layout = ("window_size_ms",)
 
     def __init__(
         self,
-        db: StateDB,
+        db: Database,
         name: str,
         retention_ms: int,
         window_size_ms: int,
@@ -50,9 +52,14 @@ class WindowStore(SessionStore):
         super().__init__(db, name, retention_ms, segment_interval_ms, key_serde, value_serde)
 
     def spec(self) -> dict[str, Any]:
-        spec = super().spec()
-        spec["window_size_ms"] = self.window_size_ms
-        return spec
+        return describe_store(
+            self.kind,
+            self.retention_ms,
+            self.segment_interval_ms,
+            self.key_serde,
+            self.value_serde,
+            self.window_size_ms,
+        )
 
     def _last(self, start: int) -> int:
         start = check_timestamp("window_start", start)
@@ -82,6 +89,21 @@ class WindowStore(SessionStore):
         """Windows of every key with ``from_start <= start <= to_start``."""
         rows = self.find_sessions_in_range(None, None, from_start, to_start, backward)
         return self._windows(rows, from_start)
+
+    def read_rows(
+        self,
+        key: Any = None,
+        key_from: Any = None,
+        key_to: Any = None,
+        from_ts: int | None = None,
+        to_ts: int | None = None,
+        as_of: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Rows as the reader shows them, ``{key, start, end, value}`` with the
+        exclusive end: windows overlapping ``[from_ts, to_ts]``."""
+        for row in super().read_rows(key, key_from, key_to, from_ts, to_ts):
+            row["end"] += 1
+            yield row
 
     def _windows(self, rows, from_start: int):
         # find_sessions also returns windows that start earlier but end after from_start
