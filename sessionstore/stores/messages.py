@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp
+from sessionstore.encoding.keys import TS_MAX, check_timestamp
 from sessionstore.stores.session import SessionStore
 
 __all__ = ["MessageStore"]
@@ -43,28 +43,15 @@ class MessageStore(SessionStore):
     def has_message(self, key: Any, timestamp: int, offset: int) -> bool:
         return self.fetch_session(key, offset, timestamp) is not None
 
-    def read_rows(
-        self,
-        key: Any = None,
-        key_from: Any = None,
-        key_to: Any = None,
-        from_ts: int | None = None,
-        to_ts: int | None = None,
-        as_of: int | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """Rows as the reader shows them, ``{key, timestamp, offset, value}``: the
-        messages with ``from_ts <= timestamp <= to_ts``."""
-        lo = TS_MIN if from_ts is None else from_ts
-        hi = TS_MAX if to_ts is None else to_ts
-        # end is the timestamp and start the offset: filter the time by hand
-        for window, value in self._overlapping(key, key_from, key_to, lo, TS_MAX):
-            if window.end <= hi:
-                yield {
-                    "key": window.key,
-                    "timestamp": window.end,
-                    "offset": window.start,
-                    "value": value,
-                }
+    # Rows of read_rows: {key, timestamp, offset, value}. end is the timestamp and
+    # start the offset, so every start qualifies and the time is filtered by hand.
+    def _latest_start(self, to_ts: int) -> int:
+        return TS_MAX
+
+    def _row(self, window: Any, value: Any, to_ts: int) -> dict[str, Any] | None:
+        if window.end > to_ts:
+            return None
+        return {"key": window.key, "timestamp": window.end, "offset": window.start, "value": value}
 
     def messages(self, key: Any, from_ts: int, to_ts: int) -> Iterator[tuple[int, int, Any]]:
         """``(timestamp, offset, value)`` of ``key`` with ``from_ts <= timestamp <= to_ts``."""

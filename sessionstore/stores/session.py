@@ -274,20 +274,28 @@ class SessionStoreBase(TimedStore):
         to_ts: int | None = None,
         as_of: int | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Rows as the reader shows them, ``{key, start, end, value}``: the sessions
-        of ``key`` (or of the keys in ``[key_from, key_to]``, None is open) that
-        overlap ``[from_ts, to_ts]``. ``as_of`` does not apply to this kind."""
+        """Rows as the reader shows them (:meth:`_row`), ``{key, start, end, value}``
+        for sessions: those of ``key`` (or of the keys in ``[key_from, key_to]``, None
+        is open) that overlap ``[from_ts, to_ts]``. ``as_of`` does not apply here."""
         lo = TS_MIN if from_ts is None else from_ts
         hi = TS_MAX if to_ts is None else to_ts
-        for window, value in self._overlapping(key, key_from, key_to, lo, hi):
-            yield {"key": window.key, "start": window.start, "end": window.end, "value": value}
-
-    def _overlapping(
-        self, key: Any, key_from: Any, key_to: Any, earliest_end: int, latest_start: int
-    ) -> Iterator[tuple[SessionWindow, Any]]:
+        latest_start = self._latest_start(hi)
         if key is not None:
-            return self.find_sessions(key, earliest_end, latest_start)
-        return self.find_sessions_in_range(key_from, key_to, earliest_end, latest_start)
+            found = self.find_sessions(key, lo, latest_start)
+        else:
+            found = self.find_sessions_in_range(key_from, key_to, lo, latest_start)
+        for window, value in found:
+            row = self._row(window, value, hi)
+            if row is not None:
+                yield row
+
+    def _latest_start(self, to_ts: int) -> int:
+        """The latest row start a read up to ``to_ts`` may meet."""
+        return to_ts
+
+    def _row(self, window: SessionWindow, value: Any, to_ts: int) -> dict[str, Any] | None:
+        """A row of :meth:`read_rows` (None skips it)."""
+        return {"key": window.key, "start": window.start, "end": window.end, "value": value}
 
     def fetch(self, key: Any, backward: bool = False) -> Iterator[tuple[SessionWindow, Any]]:
         """Every visible session of ``key``."""

@@ -90,20 +90,9 @@ class WindowStore(SessionStore):
         rows = self.find_sessions_in_range(None, None, from_start, to_start, backward)
         return self._windows(rows, from_start)
 
-    def read_rows(
-        self,
-        key: Any = None,
-        key_from: Any = None,
-        key_to: Any = None,
-        from_ts: int | None = None,
-        to_ts: int | None = None,
-        as_of: int | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """Rows as the reader shows them, ``{key, start, end, value}`` with the
-        exclusive end: windows overlapping ``[from_ts, to_ts]``."""
-        for row in super().read_rows(key, key_from, key_to, from_ts, to_ts):
-            row["end"] += 1
-            yield row
+    def _row(self, window: Any, value: Any, to_ts: int) -> dict[str, Any] | None:
+        # windows show their exclusive end
+        return {"key": window.key, "start": window.start, "end": window.end + 1, "value": value}
 
     def _windows(self, rows, from_start: int):
         # find_sessions also returns windows that start earlier but end after from_start
