@@ -109,3 +109,39 @@ def test_spec_records_keep_their_fields_order_and_defaults(db):
     )  # fmt: skip
     for spec in (StoreSpec("w", "window", 1000, window_size_ms=10), StoreSpec("k", "kv", 0)):
         assert StoreSpec.from_record(spec.describe()) == spec
+
+
+def test_each_kind_shapes_its_rows(db):
+    # exact rows, as `sessionstore read` printed them before the kinds shaped them
+    messages = db.message_store("m", 10**6)
+    for ts, offset in ((5, 1), (7, 2), (9, 3)):
+        messages.put_message("k", ts, offset, f"v{offset}")
+    assert list(RowFilter(from_ts=6, to_ts=8).rows(messages)) == [
+        {"key": "k", "timestamp": 7, "offset": 2, "value": "v2"}
+    ]
+    windows = db.window_store("w", 10**6, 10)
+    for start in (0, 10, 20):
+        windows.put_window("k", start, start)
+    assert list(RowFilter(from_ts=10, to_ts=19).rows(windows)) == [
+        {"key": "k", "start": 10, "end": 20, "value": 10}
+    ]
+    sessions = db.session_store("s", 10**6)
+    sessions.put("a", 1, 4, "x")
+    sessions.put("b", 6, 9, "y")
+    assert list(RowFilter(key_from="b", from_ts=2).rows(sessions)) == [
+        {"key": "b", "start": 6, "end": 9, "value": "y"}
+    ]
+    versioned = db.versioned_store("v", 10**6)
+    versioned.put("k", "old", 1)
+    versioned.put("k", "new", 5)
+    assert list(RowFilter(as_of=3).rows(versioned)) == [
+        {"key": "k", "value": "old", "valid_from": 1, "valid_to": 5}
+    ]
+    assert list(RowFilter().rows(versioned)) == [
+        {"key": "k", "value": "new", "valid_from": 5, "valid_to": None},
+        {"key": "k", "value": "old", "valid_from": 1, "valid_to": 5},
+    ]
+    kv = db.kv_store("kv")
+    kv.put("a", 1)
+    kv.put("b", 2)
+    assert list(RowFilter(key="b").rows(kv)) == [{"key": "b", "value": 2}]
