@@ -10,13 +10,10 @@ fixed once batch N has run, so a replayed batch sees the same time.
 
 from __future__ import annotations
 
-import struct
-
 from sessionstore.checkpoint.filesystem import Storage
+from sessionstore.encoding.ints import INT64 as _I64
 
 __all__ = ["EventTimeExchange"]
-
-_I64 = struct.Struct(">q")
 
 
 class EventTimeExchange:

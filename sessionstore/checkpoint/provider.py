@@ -42,7 +42,6 @@ import fcntl
 import os
 import shutil
 import signal
-import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -55,9 +54,11 @@ from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
 from sessionstore.checkpoint.layout import PartitionFiles
 from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
 from sessionstore.checkpoint.spec import StoreSpec
-from sessionstore.engine.db import StateDB, check_store_name, is_data_family
+from sessionstore.encoding.ints import INT64 as _I64
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
+from sessionstore.stores.base import check_store_name, is_data_family
+from sessionstore.stores.state_db import StateDB
 
 __all__ = ["StateStoreProvider", "StoreHandle", "CheckpointMismatchError", "VersionNotFoundError"]
 
@@ -71,7 +72,6 @@ _VERSION_KEY = b"committed_version"
 _IDENTITY_KEY = b"checkpoint_identity"
 #: The field of an operator's ``_metadata`` that holds the checkpoint's id.
 _ID_FIELD = "checkpoint_id"
-_I64 = struct.Struct(">q")
 #: Test hook: the name of a commit step at which the process kills itself (SIGKILL).
 FAULT_ENV = "SESSIONSTORE_FAULT"
 

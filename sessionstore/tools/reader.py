@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -38,11 +38,11 @@ from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import PartitionFiles
 from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
 from sessionstore.checkpoint.spec import StoreSpec
-from sessionstore.encoding.keys import TS_MAX, TS_MIN
-from sessionstore.engine.db import StateDB
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.operators.aggregations import recorded_output
+from sessionstore.stores.registry import kinds_with, store_class
+from sessionstore.stores.state_db import StateDB
 
 __all__ = [
     "Aggregates",
@@ -348,59 +348,23 @@ class RowFilter:
 
     def check(self, kind: str, store: str) -> None:
         """Refuse filters that mean nothing for a store of ``kind``."""
+        accepted = store_class(kind).row_filters
         if self.key is not None and (self.key_from is not None or self.key_to is not None):
             raise ValueError("give either a key or a key range (key_from/key_to), not both")
-        if self.as_of is not None and kind != "versioned":
-            raise ValueError(f"as_of applies to versioned stores; {store!r} is a {kind} store")
-        if kind == "kv" and (self.from_ts is not None or self.to_ts is not None):
-            raise ValueError(f"{store!r} is a key-value store: it has no time to filter on")
+        if self.as_of is not None and "as_of" not in accepted:
+            where = " and ".join(kinds_with("row_filters", "as_of"))
+            raise ValueError(f"as_of applies to {where} stores; {store!r} is a {kind} store")
+        if "from_ts" not in accepted and (self.from_ts is not None or self.to_ts is not None):
+            raise ValueError(f"{store!r} is a {kind} store: it has no time to filter on")
         if self.from_ts is not None and self.to_ts is not None and self.from_ts > self.to_ts:
             raise ValueError(f"from_ts {self.from_ts} is after to_ts {self.to_ts}")
         if self.as_of is not None and (self.from_ts is not None or self.to_ts is not None):
             raise ValueError("give either as_of or a time range (from_ts/to_ts), not both")
 
-
-def _rows(store: Any, kind: str, f: RowFilter) -> Iterator[dict[str, Any]]:
-    lo = TS_MIN if f.from_ts is None else f.from_ts
-    hi = TS_MAX if f.to_ts is None else f.to_ts
-    if kind in ("session", "window", "messages"):
-        # messages: end is the timestamp and start the offset, so filter time by hand
-        latest_start = TS_MAX if kind == "messages" else hi
-        if f.key is not None:
-            found = store.find_sessions(f.key, lo, latest_start)
-        else:
-            found = store.find_sessions_in_range(f.key_from, f.key_to, lo, latest_start)
-        for window, value in found:
-            if kind == "messages":
-                if window.end <= hi:
-                    yield {
-                        "key": window.key,
-                        "timestamp": window.end,
-                        "offset": window.start,
-                        "value": value,
-                    }
-            else:
-                end = window.end + 1 if kind == "window" else window.end
-                yield {"key": window.key, "start": window.start, "end": end, "value": value}
-    elif kind == "versioned":
-        keys = [f.key] if f.key is not None else store.iter_keys(f.key_from, f.key_to)
-        for k in keys:
-            if f.as_of is not None:
-                records = [store.get(k, f.as_of)]
-            else:
-                records = store.get_versions(k, f.from_ts, f.to_ts)  # newest first
-            for r in records:
-                if r is not None:
-                    yield {"key": k, "value": r.value, "valid_from": r.timestamp,
-                           "valid_to": r.valid_to}  # fmt: skip
-    else:
-        if f.key is not None:
-            value = store.get(f.key)
-            if value is not None:
-                yield {"key": f.key, "value": value}
-            return
-        for k, value in store.items(f.key_from, f.key_to):
-            yield {"key": k, "value": value}
+    def rows(self, store: Any) -> Iterator[dict[str, Any]]:
+        """The rows of ``store`` this filter selects, shaped by the store's kind
+        (sessions, windows, messages, versions or values)."""
+        return store.read_rows(**asdict(self))
 
 
 def _finished(
@@ -450,7 +414,7 @@ def store_rows(
         if progress is not None:
             progress("partitions", done, len(ids))
         with source.open(operator, partition, version, progress) as (_, stores):
-            rows = _rows(stores[store], kind, row_filter)
+            rows = row_filter.rows(stores[store])
             finish = None if raw else recorded_output(stores[store])
             if finish is not None:
                 rows = _finished(rows, finish, f"{operator}/{partition} store {store!r}")

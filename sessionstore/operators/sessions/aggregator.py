@@ -29,7 +29,6 @@ use lists, not tuples).
 
 from __future__ import annotations
 
-import struct
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sessionstore.encoding.ints import INT64 as _I64
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp
 from sessionstore.operators.aggregations import Aggregation, Aggregations, record_output_plan
 from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
@@ -49,8 +49,6 @@ from sessionstore.operators.sessions.batch import (
 )
 
 __all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
-
-_I64 = struct.Struct(">q")
 
 
 @dataclass(frozen=True)

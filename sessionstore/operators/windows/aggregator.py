@@ -29,11 +29,11 @@ so replaying the same input from the same committed state emits the same output.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from sessionstore.encoding.ints import INT64 as _I64
 from sessionstore.encoding.keys import check_timestamp
 from sessionstore.operators.aggregations import Aggregation, record_output_plan
 from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
@@ -41,8 +41,6 @@ from sessionstore.operators.sessions.aggregator import _make_aggregation
 from sessionstore.stores.window import WindowStore
 
 __all__ = ["TimeWindows", "WindowUpdate", "WindowAggregator"]
-
-_I64 = struct.Struct(">q")
 
 
 @dataclass(frozen=True)
