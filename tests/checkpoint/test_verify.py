@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import os
 
-from sessionstore import StateStoreProvider, StoreSpec
+from sessionstore import StateStoreProvider
 from sessionstore.checkpoint.changelog import encode_changelog
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import changelog_name, content_name, manifest_name
 from sessionstore.checkpoint.snapshot import read_manifest
 from sessionstore.checkpoint.verify import Verification, verify_checkpoint, verify_partition
 from sessionstore.engine.write_buffer import WriteBuffer
+from tests.tools.test_cli import SPECS, write_checkpoint
 
-SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
 
-
-def write(uri, local, operator="op", partitions=(0, 1)):
-    """Each partition at version 3, with a snapshot of version 2."""
-    for partition in partitions:
-        p = StateStoreProvider(uri, operator, partition, SPECS, local, snapshot_interval=2)
-        for v in range(3):
-            h = p.get_store(v)
-            h["sessions"].put(f"u{partition}", v, v + 5, {"n": v})
-            h["plans"].put(f"u{partition}", f"plan{v}", v * 10)
-            h.commit()
-        p.do_maintenance()
-        p.close()
+def write(uri, local):
+    """Operator "op", partitions 0 and 1 at version 3, with a snapshot of version 2."""
+    write_checkpoint(uri, None, local)
 
 
 def flip(path, offset):
@@ -39,7 +30,9 @@ def flip(path, offset):
 def test_a_sound_checkpoint_has_no_problems(tmp_path):
     uri = f"file://{tmp_path}/ck"
     write(uri, tmp_path / "local")
-    write(uri, tmp_path / "local", operator="other", partitions=(0,))
+    other = StateStoreProvider(uri, "other", 0, SPECS, tmp_path / "local")
+    other.get_store(0).commit()
+    other.close()
     assert verify_checkpoint(uri) == Verification(["op", "other"], 3, [])
     assert verify_checkpoint(uri, ["other"]) == Verification(["other"], 1, [])
 
