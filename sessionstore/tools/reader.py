@@ -31,11 +31,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-import msgpack
-
 from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
-from sessionstore.checkpoint.layout import PartitionFiles
+from sessionstore.checkpoint.layout import (
+    PartitionFiles,
+    changelog_name,
+    committed_version,
+    local_databases,
+    operators,
+    partitions,
+    read_metadata,
+)
 from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
 from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.engine.write_buffer import WriteBuffer
@@ -61,8 +67,6 @@ __all__ = [
 #: ``progress(label, done, total)``: called as long operations advance.
 Progress = Callable[[str, int, int], None]
 
-_VERSION_KEY = b"committed_version"
-
 
 class NotFoundError(SessionStoreError, LookupError):
     """An operator, store, partition or key that the source does not have."""
@@ -74,24 +78,15 @@ class Aggregates(dict):
 
 
 # ----------------------------------------------------------- checkpoint metadata
-def operators(root: Storage) -> list[str]:
-    """Operators (directories with a ``_metadata`` file) under a checkpoint root."""
-    return [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
-
-
 def operator_metadata(root: Storage, operator: str) -> dict[str, Any]:
     """The recorded specs and partition count of ``operator``."""
     try:
-        return msgpack.unpackb(root.read(f"{operator}/_metadata"), raw=False)
+        return read_metadata(root.child(operator))
     except FileNotFoundError:
         known = ", ".join(operators(root)) or "none"
         raise NotFoundError(
             f"no operator {operator!r} in {root.uri} (operators: {known})"
         ) from None
-
-
-def partitions(root: Storage, operator: str) -> list[int]:
-    return sorted(int(d) for d in root.list_dirs(operator) if d.isdigit())
 
 
 def store_kind(source: CheckpointSource | LocalSource, operator: str, store: str) -> str:
@@ -149,7 +144,7 @@ class CheckpointSource:
         latest = files.latest()
         stats = None
         if latest in files.changelogs():
-            header = read_changelog_header(files.storage, f"changelog/{latest}.changelog")
+            header = read_changelog_header(files.storage, changelog_name(latest))
             stats = header.get("stats")
         return PartitionInfo(
             latest, files.loadable(), sorted(files.snapshots()), files.bytes_used(), stats
@@ -192,7 +187,7 @@ class LocalSource:
     def __init__(self, path: str) -> None:
         self.uri = path
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
-        self._dbs = _find_databases(path)
+        self._dbs = local_databases(path)
         if not self._dbs:
             raise NotFoundError(f"no sessionstore database under {path}")
 
@@ -264,48 +259,13 @@ class LocalSource:
 def _stores_of(db: StateDB) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(committed version, stores)`` of a read-only database, opened inside a batch
     that is rolled back (opening may expire segments; that must not be written)."""
-    raw = db.get_meta(_VERSION_KEY)
-    version = 0 if raw is None else int.from_bytes(raw, "big", signed=True)
+    version = committed_version(db)
     db.begin()
     try:
         specs = [StoreSpec.from_record({"name": n, **r}) for n, r in db.store_specs().items()]
         yield version, {spec.name: spec.open(db) for spec in specs}
     finally:
         db.rollback()
-
-
-def _find_databases(path: str) -> dict[tuple[str, int], str]:
-    """``(operator, partition) -> database directory`` for a local_dir, an operator
-    directory or a single database directory."""
-
-    def is_db(p: str) -> bool:
-        return os.path.isfile(os.path.join(p, "CURRENT"))
-
-    path = os.path.abspath(path)
-    if is_db(path):
-        parent = os.path.dirname(path)
-        if os.path.basename(path) == "db" and os.path.basename(parent).isdigit():
-            operator = os.path.basename(os.path.dirname(parent))
-            return {(operator, int(os.path.basename(parent))): path}
-        return {(os.path.basename(path), 0): path}
-    found = {}
-    for part in _digit_dirs(path):
-        if is_db(os.path.join(path, part, "db")):
-            found[(os.path.basename(path), int(part))] = os.path.join(path, part, "db")
-    if found:
-        return found
-    for operator in sorted(os.listdir(path)) if os.path.isdir(path) else []:
-        for part in _digit_dirs(os.path.join(path, operator)):
-            db = os.path.join(path, operator, part, "db")
-            if is_db(db):
-                found[(operator, int(part))] = db
-    return found
-
-
-def _digit_dirs(path: str) -> list[str]:
-    if not os.path.isdir(path):
-        return []
-    return [d for d in os.listdir(path) if d.isdigit() and os.path.isdir(os.path.join(path, d))]
 
 
 def _local_path(uri: str) -> str | None:
@@ -326,7 +286,7 @@ def open_source(
     if path is not None:
         if not os.path.exists(path):
             raise NotFoundError(f"{uri} does not exist")
-        if _find_databases(path):
+        if local_databases(path):
             return LocalSource(path)
     return CheckpointSource(uri, storage_options)
 
