@@ -57,7 +57,7 @@ class ArrowBatches:
         """The columnar path of :meth:`process_batch`: the emitted updates as an Arrow
         table with typed ``value`` fields, or None, with nothing changed, when the
         batch does not qualify (then use ``process_rows``). Which batches qualify is
-        the aggregator's (see :mod:`session_columns` and :mod:`window_columns`) and
+        the aggregator's (see :mod:`.sessions.columns` and :mod:`.windows.columns`) and
         :func:`columnar.prepare`'s."""
         if not self._columnar_applies():
             return None

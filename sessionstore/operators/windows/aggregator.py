@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sessionstore.encoding.keys import check_timestamp
-from sessionstore.operators.aggregations import Aggregation, record_output_plan
+from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
 from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
-from sessionstore.operators.sessions.aggregator import _make_aggregation
 from sessionstore.stores.window import WindowStore
 
 __all__ = ["TimeWindows", "WindowUpdate", "WindowAggregator"]
@@ -111,7 +110,7 @@ class WindowAggregator(ArrowBatches):
             merger = _no_merge  # fixed windows never merge
         self.store, self.windows, self.emit = store, windows, emit
         self.early_every_ms = early_every_ms
-        self.aggregation = _make_aggregation(initializer, aggregator, merger, aggregations)
+        self.aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         record_output_plan(store, self.aggregation, "acc")
         store.set_min_retention(windows.size_ms + windows.grace_ms)
         self._pending = store.end_index() if emit != "update" else None
@@ -280,7 +279,7 @@ class WindowAggregator(ArrowBatches):
         return [last[w] for w in sorted(last) if before[w] != last[w].value]
 
     def _columnar_applies(self) -> bool:
-        # emit="final" without early emission: see window_columns
+        # emit="final" without early emission: see windows.columns
         return self.emit == "final" and self.early_every_ms is None
 
     def _run_columnar(self, prepared: Any, timestamp: str, value: Any) -> Any:

@@ -32,7 +32,7 @@ from sessionstore.operators.columnar import (
     rows_result,
     value_struct_type,
 )
-from sessionstore.operators.sessions.batch import FAR_PAST, merge_slot
+from sessionstore.operators.vectorised import FAR_PAST, merge_slot
 
 if TYPE_CHECKING:
     from sessionstore.operators.windows.aggregator import WindowAggregator
