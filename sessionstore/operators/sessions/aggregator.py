@@ -40,7 +40,7 @@ from typing import Any
 
 from sessionstore.encoding.keys import check_timestamp
 from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
-from sessionstore.operators.arrow_batches import ArrowBatches
+from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.sessions.model import SessionUpdate, SessionWindows
 from sessionstore.operators.sessions.replay import net_changes, replay_rows, stored_values
@@ -81,25 +81,10 @@ class SessionWindowAggregator(ArrowBatches):
         )
         record_output_plan(store, self.aggregation, "acc_offsets" if track_offsets else "acc")
 
-    # The counters live in the state, which every path updates; they stay plain
-    # read-write attributes of the aggregator, as callers may reset them.
-    @property
-    def dropped_records(self) -> int:
-        """Records dropped: None key or timestamp, or late beyond grace."""
-        return self.state.dropped_records
-
-    @dropped_records.setter
-    def dropped_records(self, count: int) -> None:
-        self.state.dropped_records = count
-
-    @property
-    def replayed_records(self) -> int:
-        """Records ignored because their offset was already in their session."""
-        return self.state.replayed_records
-
-    @replayed_records.setter
-    def replayed_records(self, count: int) -> None:
-        self.state.replayed_records = count
+    #: Records dropped: None key or timestamp, or late beyond grace.
+    dropped_records = StateAttribute()
+    #: Records ignored because their offset was already in their session.
+    replayed_records = StateAttribute()
 
     @property
     def stream_time(self) -> int | None:
@@ -108,9 +93,6 @@ class SessionWindowAggregator(ArrowBatches):
     def close_time(self) -> int | None:
         """Sessions ending before this are closed (None before the first record)."""
         return self.state.close_time()
-
-    def _rolling_back(self) -> Any:
-        return self.state.rolling_back()
 
     def advance_to(self, event_time: int) -> list[SessionUpdate]:
         """Move stream time to ``event_time`` without a record (never back): in final

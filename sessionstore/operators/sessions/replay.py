@@ -21,10 +21,18 @@ import numpy as np
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp
 from sessionstore.operators.sessions.batch import fast_path_columns, run_fast_final, run_fast_keys
 from sessionstore.operators.sessions.model import SessionUpdate
-from sessionstore.operators.sessions.state import Session, SessionState
+from sessionstore.operators.sessions.state import Session, SessionState, Timing
 from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["replay_rows", "replay", "settle", "group", "net_of", "stored_values", "net_changes"]
+
+#: ``(sort key, update)``: the sort key orders a batch's emissions as the record
+#: path emits them.
+Emitted = list[tuple[tuple, SessionUpdate]]
+#: ``(key, encoded key, session)`` of every session a batch replay knows.
+Tracked = list[tuple[Any, bytes, Session]]
+#: ``(encoded key, start, end)``: a session's identity.
+SessionId = tuple[bytes, int, int]
 
 
 def replay_rows(
@@ -42,9 +50,9 @@ def replay_rows(
     if not groups:
         return []
     timing = state.timing(np.array(times, dtype=np.int64), times)
-    emitted: list[tuple[tuple, SessionUpdate]] = []
-    tracked: list[tuple[Any, bytes, Session]] = []  # every session the replay knows
-    loaded_ids: set[tuple[bytes, int, int]] = set()
+    emitted: Emitted = []
+    tracked: Tracked = []  # every session the replay knows
+    loaded_ids: set[SessionId] = set()
     entries = state.open_entries()
     open_kbs = None if entries is None else {kb for _, _, kb in entries}
     replay(
@@ -58,7 +66,7 @@ def replay_rows(
     return [u for _, u in emitted]
 
 
-def net_of(state: SessionState, tracked: list[tuple[Any, bytes, Session]]) -> list[SessionUpdate]:
+def net_of(state: SessionState, tracked: Tracked) -> list[SessionUpdate]:
     """The net change of a replayed batch: stored sessions it removed, and the
     sessions it leaves (a removed one's identity may come back with them)."""
     finish = state.aggregation.finish
@@ -75,7 +83,9 @@ def net_of(state: SessionState, tracked: list[tuple[Any, bytes, Session]]) -> li
     return net_changes(before, after)
 
 
-def stored_values(state: SessionState, keys, timestamps) -> dict[tuple[bytes, int, int], Any]:
+def stored_values(
+    state: SessionState, keys: Sequence[Any], timestamps: Sequence[int | None]
+) -> dict[SessionId, Any]:
     """Finished values of every stored session a batch can touch (within gap of
     its records' times, per key), by identity: what earlier batches emitted."""
     spans: dict[bytes, list] = {}
@@ -95,7 +105,10 @@ def stored_values(state: SessionState, keys, timestamps) -> dict[tuple[bytes, in
 
 
 def group(
-    state: SessionState, keys, timestamps, offsets
+    state: SessionState,
+    keys: Sequence[Any],
+    timestamps: Sequence[int | None],
+    offsets: Sequence[int | None],
 ) -> tuple[dict[bytes, list[int]], list[int], list]:
     """Row indices by encoded key, every row's time (``FAR_PAST`` for a dropped
     row: None key or time) and the checked offsets."""
@@ -130,9 +143,19 @@ def group(
 
 
 def replay(
-    state: SessionState, groups, keys, values, offsets, timing, open_kbs, emitted, tracked, loaded_ids,
-    allow_fast: bool = True, net: bool = False,
-) -> None:  # fmt: skip
+    state: SessionState,
+    groups: dict[bytes, list[int]],
+    keys: Sequence[Any],
+    values: Sequence[Any],
+    offsets: Sequence[int | None],
+    timing: Timing,
+    open_kbs: set[bytes] | None,
+    emitted: Emitted,
+    tracked: Tracked,
+    loaded_ids: set[SessionId],
+    allow_fast: bool = True,
+    net: bool = False,
+) -> None:
     """Replay each group's records (vectorised for keys that qualify), collecting
     emissions, every session touched and the ids of the stored sessions loaded.
     With ``net`` (update mode) only the sessions count, not each record's updates."""
@@ -233,7 +256,14 @@ def replay(
         run_fast_keys(fast_keys, ts_l, fast_columns, agg, gap, emitted, tracked)
 
 
-def settle(state: SessionState, timing, emitted, tracked, loaded_ids, open_entries=None) -> None:
+def settle(
+    state: SessionState,
+    timing: Timing,
+    emitted: Emitted,
+    tracked: Tracked,
+    loaded_ids: set[SessionId],
+    open_entries: list[tuple[int, int, bytes]] | None = None,
+) -> None:
     """Close the open sessions the batch passed without loading them, write the
     touched sessions back, and move stream and close time. ``open_entries`` is
     the end index as the batch read it (nothing writes it before this), which
@@ -303,7 +333,7 @@ def settle(state: SessionState, timing, emitted, tracked, loaded_ids, open_entri
 
 
 def net_changes(
-    before: dict[tuple[bytes, int, int], Any], after: dict[tuple[bytes, int, int], tuple[Any, Any]]
+    before: dict[SessionId, Any], after: dict[SessionId, tuple[Any, Any]]
 ) -> list[SessionUpdate]:
     """A batch's net change, in identity order. ``before``: finished values of the
     stored sessions the batch touched, as it began; ``after``: ``(key, finished

@@ -39,7 +39,7 @@ from typing import Any
 
 from sessionstore.encoding.keys import check_timestamp
 from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
-from sessionstore.operators.arrow_batches import ArrowBatches
+from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute
 from sessionstore.operators.windows.model import TimeWindows, WindowUpdate
 from sessionstore.operators.windows.state import WindowState
 from sessionstore.stores.window import WindowStore
@@ -90,16 +90,8 @@ class WindowAggregator(ArrowBatches):
             if type(early_every_ms) is not int or early_every_ms <= 0:
                 raise ValueError(f"early_every_ms must be a positive int, got {early_every_ms!r}")
 
-    # The counter lives in the state, which both paths update; it stays a plain
-    # read-write attribute of the aggregator, as callers may reset it.
-    @property
-    def dropped_records(self) -> int:
-        """Records that landed in no open window (or had a None key or timestamp)."""
-        return self.state.dropped_records
-
-    @dropped_records.setter
-    def dropped_records(self, count: int) -> None:
-        self.state.dropped_records = count
+    #: Records that landed in no open window (or had a None key or timestamp).
+    dropped_records = StateAttribute()
 
     @property
     def stream_time(self) -> int | None:
@@ -119,9 +111,6 @@ class WindowAggregator(ArrowBatches):
         """Add one record to its windows; return what it emits."""
         with self._rolling_back():
             return self._checked(key, value, timestamp)
-
-    def _rolling_back(self) -> Any:
-        return self.state.rolling_back()
 
     def _checked(
         self, key: Any, value: Any, timestamp: Any, before: dict | None = None
