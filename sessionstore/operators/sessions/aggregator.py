@@ -88,6 +88,7 @@ class SessionWindowAggregator(ArrowBatches):
 
     @property
     def stream_time(self) -> int | None:
+        """The largest timestamp seen (None before the first record)."""
         return self.state.stream_time
 
     def close_time(self) -> int | None:

@@ -95,6 +95,7 @@ class WindowAggregator(ArrowBatches):
 
     @property
     def stream_time(self) -> int | None:
+        """The largest timestamp seen (None before the first record)."""
         return self.state.stream_time
 
     def advance_to(self, event_time: int) -> list[WindowUpdate]:
