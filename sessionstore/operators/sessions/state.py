@@ -2,11 +2,11 @@
 
 :class:`SessionState` is the aggregator's state: its store and end index, the
 stream time and last close time it keeps beside the store (saved in the store's
-metadata with each batch), and its counters. The record path, the record-exact
-replay (:mod:`~sessionstore.operators.sessions.replay`), the vectorised path
-(:mod:`~sessionstore.operators.sessions.batch`) and the columnar path
-(:mod:`~sessionstore.operators.sessions.columns`) all work on it and never see the
-aggregator, which only chooses between them. :class:`Timing` is how each row of
+metadata with each batch), and its counters. The aggregator's record path works
+on it, and so do the batch paths, which never see the aggregator: the
+record-exact replay (:mod:`~sessionstore.operators.sessions.replay`), its
+vectorised part (:mod:`~sessionstore.operators.sessions.batch`) and the columnar
+path (:mod:`~sessionstore.operators.sessions.columns`). :class:`Timing` is how each row of
 one batch sees time; :class:`Session` is a session held in memory while a batch
 is replayed.
 """

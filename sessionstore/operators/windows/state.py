@@ -3,9 +3,9 @@
 :class:`WindowState` is the aggregator's state: its window store, the pending
 index of windows still to fire, the stream time and last early tick it keeps
 beside the store (saved in the store's metadata with each batch), what was fired
-already, and its counter. The record path and the columnar path
+already, and its counter. The aggregator's record path and the columnar path
 (:mod:`~sessionstore.operators.windows.columns`) both work on it; the columnar
-path never sees the aggregator, which only chooses between them.
+path never sees the aggregator.
 """
 
 from __future__ import annotations
