@@ -1,6 +1,6 @@
 """Session-window aggregation (KIP-94) over a session store, record by record or per batch.
 
-Rules (README "Session windows" has the full list):
+Rules (docs/operators.md, "Session windows (KIP-94)", has the full list):
 
 * **Merge candidates** of a record at ``ts`` are the stored sessions of its key with
   ``end >= ts - gap`` and ``start <= ts + gap`` (an inclusive gap, as Spark's
