@@ -15,7 +15,6 @@ from sessionstore.checkpoint import (
 )
 from sessionstore.encoding.keys import decode_key, encode_key
 from sessionstore.encoding.serde import BytesSerde, KeyCodecSerde, MsgpackSerde, Serde, StringSerde
-from sessionstore.engine.db import StateDB
 from sessionstore.errors import (
     SessionStoreError,
     StateDBLockedError,
@@ -49,6 +48,7 @@ from sessionstore.stores.records import (
     VersionedRecord,
 )
 from sessionstore.stores.session import SessionStore
+from sessionstore.stores.state_db import StateDB
 from sessionstore.stores.versioned import VersionedStore
 
 __all__ = [

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessionstore.checkpoint.filesystem import redact
+from sessionstore.checkpoint.provider import CommitObserver
 
 __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
 
@@ -27,6 +28,10 @@ class StateBackend:
     their RocksDB databases (default: ``<tmp>/sessionstore-local/<hash of the
     checkpoint URI>``). A local database records which checkpoint it belongs to, so
     queries that share a ``local_dir`` never read each other's state.
+    ``commit_observer``: called in the executors at each step of every commit (see
+    :data:`~sessionstore.checkpoint.provider.CommitObserver`), for metrics, tracing
+    or fault injection; it travels to them pickled with the backend, so give a
+    picklable object with a stable ``repr`` (warm providers are kept per setting).
     """
 
     checkpoint_uri: str
@@ -34,10 +39,7 @@ class StateBackend:
     snapshot_interval: int = 10
     retain_versions: int = 100
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: Test hook: a path. When a file ``<path>/fail-<batch>-<partition>`` exists, the
-    #: first attempt of that task deletes it and fails right after committing its
-    #: state, before its output reaches Spark (the worst moment for exactly-once).
-    fail_marker_dir: str | None = None
+    commit_observer: CommitObserver | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_uri, str) or not self.checkpoint_uri:

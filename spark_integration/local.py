@@ -45,7 +45,7 @@ def local_spark(
     # over TCP each Python task stalls on its first Arrow message (a
     # small-write/delayed-ACK stall, measured in BENCHMARKS.md), a fixed cost per
     # task and micro-batch. Spark 4.1+ reads this; older releases ignore it. See
-    # the README's Spark section.
+    # the README, "Spark operators" > "Configuration".
     conf.setdefault(UNIX_SOCKET_CONF.replace(".", "__"), "true")
     for key, value in conf.items():
         builder = builder.config(key.replace("__", "."), value)

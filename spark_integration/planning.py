@@ -103,7 +103,7 @@ _warned_tcp = False
 def warn_tcp_workers(spark: Any) -> bool:
     """Warn once per process when Spark 4.1+ talks to Python workers over TCP.
 
-    Each Python task then stalls before its input arrives (see the README's Spark
+    Each Python task then stalls before its input arrives (see the README's "Configuration"
     section; measured in BENCHMARKS.md), on every partition of every micro-batch.
     The setting is fixed when the SparkContext starts, so all we can do is say so.
     Returns whether it warned.

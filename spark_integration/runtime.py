@@ -64,7 +64,7 @@ def partition_state(
     num_partitions: int,
 ) -> Iterator[tuple[StoreHandle, StateStoreProvider]]:
     """The partition's stores at version ``batch_id``; committed as ``batch_id + 1``
-    when the block succeeds, dropped when it raises. Then the failure hook runs.
+    when the block succeeds, dropped when it raises.
 
     The provider comes warm from this Python worker's :class:`StoreService` (the
     database stays open between micro-batches and moves to another worker of the
@@ -86,7 +86,7 @@ def partition_state(
     key = repr((
         backend.checkpoint_uri, local_dir, backend.snapshot_interval, backend.retain_versions,
         sorted(backend.storage_options.items()), name, info.partition, num_partitions,
-        [spec.describe() for spec in specs],
+        [spec.describe() for spec in specs], backend.commit_observer,
     ))  # fmt: skip
 
     def make() -> StateStoreProvider:
@@ -100,6 +100,7 @@ def partition_state(
             retain_versions=backend.retain_versions,
             storage_options=backend.storage_options,
             num_partitions=num_partitions,
+            commit_observer=backend.commit_observer,
         )
 
     service = StoreService.instance()
@@ -116,7 +117,6 @@ def partition_state(
             service.maintain_later(key)
         else:  # this worker exits with the task (os._exit): a background upload would die
             provider.do_maintenance()
-    _maybe_fail(backend, info)
 
 
 _helper: tuple[int, ThreadPoolExecutor] | None = None
@@ -206,18 +206,6 @@ def state_and_inputs(
         raise
     with ahead as ((handle, provider), shared):
         yield handle, provider, inputs, shared
-
-
-def _maybe_fail(backend: StateBackend, info: TaskInfo) -> None:
-    """The failure-injection hook of ``StateBackend.fail_marker_dir`` (tests only)."""
-    if backend.fail_marker_dir is None or info.attempt > 0:
-        return
-    marker = os.path.join(backend.fail_marker_dir, f"fail-{info.batch_id}-{info.partition}")
-    if os.path.exists(marker):
-        os.remove(marker)
-        raise RuntimeError(
-            f"injected failure after commit: batch {info.batch_id}, partition {info.partition}"
-        )
 
 
 def deterministic_order(table: pa.Table, first: Sequence[str] = ()) -> pa.Table:

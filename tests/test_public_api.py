@@ -29,7 +29,9 @@ def _documented_imports() -> set[str]:
 def _readme_operators() -> set[str]:
     """The operator classes the README's Operators section lists."""
     text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Operators\n", 1)[1].split("\n## ", 1)[0]
+    # the section under the "Operators" heading (any level), up to the next heading
+    section = re.split(r"\n#+ Operators\n", text, maxsplit=1)[1]
+    section = re.split(r"\n#+ ", section, maxsplit=1)[0]
     names = set()
     for line in re.findall(r"^- (.+?):", section, re.M):
         names.update(re.findall(r"`([A-Z]\w+)`", line))

@@ -209,18 +209,6 @@ class Storage:
                 with self.fs.open_output_stream(target) as out:
                     out.write(data)
 
-    def write_partial_for_test(self, rel: str, data: bytes) -> None:
-        """Leave what a writer killed mid-upload leaves: a temporary file (local) or
-        nothing (an object store never shows an unfinished PUT). Tests only."""
-        if self._local:
-            target = self.path(rel)
-            parent = target.rsplit("/", 1)[0]
-            self.fs.create_dir(parent, recursive=True)
-            tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-
     def upload_file(self, local_path: str, rel: str) -> None:
         """Copy a local file to ``rel`` (atomically, as write_atomic)."""
         with open(local_path, "rb") as f:

@@ -1,25 +1,149 @@
-"""The remote files of one operator partition, read-only: versions and sizes."""
+"""Every name of a checkpoint, remote and local, and its meta keys: the one place
+that spells them (everything else asks this module).
+
+Remote, under the checkpoint URI (object storage)::
+
+    <checkpoint_uri>/
+      <operator>/
+        _metadata                    msgpack map: format, operator_id, num_partitions,
+                                     stores (their specs), checkpoint_id (the
+                                     checkpoint's identity, see provider.py)
+        event_time/<batch>/<partition>   int64: a partition's event time after a batch
+                                     (see event_time.py); two batches are kept
+        <partition>/                 a decimal partition number
+          changelog/<N>.changelog    every write of version N (see changelog.py); its
+                                     upload is the commit point of version N
+          snapshot/<N>.manifest      the files of the snapshot of version N (see
+                                     snapshot.py); written last, so it is the snapshot
+          files/<sha256>             snapshot files by content, shared by snapshots
+          .<name>.<uuid>.tmp         an upload in progress or killed: never read
+
+Local, under an executor's ``local_dir`` (one partition's working copy)::
+
+    <local_dir>/
+      <operator>/
+        <partition>/
+          db/                        the RocksDB database (has RocksDB's CURRENT file)
+          owner                      pid of the process holding db (store_service.py)
+          maintenance.lock           flock: one snapshot upload/prune at a time
+          snapshots/<N>/             RocksDB checkpoint of version N (hard links), until
+                                     uploaded; RocksDB builds it as snapshots/<N>.tmp
+        <partition>.restore-<uuid>/db   a restore in progress, renamed to db when whole
+
+Meta keys of a local database (:meth:`StateDB.get_meta`):
+
+* ``committed_version``: int64 big-endian, the version the database holds. It is
+  written into the commit's batch, so every changelog carries it too.
+* ``checkpoint_identity``: msgpack ``[checkpoint id, location of the partition]``,
+  local only (never in a changelog): which checkpoint's copy the database is.
+"""
 
 from __future__ import annotations
 
-from sessionstore.checkpoint.filesystem import Storage
+import os
+from typing import Any
 
-__all__ = ["PartitionFiles"]
+import msgpack
+
+from sessionstore.checkpoint.filesystem import Storage
+from sessionstore.encoding.ints import INT64
+
+__all__ = [
+    "PartitionFiles",
+    "METADATA",
+    "CHECKPOINT_ID_FIELD",
+    "EVENT_TIME_DIR",
+    "CHANGELOG_DIR",
+    "SNAPSHOT_DIR",
+    "FILES_DIR",
+    "VERSION_KEY",
+    "IDENTITY_KEY",
+    "changelog_name",
+    "manifest_name",
+    "content_name",
+    "event_time_name",
+    "operators",
+    "partitions",
+    "read_metadata",
+    "write_metadata",
+    "encode_version",
+    "committed_version",
+    "LocalPartition",
+    "database_in",
+    "owner_file",
+    "is_database",
+    "local_databases",
+]
+
+# ------------------------------------------------------------------- remote
+METADATA = "_metadata"
+#: The field of an operator's ``_metadata`` that holds the checkpoint's id.
+CHECKPOINT_ID_FIELD = "checkpoint_id"
+EVENT_TIME_DIR = "event_time"
+CHANGELOG_DIR = "changelog"
+SNAPSHOT_DIR = "snapshot"
+FILES_DIR = "files"
+_CHANGELOG_SUFFIX = ".changelog"
+_MANIFEST_SUFFIX = ".manifest"
+
+
+def changelog_name(version: int) -> str:
+    """``changelog/<version>.changelog``, relative to a partition."""
+    return f"{CHANGELOG_DIR}/{version}{_CHANGELOG_SUFFIX}"
+
+
+def manifest_name(version: int) -> str:
+    """``snapshot/<version>.manifest``, relative to a partition."""
+    return f"{SNAPSHOT_DIR}/{version}{_MANIFEST_SUFFIX}"
+
+
+def content_name(sha256: str) -> str:
+    """``files/<sha256>``, relative to a partition."""
+    return f"{FILES_DIR}/{sha256}"
+
+
+def event_time_name(batch_id: int, partition: int | None = None) -> str:
+    """``event_time/<batch>/<partition>`` relative to an operator (the batch's folder
+    when ``partition`` is None)."""
+    folder = f"{EVENT_TIME_DIR}/{batch_id}"
+    return folder if partition is None else f"{folder}/{partition}"
+
+
+def operators(root: Storage) -> list[str]:
+    """Operators (directories with a ``_metadata`` file) under a checkpoint root."""
+    return [d for d in root.list_dirs() if root.exists(f"{d}/{METADATA}")]
+
+
+def partitions(root: Storage, operator: str) -> list[int]:
+    """The partitions of ``operator`` that have a directory under a checkpoint root."""
+    return sorted(int(d) for d in root.list_dirs(operator) if d.isdigit())
+
+
+def read_metadata(operator_storage: Storage) -> dict[str, Any]:
+    """An operator's ``_metadata`` (``FileNotFoundError`` if it has none)."""
+    return msgpack.unpackb(operator_storage.read(METADATA), raw=False)
+
+
+def write_metadata(operator_storage: Storage, metadata: dict[str, Any]) -> None:
+    """Replace an operator's ``_metadata`` atomically."""
+    operator_storage.write_atomic(METADATA, msgpack.packb(metadata))
+
+
+def _versions(names: list[str], suffix: str) -> set[int]:
+    return {int(n[: -len(suffix)]) for n in names if n.endswith(suffix)}
 
 
 class PartitionFiles:
-    """``changelog/<N>.changelog`` and ``snapshot/<N>.manifest`` under a partition."""
+    """The remote files of one operator partition, read-only: versions and sizes."""
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
 
     def changelogs(self) -> set[int]:
-        names = self.storage.list("changelog")
-        return {int(n.split(".")[0]) for n in names if n.endswith(".changelog")}
+        return _versions(self.storage.list(CHANGELOG_DIR), _CHANGELOG_SUFFIX)
 
     def snapshots(self) -> set[int]:
-        names = self.storage.list("snapshot")
-        return {int(n.split(".")[0]) for n in names if n.endswith(".manifest")}
+        return _versions(self.storage.list(SNAPSHOT_DIR), _MANIFEST_SUFFIX)
 
     def latest(self) -> int:
         """The newest committed version (0 when nothing was committed)."""
@@ -37,6 +161,105 @@ class PartitionFiles:
 
     def bytes_used(self) -> int:
         total = 0
-        for folder in ("changelog", "snapshot", "files"):
+        for folder in (CHANGELOG_DIR, SNAPSHOT_DIR, FILES_DIR):
             total += sum(self.storage.size(f"{folder}/{n}") for n in self.storage.list(folder))
         return total
+
+
+# ---------------------------------------------------------------- meta keys
+VERSION_KEY = b"committed_version"
+#: Which checkpoint a local database belongs to: msgpack ``[checkpoint id, location
+#: of the partition]``. Two queries may share a local_dir and an operator name, and
+#: one must never take the other's state. Written to the local database alone, never
+#: into a changelog. (Releases before checkpoint ids wrote the partition's URI under
+#: ``checkpoint_partition``, into the changelogs: that key is ignored.)
+IDENTITY_KEY = b"checkpoint_identity"
+
+
+def encode_version(version: int) -> bytes:
+    """The value of :data:`VERSION_KEY` for ``version``."""
+    return INT64.pack(version)
+
+
+def committed_version(db: Any) -> int:
+    """The committed version a :class:`StateDB` holds (0 for a new database)."""
+    raw = db.get_meta(VERSION_KEY)
+    return 0 if raw is None else INT64.unpack(raw)[0]
+
+
+# -------------------------------------------------------------------- local
+_DB = "db"
+_OWNER = "owner"
+
+
+class LocalPartition:
+    """The local paths of one operator partition under ``local_dir``."""
+
+    def __init__(self, local_dir: str | os.PathLike[str], operator: str, partition: int) -> None:
+        self.root = os.path.join(os.fspath(local_dir), operator, str(partition))
+        self.db = database_in(self.root)
+        self.owner = os.path.join(self.root, _OWNER)
+        self.maintenance_lock = os.path.join(self.root, "maintenance.lock")
+        self.snapshots = os.path.join(self.root, "snapshots")
+
+    def snapshot(self, version: int) -> str:
+        """Where the local checkpoint of ``version`` waits for its upload."""
+        return os.path.join(self.snapshots, str(version))
+
+    def pending_snapshots(self) -> list[int]:
+        """Versions whose local checkpoint is complete, ascending (digits only:
+        RocksDB builds a checkpoint in ``<N>.tmp`` and renames it)."""
+        if not os.path.isdir(self.snapshots):
+            return []
+        return sorted(int(n) for n in os.listdir(self.snapshots) if n.isdigit())
+
+    def restore_dir(self, token: str) -> str:
+        """A scratch directory beside the partition's, for a restore (``<dir>/db``)."""
+        return f"{self.root}.restore-{token}"
+
+
+def database_in(folder: str) -> str:
+    """The database directory of a partition's folder (or of a restore's scratch)."""
+    return os.path.join(folder, _DB)
+
+
+def owner_file(db_path: str) -> str:
+    """The ``owner`` file beside a local database."""
+    return os.path.join(os.path.dirname(db_path), _OWNER)
+
+
+def is_database(path: str) -> bool:
+    """Whether ``path`` is a RocksDB database directory (RocksDB writes CURRENT)."""
+    return os.path.isfile(os.path.join(path, "CURRENT"))
+
+
+def local_databases(path: str) -> dict[tuple[str, int], str]:
+    """``(operator, partition) -> database directory`` for a local_dir, an operator
+    directory or a single database directory (any other database is partition 0 of
+    an operator named after its directory)."""
+    path = os.path.abspath(path)
+    if is_database(path):
+        parent = os.path.dirname(path)
+        if os.path.basename(path) == _DB and os.path.basename(parent).isdigit():
+            operator = os.path.basename(os.path.dirname(parent))
+            return {(operator, int(os.path.basename(parent))): path}
+        return {(os.path.basename(path), 0): path}
+    found = {}
+    for part in _digit_dirs(path):
+        db = os.path.join(path, part, _DB)
+        if is_database(db):
+            found[(os.path.basename(path), int(part))] = db
+    if found:
+        return found
+    for operator in sorted(os.listdir(path)) if os.path.isdir(path) else []:
+        for part in _digit_dirs(os.path.join(path, operator)):
+            db = os.path.join(path, operator, part, _DB)
+            if is_database(db):
+                found[(operator, int(part))] = db
+    return found
+
+
+def _digit_dirs(path: str) -> list[str]:
+    if not os.path.isdir(path):
+        return []
+    return [d for d in os.listdir(path) if d.isdigit() and os.path.isdir(os.path.join(path, d))]

@@ -3,20 +3,17 @@
 Modelled on Spark's RocksDB state store provider with changelog checkpointing.
 Version N is the state after micro-batch N; version 0 is empty.
 
-Remote layout under ``<checkpoint_uri>/<operator_id>/``::
-
-    _metadata                      store specs, partition count, format and the
-                                   checkpoint's id (msgpack)
-    <partition>/changelog/<N>.changelog   every write of version N (see changelog.py)
-    <partition>/snapshot/<N>.manifest     files of the snapshot of version N
-    <partition>/files/<sha256>            content-addressed snapshot files
+Files and meta keys, remote and local: see layout.py.
 
 Commit protocol: the stores write into one batch of the local StateDB; at commit
 the batch (stores' metadata and ``committed_version = N`` included) is serialised
 as changelog N and uploaded atomically. **That upload is the commit point.** Only
 then is the same batch written to the local RocksDB. A crash before the upload
 leaves version N-1 everywhere; a crash after it leaves the local copy one version
-behind, and the next load replays changelog N.
+behind, and the next load replays changelog N. A ``commit_observer`` sees each
+step (``prepared``, ``uploaded``, ``applied``): for metrics, tracing, or a test
+that injects a failure there, as Spark's tests plug a failure-injecting file
+manager in.
 
 Loading version N: if the local database is at N it is used as is; if it is
 behind and the changelogs up to N exist, they are replayed; otherwise (a new
@@ -41,39 +38,70 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import signal
-import struct
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
 
 from sessionstore.checkpoint.changelog import decode_changelog, encode_changelog
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
-from sessionstore.checkpoint.layout import PartitionFiles
+from sessionstore.checkpoint.layout import (
+    CHECKPOINT_ID_FIELD,
+    FILES_DIR,
+    IDENTITY_KEY,
+    METADATA,
+    VERSION_KEY,
+    LocalPartition,
+    PartitionFiles,
+    changelog_name,
+    committed_version,
+    content_name,
+    database_in,
+    encode_version,
+    is_database,
+    manifest_name,
+    read_metadata,
+    write_metadata,
+)
 from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
 from sessionstore.checkpoint.spec import StoreSpec
-from sessionstore.engine.db import StateDB, check_store_name, is_data_family
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
+from sessionstore.stores.base import check_store_name, is_data_family
+from sessionstore.stores.state_db import StateDB
 
-__all__ = ["StateStoreProvider", "StoreHandle", "CheckpointMismatchError", "VersionNotFoundError"]
+__all__ = [
+    "StateStoreProvider",
+    "StoreHandle",
+    "CommitStep",
+    "CommitObserver",
+    "COMMIT_STEPS",
+    "CheckpointMismatchError",
+    "VersionNotFoundError",
+]
 
 FORMAT = 1
-_VERSION_KEY = b"committed_version"
-#: Which checkpoint a local database belongs to: msgpack ``[checkpoint id, location
-#: of the partition]``. Two queries may share a local_dir and an operator name, and
-#: one must never take the other's state. Written to the local database alone, never
-#: into a changelog. (Releases before checkpoint ids wrote the partition's URI under
-#: ``checkpoint_partition``, into the changelogs: that key is ignored.)
-_IDENTITY_KEY = b"checkpoint_identity"
-#: The field of an operator's ``_metadata`` that holds the checkpoint's id.
-_ID_FIELD = "checkpoint_id"
-_I64 = struct.Struct(">q")
-#: Test hook: the name of a commit step at which the process kills itself (SIGKILL).
-FAULT_ENV = "SESSIONSTORE_FAULT"
+#: The steps of a commit a :data:`CommitObserver` sees, in order: the changelog is
+#: encoded and nothing is written yet; it is uploaded (the commit point: the version
+#: is durable); the local database holds it.
+COMMIT_STEPS = ("prepared", "uploaded", "applied")
+
+
+@dataclass(frozen=True)
+class CommitStep:
+    """One step of a commit, as a :data:`CommitObserver` sees it."""
+
+    step: str  # one of COMMIT_STEPS
+    operator_id: str
+    partition_id: int
+    version: int
+
+
+#: Called at each of :data:`COMMIT_STEPS` of every commit. An exception it raises
+#: fails the commit at that step, with the state as the step says.
+CommitObserver = Callable[[CommitStep], None]
 
 
 class CheckpointMismatchError(SessionStoreError, ValueError):
@@ -103,11 +131,6 @@ def store_stats(
             "keys": max(keys, 0),
         }
     return stats
-
-
-def _fault(step: str) -> None:
-    if os.environ.get(FAULT_ENV) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class StoreHandle:
@@ -185,6 +208,7 @@ class StateStoreProvider:
         storage_options: dict[str, Any] | None = None,
         num_partitions: int | None = None,
         progress: Callable[[str, int, int], None] | None = None,
+        commit_observer: CommitObserver | None = None,
     ) -> None:
         check_store_name(operator_id)
         if type(partition_id) is not int or partition_id < 0:
@@ -208,13 +232,13 @@ class StateStoreProvider:
         self._checkpoint_id: str | None = None
         self._check_metadata(num_partitions)
         self._location = self._remote.location
-        self._local = os.path.join(os.fspath(local_dir), operator_id, str(partition_id))
-        self._db_path = os.path.join(self._local, "db")
-        self._snap_dir = os.path.join(self._local, "snapshots")
+        self._local = LocalPartition(local_dir, operator_id, partition_id)
+        self._db_path = self._local.db
         self._db: StateDB | None = None
         self._handle: StoreHandle | None = None
         #: ``progress(label, done, total)`` during restores (the CLI's progress bars)
         self._progress = progress or (lambda label, done, total: None)
+        self._observer = commit_observer
 
     def __repr__(self) -> str:
         return f"StateStoreProvider({self._remote.uri!r}, storage_options={self.storage_options})"
@@ -226,7 +250,7 @@ class StateStoreProvider:
 
     # --------------------------------------------------------------- metadata
     def _read_metadata(self) -> dict[str, Any]:
-        return msgpack.unpackb(self._operator.read("_metadata"), raw=False)
+        return read_metadata(self._operator)
 
     def _check_metadata(self, num_partitions: int | None) -> None:
         wanted = {
@@ -241,8 +265,8 @@ class StateStoreProvider:
             # a new checkpoint: its id is born with its metadata
             self._write_id(wanted)
             return
-        self._checkpoint_id = recorded.get(_ID_FIELD)
-        where = f"{self._operator.uri}/_metadata"
+        self._checkpoint_id = recorded.get(CHECKPOINT_ID_FIELD)
+        where = f"{self._operator.uri}/{METADATA}"
         if recorded.get("format") != FORMAT:
             raise CheckpointMismatchError(
                 f"{where} has checkpoint format {recorded.get('format')}; this sessionstore "
@@ -264,9 +288,7 @@ class StateStoreProvider:
                 f"{num_partitions}; the partition count is fixed for the life of a checkpoint"
             )
         if old_n is None and num_partitions is not None:
-            self._operator.write_atomic(
-                "_metadata", msgpack.packb({**recorded, "num_partitions": num_partitions})
-            )
+            write_metadata(self._operator, {**recorded, "num_partitions": num_partitions})
 
     def _write_id(self, metadata: dict[str, Any]) -> None:
         """Record ``metadata`` with a new checkpoint id and take the id recorded.
@@ -275,19 +297,19 @@ class StateStoreProvider:
         reading it back leaves few of them believing a lost id. One that does has
         its local database refused once (see :meth:`_owns`); nothing else follows.
         """
-        new = {**metadata, _ID_FIELD: uuid.uuid4().hex}
-        self._operator.write_atomic("_metadata", msgpack.packb(new))
-        self._checkpoint_id = self._read_metadata().get(_ID_FIELD)
+        new = {**metadata, CHECKPOINT_ID_FIELD: uuid.uuid4().hex}
+        write_metadata(self._operator, new)
+        self._checkpoint_id = self._read_metadata().get(CHECKPOINT_ID_FIELD)
 
     def _adopt_id(self) -> bool:
         """Give a checkpoint written before checkpoint ids existed its id, at its
         first commit by this release (before the changelog upload, the commit
         point). True if it has one now."""
         recorded = self._read_metadata()
-        if recorded.get(_ID_FIELD) is None:
+        if recorded.get(CHECKPOINT_ID_FIELD) is None:
             self._write_id(recorded)
         else:
-            self._checkpoint_id = recorded[_ID_FIELD]
+            self._checkpoint_id = recorded[CHECKPOINT_ID_FIELD]
         return self._checkpoint_id is not None
 
     @property
@@ -332,25 +354,20 @@ class StateStoreProvider:
         of this partition may have restored the database since under the id that
         won.
         """
-        owner = db.get_meta(_IDENTITY_KEY)
+        owner = db.get_meta(IDENTITY_KEY)
         if owner is None:
             return False
         if owner != self._identity:
             try:
-                self._checkpoint_id = self._read_metadata().get(_ID_FIELD)
+                self._checkpoint_id = self._read_metadata().get(CHECKPOINT_ID_FIELD)
             except FileNotFoundError:  # the checkpoint is gone: nothing here is its state
                 return False
         return owner == self._identity
 
-    @staticmethod
-    def _committed_version(db: StateDB) -> int:
-        raw = db.get_meta(_VERSION_KEY)
-        return 0 if raw is None else _I64.unpack(raw)[0]
-
     def _local_version(self, db: StateDB) -> int:
         """The committed version of a local database, or -1 if it belongs to another
         checkpoint (so that it is never used, only replaced by a restore)."""
-        return self._committed_version(db) if self._owns(db) else -1
+        return committed_version(db) if self._owns(db) else -1
 
     @property
     def local_db_path(self) -> str:
@@ -368,7 +385,7 @@ class StateStoreProvider:
         Raises :class:`~sessionstore.errors.StateDBLockedError` while another process
         holds it: the store service uses this to hand a partition over.
         """
-        if self._db is None and os.path.exists(os.path.join(self._db_path, "CURRENT")):
+        if self._db is None and is_database(self._db_path):
             self._db = StateDB.open(self._db_path)
 
     def _load(self, version: int) -> StateDB:
@@ -399,7 +416,7 @@ class StateStoreProvider:
         return self._db
 
     def _replay(self, db: StateDB, version: int) -> None:
-        rel = f"changelog/{version}.changelog"
+        rel = changelog_name(version)
         try:
             data = self._remote.read(rel)
         except FileNotFoundError as exc:
@@ -408,7 +425,7 @@ class StateStoreProvider:
             ) from None
         _, buf = decode_changelog(data, f"{self._remote.uri}/{rel}", version)
         db.apply(buf)
-        if self._committed_version(db) != version:
+        if committed_version(db) != version:
             raise SessionStoreError(
                 f"{self._remote.uri}/{rel} did not bring the state to version {version}"
             )
@@ -416,19 +433,19 @@ class StateStoreProvider:
     def _restore(self, version: int, snapshots: set[int]) -> None:
         """Rebuild the local copy at ``version`` from remote files, all or nothing."""
         base = max((s for s in snapshots if s <= version), default=0)
-        tmp = f"{self._local}.restore-{uuid.uuid4().hex}"
+        tmp = self._local.restore_dir(uuid.uuid4().hex)
         try:
-            db_dir = os.path.join(tmp, "db")
+            db_dir = database_in(tmp)
             if base:
                 self._progress("download snapshot", 0, 1)
                 download_snapshot(self._remote, base, db_dir)
                 self._progress("download snapshot", 1, 1)
             db = StateDB.open(db_dir)
             try:
-                if self._committed_version(db) != base:
+                if committed_version(db) != base:
                     raise SessionStoreError(
                         f"snapshot {base} of {self._remote.uri} holds version "
-                        f"{self._committed_version(db)}"
+                        f"{committed_version(db)}"
                     )
                 for v in range(base + 1, version + 1):
                     self._progress("replay changelogs", v - base - 1, version - base)
@@ -436,7 +453,7 @@ class StateStoreProvider:
                 self._progress("replay changelogs", version - base, version - base)
                 # downloaded from this checkpoint, so it is this checkpoint's state,
                 # whatever the snapshot's writer recorded
-                db.put_meta(_IDENTITY_KEY, self._identity)
+                db.put_meta(IDENTITY_KEY, self._identity)
             finally:
                 db.close()
         except BaseException:
@@ -446,7 +463,7 @@ class StateStoreProvider:
             self._db.close()
             self._db = None
         shutil.rmtree(self._db_path, ignore_errors=True)
-        os.makedirs(self._local, exist_ok=True)
+        os.makedirs(self._local.root, exist_ok=True)
         os.replace(db_dir, self._db_path)
         shutil.rmtree(tmp, ignore_errors=True)
         self._db = StateDB.open(self._db_path)
@@ -455,38 +472,38 @@ class StateStoreProvider:
     def _commit(self, handle: StoreHandle) -> int:
         db, version = handle.db, handle.version + 1
         adopted = self._checkpoint_id is None and self._adopt_id()
-        db.put_meta(_VERSION_KEY, _I64.pack(version))
+        db.put_meta(VERSION_KEY, encode_version(version))
         buf = db.prepare()
         data = encode_changelog(
             buf, self.operator_id, self.partition_id, version, store_stats(db, handle.stores, buf)
         )
-        rel = f"changelog/{version}.changelog"
-        _fault("before_upload")
-        if os.environ.get(FAULT_ENV) == "mid_upload":
-            self._remote.write_partial_for_test(rel, data[: len(data) // 2])
-            _fault("mid_upload")
-        self._remote.write_atomic(rel, data)
-        _fault("after_upload")
+        self._observe("prepared", version)
+        self._remote.write_atomic(changelog_name(version), data)
+        self._observe("uploaded", version)
         db.apply(buf)
-        _fault("after_apply")
-        if adopted:  # outside the batch: the record stays local (see _IDENTITY_KEY)
-            db.put_meta(_IDENTITY_KEY, self._identity)
+        self._observe("applied", version)
+        if adopted:  # outside the batch: the record stays local (see IDENTITY_KEY)
+            db.put_meta(IDENTITY_KEY, self._identity)
         if version % self.snapshot_interval == 0:
-            os.makedirs(self._snap_dir, exist_ok=True)
-            target = os.path.join(self._snap_dir, str(version))
+            os.makedirs(self._local.snapshots, exist_ok=True)
+            target = self._local.snapshot(version)
             shutil.rmtree(target, ignore_errors=True)
             db.checkpoint(target)  # hard links: the upload waits for maintenance
         return version
+
+    def _observe(self, step: str, version: int) -> None:
+        if self._observer is not None:
+            self._observer(CommitStep(step, self.operator_id, self.partition_id, version))
 
     # ------------------------------------------------------------- maintenance
     def do_maintenance(self) -> dict[str, Any]:
         """Upload pending snapshots, prune versions beyond ``retain_versions`` and
         delete files no retained snapshot uses. Returns what was done."""
-        os.makedirs(self._local, exist_ok=True)
+        os.makedirs(self._local.root, exist_ok=True)
         # One maintenance at a time per partition on this machine: a background
         # upload and a later task's maintenance must not race (the orphan sweep
         # could delete files of a snapshot whose manifest is not written yet).
-        with open(os.path.join(self._local, "maintenance.lock"), "a") as lock:
+        with open(self._local.maintenance_lock, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 return self._maintain()
@@ -495,15 +512,12 @@ class StateStoreProvider:
 
     def _maintain(self) -> dict[str, Any]:
         report: dict[str, Any] = {"snapshots": [], "uploaded_bytes": 0, "deleted": []}
-        if os.path.isdir(self._snap_dir):
-            # digits only: RocksDB builds a checkpoint in "<N>.tmp" and renames it
-            done = [n for n in os.listdir(self._snap_dir) if n.isdigit()]
-            for name in sorted(done, key=int):
-                path = os.path.join(self._snap_dir, name)
-                manifest = upload_snapshot(self._remote, path, int(name))
-                report["snapshots"].append(int(name))
-                report["uploaded_bytes"] += manifest["uploaded_bytes"]
-                shutil.rmtree(path, ignore_errors=True)
+        for version in self._local.pending_snapshots():
+            path = self._local.snapshot(version)
+            manifest = upload_snapshot(self._remote, path, version)
+            report["snapshots"].append(version)
+            report["uploaded_bytes"] += manifest["uploaded_bytes"]
+            shutil.rmtree(path, ignore_errors=True)
         changelogs, snapshots = self._changelogs(), self._snapshots()
         latest = max(changelogs | snapshots, default=0)
         oldest_kept = latest - self.retain_versions + 1
@@ -511,19 +525,19 @@ class StateStoreProvider:
         if base is not None:
             for v in sorted(snapshots):
                 if v < base:
-                    self._remote.delete(f"snapshot/{v}.manifest")
-                    report["deleted"].append(f"snapshot/{v}.manifest")
+                    self._remote.delete(manifest_name(v))
+                    report["deleted"].append(manifest_name(v))
             for v in sorted(changelogs):
                 if v <= base:
-                    self._remote.delete(f"changelog/{v}.changelog")
-                    report["deleted"].append(f"changelog/{v}.changelog")
+                    self._remote.delete(changelog_name(v))
+                    report["deleted"].append(changelog_name(v))
         used = set()
         for v in self._snapshots():
             used.update(f["sha256"] for f in read_manifest(self._remote, v)["files"])
-        for name in self._remote.list("files"):
+        for name in self._remote.list(FILES_DIR):
             if name not in used:
-                self._remote.delete(f"files/{name}")
-                report["deleted"].append(f"files/{name}")
+                self._remote.delete(content_name(name))
+                report["deleted"].append(content_name(name))
         return report
 
     def close(self) -> None:

@@ -22,13 +22,13 @@ from typing import Any
 import msgpack
 
 from sessionstore.checkpoint.filesystem import Storage
+from sessionstore.checkpoint.layout import FILES_DIR, content_name, manifest_name
 from sessionstore.errors import SessionStoreError
 
 __all__ = [
     "upload_snapshot",
     "download_snapshot",
     "read_manifest",
-    "manifest_name",
     "CorruptSnapshotError",
 ]
 
@@ -39,10 +39,6 @@ class CorruptSnapshotError(SessionStoreError):
     def __init__(self, path: str, version: int, reason: str) -> None:
         self.path, self.version, self.reason = path, version, reason
         super().__init__(f"snapshot {path} (version {version}) is unusable: {reason}")
-
-
-def manifest_name(version: int) -> str:
-    return f"snapshot/{version}.manifest"
 
 
 def _sha256(path: str) -> str:
@@ -61,7 +57,7 @@ def upload_snapshot(
     Files go up in parallel (pyarrow releases the GIL during I/O); the manifest is
     written last. Returns the manifest, with ``uploaded_bytes`` (what was new).
     """
-    known = set(storage.list("files"))
+    known = set(storage.list(FILES_DIR))
     names = sorted(n for n in os.listdir(local_dir) if os.path.isfile(os.path.join(local_dir, n)))
     paths = [os.path.join(local_dir, n) for n in names]
     with ThreadPoolExecutor(threads) as pool:
@@ -70,7 +66,7 @@ def upload_snapshot(
         for path, digest in zip(paths, digests, strict=True):
             if digest not in known:
                 todo[digest] = path
-        list(pool.map(lambda d: storage.upload_file(todo[d], f"files/{d}"), todo))
+        list(pool.map(lambda d: storage.upload_file(todo[d], content_name(d)), todo))
     files = [
         {"name": n, "sha256": d, "size": os.path.getsize(p)}
         for n, d, p in zip(names, digests, paths, strict=True)
@@ -137,7 +133,7 @@ def download_snapshot(
     def fetch(entry: dict[str, Any]) -> None:
         local = os.path.join(target_dir, entry["name"])
         try:
-            storage.download(f"files/{entry['sha256']}", local)
+            storage.download(content_name(entry["sha256"]), local)
         except FileNotFoundError as exc:
             raise CorruptSnapshotError(where, version, f"missing file: {exc}") from None
         if _sha256(local) != entry["sha256"]:

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from sessionstore.encoding.serde import serde_from_name, serde_name
+from sessionstore.encoding.serde import serde_from_name
+from sessionstore.stores.base import DEFAULT_KEY_SERDE, DEFAULT_VALUE_SERDE, describe_store
+from sessionstore.stores.registry import kinds_with, store_class
 
-__all__ = ["StoreSpec", "KINDS"]
-
-KINDS = ("session", "versioned", "window", "messages", "kv")
+__all__ = ["StoreSpec"]
 
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """One store of an operator. ``retention_ms`` is history retention for a
+    """One store of an operator. ``kind`` is a kind of
+    :mod:`sessionstore.stores.registry`; ``retention_ms`` is history retention for a
     versioned store; ``window_size_ms`` is required for (and only for) windows."""
 
     name: str
@@ -26,41 +27,45 @@ class StoreSpec:
     window_size_ms: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"store kind must be one of {KINDS}, got {self.kind!r}")
-        if (self.kind == "window") != (self.window_size_ms is not None):
+        cls = store_class(self.kind)  # ValueError naming the known kinds
+        if ("window_size_ms" in cls.layout) != (self.window_size_ms is not None):
+            sized = " or ".join(repr(k) for k in kinds_with("layout", "window_size_ms"))
             raise ValueError(
-                f"store {self.name!r}: window_size_ms is required for kind 'window' only"
+                f"store {self.name!r}: window_size_ms is required for kind {sized} only"
             )
 
     def open(self, db: Any) -> Any:
-        """Open (or create) this store in a StateDB."""
-        kw = {"key_serde": self.key_serde, "value_serde": self.value_serde}
-        if self.kind == "kv":
-            return db.kv_store(self.name, **kw)
-        if self.kind == "window":
-            return db.window_store(
-                self.name, self.retention_ms, self.window_size_ms, self.segment_interval_ms, **kw
-            )
-        opener = {
-            "session": db.session_store,
-            "versioned": db.versioned_store,
-            "messages": db.message_store,
-        }[self.kind]
-        return opener(self.name, self.retention_ms, self.segment_interval_ms, **kw)
+        """Open (or create) this store in a :class:`~sessionstore.stores.state_db.StateDB`."""
+        layout = {field: getattr(self, field) for field in store_class(self.kind).layout}
+        return db.open_store(
+            self.kind,
+            self.name,
+            self.retention_ms,
+            self.segment_interval_ms,
+            self.key_serde,
+            self.value_serde,
+            **layout,
+        )
 
     def describe(self) -> dict[str, Any]:
-        """The JSON/msgpack-able record of this spec (serdes by name)."""
-        record = asdict(self)
-        record["key_serde"] = serde_name(self.key_serde) if self.key_serde else "keycodec"
-        record["value_serde"] = serde_name(self.value_serde) if self.value_serde else "msgpack"
-        return record
+        """The JSON/msgpack-able record of this spec (serdes by name): the store's
+        own record (:func:`~sessionstore.stores.base.describe_store`) with its name
+        first and ``window_size_ms`` last, as checkpoints have always recorded it."""
+        record = describe_store(
+            self.kind,
+            self.retention_ms,
+            self.segment_interval_ms,
+            self.key_serde,
+            self.value_serde,
+        )
+        return {"name": self.name, **record, "window_size_ms": self.window_size_ms}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> StoreSpec:
         """Rebuild a spec recorded with built-in serdes (the CLI reads stores this way)."""
         fields = dict(record)
+        defaults = (None, DEFAULT_KEY_SERDE, DEFAULT_VALUE_SERDE)
         for side in ("key_serde", "value_serde"):
             name = fields.get(side)
-            fields[side] = None if name in (None, "keycodec", "msgpack") else serde_from_name(name)
+            fields[side] = None if name in defaults else serde_from_name(name)
         return cls(**fields)

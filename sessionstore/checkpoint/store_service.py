@@ -3,7 +3,8 @@
 An engine like Spark runs a partition's task in whichever worker process is free,
 so the same partition's database may be wanted by another process of the same
 machine in the next micro-batch. Opening and closing the database for every task
-is safe but cold (an open costs ~15 ms, and the block cache starts empty). The
+is safe but cold (an open costs milliseconds, and the block cache starts empty;
+figures in BENCHMARKS.md, "Figures quoted in code"). The
 service keeps each provider open in the process that used it last and hands it
 over when another process asks:
 
@@ -17,7 +18,7 @@ over when another process asks:
 
 A holder that is running a task of its own answers late: its reply waits for the
 GIL, which the task holds through long C calls, and then for a RocksDB close
-(24-60 ms per handover measured in Spark tasks, against 7-10 ms for an open). So
+(several times the cost of an open, measured in Spark tasks: BENCHMARKS.md). So
 once a process has seen another one want its partitions (or has had to ask for
 one), it closes its databases whenever it has been idle for ``PARK_AFTER_S``, as
 between micro-batches; their providers stay, so the next open skips the
@@ -47,6 +48,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from sessionstore.checkpoint.layout import owner_file
 from sessionstore.checkpoint.provider import StateStoreProvider
 from sessionstore.errors import StateDBLockedError
 
@@ -442,7 +444,7 @@ class StoreService:
                     self._ask_owner(provider.local_db_path)
         self.stats["opened"] += 1
         os.makedirs(os.path.dirname(provider.local_db_path), exist_ok=True)
-        owner = os.path.join(os.path.dirname(provider.local_db_path), "owner")
+        owner = owner_file(provider.local_db_path)
         tmp = f"{owner}.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(str(os.getpid()))
@@ -464,7 +466,7 @@ class StoreService:
 
     def _ask_owner(self, db_path: str) -> None:
         try:
-            with open(os.path.join(os.path.dirname(db_path), "owner")) as f:
+            with open(owner_file(db_path)) as f:
                 pid = int(f.read().strip() or 0)
         except (FileNotFoundError, ValueError):
             pid = 0
@@ -504,9 +506,10 @@ class StoreService:
                 continue
             # A handover is served by this thread while a task of ours may keep the
             # GIL busy; with the default 5 ms switch interval each of the few GIL
-            # hand-offs a release needs can wait that long (measured: 38 ms per
-            # handover against a busy holder, 24 ms with 0.5 ms). Only threads that
-            # ask for the GIL are affected, and ours mostly wait on sockets.
+            # hand-offs a release needs can wait that long, and a shorter interval
+            # made handovers from a busy holder clearly faster (BENCHMARKS.md,
+            # "Figures quoted in code"). Only threads that ask for the GIL are
+            # affected, and ours mostly wait on sockets.
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             self._server = _HandoverServer(listener, self._try_release)
             self._server.start()

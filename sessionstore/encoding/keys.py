@@ -32,17 +32,13 @@ Worked examples::
     enc(-1)       = 13 FE
     enc(("u", 7)) = 05 02 75 00 01 15 07 00
 
-Timestamps are 8-byte big-endian integers with the sign bit flipped, so that
-negative times sort before positive ones::
-
-    encode_ts(-1) = 7F FF FF FF FF FF FF FF
-    encode_ts(0)  = 80 00 00 00 00 00 00 00
+Times that follow a key in a row key use the sign-flipped layout of
+:mod:`sessionstore.encoding.session_key`.
 """
 
 from __future__ import annotations
 
 import operator
-import struct
 from typing import Any
 
 __all__ = [
@@ -51,14 +47,11 @@ __all__ = [
     "encode_key",
     "decode_key",
     "prefix_upper_bound",
-    "encode_ts",
-    "decode_ts",
     "check_timestamp",
 ]
 
 TS_MIN = -(2**63)
 TS_MAX = 2**63 - 1
-_SIGN = 2**63
 
 _BYTES = 0x01
 _STR = 0x02
@@ -70,7 +63,6 @@ _FALSE = 0x26
 _TRUE = 0x27
 
 _TERM = b"\x00\x01"
-_TS = struct.Struct(">Q")
 
 
 def _escape(raw: bytes) -> bytes:
@@ -250,13 +242,3 @@ def check_timestamp(name: str, value: Any) -> int:
     if not TS_MIN <= value <= TS_MAX:
         raise ValueError(f"{name}={value} does not fit in a signed 64-bit integer")
     return value
-
-
-def encode_ts(ts: int) -> bytes:
-    """8-byte big-endian encoding of a signed 64-bit time with the sign bit flipped."""
-    return _TS.pack(ts + _SIGN)
-
-
-def decode_ts(data: bytes, offset: int = 0) -> int:
-    """Inverse of :func:`encode_ts`, reading 8 bytes at ``offset``."""
-    return _TS.unpack_from(data, offset)[0] - _SIGN

@@ -24,6 +24,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from sessionstore.encoding.ints import INT64
+
 __all__ = [
     "VersionRow",
     "lookup",
@@ -38,7 +40,7 @@ __all__ = [
 ROW_HEADER = struct.Struct(">qqI")
 ENTRY = struct.Struct(">qi")
 #: The timestamp that prefixes a latest value (``encode_latest``).
-LATEST_TS = struct.Struct(">q")
+LATEST_TS = INT64
 
 
 def encode_latest(timestamp: int, value: bytes) -> bytes:

@@ -1,21 +1,20 @@
-"""StateDB: one RocksDB instance (rocksdict, raw mode) shared by many logical stores.
+"""Database: one RocksDB instance (rocksdict, raw mode) shared by many logical stores.
 
-Column families:
-
-* ``meta`` – reserved keys: the format version, each store's recorded spec
-  (``store:<name>``) and each store's observed stream time (``stream_time:<name>``).
-* ``<store>.<segment id>`` – time segments of a store (see :mod:`sessionstore.stores.segments`).
-* ``<store>.latest`` – the latest-value family of a versioned store.
+The engine knows column families, atomic batches and a ``meta`` family, not what
+the families mean: the stores layer (:mod:`sessionstore.stores`) names its families
+and meta keys, and :class:`sessionstore.stores.state_db.StateDB` adds the store
+openers. The engine's own meta key is the database's format version.
 
 Writes go through a :class:`~sessionstore.engine.write_buffer.WriteBuffer` and reach RocksDB
-as one atomic ``WriteBatch`` when the outermost :meth:`StateDB.batch` ends (or at
-once, outside a batch). Stores write their metadata into that same batch, so a
-crash never separates data from the stream time that describes it. Reads see the
-pending writes of the current batch.
+as one atomic ``WriteBatch`` when the outermost :meth:`Database.batch` ends (or at
+once, outside a batch). A :class:`Participant` (a store with in-memory state, such
+as its stream time) enlisted in the batch writes its metadata into that same batch,
+so a crash never separates data from the stream time that describes it. Reads see
+the pending writes of the current batch.
 
-rocksdict pitfalls handled here (measured, see DESIGN.md section 7): every family is
-passed with its options on reopen, family objects and iterators are released before
-``drop_column_family`` and ``close``, and ``ReadOptions`` outlive their iterators.
+rocksdict pitfalls handled here: every family is passed with its options on reopen,
+family objects and iterators are released before ``drop_column_family`` and
+``close``, and ``ReadOptions`` outlive their iterators.
 """
 
 from __future__ import annotations
@@ -24,9 +23,9 @@ import os
 import re
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import msgpack
 from rocksdict import (
@@ -42,21 +41,13 @@ from rocksdict import (
 )
 
 from sessionstore.engine.write_buffer import MISSING, WriteBuffer
-from sessionstore.errors import (
-    SessionStoreError,
-    StateDBLockedError,
-    StateDBPathError,
-    StoreSpecMismatchError,
-)
+from sessionstore.errors import SessionStoreError, StateDBLockedError, StateDBPathError
 
-__all__ = ["StateDB", "META_CF", "FORMAT_VERSION"]
+__all__ = ["Database", "Participant", "META_CF", "FORMAT_VERSION"]
 
 META_CF = "meta"
 FORMAT_VERSION = 1
 _FORMAT_KEY = b"format_version"
-_STORE_PREFIX = b"store:"
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,120}$")
-_RESERVED = {"meta", "default"}
 
 _COMPRESSION = {
     "none": DBCompressionType.none(),
@@ -67,11 +58,14 @@ _COMPRESSION = {
 
 
 class Participant(Protocol):
-    """A store that keeps in-memory state tied to the current batch."""
+    """Something with in-memory state tied to the current batch (a store's stream
+    time): enlisted with :meth:`Database.enlist`, it is told when the batch ends."""
 
-    def _before_commit(self) -> None: ...
+    def before_commit(self) -> None:
+        """Write pending metadata; the writes join the batch being committed."""
 
-    def _after_rollback(self) -> None: ...
+    def after_rollback(self) -> None:
+        """Forget in-memory state the discarded batch changed (re-read it)."""
 
 
 def _make_options(
@@ -89,8 +83,8 @@ def _make_options(
     # starts them per family even when there is nothing to open: 15 thread starts
     # per family at the default of 16. Our databases are one partition's state with
     # a handful of files per family, and Spark reopens them whenever a partition
-    # moves between Python workers; one thread cuts the open of a partition
-    # database with 5 families from about 12 ms to 7 ms here.
+    # moves between Python workers; one thread makes that open markedly cheaper
+    # (measured: BENCHMARKS.md, "Figures quoted in code").
     opts.set_max_file_opening_threads(1)
     try:
         opts.set_compression_type(_COMPRESSION[compression])
@@ -128,10 +122,12 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
-class StateDB:
+class Database:
     """One RocksDB database holding the stores of one operator partition.
 
     Open it with :meth:`open`; use it as a context manager or call :meth:`close`.
+    Stores are opened through the subclass
+    :class:`~sessionstore.stores.state_db.StateDB`.
     """
 
     def __init__(self, path: str, rdict: Rdict, options: Options, read_only: bool = False) -> None:
@@ -148,8 +144,6 @@ class StateDB:
         self._depth = 0
         self._participants: dict[int, Participant] = {}
         self._iterators: weakref.WeakSet = weakref.WeakSet()
-        self._stores: dict[str, Any] = {}
-        self._commit_listeners: list[Callable[[WriteBuffer], None]] = []
         self._prepared: WriteBuffer | None = None
         self._write_options = WriteOptions()
         if META_CF not in self._families:
@@ -184,7 +178,7 @@ class StateDB:
         write_buffer_mb: int = 16,
         compression: str = "lz4",
         create_if_missing: bool = True,
-    ) -> StateDB:
+    ) -> Self:
         """Open (or create) the database at ``path`` with every column family it has.
 
         Raises :class:`StateDBLockedError` when another handle holds the database,
@@ -218,7 +212,7 @@ class StateDB:
         return cls(path, rdict, opts)
 
     @classmethod
-    def open_secondary(cls, path: str | os.PathLike[str], secondary_dir: str) -> StateDB:
+    def open_secondary(cls, path: str | os.PathLike[str], secondary_dir: str) -> Self:
         """Open a live database as a RocksDB *secondary* instance: no lock is taken and
         nothing is written to ``path``, so the job owning it keeps writing.
 
@@ -238,7 +232,7 @@ class StateDB:
         )
         return cls(path, rdict, opts, read_only=True)
 
-    def __enter__(self) -> StateDB:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -280,9 +274,6 @@ class StateDB:
         """Names of every column family, ``default`` excluded, sorted."""
         return sorted(self._families)
 
-    def has_column_family(self, name: str) -> bool:
-        return name in self._families
-
     def create_column_family(self, name: str) -> None:
         """Create ``name`` now (RocksDB cannot create families transactionally)."""
         if name in self._families:
@@ -313,25 +304,20 @@ class StateDB:
             )
         self._db().drop_column_family(name)
         # Release this family's object and handle right after the drop, which frees
-        # its data; other families' objects may live on. Measured (rocksdict 0.3.29):
-        # a family object released before its drop costs about 2 ms when it holds
-        # unflushed writes, after the drop 0.03 ms; releasing every family object at
-        # each segment expiry cost that 2 ms per family.
+        # its data; other families' objects may live on. Released before its drop, a
+        # family object holding unflushed writes costs far more (it is flushed first),
+        # and releasing every family object at each segment expiry paid that per
+        # family (rocksdict 0.3.29; BENCHMARKS.md, "Figures quoted in code").
         self._cf_objects.pop(name, None)
         self._cf_handles.pop(name, None)
         self._families.discard(name)
         if name in self._buffer.created:  # gone before any changelog needed it
             self._buffer.created.remove(name)
 
-    def estimated_keys(self, store: str) -> int:
-        """RocksDB's estimate of the entries of ``store``: its segments and its
-        latest-value or key-value family, not its indexes (memtables included, so
-        overwrites may be counted)."""
-        total = 0
-        for name in self._families:
-            if is_data_family(store, name):
-                total += self._rdict_cf(name).property_int_value("rocksdb.estimate-num-keys") or 0
-        return total
+    def estimated_family_keys(self, name: str) -> int:
+        """RocksDB's estimate of the entries of family ``name`` (memtables included,
+        so overwrites may be counted)."""
+        return self._rdict_cf(name).property_int_value("rocksdb.estimate-num-keys") or 0
 
     def _rdict_cf(self, name: str) -> Rdict:
         cf = self._cf_objects.get(name)
@@ -347,7 +333,7 @@ class StateDB:
 
     # ------------------------------------------------------------------ batches
     @contextmanager
-    def batch(self) -> Iterator[StateDB]:
+    def batch(self) -> Iterator[Self]:
         """Group writes into one atomic RocksDB write; re-entrant (inner joins outer).
 
         If the block raises, every write of the outermost batch is discarded.
@@ -400,13 +386,6 @@ class StateDB:
 
         Checkpoint(self._db()).create_checkpoint(path)
 
-    def reload_stores(self) -> None:
-        """Re-read every open store's stream time and segments (after a replay)."""
-        for store in self._stores.values():
-            refresh = getattr(store, "_after_rollback", None)
-            if refresh is not None:
-                refresh()
-
     @property
     def in_batch(self) -> bool:
         return self._depth > 0
@@ -415,17 +394,13 @@ class StateDB:
         """Have ``participant`` flush its state at commit and reset it on rollback."""
         self._participants[id(participant)] = participant
 
-    def add_commit_listener(self, listener: Callable[[WriteBuffer], None]) -> None:
-        """Call ``listener(buffer)`` after every successful commit (used by changelogs)."""
-        self._commit_listeners.append(listener)
-
     def _flush_participants(self) -> None:
         participants = list(self._participants.values())
         self._participants.clear()
         self._depth += 1  # their metadata joins this batch instead of committing alone
         try:
             for p in participants:
-                p._before_commit()
+                p.before_commit()
         finally:
             self._depth -= 1
 
@@ -465,8 +440,6 @@ class StateDB:
         for cf in buf.dropped:
             if cf in self._families:
                 self._drop_now(cf)
-        for listener in self._commit_listeners:
-            listener(buf)
 
     def _rollback(self) -> None:
         # Families created in the batch exist anyway (RocksDB cannot undo that):
@@ -479,7 +452,7 @@ class StateDB:
         participants = list(self._participants.values())
         self._participants.clear()
         for p in participants:
-            p._after_rollback()
+            p.after_rollback()
 
     # ------------------------------------------------------------ reads and writes
     def put(self, cf: str, key: bytes, value: bytes | None) -> None:
@@ -588,163 +561,6 @@ class StateDB:
 
     def put_meta(self, key: bytes, value: bytes | None) -> None:
         self.put(META_CF, key, value)
-
-    def store_specs(self) -> dict[str, dict[str, Any]]:
-        """The recorded spec of every store in this database, by name."""
-        specs = {}
-        for key, value in self.scan(META_CF, _STORE_PREFIX, _STORE_PREFIX[:-1] + b";"):
-            specs[key[len(_STORE_PREFIX) :].decode()] = msgpack.unpackb(value)
-        return specs
-
-    def record_store_spec(
-        self, name: str, spec: dict[str, Any], explicit_interval: bool = True
-    ) -> dict[str, Any]:
-        """Check ``spec`` against the recorded one for ``name`` and record it.
-
-        ``kind`` and ``segment_interval_ms`` are fixed for a store's life (its bytes
-        depend on them). Without ``explicit_interval`` the recorded interval is
-        adopted. Retention and serdes may change. Returns the effective spec.
-        """
-        check_store_name(name)
-        key = _STORE_PREFIX + name.encode()
-        raw = self.get_meta(key)
-        effective = dict(spec)
-        if raw is not None:
-            recorded = msgpack.unpackb(raw)
-            for field in ("kind", "window_size_ms"):  # they decide what the bytes mean
-                if spec.get(field) != recorded.get(field):
-                    raise StoreSpecMismatchError(name, field, recorded.get(field), spec.get(field))
-            interval = recorded["segment_interval_ms"]
-            if not explicit_interval:
-                effective["segment_interval_ms"] = interval
-            elif spec["segment_interval_ms"] != interval:
-                raise StoreSpecMismatchError(
-                    name, "segment_interval_ms", interval, spec["segment_interval_ms"]
-                )
-            if effective == recorded:
-                return effective
-        self.put_meta(key, msgpack.packb(effective))
-        return effective
-
-    # ------------------------------------------------------------------ stores
-    def session_store(
-        self,
-        name: str,
-        retention_ms: int,
-        segment_interval_ms: int | None = None,
-        key_serde: Any = None,
-        value_serde: Any = None,
-    ):
-        """The RocksDB session store ``name`` (created on first use, restored on reopen)."""
-        from sessionstore.stores.session import SessionStore
-
-        return self._open_store(
-            SessionStore, name, retention_ms, segment_interval_ms, key_serde, value_serde
-        )
-
-    def window_store(
-        self,
-        name: str,
-        retention_ms: int,
-        window_size_ms: int,
-        segment_interval_ms: int | None = None,
-        key_serde: Any = None,
-        value_serde: Any = None,
-    ):
-        """The window store ``name`` (fixed-size windows per key), created on first use."""
-        from sessionstore.stores.window import WindowStore
-
-        return self._open_store(
-            WindowStore,
-            name,
-            retention_ms,
-            segment_interval_ms,
-            key_serde,
-            value_serde,
-            window_size_ms=window_size_ms,
-        )
-
-    def kv_store(self, name: str, key_serde: Any = None, value_serde: Any = None):
-        """The key-value store ``name``, created on first use."""
-        from sessionstore.stores.kv import KeyValueStore
-
-        check_store_name(name)
-        store = self._stores.get(name)
-        if isinstance(store, KeyValueStore):
-            return store
-        store = self._stores[name] = KeyValueStore(self, name, key_serde, value_serde)
-        return store
-
-    def message_store(
-        self,
-        name: str,
-        retention_ms: int,
-        segment_interval_ms: int | None = None,
-        key_serde: Any = None,
-        value_serde: Any = None,
-    ):
-        """The message store ``name`` (messages by key, time and offset)."""
-        from sessionstore.stores.messages import MessageStore
-
-        return self._open_store(
-            MessageStore, name, retention_ms, segment_interval_ms, key_serde, value_serde
-        )
-
-    def versioned_store(
-        self,
-        name: str,
-        history_retention_ms: int,
-        segment_interval_ms: int | None = None,
-        key_serde: Any = None,
-        value_serde: Any = None,
-    ):
-        """The versioned store ``name`` (KIP-889), created on first use."""
-        from sessionstore.stores.versioned import VersionedStore
-
-        return self._open_store(
-            VersionedStore, name, history_retention_ms, segment_interval_ms, key_serde, value_serde
-        )
-
-    def _open_store(
-        self, cls, name, retention_ms, segment_interval_ms, key_serde, value_serde, **layout
-    ):
-        """The open store ``name`` if it has this class and layout, else a new one."""
-        check_store_name(name)
-        store = self._stores.get(name)
-        if (
-            store is not None
-            and type(store) is cls
-            and all(getattr(store, k) == v for k, v in layout.items())
-        ):
-            store.reconfigure(retention_ms, segment_interval_ms)
-            return store
-        store = cls(
-            self,
-            name,
-            retention_ms,
-            segment_interval_ms=segment_interval_ms,
-            key_serde=key_serde,
-            value_serde=value_serde,
-            **layout,
-        )
-        self._stores[name] = store
-        return store
-
-
-def is_data_family(store: str, family: str) -> bool:
-    """Whether ``family`` holds ``store``'s rows (a segment, ``.latest`` or ``.kv``)
-    rather than an index such as the end index ``.open``."""
-    prefix, _, suffix = family.partition(".")
-    return prefix == store and (suffix.lstrip("-").isdigit() or suffix in ("latest", "kv"))
-
-
-def check_store_name(name: Any) -> None:
-    """Raise ``ValueError`` unless ``name`` can name a store (and its column families)."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name in _RESERVED:
-        raise ValueError(
-            f"invalid store name {name!r}: use 1-120 letters, digits, '_' or '-', "
-            f"not {sorted(_RESERVED)}"
-        )
 
 
 def _reverse_bounded(

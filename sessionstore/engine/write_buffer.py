@@ -2,7 +2,7 @@
 
 rocksdict has no ``WriteBatchWithIndex``, so this is its Python counterpart: puts,
 deletes and column-family drops of a batch are held here, reads consult it first,
-and :class:`~sessionstore.engine.db.StateDB` turns it into one atomic ``WriteBatch`` at
+and :class:`~sessionstore.engine.db.Database` turns it into one atomic ``WriteBatch`` at
 commit. Holding the last write per key also means a key written many times in a
 micro-batch costs RocksDB one operation, and the buffer *is* the batch's changelog.
 

@@ -34,6 +34,7 @@ __all__ = [
     "Aggregations",
     "BUILTINS",
     "OUTPUT_PLAN_AUX",
+    "make_aggregation",
     "output_plan",
     "record_output_plan",
     "recorded_output",
@@ -198,6 +199,29 @@ class Aggregations(Aggregation):
 
     def __repr__(self) -> str:
         return f"Aggregations({self.spec!r})"
+
+
+def make_aggregation(
+    initializer: Callable | None,
+    aggregator: Callable | None,
+    merger: Callable | None,
+    aggregations: Aggregation | Mapping | None,
+) -> Aggregation:
+    """The aggregation an operator was given: ``aggregations`` (an
+    :class:`Aggregation`, or a spec for :class:`Aggregations`) or the three
+    callables of a custom one, never both."""
+    if aggregations is not None:
+        if initializer or aggregator or merger:
+            raise ValueError("pass either aggregations= or initializer/aggregator/merger, not both")
+        if isinstance(aggregations, Aggregation):
+            return aggregations
+        return Aggregations(aggregations)
+    if not (callable(initializer) and callable(aggregator) and callable(merger)):
+        raise ValueError(
+            "a custom aggregation needs initializer, aggregator and merger callables "
+            f"(got {initializer!r}, {aggregator!r}, {merger!r})"
+        )
+    return Aggregation(initializer, aggregator, merger)
 
 
 #: The store metadata entry (``write_aux``) that holds an operator's output plan.

@@ -14,14 +14,17 @@ from typing import Any
 
 from sessionstore.operators.gc_pause import gc_paused
 
-__all__ = ["ArrowBatches", "batch_restoring"]
+__all__ = ["ArrowBatches", "StateAttribute", "batch_restoring"]
 
 
 class ArrowBatches:
-    """Mixin: ``process_batch`` and ``process_table`` on top of ``process_rows`` and
-    the class's columnar path: ``_columnar_applies`` (whether the aggregator's mode
-    and state allow it) and ``_run_columnar`` (one prepared batch, inside the
-    store's batch)."""
+    """Mixin: ``process_batch`` and ``process_table`` on top of ``process_rows``, the
+    aggregator's ``state`` (whose ``rolling_back()`` is the store's batch) and the
+    class's columnar path: ``_columnar_applies`` (whether the aggregator's mode and
+    state allow it) and ``_run_columnar`` (one prepared batch, inside the store's
+    batch)."""
+
+    state: Any
 
     def process_batch(
         self,
@@ -57,7 +60,7 @@ class ArrowBatches:
         """The columnar path of :meth:`process_batch`: the emitted updates as an Arrow
         table with typed ``value`` fields, or None, with nothing changed, when the
         batch does not qualify (then use ``process_rows``). Which batches qualify is
-        the aggregator's (see :mod:`session_columns` and :mod:`window_columns`) and
+        the aggregator's (see :mod:`.sessions.columns` and :mod:`.windows.columns`) and
         :func:`columnar.prepare`'s."""
         if not self._columnar_applies():
             return None
@@ -76,7 +79,7 @@ class ArrowBatches:
         raise NotImplementedError
 
     def _rolling_back(self) -> Any:
-        raise NotImplementedError
+        return self.state.rolling_back()
 
     def _updates_table(self, updates: list[Any], key: str | Sequence[str]) -> Any:
         from sessionstore.operators.arrow_io import updates_to_arrow
@@ -85,6 +88,21 @@ class ArrowBatches:
 
     def process_rows(self, *args: Any) -> list[Any]:  # provided by the aggregator
         raise NotImplementedError
+
+
+class StateAttribute:
+    """An aggregator attribute that lives in its ``state``, read and written
+    through: the batch paths see only the state, and callers may still reset it
+    on the aggregator (counters)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.state, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj.state, self.name, value)
 
 
 @contextmanager

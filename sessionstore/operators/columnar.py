@@ -1,7 +1,7 @@
 """What the columnar operator paths share: checking that a batch qualifies, its
 aggregate input columns, key group codes, and the shape of their output tables.
 
-A columnar path (:mod:`session_columns`, :mod:`window_columns`) takes built-in
+A columnar path (:mod:`.sessions.columns`, :mod:`.windows.columns`) takes built-in
 count/sum/min/max/first/last aggregates; sums, minima and maxima read integer
 columns without nulls whose total cannot overflow int64 (float sums depend on the
 order of addition; exact ints do not). Output tables have the key columns,
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.operators.arrow_io import epoch_millis_array
-from sessionstore.operators.sessions.batch import SUM_LIMIT, built_in_functions
+from sessionstore.operators.vectorised import SUM_LIMIT, built_in_functions
 
 __all__ = [
     "Slot", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",

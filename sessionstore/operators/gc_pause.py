@@ -3,8 +3,8 @@
 A micro-batch allocates many small containers (tuples, lists, dicts per row and
 per session) and creates no reference cycles. Each allocation burst triggers
 collections that traverse every live object, input columns included, again and
-again; measured with callgrind, pausing the collector for a session batch saves
-8% of its instructions. Reference counting still frees everything at once.
+again; pausing the collector for a batch saves those traversals (the callgrind
+measurement is in BENCHMARKS.md, "Figures quoted in code"). Reference counting still frees everything at once.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ time segments (column families).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from sessionstore.encoding.ints import INT64 as _I64
 from sessionstore.encoding.keys import check_timestamp
 from sessionstore.stores.messages import MessageStore
 
@@ -28,7 +28,6 @@ __all__ = ["WindowedJoin", "JoinedPair", "LEFT", "RIGHT"]
 
 LEFT = "left"
 RIGHT = "right"
-_I64 = struct.Struct(">q")
 
 
 class JoinedPair(NamedTuple):

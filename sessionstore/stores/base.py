@@ -1,4 +1,14 @@
-"""What every store living in a :class:`~sessionstore.engine.db.StateDB` shares.
+"""What every store shares: its names, its recorded spec and its stream time.
+
+This module owns the names a store leaves in a database:
+
+* the store name itself (:func:`check_store_name`), which prefixes its column
+  families ``<store>.<segment id>``, ``<store>.latest``, ``<store>.kv`` (its rows,
+  :func:`is_data_family`) and ``<store>.open`` (the end index);
+* its keys in the ``meta`` family: ``store:<name>`` (the spec recorded by
+  :func:`record_store_spec`, msgpack), ``stream_time:<name>`` (the observed stream
+  time, :data:`~sessionstore.encoding.ints.INT64`) and ``aux:<name>:<aux>``
+  (operator metadata saved next to the store).
 
 A store records its spec in the ``meta`` family when first opened, keeps its time
 segments as column families, and persists its observed stream time in the same
@@ -7,52 +17,228 @@ write batch as the data it wrote. On rollback it reloads both from the database.
 
 from __future__ import annotations
 
-import struct
+import re
 from typing import TYPE_CHECKING, Any
 
+import msgpack
+
+from sessionstore.encoding.ints import INT64
 from sessionstore.encoding.keys import TS_MIN
-from sessionstore.encoding.serde import serde_name
-from sessionstore.stores.segments import Segments
+from sessionstore.encoding.serde import MsgpackSerde, key_codec, serde_name
+from sessionstore.engine.db import META_CF
+from sessionstore.errors import StoreSpecMismatchError
+from sessionstore.stores.segments import Segments, default_segment_interval
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
-__all__ = ["DBStoreMixin", "describe_store"]
+__all__ = [
+    "DBStoreMixin",
+    "DEFAULT_KEY_SERDE",
+    "DEFAULT_VALUE_SERDE",
+    "TimedStore",
+    "describe_store",
+    "record_store_spec",
+    "store_specs",
+    "check_store_name",
+    "is_data_family",
+    "spec_key",
+    "stream_time_key",
+    "aux_key",
+]
 
-_STREAM_TIME = struct.Struct(">q")
+_SPEC_PREFIX = b"store:"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,120}$")
+_RESERVED = {"meta", "default"}
+#: Names recorded for the default serdes (no serde given).
+DEFAULT_KEY_SERDE = "keycodec"
+DEFAULT_VALUE_SERDE = "msgpack"
 
 
+# ----------------------------------------------------------------------- names
+def check_store_name(name: Any) -> None:
+    """Raise ``ValueError`` unless ``name`` can name a store (and its column families)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in _RESERVED:
+        raise ValueError(
+            f"invalid store name {name!r}: use 1-120 letters, digits, '_' or '-', "
+            f"not {sorted(_RESERVED)}"
+        )
+
+
+def is_data_family(store: str, family: str) -> bool:
+    """Whether ``family`` holds ``store``'s rows (a segment, ``.latest`` or ``.kv``)
+    rather than an index such as the end index ``.open``."""
+    prefix, _, suffix = family.partition(".")
+    return prefix == store and (suffix.lstrip("-").isdigit() or suffix in ("latest", "kv"))
+
+
+def spec_key(store: str) -> bytes:
+    """Meta key of ``store``'s recorded spec."""
+    return _SPEC_PREFIX + store.encode()
+
+
+def stream_time_key(store: str) -> bytes:
+    """Meta key of ``store``'s observed stream time."""
+    return b"stream_time:" + store.encode()
+
+
+def aux_key(store: str, name: str) -> bytes:
+    """Meta key of the operator metadata ``name`` kept next to ``store``."""
+    return b"aux:" + store.encode() + b":" + name.encode()
+
+
+# ------------------------------------------------------------------------ specs
 def describe_store(
-    kind: str, retention_ms: int, segment_interval_ms: int, key_serde: Any, value_serde: Any
+    kind: str,
+    retention_ms: int | None,
+    segment_interval_ms: int | None,
+    key_serde: Any,
+    value_serde: Any,
+    window_size_ms: int | None = None,
 ) -> dict[str, Any]:
-    """The spec a store records in the ``meta`` family (and checks on reopen)."""
-    return {
+    """The spec a store records in the ``meta`` family (and checks on reopen); the
+    checkpoint's record of a store spec adds its name. Serdes are recorded by name,
+    the defaults as ``"keycodec"`` and ``"msgpack"``; ``window_size_ms`` only when set."""
+    spec = {
         "kind": kind,
         "retention_ms": retention_ms,
         "segment_interval_ms": segment_interval_ms,
-        "key_serde": serde_name(key_serde) if key_serde else "keycodec",
-        "value_serde": serde_name(value_serde),
+        "key_serde": serde_name(key_serde) if key_serde else DEFAULT_KEY_SERDE,
+        "value_serde": serde_name(value_serde) if value_serde else DEFAULT_VALUE_SERDE,
     }
+    if window_size_ms is not None:
+        spec["window_size_ms"] = window_size_ms
+    return spec
+
+
+def store_specs(db: Database) -> dict[str, dict[str, Any]]:
+    """The recorded spec of every store in ``db``, by name."""
+    specs = {}
+    for key, value in db.scan(META_CF, _SPEC_PREFIX, _SPEC_PREFIX[:-1] + b";"):
+        specs[key[len(_SPEC_PREFIX) :].decode()] = msgpack.unpackb(value)
+    return specs
+
+
+def record_store_spec(
+    db: Database, name: str, spec: dict[str, Any], explicit_interval: bool = True
+) -> dict[str, Any]:
+    """Check ``spec`` against the recorded one for ``name`` and record it.
+
+    ``kind`` and ``segment_interval_ms`` are fixed for a store's life (its bytes
+    depend on them). Without ``explicit_interval`` the recorded interval is
+    adopted. Retention and serdes may change. Returns the effective spec.
+    """
+    check_store_name(name)
+    key = spec_key(name)
+    raw = db.get_meta(key)
+    effective = dict(spec)
+    if raw is not None:
+        recorded = msgpack.unpackb(raw)
+        for field in ("kind", "window_size_ms"):  # they decide what the bytes mean
+            if spec.get(field) != recorded.get(field):
+                raise StoreSpecMismatchError(name, field, recorded.get(field), spec.get(field))
+        interval = recorded["segment_interval_ms"]
+        if not explicit_interval:
+            effective["segment_interval_ms"] = interval
+        elif spec["segment_interval_ms"] != interval:
+            raise StoreSpecMismatchError(
+                name, "segment_interval_ms", interval, spec["segment_interval_ms"]
+            )
+        if effective == recorded:
+            return effective
+    db.put_meta(key, msgpack.packb(effective))
+    return effective
+
+
+# ------------------------------------------------------------------ stream time
+class TimedStore:
+    """Serdes, observed stream time and segment expiry of a store with retention
+    (the session-layout stores, in RocksDB or in memory, and the versioned store).
+
+    Subclasses give :meth:`_live_from` (the oldest time still live at a stream
+    time) and :meth:`_expire`; the RocksDB stores persist the time through
+    :meth:`_stream_time_changed`.
+    """
+
+    name: str
+    segment_interval_ms: int
+
+    def _init_timed(
+        self,
+        name: str,
+        retention_ms: int,
+        segment_interval_ms: int | None,
+        key_serde: Any,
+        value_serde: Any,
+    ) -> None:
+        self.name = name
+        if segment_interval_ms is None:
+            segment_interval_ms = default_segment_interval(retention_ms)
+        self.segment_interval_ms = segment_interval_ms
+        self.key_serde = key_serde
+        self.value_serde = value_serde if value_serde is not None else MsgpackSerde()
+        self._encode_key, self._decode_key = key_codec(key_serde)
+        self._dumps = self.value_serde.dumps
+        self._loads = self.value_serde.loads
+        self._stream_time: int | None = None
+        self._time_dirty = False  # stream time changed since the last commit
+        self._first_live_segment = TS_MIN  # expiry has run up to this segment
+        #: Writes dropped because they were already outside retention (grace).
+        self.dropped_records = 0
+
+    @property
+    def observed_stream_time(self) -> int | None:
+        """Largest time accepted so far (a session's end, a version's timestamp), or
+        None before the first write."""
+        return self._stream_time
+
+    def _live_from(self, stream_time: int) -> int:
+        """Oldest time still live (visible, writable) at ``stream_time``."""
+        raise NotImplementedError
+
+    def _expire(self, min_live: int) -> None:
+        """Forget the segments whose times all lie below ``min_live``."""
+        raise NotImplementedError
+
+    def _stream_time_changed(self) -> None:
+        """Hook: the stream time moved (persist it)."""
+
+    def _advance(self, ts: int) -> None:
+        """Move stream time forward to ``ts`` (callers check that it is later) and
+        expire what fell out of retention."""
+        self._stream_time = ts
+        if not self._time_dirty:
+            self._time_dirty = True
+            self._stream_time_changed()
+        min_live = self._live_from(ts)
+        first_live = min_live // self.segment_interval_ms
+        if first_live > self._first_live_segment:
+            self._first_live_segment = first_live
+            self._expire(min_live)
 
 
 class DBStoreMixin:
-    """Spec, segments and persisted stream time of a store inside a StateDB."""
+    """Spec, segments and persisted stream time of a store inside a database.
+
+    It is a :class:`~sessionstore.engine.db.Participant` of the batches that move
+    its stream time, and :meth:`reload` re-reads what it caches.
+    """
 
     name: str
     _stream_time: int | None
-    _db: StateDB
+    _db: Database
     _segments: Segments
 
     # The store class provides spec() -> dict and _set_retention(ms); they are not
     # declared here because this mixin comes first in the method resolution order.
 
-    def _attach(self, db: StateDB, requested_interval: int | None) -> None:
+    def _attach(self, db: Database, requested_interval: int | None) -> None:
         """Record (or check) the spec, then load segments and stream time."""
         self._db = db
-        self._meta_key = b"stream_time:" + self.name.encode()
+        self._meta_key = stream_time_key(self.name)
         with db.batch():
-            spec = db.record_store_spec(
-                self.name, self.spec(), explicit_interval=requested_interval is not None
+            spec = record_store_spec(
+                db, self.name, self.spec(), explicit_interval=requested_interval is not None
             )
         self.segment_interval_ms = spec["segment_interval_ms"]
         self._segments = Segments(db, self.name, self.segment_interval_ms)
@@ -66,8 +252,8 @@ class DBStoreMixin:
         if segment_interval_ms is not None:
             spec["segment_interval_ms"] = segment_interval_ms
         try:
-            self._db.record_store_spec(
-                self.name, spec, explicit_interval=segment_interval_ms is not None
+            record_store_spec(
+                self._db, self.name, spec, explicit_interval=segment_interval_ms is not None
             )
         except Exception:
             self._set_retention(old_retention)
@@ -77,20 +263,34 @@ class DBStoreMixin:
         """Ids of the live history segments."""
         return self._segments.ids()
 
+    def read_aux(self, name: str) -> bytes | None:
+        """Operator metadata saved with :meth:`write_aux`, or None."""
+        return self._db.get_meta(aux_key(self.name, name))
+
+    def write_aux(self, name: str, value: bytes) -> None:
+        """Save operator metadata ``name`` in the current batch."""
+        self._db.put_meta(aux_key(self.name, name), value)
+
     def _load_stream_time(self) -> None:
         raw = self._db.get_meta(self._meta_key)
-        self._stream_time = None if raw is None else _STREAM_TIME.unpack(raw)[0]
+        self._stream_time = None if raw is None else INT64.unpack(raw)[0]
 
     def _stream_time_changed(self) -> None:
         self._db.enlist(self)
 
-    # StateDB calls these around a commit or a rollback.
-    def _before_commit(self) -> None:
+    def before_commit(self) -> None:
+        """Write the stream time into the batch being committed."""
         self._time_dirty = False
         if self._stream_time is not None:
-            self._db.put_meta(self._meta_key, _STREAM_TIME.pack(self._stream_time))
+            self._db.put_meta(self._meta_key, INT64.pack(self._stream_time))
 
-    def _after_rollback(self) -> None:
+    def after_rollback(self) -> None:
+        """Drop the rolled-back stream time and segments: re-read them."""
+        self.reload()
+
+    def reload(self) -> None:
+        """Re-read the stream time and segments from the database (after a rollback
+        or a replay of changelogs into it)."""
         self._time_dirty = False
         self._first_live_segment = TS_MIN  # recomputed at the next advance
         self._load_stream_time()

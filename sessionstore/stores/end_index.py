@@ -3,7 +3,7 @@
 The session store orders rows by key, so finding every session that closes when
 stream time moves would need a scan of whole segments. The index holds only the
 sessions not yet emitted, keyed ``end ‖ start ‖ enc(key)`` (times as in
-:mod:`sessionstore.encoding.keys`), so closing them is one range read of the index.
+:mod:`sessionstore.encoding.session_key`), so closing them is one range read of the index.
 
 :class:`RocksDBEndIndex` lives in the column family ``<store>.open`` of the store's
 StateDB and is written in the same batch; :class:`MemoryEndIndex` pairs with the
@@ -15,10 +15,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import TYPE_CHECKING
 
-from sessionstore.encoding.session_key import TIME_SIGN, TIMES
+from sessionstore.encoding.keys import TS_MIN
+from sessionstore.encoding.session_key import TIMES_LEN, decode_times, encode_times
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
 __all__ = ["RocksDBEndIndex", "MemoryEndIndex"]
 
@@ -26,13 +27,13 @@ Entry = tuple[int, int, bytes]  # (end, start, encoded key)
 
 
 def _index_key(kb: bytes, start: int, end: int) -> bytes:
-    return TIMES.pack(end + TIME_SIGN, start + TIME_SIGN) + kb
+    return encode_times(start, end) + kb
 
 
 class RocksDBEndIndex:
     """End-ordered index of open sessions in a StateDB column family."""
 
-    def __init__(self, db: StateDB, store: str) -> None:
+    def __init__(self, db: Database, store: str) -> None:
         self._db = db
         self._cf = f"{store}.open"
         db.create_column_family(self._cf)
@@ -46,8 +47,8 @@ class RocksDBEndIndex:
     def below(self, end: int, from_end: int | None = None) -> list[Entry]:
         """Entries with ``from_end <= end' < end``, in (end, start, key) order (no
         lower bound when ``from_end`` is None)."""
-        hi = TIMES.pack(end + TIME_SIGN, 0)
-        lo = None if from_end is None else TIMES.pack(from_end + TIME_SIGN, 0)
+        hi = encode_times(TS_MIN, end)
+        lo = None if from_end is None else encode_times(TS_MIN, from_end)
         return [self._decode(raw) for raw, _ in self._db.scan_list(self._cf, lo, hi)]
 
     def all(self) -> list[Entry]:
@@ -55,8 +56,8 @@ class RocksDBEndIndex:
 
     @staticmethod
     def _decode(raw: bytes) -> Entry:
-        e, s = TIMES.unpack_from(raw)
-        return e - TIME_SIGN, s - TIME_SIGN, raw[16:]
+        start, end = decode_times(raw)
+        return end, start, raw[TIMES_LEN:]
 
 
 class MemoryEndIndex:

@@ -12,21 +12,34 @@ from typing import TYPE_CHECKING, Any
 
 from sessionstore.encoding.keys import key_range
 from sessionstore.encoding.serde import MsgpackSerde, key_codec
-from sessionstore.stores.base import describe_store
+from sessionstore.stores.base import aux_key, describe_store, record_store_spec
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
 __all__ = ["KeyValueStore"]
 
 
 class KeyValueStore:
-    """A plain key-value store in a StateDB. Create with ``db.kv_store(name)``."""
+    """A plain key-value store in a StateDB. Create with ``db.kv_store(name)``.
+
+    It takes the arguments every store kind takes; it has no retention or segments,
+    so ``retention_ms`` and ``segment_interval_ms`` are ignored."""
 
     kind = "kv"
+    #: Layout fields (fixed for the store's life) beyond the common arguments.
+    layout: tuple[str, ...] = ()
+    #: Time filters :meth:`read_rows` takes: none, a key has one value.
+    row_filters: frozenset[str] = frozenset()
 
     def __init__(
-        self, db: StateDB, name: str, key_serde: Any = None, value_serde: Any = None
+        self,
+        db: Database,
+        name: str,
+        retention_ms: int = 0,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
     ) -> None:
         self._db = db
         self.name = name
@@ -35,7 +48,7 @@ class KeyValueStore:
         self._encode_key, self._decode_key = key_codec(key_serde)
         self._cf = f"{name}.kv"
         with db.batch():
-            db.record_store_spec(name, self.spec())
+            record_store_spec(db, name, self.spec())
         db.create_column_family(self._cf)
 
     def spec(self) -> dict[str, Any]:
@@ -70,8 +83,32 @@ class KeyValueStore:
         for kb, raw in self._db.scan(self._cf, *bounds):
             yield decode(kb), loads(raw)
 
+    def read_rows(
+        self,
+        key: Any = None,
+        key_from: Any = None,
+        key_to: Any = None,
+        from_ts: int | None = None,
+        to_ts: int | None = None,
+        as_of: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Rows as the reader shows them, ``{key, value}``, of ``key`` or of the keys
+        in ``[key_from, key_to]``. The time filters do not apply to this kind."""
+        if key is not None:
+            value = self.get(key)
+            if value is not None:
+                yield {"key": key, "value": value}
+            return
+        for k, value in self.items(key_from, key_to):
+            yield {"key": k, "value": value}
+
+    def reload(self) -> None:
+        """Nothing is cached in memory; nothing to re-read."""
+
     def read_aux(self, name: str) -> bytes | None:
-        return self._db.get_meta(b"aux:" + self.name.encode() + b":" + name.encode())
+        """Operator metadata saved with :meth:`write_aux`, or None."""
+        return self._db.get_meta(aux_key(self.name, name))
 
     def write_aux(self, name: str, value: bytes) -> None:
-        self._db.put_meta(b"aux:" + self.name.encode() + b":" + name.encode(), value)
+        """Save operator metadata ``name`` in the current batch."""
+        self._db.put_meta(aux_key(self.name, name), value)

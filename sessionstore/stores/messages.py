@@ -43,6 +43,16 @@ class MessageStore(SessionStore):
     def has_message(self, key: Any, timestamp: int, offset: int) -> bool:
         return self.fetch_session(key, offset, timestamp) is not None
 
+    # Rows of read_rows: {key, timestamp, offset, value}. end is the timestamp and
+    # start the offset, so every start qualifies and the time is filtered by hand.
+    def _latest_start(self, to_ts: int) -> int:
+        return TS_MAX
+
+    def _row(self, window: Any, value: Any, to_ts: int) -> dict[str, Any] | None:
+        if window.end > to_ts:
+            return None
+        return {"key": window.key, "timestamp": window.end, "offset": window.start, "value": value}
+
     def messages(self, key: Any, from_ts: int, to_ts: int) -> Iterator[tuple[int, int, Any]]:
         """``(timestamp, offset, value)`` of ``key`` with ``from_ts <= timestamp <= to_ts``."""
         for window, value in self.find_sessions(key, from_ts, TS_MAX):

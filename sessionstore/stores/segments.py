@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
 __all__ = [
     "Segments",
@@ -38,11 +38,12 @@ def default_segment_interval(retention_ms: int) -> int:
 def operator_segment_interval(retention_ms: int) -> int:
     """Segment interval of an operator's stores: the default, but at least an hour.
 
-    Creating or dropping a column family costs 4-5 ms (RocksDB writes its MANIFEST
-    and rewrites its OPTIONS file, with fsyncs). An operator's retention is short
-    (a session gap plus grace), so one-minute segments make a micro-batch that moves
-    event time by minutes, as a job catching up on a backlog does, create and drop
-    a family or two per partition: a quarter of a sessionize task's time in
+    Creating or dropping a column family is costly: RocksDB writes its MANIFEST
+    and rewrites its OPTIONS file, with fsyncs (figures in BENCHMARKS.md, "Figures
+    quoted in code"). An operator's retention is short (a session gap plus grace),
+    so one-minute segments make a micro-batch that moves event time by minutes, as
+    a job catching up on a backlog does, create and drop a family or two per
+    partition, a large share of a sessionize task's time in
     ``bench/spark_sessionize.py``. Hour-long segments do it about once per hour of
     event time. The price: rows past retention stay on disk, invisible and never
     read, for up to an hour more before their family is dropped.
@@ -55,7 +56,7 @@ class Segments:
 
     __slots__ = ("_db", "_prefix", "interval", "_ids", "names")
 
-    def __init__(self, db: StateDB, store: str, interval: int) -> None:
+    def __init__(self, db: Database, store: str, interval: int) -> None:
         if type(interval) is not int or interval <= 0:
             raise ValueError(f"segment_interval_ms must be a positive int, got {interval!r}")
         self._db = db

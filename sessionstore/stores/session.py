@@ -30,14 +30,12 @@ from sessionstore.encoding.keys import (
     key_range,
     prefix_upper_bound,
 )
-from sessionstore.encoding.serde import MsgpackSerde, key_codec
 from sessionstore.encoding.session_key import TIME_SIGN, TIMES, session_key, times_of
-from sessionstore.stores.base import DBStoreMixin, describe_store
+from sessionstore.stores.base import DBStoreMixin, TimedStore, describe_store
 from sessionstore.stores.records import SessionWindow
-from sessionstore.stores.segments import default_segment_interval
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
 __all__ = ["SessionStoreBase", "SessionStore"]
 
@@ -51,10 +49,14 @@ def _check_retention(name: str, value: Any) -> int:
     return value
 
 
-class SessionStoreBase:
+class SessionStoreBase(TimedStore):
     """Session-store semantics over an abstract row storage."""
 
     kind = "session"
+    #: Layout fields (fixed for the store's life) beyond the common arguments.
+    layout: tuple[str, ...] = ()
+    #: Time filters :meth:`read_rows` takes.
+    row_filters: frozenset[str] = frozenset({"from_ts", "to_ts"})
 
     def __init__(
         self,
@@ -64,21 +66,8 @@ class SessionStoreBase:
         key_serde: Any,
         value_serde: Any,
     ) -> None:
-        self.name = name
         self.retention_ms = _check_retention("retention_ms", retention_ms)
-        if segment_interval_ms is None:
-            segment_interval_ms = default_segment_interval(retention_ms)
-        self.segment_interval_ms = segment_interval_ms
-        self.key_serde = key_serde
-        self.value_serde = value_serde if value_serde is not None else MsgpackSerde()
-        self._encode_key, self._decode_key = key_codec(key_serde)
-        self._dumps = self.value_serde.dumps
-        self._loads = self.value_serde.loads
-        self._stream_time: int | None = None
-        self._time_dirty = False  # stream time changed since the last commit
-        self._first_live_segment = TS_MIN  # expiry has run up to this segment
-        #: Puts dropped because their session was already outside retention.
-        self.dropped_records = 0
+        self._init_timed(name, retention_ms, segment_interval_ms, key_serde, value_serde)
         self._aux: dict[str, bytes] = {}
         self._end_index = None
 
@@ -107,17 +96,9 @@ class SessionStoreBase:
         """Rows with ``kb_lo <= kb < kb_hi`` (None is open), filtered likewise."""
         raise NotImplementedError
 
-    def _expire(self, min_visible_end: int) -> None:
-        raise NotImplementedError
-
-    def _stream_time_changed(self) -> None:
-        """Hook: the stream time moved (persist it)."""
-
     # ----------------------------------------------------------------- properties
-    @property
-    def observed_stream_time(self) -> int | None:
-        """Largest session end ever put, or None before the first put."""
-        return self._stream_time
+    def _live_from(self, stream_time: int) -> int:
+        return stream_time - self.retention_ms + 1
 
     def min_visible_end(self) -> int:
         """Smallest session end that is still visible and writable."""
@@ -210,18 +191,6 @@ class SessionStoreBase:
             self._end_index = MemoryEndIndex()
         return self._end_index
 
-    def _advance(self, end: int) -> None:
-        """Move stream time forward to ``end`` and expire what fell out of retention."""
-        self._stream_time = end
-        if not self._time_dirty:
-            self._time_dirty = True
-            self._stream_time_changed()
-        min_visible = end - self.retention_ms + 1
-        first_live = min_visible // self.segment_interval_ms
-        if first_live > self._first_live_segment:
-            self._first_live_segment = first_live
-            self._expire(min_visible)
-
     def remove(self, key: Any, start: int, end: int) -> None:
         """Delete the session ``[start, end]`` of ``key`` (no-op if absent)."""
         self.put(key, start, end, None)
@@ -296,6 +265,38 @@ class SessionStoreBase:
                 last_kb, last_key = kb, decode(kb)
             yield SessionWindow(last_key, start, end), loads(vb)
 
+    def read_rows(
+        self,
+        key: Any = None,
+        key_from: Any = None,
+        key_to: Any = None,
+        from_ts: int | None = None,
+        to_ts: int | None = None,
+        as_of: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Rows as the reader shows them (:meth:`_row`), ``{key, start, end, value}``
+        for sessions: those of ``key`` (or of the keys in ``[key_from, key_to]``, None
+        is open) that overlap ``[from_ts, to_ts]``. ``as_of`` does not apply here."""
+        lo = TS_MIN if from_ts is None else from_ts
+        hi = TS_MAX if to_ts is None else to_ts
+        latest_start = self._latest_start(hi)
+        if key is not None:
+            found = self.find_sessions(key, lo, latest_start)
+        else:
+            found = self.find_sessions_in_range(key_from, key_to, lo, latest_start)
+        for window, value in found:
+            row = self._row(window, value, hi)
+            if row is not None:
+                yield row
+
+    def _latest_start(self, to_ts: int) -> int:
+        """The latest row start a read up to ``to_ts`` may meet."""
+        return to_ts
+
+    def _row(self, window: SessionWindow, value: Any, to_ts: int) -> dict[str, Any] | None:
+        """A row of :meth:`read_rows` (None skips it)."""
+        return {"key": window.key, "start": window.start, "end": window.end, "value": value}
+
     def fetch(self, key: Any, backward: bool = False) -> Iterator[tuple[SessionWindow, Any]]:
         """Every visible session of ``key``."""
         return self.find_sessions(key, TS_MIN, TS_MAX, backward)
@@ -314,14 +315,15 @@ class SessionStoreBase:
 
 
 class SessionStore(DBStoreMixin, SessionStoreBase):
-    """Session store in a :class:`~sessionstore.engine.db.StateDB`; segments are column families.
+    """Session store in a :class:`~sessionstore.stores.state_db.StateDB`; segments are
+    column families.
 
     Create it with ``db.session_store(name, retention_ms, ...)``.
     """
 
     def __init__(
         self,
-        db: StateDB,
+        db: Database,
         name: str,
         retention_ms: int,
         segment_interval_ms: int | None = None,
@@ -348,16 +350,10 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
                 return
             cf = self._segments.get_or_create(seg)
         # Outside a batch db.put commits at once, stream time included.
-        self._db.put(cf, kb + TIMES.pack(end + TIME_SIGN, start + TIME_SIGN), value)
+        self._db.put(cf, session_key(kb, start, end), value)
 
     def _batch(self):
         return self._db.batch()
-
-    def read_aux(self, name: str) -> bytes | None:
-        return self._db.get_meta(b"aux:" + self.name.encode() + b":" + name.encode())
-
-    def write_aux(self, name: str, value: bytes) -> None:
-        self._db.put_meta(b"aux:" + self.name.encode() + b":" + name.encode(), value)
 
     def end_index(self):
         from sessionstore.stores.end_index import RocksDBEndIndex

@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp, key_range
-from sessionstore.encoding.serde import MsgpackSerde, key_codec
 from sessionstore.encoding.versioned_row import (
     LATEST_TS,
     VersionRow,
@@ -43,12 +42,11 @@ from sessionstore.encoding.versioned_row import (
     lookup,
     push_newest,
 )
-from sessionstore.stores.base import DBStoreMixin, describe_store
+from sessionstore.stores.base import DBStoreMixin, TimedStore, describe_store
 from sessionstore.stores.records import PUT_REJECTED, VALID_TO_UNDEFINED, VersionedRecord
-from sessionstore.stores.segments import default_segment_interval
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
 __all__ = ["VersionedStore"]
 
@@ -61,40 +59,29 @@ def _check_history(value: Any) -> int:
     return value
 
 
-class VersionedStore(DBStoreMixin):
-    """Versioned store in a :class:`~sessionstore.engine.db.StateDB`.
+class VersionedStore(DBStoreMixin, TimedStore):
+    """Versioned store in a :class:`~sessionstore.stores.state_db.StateDB`.
 
     Create it with ``db.versioned_store(name, history_retention_ms, ...)``.
     """
 
     kind = "versioned"
+    #: Layout fields (fixed for the store's life) beyond the common arguments.
+    layout: tuple[str, ...] = ()
+    #: Time filters :meth:`read_rows` takes.
+    row_filters: frozenset[str] = frozenset({"from_ts", "to_ts", "as_of"})
 
     def __init__(
         self,
-        db: StateDB,
+        db: Database,
         name: str,
         history_retention_ms: int,
         segment_interval_ms: int | None = None,
         key_serde: Any = None,
         value_serde: Any = None,
     ) -> None:
-        self.name = name
         self.history_retention_ms = _check_history(history_retention_ms)
-        self.segment_interval_ms = (
-            segment_interval_ms
-            if segment_interval_ms is not None
-            else default_segment_interval(history_retention_ms)
-        )
-        self.key_serde = key_serde
-        self.value_serde = value_serde if value_serde is not None else MsgpackSerde()
-        self._encode_key, self._decode_key = key_codec(key_serde)
-        self._dumps = self.value_serde.dumps
-        self._loads = self.value_serde.loads
-        self._stream_time: int | None = None
-        self._time_dirty = False
-        self._first_live_segment = TS_MIN
-        #: Puts and deletes rejected because they were older than the grace period.
-        self.dropped_records = 0
+        self._init_timed(name, history_retention_ms, segment_interval_ms, key_serde, value_serde)
         self._attach(db, segment_interval_ms)
         self._latest = f"{name}.latest"
         db.create_column_family(self._latest)
@@ -113,11 +100,6 @@ class VersionedStore(DBStoreMixin):
     def _set_retention(self, retention_ms: int) -> None:
         self.history_retention_ms = _check_history(retention_ms)
 
-    @property
-    def observed_stream_time(self) -> int | None:
-        """Largest timestamp accepted so far, or None before the first write."""
-        return self._stream_time
-
     def _grace_floor(self) -> int:
         """Oldest timestamp still accepted, and oldest ``as_of`` history can answer
         (older ones see only the latest version). The one rule ``get``,
@@ -128,6 +110,12 @@ class VersionedStore(DBStoreMixin):
     def _min_live(self) -> int:
         # A history version with valid_to <= floor can never answer a valid query.
         return self._grace_floor() + 1
+
+    def _live_from(self, stream_time: int) -> int:
+        return max(TS_MIN, stream_time - self.history_retention_ms) + 1
+
+    def _expire(self, min_live: int) -> None:
+        self._segments.expire_below(min_live)
 
     # --------------------------------------------------------------------- writes
     def put(self, key: Any, value: Any, timestamp: int) -> int:
@@ -143,11 +131,14 @@ class VersionedStore(DBStoreMixin):
             self.dropped_records += 1
             return PUT_REJECTED
         vb = None if value is None else self._dumps(value)
+        st = self._stream_time
         if self._db.in_batch:  # skip the context manager on the hot path
-            self._advance(ts)
+            if st is None or ts > st:
+                self._advance(ts)
             return self._put(kb, vb, ts)
         with self._db.batch():
-            self._advance(ts)
+            if st is None or ts > st:
+                self._advance(ts)
             return self._put(kb, vb, ts)
 
     def delete(self, key: Any, timestamp: int) -> VersionedRecord | None:
@@ -159,22 +150,10 @@ class VersionedStore(DBStoreMixin):
             return None
         with self._db.batch():
             prior = self.get(key, ts)
-            self._advance(ts)
+            if self._stream_time is None or ts > self._stream_time:
+                self._advance(ts)
             self._put(kb, None, ts)
         return prior
-
-    def _advance(self, ts: int) -> None:
-        st = self._stream_time
-        if st is None or ts > st:
-            self._stream_time = ts
-            if not self._time_dirty:
-                self._time_dirty = True
-                self._stream_time_changed()
-            min_live = self._min_live()
-            first_live = min_live // self.segment_interval_ms
-            if first_live > self._first_live_segment:
-                self._first_live_segment = first_live
-                self._segments.expire_below(min_live)
 
     def _put(self, kb: bytes, vb: bytes | None, ts: int) -> int:
         db, latest_cf = self._db, self._latest
@@ -347,10 +326,6 @@ class VersionedStore(DBStoreMixin):
         out.sort(key=lambda r: r.timestamp, reverse=not ascending)
         return out
 
-    def keys(self) -> list[Any]:
-        """Every key with a latest version or a history row, in key order."""
-        return list(self.iter_keys())
-
     def iter_keys(self, key_from: Any = None, key_to: Any = None) -> Iterator[Any]:
         """Keys in ``[key_from, key_to]`` (None is open) with a latest version or a
         history row, in key order. Streams: one merged pass over the families."""
@@ -364,6 +339,29 @@ class VersionedStore(DBStoreMixin):
             if kb != last:
                 last = kb
                 yield self._decode_key(kb)
+
+    def read_rows(
+        self,
+        key: Any = None,
+        key_from: Any = None,
+        key_to: Any = None,
+        from_ts: int | None = None,
+        to_ts: int | None = None,
+        as_of: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Rows as the reader shows them, ``{key, value, valid_from, valid_to}``: the
+        version valid at ``as_of``, or every version overlapping ``[from_ts, to_ts]``
+        (newest first), of ``key`` or of the keys in ``[key_from, key_to]``."""
+        keys = [key] if key is not None else self.iter_keys(key_from, key_to)
+        for k in keys:
+            if as_of is not None:
+                records = [self.get(k, as_of)]
+            else:
+                records = self.get_versions(k, from_ts, to_ts)
+            for r in records:
+                if r is not None:
+                    yield {"key": k, "value": r.value, "valid_from": r.timestamp,
+                           "valid_to": r.valid_to}  # fmt: skip
 
     def __repr__(self) -> str:
         return (

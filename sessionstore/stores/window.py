@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp
+from sessionstore.stores.base import describe_store
 from sessionstore.stores.session import SessionStore
 
 if TYPE_CHECKING:
-    from sessionstore.engine.db import StateDB
+    from sessionstore.engine.db import Database
 
 __all__ = ["WindowStore", "TimeWindow"]
 
@@ -33,10 +34,11 @@ class WindowStore(SessionStore):
     """Per-key values of fixed-size windows. Create with ``db.window_store(...)``."""
 
     kind = "window"
+    layout = ("window_size_ms",)
 
     def __init__(
         self,
-        db: StateDB,
+        db: Database,
         name: str,
         retention_ms: int,
         window_size_ms: int,
@@ -50,9 +52,14 @@ class WindowStore(SessionStore):
         super().__init__(db, name, retention_ms, segment_interval_ms, key_serde, value_serde)
 
     def spec(self) -> dict[str, Any]:
-        spec = super().spec()
-        spec["window_size_ms"] = self.window_size_ms
-        return spec
+        return describe_store(
+            self.kind,
+            self.retention_ms,
+            self.segment_interval_ms,
+            self.key_serde,
+            self.value_serde,
+            self.window_size_ms,
+        )
 
     def _last(self, start: int) -> int:
         start = check_timestamp("window_start", start)
@@ -82,6 +89,10 @@ class WindowStore(SessionStore):
         """Windows of every key with ``from_start <= start <= to_start``."""
         rows = self.find_sessions_in_range(None, None, from_start, to_start, backward)
         return self._windows(rows, from_start)
+
+    def _row(self, window: Any, value: Any, to_ts: int) -> dict[str, Any] | None:
+        # windows show their exclusive end
+        return {"key": window.key, "start": window.start, "end": window.end + 1, "value": value}
 
     def _windows(self, rows, from_start: int):
         # find_sessions also returns windows that start earlier but end after from_start

@@ -34,7 +34,8 @@ from typing import Any
 
 import click
 
-from sessionstore.checkpoint.layout import PartitionFiles
+from sessionstore.checkpoint.layout import LocalPartition
+from sessionstore.checkpoint.verify import verify_checkpoint
 from sessionstore.errors import SessionStoreError
 from sessionstore.tools.reader import (
     Aggregates,
@@ -433,46 +434,6 @@ def _checkpoint_only(source: CheckpointSource | LocalSource, command: str) -> Ch
     return source
 
 
-def _problems(
-    source: CheckpointSource, operator: str, partition: int, progress: Callable | None
-) -> list[str]:
-    """Everything wrong with one partition's checkpoint (empty when it is sound)."""
-    from sessionstore.checkpoint.changelog import decode_changelog
-    from sessionstore.checkpoint.snapshot import download_snapshot
-
-    where = f"{operator}/{partition}"
-    files = PartitionFiles(source.root.child(where))
-    changelogs, snapshots = files.changelogs(), files.snapshots()
-    problems = []
-    latest = files.latest()
-    base = min(snapshots, default=0)
-    for v in range(base + 1, latest + 1):
-        if v not in changelogs and v not in snapshots:
-            problems.append(f"{where}: changelog of version {v} is missing (gap after {v - 1})")
-    for i, v in enumerate(sorted(changelogs)):
-        if progress is not None:
-            progress(f"{where} changelogs", i, len(changelogs))
-        try:
-            decode_changelog(
-                files.storage.read(f"changelog/{v}.changelog"), f"{where}/changelog/{v}", v
-            )
-        except SessionStoreError as exc:
-            problems.append(str(exc))
-    for v in sorted(snapshots):
-        with tempfile.TemporaryDirectory(prefix="sessionstore-verify-") as tmp:
-            try:
-                download_snapshot(files.storage, v, tmp)
-            except (SessionStoreError, FileNotFoundError) as exc:
-                problems.append(str(exc))
-    if not problems and latest:
-        try:
-            with source.open(operator, partition, latest, progress):
-                pass
-        except (SessionStoreError, FileNotFoundError) as exc:
-            problems.append(f"{where}: replay to version {latest} failed: {exc}")
-    return problems
-
-
 @cli.command()
 @click.argument("uri")
 @click.option("--operator", default=None, help="default: every operator")
@@ -484,18 +445,15 @@ def verify(uri, operator, storage_options):
     operators = [_operator(source, operator)] if operator else source.operators()
     if not operators:
         raise CliError(f"no sessionstore checkpoint under {uri}")
-    problems, checked = [], 0
     with _progress() as progress:
-        for op in operators:
-            for partition in source.partitions(op):
-                problems += _problems(source, op, partition, progress)
-                checked += 1
-    for problem in problems:
+        result = verify_checkpoint(uri, operators, source.storage_options, progress)
+    for problem in result.problems:
         click.echo(f"PROBLEM {problem}")
     click.echo(
-        f"verified {checked} partitions of {len(operators)} operators: {len(problems)} problems"
+        f"verified {result.partitions} partitions of {len(result.operators)} operators: "
+        f"{len(result.problems)} problems"
     )
-    if problems:
+    if result.problems:
         sys.exit(1)
 
 
@@ -525,7 +483,7 @@ def restore(uri, operator, partition, version, target, storage_options):
             with source.open(operator, partition, version, progress, workdir) as (restored, _):
                 pass  # closed on exit, so the directory can move
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-        shutil.move(os.path.join(workdir, operator, str(partition), "db"), target)
+        shutil.move(LocalPartition(workdir, operator, partition).db, target)
     click.echo(f"restored {operator}/{partition} version {restored} to {target}")
 
 

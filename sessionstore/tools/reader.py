@@ -27,22 +27,28 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-import msgpack
-
 from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
-from sessionstore.checkpoint.layout import PartitionFiles
+from sessionstore.checkpoint.layout import (
+    PartitionFiles,
+    changelog_name,
+    committed_version,
+    local_databases,
+    operators,
+    partitions,
+    read_metadata,
+)
 from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
 from sessionstore.checkpoint.spec import StoreSpec
-from sessionstore.encoding.keys import TS_MAX, TS_MIN
-from sessionstore.engine.db import StateDB
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.operators.aggregations import recorded_output
+from sessionstore.stores.registry import kinds_with, store_class
+from sessionstore.stores.state_db import StateDB
 
 __all__ = [
     "Aggregates",
@@ -61,8 +67,6 @@ __all__ = [
 #: ``progress(label, done, total)``: called as long operations advance.
 Progress = Callable[[str, int, int], None]
 
-_VERSION_KEY = b"committed_version"
-
 
 class NotFoundError(SessionStoreError, LookupError):
     """An operator, store, partition or key that the source does not have."""
@@ -74,24 +78,15 @@ class Aggregates(dict):
 
 
 # ----------------------------------------------------------- checkpoint metadata
-def operators(root: Storage) -> list[str]:
-    """Operators (directories with a ``_metadata`` file) under a checkpoint root."""
-    return [d for d in root.list_dirs() if root.exists(f"{d}/_metadata")]
-
-
 def operator_metadata(root: Storage, operator: str) -> dict[str, Any]:
     """The recorded specs and partition count of ``operator``."""
     try:
-        return msgpack.unpackb(root.read(f"{operator}/_metadata"), raw=False)
+        return read_metadata(root.child(operator))
     except FileNotFoundError:
         known = ", ".join(operators(root)) or "none"
         raise NotFoundError(
             f"no operator {operator!r} in {root.uri} (operators: {known})"
         ) from None
-
-
-def partitions(root: Storage, operator: str) -> list[int]:
-    return sorted(int(d) for d in root.list_dirs(operator) if d.isdigit())
 
 
 def store_kind(source: CheckpointSource | LocalSource, operator: str, store: str) -> str:
@@ -149,7 +144,7 @@ class CheckpointSource:
         latest = files.latest()
         stats = None
         if latest in files.changelogs():
-            header = read_changelog_header(files.storage, f"changelog/{latest}.changelog")
+            header = read_changelog_header(files.storage, changelog_name(latest))
             stats = header.get("stats")
         return PartitionInfo(
             latest, files.loadable(), sorted(files.snapshots()), files.bytes_used(), stats
@@ -192,7 +187,7 @@ class LocalSource:
     def __init__(self, path: str) -> None:
         self.uri = path
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
-        self._dbs = _find_databases(path)
+        self._dbs = local_databases(path)
         if not self._dbs:
             raise NotFoundError(f"no sessionstore database under {path}")
 
@@ -264,48 +259,13 @@ class LocalSource:
 def _stores_of(db: StateDB) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(committed version, stores)`` of a read-only database, opened inside a batch
     that is rolled back (opening may expire segments; that must not be written)."""
-    raw = db.get_meta(_VERSION_KEY)
-    version = 0 if raw is None else int.from_bytes(raw, "big", signed=True)
+    version = committed_version(db)
     db.begin()
     try:
         specs = [StoreSpec.from_record({"name": n, **r}) for n, r in db.store_specs().items()]
         yield version, {spec.name: spec.open(db) for spec in specs}
     finally:
         db.rollback()
-
-
-def _find_databases(path: str) -> dict[tuple[str, int], str]:
-    """``(operator, partition) -> database directory`` for a local_dir, an operator
-    directory or a single database directory."""
-
-    def is_db(p: str) -> bool:
-        return os.path.isfile(os.path.join(p, "CURRENT"))
-
-    path = os.path.abspath(path)
-    if is_db(path):
-        parent = os.path.dirname(path)
-        if os.path.basename(path) == "db" and os.path.basename(parent).isdigit():
-            operator = os.path.basename(os.path.dirname(parent))
-            return {(operator, int(os.path.basename(parent))): path}
-        return {(os.path.basename(path), 0): path}
-    found = {}
-    for part in _digit_dirs(path):
-        if is_db(os.path.join(path, part, "db")):
-            found[(os.path.basename(path), int(part))] = os.path.join(path, part, "db")
-    if found:
-        return found
-    for operator in sorted(os.listdir(path)) if os.path.isdir(path) else []:
-        for part in _digit_dirs(os.path.join(path, operator)):
-            db = os.path.join(path, operator, part, "db")
-            if is_db(db):
-                found[(operator, int(part))] = db
-    return found
-
-
-def _digit_dirs(path: str) -> list[str]:
-    if not os.path.isdir(path):
-        return []
-    return [d for d in os.listdir(path) if d.isdigit() and os.path.isdir(os.path.join(path, d))]
 
 
 def _local_path(uri: str) -> str | None:
@@ -326,7 +286,7 @@ def open_source(
     if path is not None:
         if not os.path.exists(path):
             raise NotFoundError(f"{uri} does not exist")
-        if _find_databases(path):
+        if local_databases(path):
             return LocalSource(path)
     return CheckpointSource(uri, storage_options)
 
@@ -348,59 +308,23 @@ class RowFilter:
 
     def check(self, kind: str, store: str) -> None:
         """Refuse filters that mean nothing for a store of ``kind``."""
+        accepted = store_class(kind).row_filters
         if self.key is not None and (self.key_from is not None or self.key_to is not None):
             raise ValueError("give either a key or a key range (key_from/key_to), not both")
-        if self.as_of is not None and kind != "versioned":
-            raise ValueError(f"as_of applies to versioned stores; {store!r} is a {kind} store")
-        if kind == "kv" and (self.from_ts is not None or self.to_ts is not None):
-            raise ValueError(f"{store!r} is a key-value store: it has no time to filter on")
+        if self.as_of is not None and "as_of" not in accepted:
+            where = " and ".join(kinds_with("row_filters", "as_of"))
+            raise ValueError(f"as_of applies to {where} stores; {store!r} is a {kind} store")
+        if "from_ts" not in accepted and (self.from_ts is not None or self.to_ts is not None):
+            raise ValueError(f"{store!r} is a {kind} store: it has no time to filter on")
         if self.from_ts is not None and self.to_ts is not None and self.from_ts > self.to_ts:
             raise ValueError(f"from_ts {self.from_ts} is after to_ts {self.to_ts}")
         if self.as_of is not None and (self.from_ts is not None or self.to_ts is not None):
             raise ValueError("give either as_of or a time range (from_ts/to_ts), not both")
 
-
-def _rows(store: Any, kind: str, f: RowFilter) -> Iterator[dict[str, Any]]:
-    lo = TS_MIN if f.from_ts is None else f.from_ts
-    hi = TS_MAX if f.to_ts is None else f.to_ts
-    if kind in ("session", "window", "messages"):
-        # messages: end is the timestamp and start the offset, so filter time by hand
-        latest_start = TS_MAX if kind == "messages" else hi
-        if f.key is not None:
-            found = store.find_sessions(f.key, lo, latest_start)
-        else:
-            found = store.find_sessions_in_range(f.key_from, f.key_to, lo, latest_start)
-        for window, value in found:
-            if kind == "messages":
-                if window.end <= hi:
-                    yield {
-                        "key": window.key,
-                        "timestamp": window.end,
-                        "offset": window.start,
-                        "value": value,
-                    }
-            else:
-                end = window.end + 1 if kind == "window" else window.end
-                yield {"key": window.key, "start": window.start, "end": end, "value": value}
-    elif kind == "versioned":
-        keys = [f.key] if f.key is not None else store.iter_keys(f.key_from, f.key_to)
-        for k in keys:
-            if f.as_of is not None:
-                records = [store.get(k, f.as_of)]
-            else:
-                records = store.get_versions(k, f.from_ts, f.to_ts)  # newest first
-            for r in records:
-                if r is not None:
-                    yield {"key": k, "value": r.value, "valid_from": r.timestamp,
-                           "valid_to": r.valid_to}  # fmt: skip
-    else:
-        if f.key is not None:
-            value = store.get(f.key)
-            if value is not None:
-                yield {"key": f.key, "value": value}
-            return
-        for k, value in store.items(f.key_from, f.key_to):
-            yield {"key": k, "value": value}
+    def rows(self, store: Any) -> Iterator[dict[str, Any]]:
+        """The rows of ``store`` this filter selects, shaped by the store's kind
+        (sessions, windows, messages, versions or values)."""
+        return store.read_rows(**asdict(self))
 
 
 def _finished(
@@ -450,7 +374,7 @@ def store_rows(
         if progress is not None:
             progress("partitions", done, len(ids))
         with source.open(operator, partition, version, progress) as (_, stores):
-            rows = _rows(stores[store], kind, row_filter)
+            rows = row_filter.rows(stores[store])
             finish = None if raw else recorded_output(stores[store])
             if finish is not None:
                 rows = _finished(rows, finish, f"{operator}/{partition} store {store!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -15,16 +16,18 @@ KEYS_PER_VERSION = 40
 
 WRITER = textwrap.dedent(
     """
-    import os, sys
+    import sys
     from sessionstore import StateStoreProvider, StoreSpec
-    from sessionstore.checkpoint.provider import FAULT_ENV
+    from tests.faults import KillAt
 
     uri, local, step, versions = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     specs = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
-    p = StateStoreProvider(uri, "op", 0, specs, local, snapshot_interval=2)
+    # the last commit dies at this step
+    p = StateStoreProvider(
+        uri, "op", 0, specs, local, snapshot_interval=2,
+        commit_observer=KillAt(step, versions),
+    )
     for v in range(versions):
-        if v == versions - 1:
-            os.environ[FAULT_ENV] = step  # the last commit dies at this step
         h = p.get_store(v)
         for j in range(40):
             h["sessions"].put(f"u{j}", v, v, [v, j])
@@ -64,6 +67,7 @@ def test_kill_during_commit(tmp_path, step, survivor):
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=Path(__file__).resolve().parents[2],  # the writer imports tests.faults
     )
     assert run.returncode == -9, run.stderr  # killed, never reached "survived"
     assert "survived" not in run.stdout

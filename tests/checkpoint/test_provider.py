@@ -15,7 +15,8 @@ from sessionstore import (
     VersionNotFoundError,
 )
 from sessionstore.checkpoint.filesystem import UnknownSchemeError, open_filesystem
-from sessionstore.checkpoint.snapshot import CorruptSnapshotError, manifest_name
+from sessionstore.checkpoint.layout import manifest_name
+from sessionstore.checkpoint.snapshot import CorruptSnapshotError
 
 SPECS = [
     StoreSpec("sessions", "session", 10**9),

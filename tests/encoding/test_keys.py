@@ -9,11 +9,10 @@ from hypothesis import strategies as st
 from sessionstore.encoding.keys import (
     check_timestamp,
     decode_key,
-    decode_ts,
     encode_key,
-    encode_ts,
     prefix_upper_bound,
 )
+from sessionstore.encoding.session_key import decode_times, encode_times, session_key, times_of
 
 WORKED = [
     ("a", "02 61 00 01"),
@@ -37,11 +36,21 @@ def test_worked_examples(key, hexbytes):
 
 
 def test_timestamps_worked_examples():
-    assert encode_ts(-1).hex() == "7fffffffffffffff"
-    assert encode_ts(0).hex() == "8000000000000000"
-    assert encode_ts(-(2**63)) == b"\x00" * 8
-    assert encode_ts(2**63 - 1) == b"\xff" * 8
-    assert decode_ts(encode_ts(-12345)) == -12345
+    # end first, then start, each sign-flipped
+    assert encode_times(0, -1).hex(" ") == "7f ff ff ff ff ff ff ff 80 00 00 00 00 00 00 00"
+    assert encode_times(2**63 - 1, -(2**63)) == b"\x00" * 8 + b"\xff" * 8
+    assert decode_times(encode_times(-12345, 7)) == (-12345, 7)
+    row = session_key(encode_key("u1"), 100, 250)
+    assert row.hex(" ") == (
+        "02 75 31 00 01 80 00 00 00 00 00 00 fa 80 00 00 00 00 00 00 64"
+    )  # the worked example of sessionstore.encoding.session_key
+    assert times_of(row) == (100, 250)
+
+
+@given(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1))
+def test_time_bytes_sort_by_end_then_start(a, b):
+    assert (encode_times(a, b) < encode_times(b, a)) == ((b, a) < (a, b))
+    assert decode_times(encode_times(a, b)) == (a, b)
 
 
 scalar = st.one_of(st.text(), st.binary(), st.integers(min_value=-(2**80), max_value=2**80))

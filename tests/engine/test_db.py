@@ -41,10 +41,21 @@ def test_batch_is_atomic_and_rollback_discards(tmp_path):
         assert list(db.scan("x.0")) == [(b"a", b"1"), (b"b", b"2")]
 
 
-def test_nested_batches_commit_once(db):
+def record_commits(db, monkeypatch, what):
+    """Record ``what(buffer)`` of every write buffer the database applies."""
+    commits, apply = [], db._apply
+
+    def recording(buf):
+        apply(buf)
+        commits.append(what(buf))
+
+    monkeypatch.setattr(db, "_apply", recording)
+    return commits
+
+
+def test_nested_batches_commit_once(db, monkeypatch):
     db.create_column_family("x.0")
-    commits = []
-    db.add_commit_listener(lambda buf: commits.append(dict(buf.families["x.0"])))
+    commits = record_commits(db, monkeypatch, lambda buf: dict(buf.families["x.0"]))
     with db.batch():
         db.put("x.0", b"a", b"1")
         with db.batch():
@@ -330,10 +341,9 @@ def test_closed_db_is_a_clear_error(tmp_path):
         s.put("k", 1, 2, 3)
 
 
-def test_a_batch_is_one_commit_with_its_metadata(db):
+def test_a_batch_is_one_commit_with_its_metadata(db, monkeypatch):
     store = db.session_store("s", 1000)
-    commits = []
-    db.add_commit_listener(lambda buf: commits.append(sorted(buf.families)))
+    commits = record_commits(db, monkeypatch, lambda buf: sorted(buf.families))
     with db.batch():
         for i in range(5):
             store.put(f"k{i}", i, i, i)
@@ -342,7 +352,7 @@ def test_a_batch_is_one_commit_with_its_metadata(db):
 
 
 def test_estimated_keys_count_a_stores_rows_not_its_indexes(db):
-    from sessionstore.engine.db import is_data_family
+    from sessionstore.stores.base import is_data_family
 
     store = db.session_store("s", 10**9, segment_interval_ms=10)
     with db.batch():

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from spark_integration import StateBackend, sessionize
+from tests.faults import FailOnceAfterCommit
 from tests.models import offline_sessions
 from tests.spark.streams import json_source, run_stream, run_stream_batches, write_json
 
@@ -239,7 +240,7 @@ def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spar
     failing = StateBackend(
         f"file://{tmp_path}/state",
         local_dir=str(tmp_path / "local"),
-        fail_marker_dir=str(markers),
+        commit_observer=FailOnceAfterCommit(str(markers)),
     )
     rows = run_query(spark, tmp_path / "b", tmp_path, "failing", failing, batches)
     assert list(markers.iterdir()) == []  # both injected failures happened

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sessionstore import StateDB
 from sessionstore.encoding.keys import encode_key
-from sessionstore.tools.reader import RowFilter, _rows
+from sessionstore.tools.reader import RowFilter
 
 KEYS = st.sampled_from(["a", "b", "aa", "b\x00", "c"])
 BOUND = st.one_of(st.none(), KEYS)
@@ -41,9 +41,9 @@ def test_session_and_window_filters(tmp_path_factory, sessions, key_from, key_to
             store = db.window_store("s", 10**9, 5)
             for key, start, _ in sessions:
                 store.put_window(key, start, [key, start])
-        everything = list(_rows(store, kind, RowFilter()))
-        got = list(_rows(store, kind, RowFilter(key_from=key_from, key_to=key_to,
-                                                  from_ts=from_ts, to_ts=to_ts)))  # fmt: skip
+        everything = list(RowFilter().rows(store))
+        got = list(RowFilter(key_from=key_from, key_to=key_to,
+                             from_ts=from_ts, to_ts=to_ts).rows(store))  # fmt: skip
     last = (lambda r: r["end"] - 1) if kind == "window" else (lambda r: r["end"])
     want = [
         r
@@ -71,9 +71,9 @@ def test_versioned_filters(tmp_path_factory, puts, key_from, key_to, from_ts, to
         store = db.versioned_store("v", 10**9)
         for key, value, ts in puts:
             store.put(key, value, ts)
-        everything = list(_rows(store, "versioned", RowFilter()))
-        got = list(_rows(store, "versioned", RowFilter(key_from=key_from, key_to=key_to,
-                                                         from_ts=from_ts, to_ts=to_ts)))  # fmt: skip
+        everything = list(RowFilter().rows(store))
+        got = list(RowFilter(key_from=key_from, key_to=key_to,
+                             from_ts=from_ts, to_ts=to_ts).rows(store))  # fmt: skip
     # a version [valid_from, valid_to) overlaps [from_ts, to_ts]
     want = [
         r
@@ -95,9 +95,7 @@ def test_versioned_rows_follow_the_history_retention_rule(tmp_path):
         store.put("ko", "vo_new", 300_012)
 
         def rows(**kw):
-            return [
-                (r["value"], r["valid_from"]) for r in _rows(store, "versioned", RowFilter(**kw))
-            ]
+            return [(r["value"], r["valid_from"]) for r in RowFilter(**kw).rows(store)]
 
         assert rows(from_ts=0, to_ts=11) == []
         assert rows(as_of=5) == []

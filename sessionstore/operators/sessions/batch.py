@@ -1,8 +1,7 @@
 """Vectorised batch path of session aggregation for the common, in-order case.
 
-:class:`~sessionstore.operators.sessions.aggregator.SessionWindowAggregator` replays each
-key's records in memory, which is exact for any input but costs Python work per
-record. For a key whose records provably behave like a sorted stream, the result
+:mod:`~sessionstore.operators.sessions.replay` replays each key's records in
+memory, which is exact for any input but costs Python work per record. For a key whose records provably behave like a sorted stream, the result
 is computed for all such keys at once with numpy instead: sort by key (records
 keep arrival order within a key), split where the time difference exceeds the gap,
 and aggregate each session with cumulative sums, per-session accumulates or
@@ -29,25 +28,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "built_in_functions", "fast_path_columns", "run_fast_keys", "run_fast_final", "merge_slot",
-    "FAR_PAST", "SUM_LIMIT",
-]  # fmt: skip
+from sessionstore.operators.sessions.model import SessionUpdate
+from sessionstore.operators.sessions.state import Session
+from sessionstore.operators.vectorised import INT_LIMIT, SUM_LIMIT, built_in_functions, merge_slot
 
-_FAST_FUNCTIONS = {"count", "sum", "min", "max", "first", "last"}
-_INT_LIMIT = 2**53  # ints that numpy holds exactly
-SUM_LIMIT = 2**62  # a bound on |sum| that keeps int64 arithmetic exact
-#: The batch paths' time of a dropped row: below any real time, far from overflow.
-FAR_PAST = -(2**62)
-
-
-def built_in_functions(aggregation: Any) -> list[str] | None:
-    """The aggregation's functions when all are built-in count, sum, min, max, first
-    or last (what the vectorised paths compute), else None."""
-    functions = getattr(aggregation, "functions", None)
-    if functions is None or not set(functions) <= _FAST_FUNCTIONS:
-        return None
-    return functions
+__all__ = ["fast_path_columns", "run_fast_keys", "run_fast_final"]
 
 
 def fast_path_columns(aggregation: Any, values: list[Any]) -> list[list[Any]] | None:
@@ -68,7 +53,7 @@ def fast_path_columns(aggregation: Any, values: list[Any]) -> list[list[Any]] | 
             # exact int arithmetic only: floats sum differently in another order, and
             # a sum of the whole column must not overflow int64
             for v in col:
-                if type(v) is not int or not -_INT_LIMIT < v < _INT_LIMIT:
+                if type(v) is not int or not -INT_LIMIT < v < INT_LIMIT:
                     return None
             if fn == "sum" and col and max(map(abs, col)) * len(col) >= SUM_LIMIT:
                 return None
@@ -77,19 +62,17 @@ def fast_path_columns(aggregation: Any, values: list[Any]) -> list[list[Any]] | 
 
 
 def run_fast_keys(
-    fast_keys: list[tuple[Any, bytes, list[int], Any]],
+    fast_keys: list[tuple[Any, bytes, list[int], Session | None]],
     ts_l: list[int],
     columns: list[list[Any]],
     aggregation: Any,
     gap: int,
-    final: bool,
-    new_session: Any,
     emitted: list,
     tracked: list,
-    update_type: Any,
 ) -> None:
-    """Aggregate the records of ``fast_keys`` (key, kb, record indices, latest
-    stored session or None) and append emissions and sessions as the replay would."""
+    """Update mode: aggregate the records of ``fast_keys`` (key, kb, record indices,
+    latest stored session or None) and append every record's updates and the
+    sessions as the replay would."""
     functions = aggregation.functions
     order = [i for _, _, idxs, _ in fast_keys for i in idxs]  # by key, then arrival
     counts = [len(idxs) for _, _, idxs, _ in fast_keys]
@@ -142,17 +125,16 @@ def run_fast_keys(
         prior = stored.acc if cont else None
         start = stored.start if cont else ts_list[a]
         prev_end = stored.end if cont else None
-        for p in (b,) if final else range(a, b + 1):
+        for p in range(a, b + 1):
             acc = [_slot(functions[j], running[j], ts_list, a, p, prior, j) for j in width]
-            if not final:
-                i, t = order[p], ts_list[p]
-                if prev_end is not None and prev_end != t:  # a new window replaces it
-                    emitted.append(((i, 0), update_type(key, start, prev_end, None, prev_end)))
-                emitted.append(((i, 1), update_type(key, start, t, finish(acc), t)))
-                prev_end = t
+            i, t = order[p], ts_list[p]
+            if prev_end is not None and prev_end != t:  # a new window replaces it
+                emitted.append(((i, 0), SessionUpdate(key, start, prev_end, None, prev_end)))
+            emitted.append(((i, 1), SessionUpdate(key, start, t, finish(acc), t)))
+            prev_end = t
         if cont:
             stored.removed_at = order[a]
-        tracked.append((key, kb, new_session(start, ts_list[b], acc, None, False)))
+        tracked.append((key, kb, Session(start, ts_list[b], acc, None, False)))
 
 
 def _slot(fn: str, run: list, ts: list, a: int, p: int, prior: list | None, j: int) -> Any:
@@ -160,31 +142,19 @@ def _slot(fn: str, run: list, ts: list, a: int, p: int, prior: list | None, j: i
     (the continued stored session's accumulator) the way the record path merges."""
     if fn == "first":
         mine = [ts[a], run[a]]
-        if prior is not None and prior[j] is not None and prior[j][0] <= mine[0]:
-            return prior[j]  # older session wins ties
-        return mine
-    if fn == "last":
-        return [ts[p], run[p]]  # newest record wins ties
-    value = run[p]
-    if prior is None:
-        return value
-    old = prior[j]
-    if fn in ("count", "sum"):
-        return old + value
-    if old is None:
-        return value
-    if fn == "min":
-        return value if value < old else old
-    return value if value > old else old
+    elif fn == "last":
+        mine = [ts[p], run[p]]
+    else:
+        mine = run[p]
+    return mine if prior is None else merge_slot(fn, prior[j], mine)
 
 
 def run_fast_final(
-    fast_keys: list[tuple[Any, bytes, list[int], list[Any]]],
+    fast_keys: list[tuple[Any, bytes, list[int], list[Session]]],
     ts_l: list[int],
     columns: list[list[Any]],
     aggregation: Any,
     gap: int,
-    new_session: Any,
     tracked: list,
 ) -> None:
     """Final mode: sessions of ``fast_keys`` (key, kb, record indices sorted by time,
@@ -273,7 +243,7 @@ def run_fast_final(
             for s in sorted(stored, key=lambda s: (s.end, s.start)):
                 acc = [merge_slot(functions[j], s.acc[j], acc[j]) for j in width]
                 s.removed_at = order[a]
-        append((key, kb, new_session(start, end, acc, None, False)))
+        append((key, kb, Session(start, end, acc, None, False)))
 
 
 def _record_components(
@@ -305,19 +275,3 @@ def _record_components(
             t[first].tolist(), t[last].tolist(), strict=True,
         )
     ]  # fmt: skip
-
-
-def merge_slot(fn: str, stored: Any, batch: Any) -> Any:
-    """A stored session's slot combined with the batch records' slot (the stored
-    session is older: it keeps ``first`` on a tie, the batch takes ``last``)."""
-    if fn in ("count", "sum"):
-        return stored + batch
-    if stored is None:
-        return batch
-    if fn == "min":
-        return batch if batch < stored else stored
-    if fn == "max":
-        return batch if batch > stored else stored
-    if fn == "first":
-        return stored if stored[0] <= batch[0] else batch
-    return batch if batch[0] >= stored[0] else stored  # last

@@ -18,9 +18,9 @@ for all keys at once, from the Arrow columns:
 
 Rows stay on the record-exact replay of the batch path when they could behave
 differently: every record of a key that has a late record, or a record near a
-closed or hidden session (the conditions of :mod:`session_batch`). Keys with open
+closed or hidden session (the conditions of :mod:`.batch`). Keys with open
 stored sessions read them once and merge them with their runs in Python, with the
-replay's tie rules (``session_batch.merge_slot``). A batch qualifies only when the
+replay's tie rules (:func:`~sessionstore.operators.vectorised.merge_slot`). A batch qualifies only when the
 aggregation is built-in count/sum/min/max/first/last, sums, minima and maxima read
 integer columns without nulls whose sum cannot overflow int64, and offsets are not
 tracked (the aggregator checks its mode and state, :func:`columnar.prepare` the
@@ -31,7 +31,7 @@ batch); otherwise :meth:`process_table` returns None and the caller uses
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,37 +49,37 @@ from sessionstore.operators.columnar import (
     sortable_keys,
     value_struct_type,
 )
-from sessionstore.operators.sessions.batch import FAR_PAST, merge_slot
-
-if TYPE_CHECKING:
-    from sessionstore.operators.sessions.aggregator import SessionWindowAggregator
+from sessionstore.operators.sessions.model import SessionUpdate
+from sessionstore.operators.sessions.replay import replay, settle
+from sessionstore.operators.sessions.state import SessionState
+from sessionstore.operators.vectorised import FAR_PAST, merge_slot
 
 __all__ = ["run_final"]
 
 
-def run_final(agg: SessionWindowAggregator, batch_in: Prepared, timestamp: str, value: Any):
+def run_final(state: SessionState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
     """Process a prepared batch in emit-on-close mode, inside the store's batch;
     return the closed sessions as a table (key columns, ``start``, ``end``, ``value``
     struct, ``timestamp``) in the order :meth:`process_rows` emits them."""
-    out = _run(agg, batch_in, timestamp, value)
-    agg._save_times()
+    out = _run(state, batch_in, timestamp, value)
+    state.save_times()
     return out
 
 
-def _run(agg, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
+def _run(state: SessionState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
     table, key_names, slots = batch_in.table, batch_in.key_names, batch_in.slots
     ts, valid, codes = batch_in.ts, batch_in.valid, batch_in.codes
     n = table.num_rows
-    agg.dropped_records += int(n - np.count_nonzero(valid))
-    out_type = value_struct_type(agg.aggregation, slots)
+    state.dropped_records += int(n - np.count_nonzero(valid))
+    out_type = value_struct_type(state.aggregation, slots)
     rows = np.flatnonzero(valid)
     if len(rows) == 0:
         return empty_result(table, key_names, out_type)
-    batch = _Batch(agg, table, key_names, ts, np.where(valid, ts, FAR_PAST), rows, codes)
+    batch = _Batch(state, table, key_names, ts, np.where(valid, ts, FAR_PAST), rows, codes)
     batch.replay_irregular_keys(timestamp, value)
     runs = batch.runs(slots)
     py_sessions, removals = batch.merge_open_sessions(runs)
-    agg._settle(batch.timing, batch.emitted, batch.tracked, batch.loaded_ids, batch.open_entries)
+    settle(state, batch.timing, batch.emitted, batch.tracked, batch.loaded_ids, batch.open_entries)
     closing, close_step = batch.write_back(runs, py_sessions, removals)
     return batch.emissions(runs, closing, close_step, out_type)
 
@@ -88,10 +88,16 @@ class _Batch:
     """One batch on the columnar path: its keys, the record-exact replay of the keys
     that need it, and what the rest of the path writes and emits."""
 
-    def __init__(self, agg, table, key_names, ts, times, rows, codes) -> None:
-        self.agg, self.table, self.key_names, self.ts, self.rows = agg, table, key_names, ts, rows
+    def __init__(self, state: SessionState, table, key_names, ts, times, rows, codes) -> None:
+        self.state, self.table, self.key_names, self.ts, self.rows = (
+            state,
+            table,
+            key_names,
+            ts,
+            rows,
+        )
         self.n = table.num_rows
-        self.timing = agg._timing(times, times.tolist())
+        self.timing = state.timing(times, times.tolist())
         # groups: one per distinct key
         _, first_idx, self.inv = np.unique(codes[rows], return_index=True, return_inverse=True)
         self.rep_rows = rows[first_idx]
@@ -100,13 +106,13 @@ class _Batch:
         self.bad = np.zeros(n_groups, dtype=bool)
         self.bad[self.inv[~self.timing.ok[rows]]] = True
         # every open session is in the end index (the path requires it): read it once
-        self.open_entries = agg._open_entries()
+        self.open_entries = state.open_entries()
         self.open_by_kb: dict[bytes, list[tuple[int, int]]] = {}
         for end, start, kb in self.open_entries:
             self.open_by_kb.setdefault(kb, []).append((start, end))
         self.open_kbs = set(self.open_by_kb)
-        self.sortable = sortable_keys(agg.store, table, key_names)
-        encode = agg._encode
+        self.sortable = sortable_keys(state.store, table, key_names)
+        encode = state.encode
         if self.sortable:
             # Keys are encoded only where the store needs bytes (few): which keys
             # have an open session is asked of the decoded index, and output is
@@ -120,7 +126,7 @@ class _Batch:
                 return kb
 
             self.kb_of = kb_of
-            open_keys = {agg._decode(kb) for kb in self.open_kbs}
+            open_keys = {state.decode(kb) for kb in self.open_kbs}
             # equal in Python is a candidate; the bytes decide (1 == True, say)
             self.hot = np.array(
                 [k in open_keys and kb_of(g) in self.open_kbs
@@ -155,8 +161,8 @@ class _Batch:
             keys_full[i] = k
             values_full[i] = v
             groups.setdefault(kb_of(g), []).append(i)
-        self.agg._replay(
-            groups, keys_full, values_full, [None] * n, self.timing, self.open_kbs,
+        replay(
+            self.state, groups, keys_full, values_full, [None] * n, self.timing, self.open_kbs,
             self.emitted, self.tracked, self.loaded_ids, allow_fast=False,
         )  # fmt: skip
 
@@ -166,7 +172,7 @@ class _Batch:
         grows, gg = self.rows[good], self.inv[good]
         order = np.lexsort((self.ts[grows], gg))
         srows = grows[order]
-        return _Runs(srows, gg[order], self.ts[srows], self.agg._gap, slots)
+        return _Runs(srows, gg[order], self.ts[srows], self.state.gap, slots)
 
     def merge_open_sessions(self, runs: _Runs) -> tuple[list, list]:
         """Keys with open stored sessions merge them with their runs, in Python.
@@ -176,7 +182,7 @@ class _Batch:
         removals: list[tuple[int, int, int]] = []
         if not len(runs.g) or not self.hot.any():
             return py_sessions, removals
-        gap, emitted_close, kb_of = self.agg._gap, self.agg._emitted_close, self.kb_of
+        gap, emitted_close, kb_of = self.state.gap, self.state.emitted_close, self.kb_of
         hot_groups = np.flatnonzero(self.hot & ~self.bad)
         lo_all = np.searchsorted(runs.g, hot_groups, side="left")
         hi_all = np.searchsorted(runs.g, hot_groups, side="right")
@@ -197,7 +203,7 @@ class _Batch:
                 ):
                     wanted.append((kb, start, end))
             owners.append((g, lo, hi, first))
-        values = self.agg.store.fetch_encoded(wanted)
+        values = self.state.store.fetch_encoded(wanted)
         bounds = [first for *_, first in owners[1:]] + [len(wanted)] if owners else []
         for (g, lo, hi, first), last in zip(owners, bounds, strict=True):
             stored = [
@@ -215,10 +221,8 @@ class _Batch:
         """Store and index the columnar keys' sessions (removals first, so that a
         re-put of a window wins) and collect the Python sessions' emissions.
         Returns the runs that close in this batch and their close steps."""
-        from sessionstore.operators.sessions.aggregator import SessionUpdate
-
-        agg, n, kb_of, key_values = self.agg, self.n, self.kb_of, self.key_values
-        store, index, close_l = agg.store, agg._index, self.timing.close_l
+        state, n, kb_of, key_values = self.state, self.n, self.kb_of, self.key_values
+        store, index, close_l = state.store, state.index, self.timing.close_l
         final_vis = int(self.timing.prefix[-1]) - store.retention_ms + 1
         for g, start, end in removals:
             store.remove(key_values[g], start, end)
@@ -240,7 +244,7 @@ class _Batch:
             runs.end[stays_open].tolist(), strict=True,
         ):  # fmt: skip
             index.add(kb_of(g), start, end)
-        finish = agg.aggregation.finish
+        finish = state.aggregation.finish
         for g, start, end, acc in py_sessions:
             kb = kb_of(g)
             j = bisect_right(close_l, end)

@@ -25,63 +25,26 @@ its stream time reached (by end, start, key), then its own updates (by window
 start). Everything that decides an emission (stream time,
 the last early tick, which windows are pending) is stored with the window values,
 so replaying the same input from the same committed state emits the same output.
+
+This module holds the record path (:meth:`WindowAggregator.process`, which
+``process_rows`` runs per row) and chooses the columnar path
+(:mod:`~sessionstore.operators.windows.columns`) when a batch qualifies; both work
+on the aggregator's :class:`~sessionstore.operators.windows.state.WindowState`.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from sessionstore.encoding.keys import check_timestamp
-from sessionstore.operators.aggregations import Aggregation, record_output_plan
-from sessionstore.operators.arrow_batches import ArrowBatches, batch_restoring
-from sessionstore.operators.sessions.aggregator import _make_aggregation
+from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
+from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute
+from sessionstore.operators.windows.model import TimeWindows, WindowUpdate
+from sessionstore.operators.windows.state import WindowState
 from sessionstore.stores.window import WindowStore
 
 __all__ = ["TimeWindows", "WindowUpdate", "WindowAggregator"]
-
-_I64 = struct.Struct(">q")
-
-
-@dataclass(frozen=True)
-class TimeWindows:
-    """Tumbling (``advance_ms`` None or equal to the size) or hopping windows."""
-
-    size_ms: int
-    advance_ms: int | None = None
-    grace_ms: int = 0
-
-    def __post_init__(self) -> None:
-        if type(self.size_ms) is not int or self.size_ms <= 0:
-            raise ValueError(f"size_ms must be a positive int, got {self.size_ms!r}")
-        advance = self.size_ms if self.advance_ms is None else self.advance_ms
-        if type(advance) is not int or not 0 < advance <= self.size_ms:
-            raise ValueError(
-                f"advance_ms must be a positive int no larger than size_ms={self.size_ms}, "
-                f"got {self.advance_ms!r}"
-            )
-        object.__setattr__(self, "advance_ms", advance)
-        if type(self.grace_ms) is not int or self.grace_ms < 0:
-            raise ValueError(f"grace_ms must be a non-negative int, got {self.grace_ms!r}")
-
-    def starts_for(self, ts: int) -> range:
-        """Starts of every window containing ``ts``, ascending."""
-        advance = self.advance_ms
-        first = (ts - self.size_ms) // advance * advance + advance
-        return range(first, ts // advance * advance + 1, advance)
-
-
-class WindowUpdate(NamedTuple):
-    """An emitted window value; ``end`` is exclusive."""
-
-    key: Any
-    start: int
-    end: int
-    value: Any
-    timestamp: int
-    kind: str
 
 
 class WindowAggregator(ArrowBatches):
@@ -111,16 +74,10 @@ class WindowAggregator(ArrowBatches):
             merger = _no_merge  # fixed windows never merge
         self.store, self.windows, self.emit = store, windows, emit
         self.early_every_ms = early_every_ms
-        self.aggregation = _make_aggregation(initializer, aggregator, merger, aggregations)
+        self.aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         record_output_plan(store, self.aggregation, "acc")
-        store.set_min_retention(windows.size_ms + windows.grace_ms)
-        self._pending = store.end_index() if emit != "update" else None
-        self._stream_time = self._read("stream_time")
-        self._early_tick = self._read("early_tick")
-        # Windows ending before this were fired (None: unknown, scan them all once).
-        self._fired_due: int | None = None
-        #: Records that landed in no open window (or had a None key or timestamp).
-        self.dropped_records = 0
+        #: What both paths read and move: store, pending index, times, counter.
+        self.state = WindowState(store, windows, self.aggregation, pending=emit != "update")
 
     @staticmethod
     def check_settings(emit: str, early_every_ms: int | None = None) -> None:
@@ -133,51 +90,34 @@ class WindowAggregator(ArrowBatches):
             if type(early_every_ms) is not int or early_every_ms <= 0:
                 raise ValueError(f"early_every_ms must be a positive int, got {early_every_ms!r}")
 
-    def _read(self, name: str) -> int | None:
-        raw = self.store.read_aux(name)
-        return None if raw is None else _I64.unpack(raw)[0]
+    #: Records that landed in no open window (or had a None key or timestamp).
+    dropped_records = StateAttribute()
 
     @property
     def stream_time(self) -> int | None:
-        return self._stream_time
+        """The largest timestamp seen (None before the first record)."""
+        return self.state.stream_time
 
     def advance_to(self, event_time: int) -> list[WindowUpdate]:
         """Move stream time to ``event_time`` without a record (never back), firing
         the windows it makes due; engines call it with the query's event time."""
         ts = check_timestamp("event_time", event_time)
-        with self._rolling_back():
-            if not self._advance(ts):
+        state = self.state
+        with state.rolling_back():
+            if not state.advance(ts):
                 return []
-            return self._fire(ts) if self._pending is not None else []
+            return self._fire(ts) if state.pending is not None else []
 
     def process(self, key: Any, value: Any, timestamp: int | None) -> list[WindowUpdate]:
         """Add one record to its windows; return what it emits."""
         with self._rolling_back():
             return self._checked(key, value, timestamp)
 
-    def _advance(self, ts: int) -> bool:
-        """Move stream time to ``ts`` if that is forward (saved with the batch)."""
-        if self._stream_time is not None and ts <= self._stream_time:
-            return False
-        self._stream_time = ts
-        self.store.write_aux("stream_time", _I64.pack(ts))
-        return True
-
-    def _rolling_back(self):
-        """The store's batch; on failure, stream time and the early tick are read back
-        from it, and the next firing scans the pending windows afresh."""
-        return batch_restoring(self.store, self._reread)
-
-    def _reread(self) -> None:
-        self._fired_due = None
-        self._stream_time = self._read("stream_time")
-        self._early_tick = self._read("early_tick")
-
     def _checked(
         self, key: Any, value: Any, timestamp: Any, before: dict | None = None
     ) -> list[WindowUpdate]:
         if key is None or timestamp is None:
-            self.dropped_records += 1
+            self.state.dropped_records += 1
             return []
         return self._process(key, value, check_timestamp("timestamp", timestamp), before)
 
@@ -186,13 +126,13 @@ class WindowAggregator(ArrowBatches):
     ) -> list[WindowUpdate]:
         """One record; ``before`` (if given) gets the finished value of each window it
         touches first, as stored before (``_MISSING`` for a new window)."""
-        store, agg, windows = self.store, self.aggregation, self.windows
+        state, store, agg, windows = self.state, self.store, self.aggregation, self.windows
         size, grace = windows.size_ms, windows.grace_ms
-        self._advance(ts)
-        st = self._stream_time
+        state.advance(ts)
+        st = state.stream_time
         # Fire due windows before this record's puts move the store's own stream
         # time: with retention >= size + grace they are still visible now.
-        out = self._fire(st) if self._pending is not None else []
+        out = self._fire(st) if state.pending is not None else []
         kb = store._encode_key(key)
         accepted = False
         for start in windows.starts_for(ts):
@@ -213,38 +153,38 @@ class WindowAggregator(ArrowBatches):
             elif self.emit == "on_time" and end <= st:
                 out.append(WindowUpdate(key, start, end, agg.finish(acc), ts, "late"))
             elif is_new:
-                self._pending.add(kb, start, end)
+                state.pending.add(kb, start, end)
         if not accepted:
-            self.dropped_records += 1
+            state.dropped_records += 1
         return out
 
     def _fire(self, st: int) -> list[WindowUpdate]:
         """Early ticks, then windows whose trigger time stream time has reached."""
         out: list[WindowUpdate] = []
-        store, finish, pending = self.store, self.aggregation.finish, self._pending
+        state, store, finish = self.state, self.store, self.aggregation.finish
+        pending = state.pending
         every = self.early_every_ms
         if every is not None:
             tick = st // every
-            if self._early_tick is None or tick > self._early_tick:
-                if self._early_tick is not None:  # the first record starts the clock
+            if state.early_tick is None or tick > state.early_tick:
+                if state.early_tick is not None:  # the first record starts the clock
                     for end, start, kb in pending.all():
                         if end > st:
                             key = store._decode_key(kb)
                             value = finish(store.fetch_window(key, start))
                             out.append(WindowUpdate(key, start, end, value, st, "early"))
-                self._early_tick = tick
-                store.write_aux("early_tick", _I64.pack(tick))
+                state.set_early_tick(tick)
         if self.emit == "final":
             due, kind = st - self.windows.grace_ms + 1, "final"
         else:
             due, kind = st + 1, "on_time"
-        if self._fired_due is not None and due <= self._fired_due:
+        if state.fired_due is not None and due <= state.fired_due:
             return out  # stream time did not move: nothing new is due
         # Windows ending before the last due were fired then, and a window is added
         # only while it ends at or after the current due, so only [last due, due)
         # can hold new work: scanning from the start would meet every window this
         # batch already fired (pending deletes), once per record.
-        fired_from, self._fired_due = self._fired_due, due
+        fired_from, state.fired_due = state.fired_due, due
         for end, start, kb in pending.below(due, fired_from):
             pending.discard(kb, start, end)
             key = store._decode_key(kb)
@@ -280,13 +220,13 @@ class WindowAggregator(ArrowBatches):
         return [last[w] for w in sorted(last) if before[w] != last[w].value]
 
     def _columnar_applies(self) -> bool:
-        # emit="final" without early emission: see window_columns
+        # emit="final" without early emission: see windows.columns
         return self.emit == "final" and self.early_every_ms is None
 
     def _run_columnar(self, prepared: Any, timestamp: str, value: Any) -> Any:
         from sessionstore.operators.windows.columns import run_final
 
-        return run_final(self, prepared, timestamp, value)
+        return run_final(self.state, prepared, timestamp, value)
 
     def _updates_table(self, updates: list[Any], key: str | Sequence[str]) -> Any:
         import pyarrow as pa

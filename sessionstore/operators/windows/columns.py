@@ -18,7 +18,7 @@ store, pending windows, stream time and drop counts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,30 +32,28 @@ from sessionstore.operators.columnar import (
     rows_result,
     value_struct_type,
 )
-from sessionstore.operators.sessions.batch import FAR_PAST, merge_slot
-
-if TYPE_CHECKING:
-    from sessionstore.operators.windows.aggregator import WindowAggregator
+from sessionstore.operators.vectorised import FAR_PAST, merge_slot
+from sessionstore.operators.windows.state import WindowState
 
 __all__ = ["run_final"]
 
 
-def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
+def run_final(state: WindowState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
     """Process a prepared batch inside the store's batch; return the windows it closes
     as a table (key columns, ``start``, exclusive ``end``, ``value`` struct,
     ``timestamp``, ``kind``) in the record path's order. (``timestamp`` and
     ``value`` name the batch's columns, which ``batch_in`` has already read.)"""
     table, key_names, slots = batch_in.table, batch_in.key_names, batch_in.slots
     ts, valid, codes = batch_in.ts, batch_in.valid, batch_in.codes
-    store, pending, windows = agg.store, agg._pending, agg.windows
+    store, pending, windows = state.store, state.pending, state.windows
     size, advance, grace = windows.size_ms, windows.advance_ms, windows.grace_ms
     n = table.num_rows
-    out_type = value_struct_type(agg.aggregation, slots)
-    agg.dropped_records += int(n - np.count_nonzero(valid))
+    out_type = value_struct_type(state.aggregation, slots)
+    state.dropped_records += int(n - np.count_nonzero(valid))
     rows = np.flatnonzero(valid)
     if len(rows) == 0:
         return _with_kind(empty_result(table, key_names, out_type))
-    st0 = FAR_PAST if agg._stream_time is None else agg._stream_time
+    st0 = FAR_PAST if state.stream_time is None else state.stream_time
     prefix = np.maximum.accumulate(np.maximum(np.where(valid, ts, FAR_PAST), st0))
 
     # every (record, window) pair whose window is still open after the record
@@ -68,7 +66,7 @@ def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: 
     pair_row, pair_start = pair_row[keep], pair_start[keep]
     accepted = np.zeros(len(rows), dtype=bool)
     accepted[pair_row] = True
-    agg.dropped_records += int(len(rows) - np.count_nonzero(accepted))
+    state.dropped_records += int(len(rows) - np.count_nonzero(accepted))
 
     # group the pairs by (key, window); records by time within, ties by arrival
     _, first_idx, inv = np.unique(codes[rows], return_index=True, return_inverse=True)
@@ -84,7 +82,7 @@ def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: 
     w_g, w_start = pg[groups.a], pstart[groups.a]
     w_end = w_start + size
 
-    encode = agg.store._encode_key
+    encode = store._encode_key
     kbs = {g: encode(key_values[g]) for g in np.unique(w_g).tolist()}
     w_kb = [kbs[g] for g in w_g.tolist()]
     stored = store.fetch_encoded(
@@ -108,7 +106,7 @@ def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: 
     starts, ends, fires = w_start.tolist(), w_end.tolist(), w_fire.tolist()
     touched = set(zip(w_kb, starts, strict=True))
     final_due = int(prefix[-1]) - grace + 1
-    fired_due = FAR_PAST if agg._fired_due is None else agg._fired_due
+    fired_due = FAR_PAST if state.fired_due is None else state.fired_due
     untouched = [
         (kb, start, end)
         for end, start, kb in open_entries
@@ -122,7 +120,7 @@ def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: 
             [key_values[g] for g in w_g.tolist()], starts, (w_end - 1).tolist(), accs, strict=True
         )  # fmt: skip
     )
-    finish = agg.aggregation.finish
+    finish = state.aggregation.finish
     emitted: list[tuple[int, int, int, bytes, Any, Any]] = []  # j, end, start, kb, key, value
     for i, g in enumerate(w_g.tolist()):
         kb, start, end, j = w_kb[i], starts[i], ends[i], fires[i]
@@ -141,8 +139,8 @@ def run_final(agg: WindowAggregator, batch_in: Prepared, timestamp: str, value: 
         if acc is not None:
             j = int(np.searchsorted(prefix, end + grace, side="left"))
             emitted.append((j, end, start, kb, decode(kb), finish(acc)))
-    agg._advance(int(prefix[-1]))
-    agg._fired_due = final_due
+    state.advance(int(prefix[-1]))
+    state.fired_due = final_due
     emitted.sort(key=lambda e: e[:4])
     return _with_kind(_emitted_table(table, key_names, emitted, out_type))
 

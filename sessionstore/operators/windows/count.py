@@ -16,8 +16,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from sessionstore.operators.aggregations import Aggregation, record_output_plan
-from sessionstore.operators.sessions.aggregator import _make_aggregation
+from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
 from sessionstore.stores.kv import KeyValueStore
 
 __all__ = ["CountWindowAggregator", "CountWindowUpdate"]
@@ -54,7 +53,7 @@ class CountWindowAggregator:
         if merger is None and aggregations is None:
             merger = _never
         self.store, self.size, self.emit = store, size, emit
-        self.aggregation = _make_aggregation(initializer, aggregator, merger, aggregations)
+        self.aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         record_output_plan(store, self.aggregation, "count_window")
         #: Messages dropped for a None key; replays are ignored, not counted.
         self.dropped_records = 0

@@ -12,6 +12,7 @@ from sessionstore.operators import (
     SessionWindowAggregator,
     SessionWindows,
 )
+from tests.operators.sessions.records import process_tuples
 
 U = SessionUpdate
 
@@ -33,7 +34,7 @@ def feed(request):
             for key, ts in records:
                 out.extend(agg.process(key, None, ts))
             return out
-        return agg.process_records([(k, None, t) for k, t in records])
+        return process_tuples(agg, [(k, None, t) for k, t in records])
 
     return run
 
@@ -136,7 +137,7 @@ def test_net_updates_skip_unchanged_values():
     agg = make(gap=10, retention=1000, aggs={"hi": ("max", None)})
     assert agg.process_rows(["a", "a"], [0, 4], [5, 1], net=True) == [U("a", 0, 4, {"hi": 5}, 4)]
     assert agg.process_rows(["a"], [2], [3], net=True) == []  # same window, same max
-    assert agg.process_records([("a", 9, 3)]) == [U("a", 0, 4, {"hi": 9}, 4)]
+    assert process_tuples(agg, [("a", 9, 3)]) == [U("a", 0, 4, {"hi": 9}, 4)]
 
 
 def test_gap_is_inclusive(feed):
@@ -287,7 +288,7 @@ def test_bad_windows_and_timestamps():
     with pytest.raises(TypeError, match="timestamp must be an int"):
         agg.process("a", None, 5.5)
     with pytest.raises(ValueError, match="does not fit"):
-        agg.process_records([("a", None, 2**63)])
+        process_tuples(agg, [("a", None, 2**63)])
     assert sessions(agg) == [("a", 5, 5, [1])]  # nothing committed was lost
 
 
@@ -300,7 +301,7 @@ def test_final_mode_state_survives_reopen_without_duplicates(tmp_path):
 
     with StateDB.open(tmp_path) as db:
         agg = open_agg(db)
-        agg.process_records([("a", None, 0), ("b", None, 5), ("c", None, 30)])
+        process_tuples(agg, [("a", None, 0), ("b", None, 5), ("c", None, 30)])
     with StateDB.open(tmp_path) as db:
         agg = open_agg(db)
         assert agg.stream_time == 30
@@ -342,7 +343,7 @@ def test_replayed_records_are_not_collected_or_counted_twice(batch):
     )
     records = [("u", "/a", 1, 100), ("u", "/b", 5, 101), ("u", "/a", 1, 100), ("u", "/c", 8, 102)]
     if batch:
-        agg.process_records(records)
+        process_tuples(agg, records)
     else:
         for key, value, ts, offset in records:
             agg.process(key, value, ts, offset)
@@ -362,7 +363,7 @@ FAST.update({"first": ("first", None), "last": ("last", None)})
 @pytest.fixture
 def fast_calls(monkeypatch):
     """Counts how many keys took each vectorised path."""
-    from sessionstore.operators.sessions import aggregator as module
+    from sessionstore.operators.sessions import replay as module
 
     calls = {"final": 0, "update": 0}
     real_final, real_update = module.run_fast_final, module.run_fast_keys
@@ -416,7 +417,7 @@ def test_vectorised_paths_match_the_record_path(fast_calls, emit, batches):
         out = []
         for batch in batches:
             if use_batches:
-                out += agg.process_records(batch)
+                out += process_tuples(agg, batch)
             else:
                 for key, value, ts in batch:
                     out += agg.process(key, value, ts)
@@ -442,7 +443,7 @@ def test_vectorised_final_never_merges_a_closed_stored_session(fast_calls):
         out = []
         for batch in (first, second, third):
             if use_batches:
-                out += agg.process_records(batch)
+                out += process_tuples(agg, batch)
             else:
                 for key, value, ts in batch:
                     out += agg.process(key, value, ts)
@@ -459,7 +460,7 @@ def test_vectorised_final_never_merges_a_closed_stored_session(fast_calls):
 @pytest.mark.parametrize("batch", [False, True])
 def test_advance_to_closes_sessions_without_records(batch):
     agg = make(gap=10, grace=5, emit="final", retention=1000)
-    agg.process_records([("a", None, 0), ("b", None, 3)])
+    process_tuples(agg, [("a", None, 0), ("b", None, 3)])
     assert agg.advance_to(10) == []  # close time 10 - 15 < 0
     assert agg.advance_to(19) == [U("a", 0, 0, {"n": 1}, 0), U("b", 3, 3, {"n": 1}, 3)]
     assert agg.advance_to(5) == []  # never back
@@ -468,7 +469,7 @@ def test_advance_to_closes_sessions_without_records(batch):
     # the batch path stays exact after an advance
     records = [("c", None, 17), ("c", None, 30), ("a", None, 2)]
     if batch:
-        out = agg.process_records(records)
+        out = process_tuples(agg, records)
     else:
         out = [u for k, v, t in records for u in agg.process(k, v, t)]
     assert out == []

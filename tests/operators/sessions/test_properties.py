@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sessionstore import InMemorySessionStore, StateDB
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from tests.models import offline_sessions
+from tests.operators.sessions.records import process_tuples
 from tests.operators.store_factories import memory_store, rocksdb_stores
 
 KEYS = st.sampled_from(["a", "b", "aa", ("t", 1), None])
@@ -31,8 +32,8 @@ AGGS = {
 
 def snapshot(store, agg):
     rows = list(store.fetch_range(None, None))
-    index = agg._index.all() if agg._index is not None else None
-    return rows, index, agg.stream_time, agg._emitted_close, agg.dropped_records
+    index = agg.state.index.all() if agg.state.index is not None else None
+    return rows, index, agg.stream_time, agg.state.emitted_close, agg.dropped_records
 
 
 FAST_AGGS = {k: v for k, v in AGGS.items() if k != "all"}  # no collect: vectorised path
@@ -142,7 +143,7 @@ def test_in_order_sessions_equal_offline_sessionization(times, gap, batch_size):
     store = InMemorySessionStore("s", 10**9)
     agg = SessionWindowAggregator(store, SessionWindows(gap), aggregations={"n": "count"})
     for i in range(0, len(records), batch_size):
-        agg.process_records(records[i : i + batch_size])
+        process_tuples(agg, records[i : i + batch_size])
     got = sorted((w.key, w.start, w.end, acc[0]) for w, acc in store.fetch_range(None, None))
     assert got == offline_sessions(records, gap)
     assert agg.dropped_records == 0
@@ -158,8 +159,8 @@ def test_replay_from_the_same_state_is_byte_identical(tmp_path, emit, net):
             agg = SessionWindowAggregator(
                 store, SessionWindows(10, 5), aggregations={"n": "count"}, emit=emit
             )
-            outputs.append(agg.process_records(batch[:3], net=net))
-            outputs[-1] += agg.process_records(batch[3:], net=net)
+            outputs.append(process_tuples(agg, batch[:3], net=net))
+            outputs[-1] += process_tuples(agg, batch[3:], net=net)
             states.append(list(db.scan("s.0")) + list(db.scan("meta")))
     assert outputs[0] == outputs[1]
     assert states[0] == states[1]

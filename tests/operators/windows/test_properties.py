@@ -22,7 +22,13 @@ RECORDS = st.lists(
 
 def state(agg):
     windows = list(agg.store.fetch_all())
-    return windows, agg._pending.all(), agg.stream_time, agg.dropped_records, agg._early_tick
+    return (
+        windows,
+        agg.state.pending.all(),
+        agg.stream_time,
+        agg.dropped_records,
+        agg.state.early_tick,
+    )
 
 
 def aggregator_pair(db, size, advance_div, grace, aggregations, emit="final", early=None):

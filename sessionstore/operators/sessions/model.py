@@ -1,0 +1,35 @@
+"""The value objects of session aggregation: its settings and what it emits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = ["SessionWindows", "SessionUpdate"]
+
+
+@dataclass(frozen=True)
+class SessionWindows:
+    """Gap-based sessions: records at most ``gap_ms`` apart share a session; late
+    records are accepted for ``grace_ms`` after a session's end."""
+
+    gap_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("gap_ms", "grace_ms"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(
+                    f"{name} must be a non-negative int of milliseconds, got {value!r}"
+                )
+
+
+class SessionUpdate(NamedTuple):
+    """One emitted change. ``value`` is None for a tombstone (a merged-away session)."""
+
+    key: Any
+    start: int
+    end: int
+    value: Any
+    timestamp: int

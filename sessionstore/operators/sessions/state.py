@@ -1,0 +1,157 @@
+"""What a session aggregator keeps, and what its paths share.
+
+:class:`SessionState` is the aggregator's state: its store and end index, the
+stream time and last close time it keeps beside the store (saved in the store's
+metadata with each batch), and its counters. The aggregator's record path works
+on it, and so do the batch paths, which never see the aggregator: the
+record-exact replay (:mod:`~sessionstore.operators.sessions.replay`), its
+vectorised part (:mod:`~sessionstore.operators.sessions.batch`) and the columnar
+path (:mod:`~sessionstore.operators.sessions.columns`). :class:`Timing` is how each row of
+one batch sees time; :class:`Session` is a session held in memory while a batch
+is replayed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sessionstore.encoding.ints import INT64 as _I64
+from sessionstore.operators.aggregations import Aggregation
+from sessionstore.operators.arrow_batches import batch_restoring
+from sessionstore.operators.sessions.model import SessionWindows
+from sessionstore.operators.vectorised import FAR_PAST
+
+__all__ = ["SessionState", "Session", "Timing"]
+
+
+class Timing(NamedTuple):
+    """How each row of a batch sees time: its own time (``FAR_PAST`` when dropped),
+    the stream time after it, the close time after it, the store's visibility bound
+    before it, and whether it may take a vectorised path (never late, and every
+    session within gap of it visible and, in final mode, open)."""
+
+    ts: np.ndarray
+    ts_l: list[int]
+    prefix: np.ndarray
+    close_arr: np.ndarray
+    close_l: list[int]
+    vis_l: list[int]
+    ok: np.ndarray
+
+
+class Session:
+    """A session as a batch replay holds it: loaded from the store or made by the
+    batch, and the row that merged it away (None while it lives)."""
+
+    __slots__ = ("start", "end", "acc", "offsets", "loaded", "removed_at")
+
+    def __init__(self, start: int, end: int, acc: Any, offsets: list | None, loaded: bool) -> None:
+        self.start, self.end, self.acc, self.loaded = start, end, acc, loaded
+        self.offsets = offsets
+        self.removed_at: int | None = None
+
+
+class SessionState:
+    """A session aggregator's store, settings, times and counters.
+
+    Opening it sets the store up for the mode: a minimum retention that keeps open
+    sessions visible, the end index in final mode, and a mark in update mode."""
+
+    def __init__(
+        self,
+        store: Any,
+        windows: SessionWindows,
+        aggregation: Aggregation,
+        *,
+        final: bool,
+        track_offsets: bool,
+    ) -> None:
+        self.store = store
+        self.aggregation = aggregation
+        self.gap, self.grace = windows.gap_ms, windows.grace_ms
+        self.final = final
+        self.track_offsets = track_offsets
+        # Open sessions must stay visible: Kafka's default retention (gap + grace)
+        # would hide a session that can still be merged into.
+        store.set_min_retention(windows.gap_ms + windows.grace_ms + 1)
+        self.index = store.end_index() if final else None
+        # The end index holds every open session only if the store was never
+        # written in update mode (which keeps no index): remember such writes.
+        if not final and store.read_aux("update_mode") is None:
+            store.write_aux("update_mode", b"1")
+        self.index_complete = final and store.read_aux("update_mode") is None
+        self.encode = store._encode_key
+        self.decode = store._decode_key
+        #: The largest timestamp seen (None before the first record).
+        self.stream_time = self._read_time("stream_time")
+        #: Final mode: sessions ending before this were emitted (None: none yet).
+        self.emitted_close = self._read_time("emitted_close")
+        #: Records dropped: None key or timestamp, or late beyond grace.
+        self.dropped_records = 0
+        #: Records ignored because their offset was already in their session.
+        self.replayed_records = 0
+
+    def _read_time(self, name: str) -> int | None:
+        raw = self.store.read_aux(name)
+        return None if raw is None else _I64.unpack(raw)[0]
+
+    def save_times(self) -> None:
+        """Write stream and close time into the store's current batch."""
+        if self.stream_time is not None:
+            self.store.write_aux("stream_time", _I64.pack(self.stream_time))
+        if self.emitted_close is not None:
+            self.store.write_aux("emitted_close", _I64.pack(self.emitted_close))
+
+    def rolling_back(self) -> Any:
+        """The store's batch; on failure the times kept here are read back from it."""
+        return batch_restoring(self.store, self._reread_times)
+
+    def _reread_times(self) -> None:
+        self.stream_time = self._read_time("stream_time")
+        self.emitted_close = self._read_time("emitted_close")
+
+    def close_time(self) -> int | None:
+        """Sessions ending before this are closed (None before the first record)."""
+        st = self.stream_time
+        return None if st is None else st - self.gap - self.grace
+
+    def follows_store(self) -> bool:
+        """Whether the store's visibility still follows our stream time (nobody else
+        wrote to it), which the batch paths' visibility bounds assume."""
+        return self.store.observed_stream_time == self.stream_time
+
+    def check_offset(self, offset: Any) -> int | None:
+        """A record's offset as an int when offsets are tracked (else None)."""
+        if not self.track_offsets:
+            return None
+        if type(offset) is not int:
+            if offset is None or isinstance(offset, bool) or not hasattr(offset, "__index__"):
+                raise ValueError(
+                    f"track_offsets=True needs an int offset per record, got {offset!r}"
+                )
+            offset = int(offset)
+        return offset
+
+    def timing(self, ts_fill: np.ndarray, times: list[int]) -> Timing:
+        """Stream time, close time and store visibility as each row of a batch sees them
+        (``times`` is ``ts_fill`` as a list)."""
+        n = len(times)
+        st0 = FAR_PAST if self.stream_time is None else self.stream_time
+        prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
+        close_arr = prefix - (self.gap + self.grace)
+        # store visibility during record i's lookup uses the stream time before it
+        before = np.empty(n, dtype=np.int64)
+        before[0] = st0
+        before[1:] = prefix[:-1]
+        vis_arr = before - self.store.retention_ms + 1
+        ok = (ts_fill >= close_arr) & (ts_fill - self.gap >= vis_arr)
+        if self.final:
+            ok &= ts_fill - self.gap >= close_arr
+        return Timing(ts_fill, times, prefix, close_arr, close_arr.tolist(), vis_arr.tolist(), ok)
+
+    def open_entries(self) -> list[tuple[int, int, bytes]] | None:
+        """Final mode: every open session ``(end, start, encoded key)``, read once per
+        batch, when the end index has them all (else None)."""
+        return self.index.all() if self.index_complete else None

@@ -1,0 +1,44 @@
+"""What the vectorised batch paths of sessions and windows share.
+
+The numpy paths (:mod:`~sessionstore.operators.sessions.batch` and the columnar
+paths of :mod:`~sessionstore.operators.sessions.columns` and
+:mod:`~sessionstore.operators.windows.columns`) compute only built-in aggregates
+whose result cannot depend on the order numpy adds them in: count, sum, min, max,
+first and last over exact ints (never collect, never floats). This module names
+those functions, the int bounds that keep int64 arithmetic exact, how two of
+their slots combine, and the time the paths give a dropped row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessionstore.operators.aggregations import BUILTINS
+
+__all__ = ["VECTORISED_FUNCTIONS", "INT_LIMIT", "SUM_LIMIT", "FAR_PAST"]
+__all__ += ["built_in_functions", "merge_slot"]
+
+#: The built-in functions the vectorised paths compute.
+VECTORISED_FUNCTIONS = frozenset({"count", "sum", "min", "max", "first", "last"})
+INT_LIMIT = 2**53  # ints that numpy holds exactly
+SUM_LIMIT = 2**62  # a bound on |sum| that keeps int64 arithmetic exact
+#: The batch paths' time of a dropped row: below any real time, far from overflow.
+FAR_PAST = -(2**62)
+
+_MERGES = {fn: parts[2] for fn, parts in BUILTINS.items()}
+
+
+def built_in_functions(aggregation: Any) -> list[str] | None:
+    """The aggregation's functions when all are built-in count, sum, min, max, first
+    or last (what the vectorised paths compute), else None."""
+    functions = getattr(aggregation, "functions", None)
+    if functions is None or not set(functions) <= VECTORISED_FUNCTIONS:
+        return None
+    return functions
+
+
+def merge_slot(fn: str, older: Any, newer: Any) -> Any:
+    """Slot ``fn`` of an older session (or window value) combined with a newer one's,
+    as the record path merges them: the older keeps ``first`` on a tie, the newer
+    takes ``last``."""
+    return _MERGES[fn](older, newer)
