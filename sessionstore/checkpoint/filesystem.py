@@ -172,6 +172,8 @@ class Storage:
         return f"{self.uri.rstrip('/')}/{rel}" if rel else self.uri
 
     def _clean(self, text: str) -> str:
+        """``text`` on one line (GCS statuses span several), secrets masked."""
+        text = " ".join(text.split())
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text

@@ -119,6 +119,20 @@ def test_errors_are_one_line_and_exit_2(checkpoint, args, message):
     assert "Traceback" not in out.stderr
 
 
+def test_a_missing_gcs_bucket_is_one_line_naming_it_and_no_secret(gcs_server):
+    token = "ya29.s3cr3t-t0k3n"
+    flags = [f"--storage-option={k}={v}" for k, v in gcs_server.items() if k != "anonymous"]
+    flags += [
+        f"--storage-option=access_token={token}",
+        "--storage-option=credential_token_expiration=2099-01-01T00:00:00Z",
+    ]
+    for args in (["ls"], ["verify"], ["dump", "--operator", "op", "--store", "s"]):
+        out = run(args[0], "gs://no-such-bucket/ckpt", *args[1:], *flags)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "gs://no-such-bucket/ckpt" in out.stderr and token not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_console_script_is_installed():
     from importlib.metadata import version
 
