@@ -6,8 +6,9 @@ number of new keys per version), with a snapshot every 10 versions. Measured:
 * commit latency (p50, p99): changelog encoding + atomic upload + local write;
 * maintenance: uploading the pending snapshots (content-addressed SST files);
 * full restore of the latest version on an empty local directory, from the file
-  store and from an S3 endpoint (moto server on 127.0.0.1), once from snapshots
-  and once from changelogs alone;
+  store, from an S3 endpoint (moto server on 127.0.0.1) and from a GCS endpoint
+  (fake-gcs-server on 127.0.0.1), once from snapshots and once from changelogs
+  alone;
 * the baseline, in the same run: raw rocksdict bulk-loading the same keys
   (pre-encoded bytes, WriteBatch per version) into an empty database.
 
@@ -32,6 +33,7 @@ from sessionstore import StateStoreProvider, StoreSpec  # noqa: E402
 from sessionstore.encoding.keys import encode_key  # noqa: E402
 from sessionstore.encoding.serde import MsgpackSerde  # noqa: E402
 from sessionstore.encoding.session_key import session_key  # noqa: E402
+from tests.gcs_server import gcs_server, new_gcs_bucket  # noqa: E402
 from tests.moto_server import moto_s3_server, new_bucket  # noqa: E402
 
 SPECS = [StoreSpec("sessions", "session", 10**12)]
@@ -103,7 +105,7 @@ def main(argv=None) -> str:
     per_version = args.keys // args.versions
     n_keys = per_version * args.versions
     rows = []
-    with scratch_dir("bench-restore-") as tmp, moto_s3_server() as s3:
+    with scratch_dir("bench-restore-") as tmp, moto_s3_server() as s3, gcs_server() as gs:
         raw_s = raw_bulk_load(f"{tmp}/raw", args.versions, per_version)
         raw_rate = n_keys / raw_s
         rows.append(
@@ -112,6 +114,7 @@ def main(argv=None) -> str:
         locations = {
             "file": (f"file://{tmp}/remote", None),
             "s3": (f"s3://{new_bucket(s3)}/ckpt", s3),
+            "gs": (f"gs://{new_gcs_bucket(gs)}/ckpt", gs),
         }
         for name, (uri, options) in locations.items():
             lat, maint, uploaded = write(

@@ -82,10 +82,15 @@ class StateBackend:
                 f"set {CONF_PREFIX}checkpointUri (for example s3://bucket/path) or pass a "
                 "StateBackend explicitly"
             )
-        options = {}
-        for key, value in spark.sparkContext.getConf().getAll():
-            if key.startswith(STORAGE_PREFIX):
-                options[key[len(STORAGE_PREFIX) :]] = value
+        # the SparkContext's conf (spark-submit --conf, the builder), then the
+        # session's (spark.conf.set), which is where checkpointUri is read too
+        settings = dict(spark.sparkContext.getConf().getAll())
+        settings.update(conf.getAll)
+        options = {
+            key[len(STORAGE_PREFIX) :]: value
+            for key, value in settings.items()
+            if key.startswith(STORAGE_PREFIX)
+        }
         return cls(
             checkpoint_uri=uri,
             local_dir=conf.get(CONF_PREFIX + "localDir", None),

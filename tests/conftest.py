@@ -32,12 +32,29 @@ def s3_bucket(s3_server):
     yield f"s3://{new_bucket(s3_server)}/checkpoints", dict(s3_server)
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A real GCS HTTP endpoint (fake-gcs-server) on 127.0.0.1, killed after the session."""
+    from tests.gcs_server import gcs_server
+
+    with gcs_server() as options:
+        yield options
+
+
+@pytest.fixture
+def gs_bucket(gcs_server):
+    """A fresh bucket on the GCS endpoint; yields (uri, storage_options)."""
+    from tests.gcs_server import new_gcs_bucket
+
+    yield f"gs://{new_gcs_bucket(gcs_server)}/checkpoints", dict(gcs_server)
+
+
+@pytest.fixture(params=["file", "s3", "gs"])
 def checkpoint_location(request, tmp_path):
-    """(uri, storage_options) in a local folder and on the S3 endpoint."""
+    """(uri, storage_options) in a local folder, on the S3 and on the GCS endpoint."""
     if request.param == "file":
         return f"file://{tmp_path}/remote", None
-    return request.getfixturevalue("s3_bucket")
+    return request.getfixturevalue(f"{request.param}_bucket")
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,9 @@ import os
 import signal
 from dataclasses import dataclass
 
+import pyarrow.fs as pafs
+
+from sessionstore.checkpoint.filesystem import Storage
 from sessionstore.checkpoint.provider import CommitStep
 
 __all__ = ["KILL_STEPS", "KillAt", "FailOnceAfterCommit", "InjectedFailure"]
@@ -29,6 +32,22 @@ def _kill_on_rename(*_: object) -> None:
     _kill()
 
 
+_write_atomic = Storage.write_atomic
+
+
+def _kill_mid_put(storage: Storage, rel: str, data: bytes) -> None:
+    """On an object store: start the PUT (GCS opens its resumable upload session
+    here), send half the bytes and die before the upload completes. A local
+    filesystem writes its temporary file and dies at the rename."""
+    if isinstance(storage.fs, pafs.LocalFileSystem):
+        _write_atomic(storage, rel, data)  # os.replace is _kill_on_rename by now
+        return
+    out = storage.fs.open_output_stream(storage.path(rel))
+    out.write(data[: len(data) // 2])
+    out.flush()
+    _kill()
+
+
 @dataclass(frozen=True)
 class KillAt:
     """SIGKILL this process at ``step`` (one of :data:`KILL_STEPS`) of the commit of
@@ -36,8 +55,10 @@ class KillAt:
 
     ``mid_upload`` lets the changelog's upload write its temporary file and dies
     before the rename that would make it visible: what a writer killed mid-upload
-    leaves on a local filesystem (an object store shows nothing of an unfinished
-    PUT). The process is about to die, so ``os.replace`` is not put back.
+    leaves on a local filesystem. On an object store (no rename there) it starts
+    the PUT, sends half the changelog and dies before the upload completes, which
+    must leave nothing visible. The process is about to die, so neither
+    ``os.replace`` nor ``Storage.write_atomic`` is put back.
     """
 
     step: str
@@ -54,6 +75,7 @@ class KillAt:
             _kill()
         elif event.step == "prepared" and self.step == "mid_upload":
             os.replace = _kill_on_rename  # the upload's rename is the next one
+            Storage.write_atomic = _kill_mid_put  # the next write is the changelog's
         elif (event.step, self.step) in (("uploaded", "after_upload"), ("applied", "after_apply")):
             _kill()
 

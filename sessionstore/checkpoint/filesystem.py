@@ -7,13 +7,21 @@ atomic writes (a reader never sees half a file) and clear errors.
 
 S3 settings come from ``storage_options`` (``endpoint_override``, ``region``,
 ``access_key``, ``secret_key``, ``session_token``, ``scheme``, ...) or the standard
-AWS environment. Credentials are never logged or shown: :func:`redact` masks them.
+AWS environment; GCS settings (``project_id``, ``anonymous``, ``access_token``,
+``endpoint_override``, ``retry_time_limit``, ...) or Google's application default
+credentials. Options arrive as text from Spark's conf and the CLI, so
+:func:`open_filesystem` converts the ones ``pyarrow.fs`` wants typed (booleans,
+seconds). Credentials are never logged or shown: :func:`redact` masks them, and
+error messages never contain them.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlparse
 
@@ -21,7 +29,7 @@ import pyarrow.fs as pafs
 
 from sessionstore.errors import SessionStoreError
 
-__all__ = ["Storage", "open_filesystem", "redact", "UnknownSchemeError"]
+__all__ = ["Storage", "open_filesystem", "redact", "UnknownSchemeError", "StorageOptionError"]
 
 _SECRET_WORDS = ("secret", "token", "password", "key")
 
@@ -35,12 +43,78 @@ class UnknownSchemeError(SessionStoreError, ValueError):
         )
 
 
+class StorageOptionError(SessionStoreError, ValueError):
+    """A storage option ``pyarrow.fs`` does not know, or a value of the wrong type."""
+
+
+def _is_secret(key: str) -> bool:
+    return any(w in key.lower() for w in _SECRET_WORDS) and key != "region"
+
+
 def redact(options: dict[str, Any] | None) -> dict[str, Any]:
     """``options`` with every credential-like value replaced by ``***``."""
-    return {
-        k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) and k != "region" else v)
-        for k, v in (options or {}).items()
-    }
+    return {k: ("***" if _is_secret(k) else v) for k, v in (options or {}).items()}
+
+
+# Options whose pyarrow type is not text. Values from Spark's conf or the CLI are
+# text, and pyarrow takes any string as a true boolean ("false" included).
+_BOOLEAN = {
+    "anonymous", "background_writes", "allow_delayed_open", "allow_bucket_creation",
+    "allow_bucket_deletion", "check_directory_existence_before_creation",
+    "force_virtual_addressing",
+}  # fmt: skip
+_REAL = {"request_timeout", "connect_timeout"}  # S3, seconds
+_INTEGER = {"load_frequency"}  # S3, seconds
+_SECONDS = {"retry_time_limit"}  # GCS: a timedelta
+_TIME = {"credential_token_expiration"}  # GCS: a datetime
+
+
+def _typed(uri: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with text values converted to the types ``pyarrow.fs`` expects;
+    :class:`StorageOptionError` names the option and its value (masked if secret)."""
+    out = dict(options)
+    for key, value in options.items():
+        if not isinstance(value, str):
+            if key in _SECONDS and isinstance(value, int | float):
+                out[key] = timedelta(seconds=value)
+            continue
+        text = value.strip()
+        try:
+            if key in _BOOLEAN:
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                out[key] = text.lower() in ("true", "1", "yes")
+            elif key in _REAL:
+                out[key] = float(text)
+            elif key in _INTEGER:
+                out[key] = int(text)
+            elif key in _SECONDS:
+                out[key] = timedelta(seconds=float(text))
+            elif key in _TIME:
+                moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+                out[key] = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        except ValueError:
+            kind = (
+                "true or false" if key in _BOOLEAN
+                else "an ISO-8601 time" if key in _TIME
+                else "a number of seconds"
+            )  # fmt: skip
+            shown = "***" if _is_secret(key) else repr(value)
+            raise StorageOptionError(
+                f"storage option {key}={shown} for {uri}: expected {kind}"
+            ) from None
+    return out
+
+
+def _make(uri: str, cls: type, *args: Any, **options: Any) -> pafs.FileSystem:
+    """``cls(*args, **options)``; a bad option becomes a :class:`StorageOptionError`
+    naming the option (pyarrow's messages never show values, so no secret leaks)."""
+    try:
+        return cls(*args, **_typed(uri, options))
+    except (TypeError, AttributeError) as exc:
+        raise StorageOptionError(
+            f"bad storage options for {uri} ({', '.join(sorted(options)) or 'none'}): {exc}"
+        ) from None
 
 
 def open_filesystem(uri: str, storage_options: dict[str, Any] | None = None) -> Storage:
@@ -51,25 +125,33 @@ def open_filesystem(uri: str, storage_options: dict[str, Any] | None = None) -> 
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
         path = parsed.path if scheme == "file" else str(uri)
         return Storage(pafs.LocalFileSystem(), os.path.abspath(path), uri)
+    secrets = tuple(str(v) for k, v in options.items() if _is_secret(k) and v)
     if scheme in ("s3", "s3a"):
-        fs = pafs.S3FileSystem(**options)
-        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri)
+        fs = _make(str(uri), pafs.S3FileSystem, **options)
+        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets)
     if scheme in ("gs", "gcs"):
-        fs = pafs.GcsFileSystem(**options)
-        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri)
+        fs = _make(str(uri), pafs.GcsFileSystem, **options)
+        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets)
     if scheme == "hdfs":
         host = parsed.hostname or "default"
-        fs = pafs.HadoopFileSystem(host, parsed.port or 8020, **options)
-        return Storage(fs, parsed.path.rstrip("/") or "/", uri)
+        fs = _make(str(uri), pafs.HadoopFileSystem, host, parsed.port or 8020, **options)
+        return Storage(fs, parsed.path.rstrip("/") or "/", uri, secrets)
     raise UnknownSchemeError(str(uri))
 
 
 class Storage:
-    """Files under one root of a ``pyarrow.fs.FileSystem``, addressed by relative path."""
+    """Files under one root of a ``pyarrow.fs.FileSystem``, addressed by relative path.
 
-    def __init__(self, fs: pafs.FileSystem, root: str, uri: str) -> None:
+    Every failure is re-raised as the same ``OSError`` type with a message naming the
+    file by its URI (``gs://bucket/object``: pyarrow's GCS errors name neither) and
+    with the values of secret options masked."""
+
+    def __init__(
+        self, fs: pafs.FileSystem, root: str, uri: str, secrets: tuple[str, ...] = ()
+    ) -> None:
         self.fs, self.root, self.uri = fs, root.rstrip("/") or "/", str(uri)
         self._local = isinstance(fs, pafs.LocalFileSystem)
+        self._secrets = secrets
 
     def __repr__(self) -> str:
         return f"Storage({self.uri!r})"
@@ -85,25 +167,49 @@ class Storage:
     def path(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
 
+    def where(self, rel: str) -> str:
+        """``rel`` for a message: its URI (on object stores: bucket and object)."""
+        return f"{self.uri.rstrip('/')}/{rel}" if rel else self.uri
+
+    def _clean(self, text: str) -> str:
+        """``text`` on one line (GCS statuses span several), secrets masked."""
+        text = " ".join(text.split())
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    @contextmanager
+    def _naming(self, action: str, rel: str) -> Iterator[None]:
+        """Re-raise an ``OSError`` of ``action`` on ``rel`` naming the file."""
+        try:
+            yield
+        except OSError as exc:
+            message = self._clean(f"cannot {action} {self.where(rel)}: {exc}")
+            raise type(exc)(message) from None
+
     def child(self, rel: str) -> Storage:
         """The storage rooted at ``rel`` below this one."""
-        return Storage(self.fs, self.path(rel), f"{self.uri.rstrip('/')}/{rel}")
+        return Storage(self.fs, self.path(rel), f"{self.uri.rstrip('/')}/{rel}", self._secrets)
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Write ``data`` so that readers see the old file or the whole new one."""
         target = self.path(rel)
         parent = target.rsplit("/", 1)[0]
-        if self._local:
-            # write then rename: rename is atomic on a local filesystem
-            self.fs.create_dir(parent, recursive=True)
-            tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
-            with self.fs.open_output_stream(tmp) as out:
-                out.write(data)
-            os.replace(tmp, target)
-        else:
-            # an object store PUT becomes visible whole, on close
-            with self.fs.open_output_stream(target) as out:
-                out.write(data)
+        with self._naming("write", rel):
+            if self._local:
+                # write then rename: rename is atomic on a local filesystem
+                self.fs.create_dir(parent, recursive=True)
+                tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+                with self.fs.open_output_stream(tmp) as out:
+                    out.write(data)
+                os.replace(tmp, target)
+            else:
+                # No rename on object stores (on GCS and S3 it is a copy and a
+                # delete, so not atomic): a single-object PUT is. S3 and GCS show
+                # an object only once its upload completes (on close), whole, and
+                # later reads and listings see it (docs/durability.md).
+                with self.fs.open_output_stream(target) as out:
+                    out.write(data)
 
     def upload_file(self, local_path: str, rel: str) -> None:
         """Copy a local file to ``rel`` (atomically, as write_atomic)."""
@@ -114,45 +220,58 @@ class Storage:
         """The whole file, or its first ``length`` bytes (a ranged read on object
         stores); ``FileNotFoundError`` names the URI when it is missing."""
         try:
-            if length is not None:
-                with self.fs.open_input_file(self.path(rel)) as f:
-                    return f.read_at(min(length, f.size()), 0)
-            with self.fs.open_input_stream(self.path(rel)) as f:
-                return f.read()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.uri.rstrip('/')}/{rel} does not exist") from None
+            with self._naming("read", rel):
+                if length is not None:
+                    with self.fs.open_input_file(self.path(rel)) as f:
+                        return f.read_at(min(length, f.size()), 0)
+                with self.fs.open_input_stream(self.path(rel)) as f:
+                    return f.read()
         except OSError as exc:
-            if "not found" in str(exc).lower() or "no such" in str(exc).lower():
-                raise FileNotFoundError(f"{self.uri.rstrip('/')}/{rel} does not exist") from None
+            text = str(exc).lower()
+            if isinstance(exc, FileNotFoundError) or "not found" in text or "no such" in text:
+                raise FileNotFoundError(f"{self.where(rel)} does not exist") from None
             raise
 
     def exists(self, rel: str) -> bool:
-        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+        with self._naming("look up", rel):
+            return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
 
     def list(self, rel: str = "") -> list[str]:
         """Names of the files directly below ``rel`` (empty if it does not exist)."""
         selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=False)
+        with self._naming("list", rel):
+            infos = self.fs.get_file_info(selector)
         return sorted(
             info.path.rsplit("/", 1)[-1]
-            for info in self.fs.get_file_info(selector)
+            for info in infos
             if info.type == pafs.FileType.File and not info.base_name.startswith(".")
         )
 
     def list_dirs(self, rel: str = "") -> list[str]:
         """Names of the directories directly below ``rel``."""
-        selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=False)
-        return sorted(
-            info.base_name
-            for info in self.fs.get_file_info(selector)
-            if info.type == pafs.FileType.Directory
-        )
+        # pyarrow's GCS listing shows no directory that is only implied by the names
+        # of the objects below it (apache/arrow#35993), which is every directory
+        # here, so on GCS the names come from a recursive listing.
+        recursive = self.fs.type_name == "gcs"
+        base = self.path(rel)
+        selector = pafs.FileSelector(base, allow_not_found=True, recursive=recursive)
+        with self._naming("list", rel):
+            infos = self.fs.get_file_info(selector)
+        names = set()
+        for info in infos:
+            parts = info.path[len(base) :].strip("/").split("/")
+            if info.type == pafs.FileType.Directory or (recursive and len(parts) > 1):
+                names.add(parts[0])
+        return sorted(names)
 
     def size(self, rel: str) -> int:
-        return self.fs.get_file_info(self.path(rel)).size or 0
+        with self._naming("look up", rel):
+            return self.fs.get_file_info(self.path(rel)).size or 0
 
     def delete(self, rel: str) -> None:
         try:
-            self.fs.delete_file(self.path(rel))
+            with self._naming("delete", rel):
+                self.fs.delete_file(self.path(rel))
         except FileNotFoundError:
             pass
         except OSError as exc:

@@ -1,7 +1,9 @@
-"""Kill -9 a writer at each step of a commit: reloading gives exactly N-1 or N."""
+"""Kill -9 a writer at each step of a commit: reloading gives exactly N-1 or N, on a
+local folder, the S3 endpoint and the GCS endpoint."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -16,15 +18,16 @@ KEYS_PER_VERSION = 40
 
 WRITER = textwrap.dedent(
     """
-    import sys
+    import json, sys
     from sessionstore import StateStoreProvider, StoreSpec
     from tests.faults import KillAt
 
     uri, local, step, versions = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    options = json.loads(sys.argv[5])
     specs = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
     # the last commit dies at this step
     p = StateStoreProvider(
-        uri, "op", 0, specs, local, snapshot_interval=2,
+        uri, "op", 0, specs, local, snapshot_interval=2, storage_options=options,
         commit_observer=KillAt(step, versions),
     )
     for v in range(versions):
@@ -59,11 +62,11 @@ def check_state(provider, version):
     "step,survivor",
     [("before_upload", 3), ("mid_upload", 3), ("after_upload", 4), ("after_apply", 4)],
 )
-def test_kill_during_commit(tmp_path, step, survivor):
-    uri = f"file://{tmp_path}/remote"
+def test_kill_during_commit(checkpoint_location, tmp_path, step, survivor):
+    uri, options = checkpoint_location
     local = str(tmp_path / "writer")
     run = subprocess.run(
-        [sys.executable, "-c", WRITER, uri, local, step, "4"],
+        [sys.executable, "-c", WRITER, uri, local, step, "4", json.dumps(options or {})],
         capture_output=True,
         text=True,
         timeout=120,
@@ -72,13 +75,13 @@ def test_kill_during_commit(tmp_path, step, survivor):
     assert run.returncode == -9, run.stderr  # killed, never reached "survived"
     assert "survived" not in run.stdout
     # the crashed writer's own directory (its RocksDB lock died with it) ...
-    again = StateStoreProvider(uri, "op", 0, SPECS, local)
+    again = StateStoreProvider(uri, "op", 0, SPECS, local, storage_options=options)
     assert again.latest_version() == survivor
     check_state(again, survivor)
     check_state(again, survivor - 1)
     again.close()
     # ... and a new executor with nothing local
-    fresh = StateStoreProvider(uri, "op", 0, SPECS, tmp_path / "fresh")
+    fresh = StateStoreProvider(uri, "op", 0, SPECS, tmp_path / "fresh", storage_options=options)
     check_state(fresh, survivor)
     # the next batch commits normally on top
     h = fresh.get_store(survivor)

@@ -1,4 +1,5 @@
-"""StateStoreProvider against a local folder and a real S3 endpoint (moto server)."""
+"""StateStoreProvider against a local folder and real S3 and GCS endpoints (moto server,
+fake-gcs-server), from the same tests (the ``checkpoint_location`` fixture)."""
 
 from __future__ import annotations
 
@@ -339,10 +340,12 @@ def test_the_same_checkpoint_spelled_any_way_restores_from_its_snapshots(tmp_pat
         restores_and_continues((uri, None), tmp_path / f"exec{i}")
 
 
-def test_s3_and_s3a_and_a_trailing_slash_are_one_checkpoint(s3_bucket, tmp_path):
-    uri, options = s3_bucket
+@pytest.mark.parametrize("scheme,alias", [("s3", "s3a"), ("gs", "gcs")])
+def test_an_alias_scheme_and_a_trailing_slash_are_one_checkpoint(scheme, alias, request, tmp_path):
+    """``s3://`` and ``s3a://``, ``gs://`` and ``gcs://``, with a trailing slash or not."""
+    uri, options = request.getfixturevalue(f"{scheme}_bucket")
     written_and_pruned((uri, options), tmp_path / "writer")
-    for i, spelling in enumerate([uri.replace("s3://", "s3a://", 1), f"{uri}/"]):
+    for i, spelling in enumerate([uri.replace(f"{scheme}://", f"{alias}://", 1), f"{uri}/"]):
         restores_and_continues((spelling, options), tmp_path / f"exec{i}")
 
 

@@ -115,6 +115,43 @@ def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path,
     assert len(reference) > 20
 
 
+def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
+    spark, tmp_path, gs_bucket
+):
+    """The checkpoint on gs:// (the fake-gcs-server endpoint), the backend built from
+    ``spark.sessionstore.*`` set on the session (storage options as text, as
+    spark-submit passes them): stopped after 3 batches, restarted on a new local
+    dir, the output is the uninterrupted run's."""
+    from sessionstore.checkpoint.filesystem import open_filesystem
+
+    uri, options = gs_bucket
+    batches = generated(seed=11)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    reference = run_query(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
+    conf = {"spark.sessionstore.checkpointUri": uri, "spark.sessionstore.localDir": ""}
+    conf.update({f"spark.sessionstore.storage.{k}": str(v) for k, v in options.items()})
+    outputs = []
+    try:
+        for local, part, first in (("gs-local", batches[:3], 0), ("gs-local2", batches[3:], 3)):
+            conf["spark.sessionstore.localDir"] = str(tmp_path / local)
+            for key, value in conf.items():
+                spark.conf.set(key, value)
+            outputs.append(
+                run_query(spark, tmp_path / "part", tmp_path, "gcs", None, part, first=first)
+            )
+    finally:
+        for key in conf:
+            spark.conf.unset(key)
+    assert as_sessions(outputs[0] + outputs[1]) == as_sessions(reference)
+    assert len(reference) > 20
+    remote = open_filesystem(uri, options)
+    assert remote.list_dirs("gcs") == ["0", "1", "event_time"]
+    assert "7.changelog" in remote.list("gcs/0/changelog")
+    # sessions that began before the restart and closed after it: state came back
+    first_ts = min(ts for _, ts, _ in batches[3])
+    assert any(r["session_start"] < first_ts for r in outputs[1])
+
+
 def test_a_query_restarted_on_a_copied_checkpoint_continues_exactly(spark, tmp_path):
     """Moving a job, or disaster recovery: Spark's checkpoint and the state are
     copied to another folder, the copy keeps only snapshot 2 and the changelogs

@@ -119,6 +119,20 @@ def test_errors_are_one_line_and_exit_2(checkpoint, args, message):
     assert "Traceback" not in out.stderr
 
 
+def test_a_missing_gcs_bucket_is_one_line_naming_it_and_no_secret(gcs_server):
+    token = "ya29.s3cr3t-t0k3n"
+    flags = [f"--storage-option={k}={v}" for k, v in gcs_server.items() if k != "anonymous"]
+    flags += [
+        f"--storage-option=access_token={token}",
+        "--storage-option=credential_token_expiration=2099-01-01T00:00:00Z",
+    ]
+    for args in (["ls"], ["verify"], ["dump", "--operator", "op", "--store", "s"]):
+        out = run(args[0], "gs://no-such-bucket/ckpt", *args[1:], *flags)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "gs://no-such-bucket/ckpt" in out.stderr and token not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_console_script_is_installed():
     from importlib.metadata import version
 
@@ -132,21 +146,19 @@ def test_console_script_is_installed():
     )
 
 
-def test_verify_passes_then_names_each_problem(checkpoint, tmp_path):
+def test_verify_passes_then_names_each_problem(checkpoint, checkpoint_location):
+    from sessionstore.checkpoint.filesystem import open_filesystem
+
     uri, flags = checkpoint
     out = run("verify", uri, *flags)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verified 2 partitions of 1 operators: 0 problems" in out.stdout
-    if not uri.startswith("file://"):
-        return
-    root = uri[len("file://") :]
-    with open(f"{root}/op/0/changelog/3.changelog", "r+b") as f:
-        f.seek(30)
-        byte = f.read(1)
-        f.seek(30)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.remove(f"{root}/op/1/snapshot/2.manifest")  # without it, versions 1-3 need changelog 1
-    os.remove(f"{root}/op/1/changelog/1.changelog")
+    root = open_filesystem(*checkpoint_location)
+    data = bytearray(root.read("op/0/changelog/3.changelog"))
+    data[30] ^= 0xFF
+    root.write_atomic("op/0/changelog/3.changelog", bytes(data))
+    root.delete("op/1/snapshot/2.manifest")  # without it, versions 1-3 need changelog 1
+    root.delete("op/1/changelog/1.changelog")
     out = run("verify", uri, *flags)
     assert out.returncode == 1
     assert "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch" in out.stdout
