@@ -36,6 +36,7 @@ __all__ = [
     "deterministic_order",
     "key_values",
     "struct_values",
+    "take_task_metrics",
 ]
 
 
@@ -53,6 +54,18 @@ def task_info() -> TaskInfo:
     ctx = TaskContext.get()
     batch = ctx.getLocalProperty("streaming.sql.batchId")
     return TaskInfo(ctx.partitionId(), int(batch or 0), ctx.attemptNumber())
+
+
+_task_metrics: dict[str, Any] | None = None
+
+
+def take_task_metrics() -> dict[str, Any] | None:
+    """The metrics record of the last task of this worker that committed (see
+    :mod:`spark_integration.metrics`), once: a second call returns None. A Python
+    worker runs one task at a time, so the task that asks is the one that committed."""
+    global _task_metrics
+    record, _task_metrics = _task_metrics, None
+    return record
 
 
 @contextmanager
@@ -112,6 +125,12 @@ def partition_state(
             handle.abort()
             raise
         version = handle.commit()
+        global _task_metrics
+        _task_metrics = {
+            **provider.last_metrics,
+            "partition": info.partition,
+            "batch": info.batch_id,
+        }
     if version % backend.snapshot_interval == 0:
         if os.environ.get("SPARK_REUSE_WORKER"):
             service.maintain_later(key)
