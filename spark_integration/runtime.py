@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
+from sessionstore.checkpoint.metrics import millis
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.stores.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
@@ -117,8 +119,11 @@ def partition_state(
         )
 
     service = StoreService.instance()
+    started = time.perf_counter()
     with service.provider(key, make) as provider:
         handle = provider.get_store(info.batch_id)
+        # the metrics' load time includes a handover's wait for the holder
+        handle.note(load_ms=millis(time.perf_counter() - started))
         try:
             yield handle, provider
         except BaseException:

@@ -19,7 +19,9 @@ Header metrics (format 1), per task:
 * ``rows_updated``, ``rows_removed``: rows written and deleted by the commit;
 * ``late_dropped``, ``emitted``: rows the operator dropped as late and emitted
   (None when the caller did not say, as with the provider used directly);
-* ``load_kind`` (one of :data:`LOAD_KINDS`) and ``load_ms``;
+* ``load_kind`` (one of :data:`LOAD_KINDS`) and ``load_ms`` (the database's open
+  and the version's load; a Spark task notes its whole wait, a handover's
+  included);
 * ``uploaded_bytes``: this changelog's bytes plus the snapshot bytes uploaded
   for the partition by this process since its previous commit;
 * ``snapshot_lag``: versions since the newest snapshot that was uploaded;

@@ -153,15 +153,23 @@ class StoreHandle:
         self.stores = stores
         self._open = True
         #: what the caller tells the commit's metrics (see :meth:`note`)
-        self.noted: dict[str, int | None] = {"late_dropped": None, "emitted": None}
+        self.noted: dict[str, Any] = {"late_dropped": None, "emitted": None, "load_ms": None}
 
-    def note(self, late_dropped: int | None = None, emitted: int | None = None) -> None:
+    def note(
+        self,
+        late_dropped: int | None = None,
+        emitted: int | None = None,
+        load_ms: float | None = None,
+    ) -> None:
         """Tell the next commit's metrics how many rows the operator dropped as
-        late and emitted (recorded in its changelog header)."""
-        if late_dropped is not None:
-            self.noted["late_dropped"] = late_dropped
-        if emitted is not None:
-            self.noted["emitted"] = emitted
+        late and emitted, and (``load_ms``) how long taking the state took when the
+        caller waited for it before :meth:`StateStoreProvider.get_store` too, as a
+        Spark task does for a handover (recorded in the changelog header)."""
+        for name, value in (
+            ("late_dropped", late_dropped), ("emitted", emitted), ("load_ms", load_ms)
+        ):  # fmt: skip
+            if value is not None:
+                self.noted[name] = value
 
     def __getitem__(self, name: str) -> Any:
         return self.stores[name]
@@ -553,9 +561,12 @@ class StateStoreProvider:
             "rows_total": sum(s["keys"] for s in stats.values()),
             "rows_updated": sum(s["updated"] for s in stats.values()),
             "rows_removed": sum(s["removed"] for s in stats.values()),
-            **handle.noted,
+            "late_dropped": handle.noted["late_dropped"],
+            "emitted": handle.noted["emitted"],
             "load_kind": self._load_kind,
-            "load_ms": self._load_ms,
+            "load_ms": self._load_ms
+            if handle.noted["load_ms"] is None
+            else handle.noted["load_ms"],
             "uploaded_bytes": uploaded,
             # the snapshot of this version, if any, is taken after the commit
             "snapshot_lag": snapshot_lag(

@@ -155,3 +155,14 @@ def test_summarize_batch_over_partitions():
         "loads": {"restore": 1, "warm": 2}, "commit_ms_p50": 2.25, "commit_ms_max": 3.5,
         "uploaded_bytes": 190, "snapshot_lag_max": 3, "memory_bytes_max": 30,
     }  # fmt: skip
+
+
+def test_a_caller_that_waited_for_the_state_notes_its_load_time(tmp_path):
+    p = provider(f"file://{tmp_path}/remote", tmp_path / "local")
+    h = p.get_store(0)
+    h.note(load_ms=42.5)  # e.g. a Spark task that waited for a handover first
+    h.commit()
+    assert header(p, 1)["metrics"]["load_ms"] == 42.5
+    p.get_store(1).commit()
+    assert header(p, 2)["metrics"]["load_ms"] < 42.5  # the provider's own measure
+    p.close()
