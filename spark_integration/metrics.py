@@ -57,7 +57,11 @@ _LOAD_KINDS = ("warm", "handover", "replay", "restore")
 def _spark_struct() -> Any:
     from pyspark.sql import types as T
 
-    return T._parse_datatype_string(f"struct<{','.join(f'{n}:{k}' for n, k in _FIELDS)}>")
+    types = {
+        "bigint": T.LongType(), "int": T.IntegerType(), "string": T.StringType(),
+        "double": T.DoubleType(),
+    }  # fmt: skip
+    return T.StructType([T.StructField(n, types[k], True) for n, k in _FIELDS])
 
 
 @dataclass

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from sessionstore.checkpoint.changelog import read_changelog_header
+from sessionstore.checkpoint.layout import changelog_name
 from sessionstore.tools.reader import CheckpointSource
 from spark_integration import StateBackend, sessionize
 from spark_integration.metrics import log_state_metrics
@@ -97,8 +99,13 @@ def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path):
     ]
     assert "late 1," in lines[1] and "emitted 1," in lines[1]
 
+    # partition 1's task of batch 1, which received only the late row, recorded it
+    source = CheckpointSource(str(tmp_path / "ckpt"))
+    late = read_changelog_header(source.root.child("metered/1"), changelog_name(2))["metrics"]
+    assert (late["late_dropped"], late["emitted"], late["rows_updated"]) == (1, 0, 0)
+
     # the checkpoint says the same (commit times: all but the newest batch)
-    stats = CheckpointSource(str(tmp_path / "ckpt")).batch_metrics("metered")
+    stats = source.batch_metrics("metered")
     fields = ("partitions", "rows_total", "rows_updated", "rows_removed", "late_dropped", "emitted")
     for row, o in zip(stats, observed, strict=True):
         assert {f: row[f] for f in fields} == {f: o[f] for f in fields}, json.dumps(row)
