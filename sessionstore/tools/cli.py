@@ -532,11 +532,12 @@ def _stats_table(uri: str, rows: list[dict[str, Any]]) -> None:
         ("memory_bytes_max", "native mem"),
     ]  # fmt: skip
     for _, title in columns:
-        table.add_column(title, justify="left" if title in ("operator", "loads") else "right")
+        left = title in ("operator", "loads")
+        table.add_column(title, justify="left" if left else "right", no_wrap=left)
     for row in rows:
         loads = " ".join(f"{k}:{n}" for k, n in row["loads"].items()) or "-"
         table.add_row(*(loads if f == "loads" else _cell(row[f]) for f, _ in columns))
-    console = Console(width=max(160, Console().width))
+    console = Console(width=220)  # as ls: a pipe or a narrow terminal gets whole rows
     console.print(table)
     charts = []
     for operator in dict.fromkeys(r["operator"] for r in rows):
