@@ -1,6 +1,7 @@
 """Spark glue for sessionstore: everything that imports pyspark lives here."""
 
 from spark_integration.backend import StateBackend
+from spark_integration.metrics import StateMetricsListener, log_state_metrics
 from spark_integration.sessionize import SessionAggregation, sessionize
 from spark_integration.temporal_join import temporal_join
 from spark_integration.window_aggregate import window_aggregate
@@ -13,4 +14,6 @@ __all__ = [
     "temporal_join",
     "window_aggregate",
     "window_join",
+    "log_state_metrics",
+    "StateMetricsListener",
 ]

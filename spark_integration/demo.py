@@ -85,6 +85,7 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     in state per partition, clicks joined with their plan)``."""
     from spark_integration import StateBackend, sessionize, temporal_join
     from spark_integration.backend import CONF_PREFIX
+    from spark_integration.metrics import log_state_metrics
 
     shutil.rmtree(out_dir, ignore_errors=True)
     staging, source = os.path.join(out_dir, "staging"), os.path.join(out_dir, "clicks")
@@ -130,6 +131,8 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     )  # fmt: skip
     emitted: list[dict] = []
     enriched: list[dict] = []
+    # one line per operator and micro-batch, from the tasks' observed state metrics
+    listener = log_state_metrics(spark, print)
     queries = [
         sessions.writeStream.outputMode("append")
         .option("checkpointLocation", os.path.join(out_dir, "spark-checkpoint", "sessions"))
@@ -158,6 +161,7 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     elapsed = time.perf_counter() - started
     for query in queries:
         query.stop()
+    spark.streams.removeListener(listener)
 
     print(
         f"\nsummary: {len(clicks):,} events, {len(emitted):,} sessions closed, "
@@ -215,6 +219,11 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
           "--store sessions --format table --limit 5")  # fmt: skip
     cli_main(["dump", backend.local_dir, "--operator", "click_sessions", "--store", "sessions",
               "--format", "table", "--limit", "5"])  # fmt: skip
+    # per micro-batch and operator, from the changelog headers the tasks wrote
+    print(f"\n$ sessionstore stats {backend.checkpoint_uri}")
+    stats_args = ["stats", backend.checkpoint_uri]
+    stats_args += [f"--storage-option={k}={v}" for k, v in backend.storage_options.items()]
+    cli_main(stats_args)
     return emitted, in_state, enriched
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
+from sessionstore.checkpoint.metrics import millis
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.stores.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
@@ -36,6 +38,7 @@ __all__ = [
     "deterministic_order",
     "key_values",
     "struct_values",
+    "take_task_metrics",
 ]
 
 
@@ -53,6 +56,18 @@ def task_info() -> TaskInfo:
     ctx = TaskContext.get()
     batch = ctx.getLocalProperty("streaming.sql.batchId")
     return TaskInfo(ctx.partitionId(), int(batch or 0), ctx.attemptNumber())
+
+
+_task_metrics: dict[str, Any] | None = None
+
+
+def take_task_metrics() -> dict[str, Any] | None:
+    """The metrics record of the last task of this worker that committed (see
+    :mod:`spark_integration.metrics`), once: a second call returns None. A Python
+    worker runs one task at a time, so the task that asks is the one that committed."""
+    global _task_metrics
+    record, _task_metrics = _task_metrics, None
+    return record
 
 
 @contextmanager
@@ -104,14 +119,23 @@ def partition_state(
         )
 
     service = StoreService.instance()
+    started = time.perf_counter()
     with service.provider(key, make) as provider:
         handle = provider.get_store(info.batch_id)
+        # the metrics' load time includes a handover's wait for the holder
+        handle.note(load_ms=millis(time.perf_counter() - started))
         try:
             yield handle, provider
         except BaseException:
             handle.abort()
             raise
         version = handle.commit()
+        global _task_metrics
+        _task_metrics = {
+            **provider.last_metrics,
+            "partition": info.partition,
+            "batch": info.batch_id,
+        }
     if version % backend.snapshot_interval == 0:
         if os.environ.get("SPARK_REUSE_WORKER"):
             service.maintain_later(key)

@@ -27,6 +27,7 @@ from sessionstore.operators import Aggregation, SessionWindowAggregator, Session
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
+from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
 from spark_integration.planning import grace_ms, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
@@ -84,7 +85,7 @@ def sessionize(
         aggregation=plan.aggregation,
         output=plan.output(out_schema),
     )
-    return plan.selected.repartition(n, *plan.keys).mapInArrow(task, out_schema)
+    return with_state_metrics(plan.selected.repartition(n, *plan.keys), task, out_schema, name)
 
 
 @dataclass
@@ -115,6 +116,8 @@ class _SessionizeTask:
             updates, table = run_aggregator(
                 agg, provider, info, inputs, self.output.keys, self.value_cols, shared
             )
+            emitted = len(updates) + (0 if table is None else table.num_rows)
+            handle.note(late_dropped=agg.dropped_records, emitted=emitted)
         if updates:
             extra = {}
             if self.emit == "update":

@@ -22,6 +22,7 @@ from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
 from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
+from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema, record_batch
 from spark_integration.planning import SIDE, TS, checked_fields, resolve, tagged_union, time_column
 from spark_integration.runtime import (
@@ -96,7 +97,7 @@ def temporal_join(
         renamed=renamed,
         out_schema_json=out_schema.json(),
     )
-    return combined.repartition(n, *keys).mapInArrow(task, out_schema)
+    return with_state_metrics(combined.repartition(n, *keys), task, out_schema, name)
 
 
 @dataclass
@@ -124,6 +125,7 @@ class _TemporalJoinTask:
                 joined = self._join(
                     join, deterministic_order(pa.Table.from_batches(inputs), [SIDE, TS])
                 )
+            handle.note(late_dropped=join.dropped_records, emitted=len(joined))
         if joined:
             columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
             for column in self.table_values:

@@ -19,6 +19,7 @@ from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
 from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
+from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
 from spark_integration.planning import grace_ms, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
@@ -73,7 +74,7 @@ def window_aggregate(
     )
     # validate the emission settings on the driver, with a clear error
     WindowAggregator.check_settings(emit, task.early_every_ms)
-    return plan.selected.repartition(n, *plan.keys).mapInArrow(task, out_schema)
+    return with_state_metrics(plan.selected.repartition(n, *plan.keys), task, out_schema, name)
 
 
 @dataclass
@@ -104,6 +105,8 @@ class _WindowTask:
             updates, table = run_aggregator(
                 agg, provider, info, inputs, self.output.keys, self.value_cols, shared
             )
+            emitted = len(updates) + (0 if table is None else table.num_rows)
+            handle.note(late_dropped=agg.dropped_records, emitted=emitted)
         if updates:
             yield self.output.from_updates(updates, {"emission": [u.kind for u in updates]})
         if table is not None and table.num_rows:  # the columnar path: emit="final"

@@ -22,6 +22,7 @@ from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
+from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema, record_batch
 from spark_integration.planning import SIDE, TS, checked_fields, resolve, tagged_union, time_column
 from spark_integration.runtime import (
@@ -86,7 +87,7 @@ def window_join(
         right_out=right_out,
         out_schema_json=out_schema.json(),
     )
-    return combined.repartition(n, *keys).mapInArrow(task, out_schema)
+    return with_state_metrics(combined.repartition(n, *keys), task, out_schema, name)
 
 
 @dataclass
@@ -116,6 +117,7 @@ class _WindowJoinTask:
             if inputs:
                 table = deterministic_order(pa.Table.from_batches(inputs), [TS, SIDE])
                 pairs = self._join(join, table, info.batch_id)
+            handle.note(late_dropped=join.dropped_records, emitted=len(pairs))
         if pairs:
             columns = {c: [p.value[0][c] for p in pairs] for c in self.left_cols}
             for c, out in self.right_out.items():

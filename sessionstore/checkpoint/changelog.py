@@ -3,9 +3,10 @@
 Layout (all integers big-endian)::
 
     "SSCL" ‖ format u16 ‖ header length u32 ‖ header (msgpack map: operator,
-    partition, version, and optionally stats: per store its stream time and
-    estimated key count, so ``sessionstore ls`` reads a few hundred bytes per
-    partition instead of restoring it)
+    partition, version, and optionally stats: per store its stream time,
+    estimated key count and the rows the commit wrote and deleted, so
+    ``sessionstore ls`` reads a few hundred bytes per partition instead of
+    restoring it; and metrics: the writing task's, see metrics.py)
     body
     "SSCF" ‖ record count u64 ‖ crc32 u32 of every byte before this footer
 
@@ -18,7 +19,10 @@ creates + writes + drops.
 Format 1 (still read): records ``length u32 ‖ msgpack [op, family, key, value]``
 with ops 0 create family, 1 put, 2 delete, 3 drop family.
 
-Either way a commit applies creates, then writes, then drops. The explicit magic
+Either way a commit applies creates, then writes, then drops. The header is a map whose unknown
+keys a reader ignores, so adding ``metrics`` (which carries its own format number)
+left the file format at 2: older releases still read these changelogs, and
+changelogs without metrics read as before. The explicit magic
 and format version mean a reader never has to guess a format from its bytes (Spark
 had bugs of that kind: SPARK-51922, SPARK-52553). A torn, truncated or bit-flipped
 file fails the length, count or checksum test, and the error names the file, the
@@ -72,16 +76,26 @@ def encode_changelog(
     partition: int,
     version: int,
     stats: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
 ) -> bytes:
-    """Serialise the writes of one commit (``stats`` goes into the header)."""
+    """Serialise the writes of one commit (``stats`` and ``metrics`` go into the
+    header). ``metrics["uploaded_bytes"]`` grows by the file's own size."""
     pack = msgpack.Packer(use_bin_type=True).pack
-    head = {"operator": operator, "partition": partition, "version": version}
+    head: dict[str, Any] = {"operator": operator, "partition": partition, "version": version}
     if stats is not None:
         head["stats"] = stats
-    header = pack(head)
     families = [[cf, list(entries), list(entries.values())] for cf, entries in buf.families.items()]
     body = pack([buf.created, families, buf.dropped])
     count = len(buf.created) + sum(len(e) for e in buf.families.values()) + len(buf.dropped)
+    fixed = _HEAD.size + len(body) + _FOOT.size
+    size, base = 0, (metrics or {}).get("uploaded_bytes", 0)
+    while True:  # the header holds the file's size: pack until that size is stable
+        if metrics is not None:
+            head["metrics"] = {**metrics, "uploaded_bytes": base + size}
+        header = pack(head)
+        if metrics is None or fixed + len(header) == size:
+            break
+        size = fixed + len(header)
     data = _HEAD.pack(MAGIC, FORMAT, len(header)) + header + body
     return data + _FOOT.pack(FOOTER_MAGIC, count, zlib.crc32(data))
 

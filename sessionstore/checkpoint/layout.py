@@ -36,6 +36,9 @@ Meta keys of a local database (:meth:`StateDB.get_meta`):
   written into the commit's batch, so every changelog carries it too.
 * ``checkpoint_identity``: msgpack ``[checkpoint id, location of the partition]``,
   local only (never in a changelog): which checkpoint's copy the database is.
+* ``last_commit``: msgpack map, local only: the timings of the commit that brought
+  the database to its version, reported in the next changelog's header (a changelog
+  cannot hold its own upload time; see metrics.py).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = [
     "FILES_DIR",
     "VERSION_KEY",
     "IDENTITY_KEY",
+    "LAST_COMMIT_KEY",
     "changelog_name",
     "manifest_name",
     "content_name",
@@ -174,6 +178,9 @@ VERSION_KEY = b"committed_version"
 #: into a changelog. (Releases before checkpoint ids wrote the partition's URI under
 #: ``checkpoint_partition``, into the changelogs: that key is ignored.)
 IDENTITY_KEY = b"checkpoint_identity"
+#: The timings of the commit that brought a local database to its version, for the
+#: next changelog's header. Local only, written after the commit's batch.
+LAST_COMMIT_KEY = b"last_commit"
 
 
 def encode_version(version: int) -> bytes:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -51,6 +52,7 @@ from sessionstore.checkpoint.layout import (
     CHECKPOINT_ID_FIELD,
     FILES_DIR,
     IDENTITY_KEY,
+    LAST_COMMIT_KEY,
     METADATA,
     VERSION_KEY,
     LocalPartition,
@@ -65,8 +67,10 @@ from sessionstore.checkpoint.layout import (
     read_metadata,
     write_metadata,
 )
+from sessionstore.checkpoint.metrics import METRICS_FORMAT, millis, snapshot_lag
 from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
 from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.engine.db import process_native_memory
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import check_store_name, is_data_family
@@ -115,20 +119,24 @@ class VersionNotFoundError(SessionStoreError, LookupError):
 def store_stats(
     db: StateDB, stores: dict[str, Any], pending: WriteBuffer
 ) -> dict[str, dict[str, Any]]:
-    """Per store: observed stream time (None if it has none) and an estimate of its
+    """Per store: observed stream time (None if it has none), an estimate of its
     RocksDB entries once ``pending`` is applied (RocksDB's estimate for the current
-    state, plus pending puts, minus pending deletes). Recorded in each changelog
-    header for ``sessionstore ls``."""
+    state, plus pending puts, minus pending deletes), and the rows ``pending``
+    writes (``updated``) and deletes (``removed``). Recorded in each changelog
+    header for ``sessionstore ls`` and ``sessionstore stats``."""
     stats = {}
     for name, store in stores.items():
-        keys = db.estimated_keys(name)
+        keys, updated, removed = db.estimated_keys(name), 0, 0
         for cf, entries in pending.families.items():
             if is_data_family(name, cf):
                 deletes = sum(1 for v in entries.values() if v is None)
-                keys += len(entries) - 2 * deletes
+                updated += len(entries) - deletes
+                removed += deletes
         stats[name] = {
             "stream_time": getattr(store, "observed_stream_time", None),
-            "keys": max(keys, 0),
+            "keys": max(keys + updated - removed, 0),
+            "updated": updated,
+            "removed": removed,
         }
     return stats
 
@@ -144,6 +152,24 @@ class StoreHandle:
         self.db = db
         self.stores = stores
         self._open = True
+        #: what the caller tells the commit's metrics (see :meth:`note`)
+        self.noted: dict[str, Any] = {"late_dropped": None, "emitted": None, "load_ms": None}
+
+    def note(
+        self,
+        late_dropped: int | None = None,
+        emitted: int | None = None,
+        load_ms: float | None = None,
+    ) -> None:
+        """Tell the next commit's metrics how many rows the operator dropped as
+        late and emitted, and (``load_ms``) how long taking the state took when the
+        caller waited for it before :meth:`StateStoreProvider.get_store` too, as a
+        Spark task does for a handover (recorded in the changelog header)."""
+        for name, value in (
+            ("late_dropped", late_dropped), ("emitted", emitted), ("load_ms", load_ms)
+        ):  # fmt: skip
+            if value is not None:
+                self.noted[name] = value
 
     def __getitem__(self, name: str) -> Any:
         return self.stores[name]
@@ -239,6 +265,12 @@ class StateStoreProvider:
         #: ``progress(label, done, total)`` during restores (the CLI's progress bars)
         self._progress = progress or (lambda label, done, total: None)
         self._observer = commit_observer
+        #: how the last get_store got its state, and how long it took
+        self._load_kind, self._load_ms = "restore", 0.0
+        self._opened_ms: float | None = None  # open_local's time since the last load
+        self._snapshot_bytes = 0  # uploaded by maintenance since the last commit
+        #: the metrics of the last commit, its timings included (after commit())
+        self.last_metrics: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"StateStoreProvider({self._remote.uri!r}, storage_options={self.storage_options})"
@@ -339,7 +371,10 @@ class StateStoreProvider:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
         if self._handle is not None and self._handle._open:
             self._handle.abort()  # a retried task abandons the previous attempt
+        start = time.perf_counter()
         db = self._load(version)
+        self._load_ms = round(millis(time.perf_counter() - start) + (self._opened_ms or 0.0), 3)
+        self._opened_ms = None
         db.begin()
         stores = {spec.name: spec.open(db) for spec in self.store_specs}
         self._handle = StoreHandle(self, version, db, stores)
@@ -386,7 +421,9 @@ class StateStoreProvider:
         holds it: the store service uses this to hand a partition over.
         """
         if self._db is None and is_database(self._db_path):
+            start = time.perf_counter()
             self._db = StateDB.open(self._db_path)
+            self._opened_ms = millis(time.perf_counter() - start)
 
     def _load(self, version: int) -> StateDB:
         # Fast path: the local copy is applied only after its changelog was
@@ -396,6 +433,7 @@ class StateStoreProvider:
         self.open_local()
         local = None if self._db is None else self._local_version(self._db)
         if local == version:
+            self._load_kind = "warm" if self._opened_ms is None else "handover"
             return self._db
         changelogs = self._changelogs()
         snapshots = self._snapshots()
@@ -411,8 +449,10 @@ class StateStoreProvider:
                 for v in tail:
                     self._replay(self._db, v)
                 self._db.reload_stores()
+                self._load_kind = "replay"
                 return self._db
         self._restore(version, snapshots)
+        self._load_kind = "restore"
         return self._db
 
     def _replay(self, db: StateDB, version: int) -> None:
@@ -470,26 +510,71 @@ class StateStoreProvider:
 
     # -------------------------------------------------------------- committing
     def _commit(self, handle: StoreHandle) -> int:
+        start = time.perf_counter()
         db, version = handle.db, handle.version + 1
         adopted = self._checkpoint_id is None and self._adopt_id()
         db.put_meta(VERSION_KEY, encode_version(version))
+        previous = db.get_meta(LAST_COMMIT_KEY)
         buf = db.prepare()
-        data = encode_changelog(
-            buf, self.operator_id, self.partition_id, version, store_stats(db, handle.stores, buf)
-        )
+        stats = store_stats(db, handle.stores, buf)
+        metrics = self._metrics(handle, version, stats, previous)
+        data = encode_changelog(buf, self.operator_id, self.partition_id, version, stats, metrics)
         self._observe("prepared", version)
+        prepared = time.perf_counter()
         self._remote.write_atomic(changelog_name(version), data)
         self._observe("uploaded", version)
+        uploaded = time.perf_counter()
         db.apply(buf)
         self._observe("applied", version)
-        if adopted:  # outside the batch: the record stays local (see IDENTITY_KEY)
+        applied = time.perf_counter()
+        timings = {
+            "version": version,
+            "prepare_ms": millis(prepared - start),
+            "upload_ms": millis(uploaded - prepared),
+            "apply_ms": millis(applied - uploaded),
+        }
+        # outside the batch: these records stay local (see IDENTITY_KEY, LAST_COMMIT_KEY)
+        db.put_meta(LAST_COMMIT_KEY, msgpack.packb(timings))
+        if adopted:
             db.put_meta(IDENTITY_KEY, self._identity)
         if version % self.snapshot_interval == 0:
             os.makedirs(self._local.snapshots, exist_ok=True)
             target = self._local.snapshot(version)
             shutil.rmtree(target, ignore_errors=True)
             db.checkpoint(target)  # hard links: the upload waits for maintenance
+        metrics["uploaded_bytes"] += len(data)
+        self.last_metrics = {**metrics, **timings, "commit_ms": millis(applied - start)}
+        del self.last_metrics["previous"]
         return version
+
+    def _metrics(
+        self, handle: StoreHandle, version: int, stats: dict[str, Any], previous: bytes | None
+    ) -> dict[str, Any]:
+        """The header metrics of committing ``version`` (see metrics.py), except the
+        changelog's own size, which encoding adds."""
+        last = None if previous is None else msgpack.unpackb(previous)
+        if last is not None and last.get("version") != version - 1:
+            last = None  # a record of an older commit (the copy caught up by replay)
+        uploaded, self._snapshot_bytes = self._snapshot_bytes, 0
+        return {
+            "format": METRICS_FORMAT,
+            "rows_total": sum(s["keys"] for s in stats.values()),
+            "rows_updated": sum(s["updated"] for s in stats.values()),
+            "rows_removed": sum(s["removed"] for s in stats.values()),
+            "late_dropped": handle.noted["late_dropped"],
+            "emitted": handle.noted["emitted"],
+            "load_kind": self._load_kind,
+            "load_ms": self._load_ms
+            if handle.noted["load_ms"] is None
+            else handle.noted["load_ms"],
+            "uploaded_bytes": uploaded,
+            # the snapshot of this version, if any, is taken after the commit
+            "snapshot_lag": snapshot_lag(
+                version, self.snapshot_interval, [*self._local.pending_snapshots(), version]
+            ),
+            "memory_bytes": process_native_memory(),
+            "previous": last,
+        }
 
     def _observe(self, step: str, version: int) -> None:
         if self._observer is not None:
@@ -517,6 +602,7 @@ class StateStoreProvider:
             manifest = upload_snapshot(self._remote, path, version)
             report["snapshots"].append(version)
             report["uploaded_bytes"] += manifest["uploaded_bytes"]
+            self._snapshot_bytes += manifest["uploaded_bytes"]
             shutil.rmtree(path, ignore_errors=True)
         changelogs, snapshots = self._changelogs(), self._snapshots()
         latest = max(changelogs | snapshots, default=0)

@@ -43,11 +43,27 @@ from rocksdict import (
 from sessionstore.engine.write_buffer import MISSING, WriteBuffer
 from sessionstore.errors import SessionStoreError, StateDBLockedError, StateDBPathError
 
-__all__ = ["Database", "Participant", "META_CF", "FORMAT_VERSION"]
+__all__ = ["Database", "Participant", "META_CF", "FORMAT_VERSION", "process_native_memory"]
 
 META_CF = "meta"
 FORMAT_VERSION = 1
 _FORMAT_KEY = b"format_version"
+
+#: The databases this process holds open, for :func:`process_native_memory`.
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+def process_native_memory() -> int:
+    """Native memory this process's open databases use: their block caches and
+    memtables, in bytes (what a worker's state costs outside Python's heap)."""
+    total = 0
+    for db in list(_OPEN):
+        try:
+            total += db.native_memory()
+        except Exception:  # closed by another thread meanwhile: it holds nothing now
+            continue
+    return total
+
 
 _COMPRESSION = {
     "none": DBCompressionType.none(),
@@ -146,6 +162,7 @@ class Database:
         self._iterators: weakref.WeakSet = weakref.WeakSet()
         self._prepared: WriteBuffer | None = None
         self._write_options = WriteOptions()
+        _OPEN.add(self)
         if META_CF not in self._families:
             if read_only:
                 rdict.close()
@@ -256,6 +273,7 @@ class Database:
         self._participants.clear()
         self._release_families()
         rdict, self._rdict = self._rdict, None
+        _OPEN.discard(self)
         rdict.close()
         del rdict
 
@@ -318,6 +336,18 @@ class Database:
         """RocksDB's estimate of the entries of family ``name`` (memtables included,
         so overwrites may be counted)."""
         return self._rdict_cf(name).property_int_value("rocksdb.estimate-num-keys") or 0
+
+    def native_memory(self) -> int:
+        """Bytes of native memory this database uses: its block cache (one per
+        database, shared by its families) and the memtables of every family."""
+        db = self._db()
+        prop = "rocksdb.cur-size-all-mem-tables"
+        total = (db.property_int_value("rocksdb.block-cache-usage") or 0) + (
+            db.property_int_value(prop) or 0
+        )
+        for name in self._families:
+            total += self._rdict_cf(name).property_int_value(prop) or 0
+        return total
 
     def _rdict_cf(self, name: str) -> Rdict:
         cf = self._cf_objects.get(name)

@@ -8,6 +8,7 @@
     sessionstore get URI --store NAME --key K [--operator OP] [--as-of T] [--version N]
                          [--raw]
     sessionstore verify URI [--operator OP]
+    sessionstore stats URI [--operator NAME] [--last N] [--format table|json]
     sessionstore restore URI --operator OP --partition P [--version N] --to DIR
 
 ``URI`` is a checkpoint root (``file://``, a path, ``s3://`` with ``--storage-option
@@ -485,6 +486,103 @@ def restore(uri, operator, partition, version, target, storage_options):
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         shutil.move(LocalPartition(workdir, operator, partition).db, target)
     click.echo(f"restored {operator}/{partition} version {restored} to {target}")
+
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def _spark_line(values: list[float | None], width: int = 60) -> str:
+    """``values`` as a line of block characters (the largest a full block; unknown
+    ones a space), at most ``width`` wide (each character the largest of its
+    share of values)."""
+    if len(values) > width:
+        step = len(values) / width
+        groups = [values[int(i * step) : int((i + 1) * step)] for i in range(width)]
+        values = [max((v for v in g if v is not None), default=None) for g in groups]
+    top = max((v for v in values if v is not None), default=0) or 1
+    return "".join(
+        " " if v is None else _SPARK[min(len(_SPARK) - 1, int(v / top * (len(_SPARK) - 1)))]
+        for v in values
+    )
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _stats_table(uri: str, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console, Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"sessionstore stats {uri}")
+    columns = [
+        ("operator", "operator"), ("batch", "batch"), ("partitions", "parts"),
+        ("rows_total", "rows"), ("rows_updated", "updated"), ("rows_removed", "removed"),
+        ("late_dropped", "late"), ("emitted", "emitted"), ("load_ms_max", "load ms max"),
+        ("loads", "loads"), ("commit_ms_p50", "commit ms p50"), ("commit_ms_max", "max"),
+        ("uploaded_bytes", "uploaded"), ("snapshot_lag_max", "snap lag"),
+        ("memory_bytes_max", "native mem"),
+    ]  # fmt: skip
+    for _, title in columns:
+        left = title in ("operator", "loads")
+        table.add_column(title, justify="left" if left else "right", no_wrap=left)
+    for row in rows:
+        loads = " ".join(f"{k}:{n}" for k, n in row["loads"].items()) or "-"
+        table.add_row(*(loads if f == "loads" else _cell(row[f]) for f, _ in columns))
+    console = Console(width=220)  # as ls: a pipe or a narrow terminal gets whole rows
+    console.print(table)
+    charts = []
+    for operator in dict.fromkeys(r["operator"] for r in rows):
+        mine = [r for r in rows if r["operator"] == operator]
+        span = f"batches {mine[0]['batch']}..{mine[-1]['batch']}"
+        for label, field, style in (
+            ("commit ms p50", "commit_ms_p50", "cyan"),
+            ("state rows   ", "rows_total", "green"),
+        ):
+            values = [r[field] for r in mine]
+            top = max((v for v in values if v is not None), default=None)
+            line = Text(f"{operator} {label} ")
+            line.append(_spark_line(values), style=style)
+            line.append(f"  max {_cell(top)}")
+            charts.append(line)
+        charts.append(Text(f"{operator} {span}", style="dim"))
+    console.print(Panel(Group(*charts), title="trend over the batches shown", expand=False))
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", default=None, help="default: every operator")
+@click.option("--last", type=click.IntRange(min=1), default=None, help="the N newest batches")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+    help="json: one JSON object per line",
+)  # fmt: skip
+@storage_option
+def stats(uri, operator, last, fmt, storage_options):
+    """State metrics per operator and micro-batch, over its partitions: rows,
+    late drops, output, loads, commit times, uploads, snapshot lag, memory."""
+    from sessionstore.checkpoint.metrics import STATS_FIELDS
+
+    source = _checkpoint_only(_source(uri, storage_options), "stats")
+    operators = [_operator(source, operator)] if operator else source.operators()
+    if not operators:
+        raise CliError(f"no sessionstore checkpoint under {uri}")
+    rows = [row for op in operators for row in source.batch_metrics(op, last)]
+    if fmt == "json":
+        for row in rows:
+            click.echo(json.dumps({f: row[f] for f in STATS_FIELDS}))
+        return
+    if not rows:
+        raise CliError(f"no committed micro-batch under {uri}")
+    _stats_table(uri, rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,7 @@ def test_demo_emits_and_keeps_exactly_the_sessions(spark, tmp_path, capsys):
         "$ sessionstore ls file://" in out and "click_sessions" in out and "clicks_with_plan" in out
     )
     assert "stream time" in out and "$ sessionstore dump" in out  # ls stats, live-db dump
+    assert "$ sessionstore stats file://" in out and "trend over the batches shown" in out
     sessions = {(r["user"], r["session_start"], r["session_end"], r["clicks"]) for r in emitted}
     for stored in in_state:
         sessions |= {(w.key, w.start, w.end, acc[0]) for w, acc in stored}

@@ -1,0 +1,183 @@
+"""State metrics in the job: each task's record reaches the driver through Spark.
+
+Every task already knows its metrics once it has committed (the same record its
+changelog header carries, see :mod:`sessionstore.checkpoint.metrics`, plus its own
+commit time). Reading P changelog headers per micro-batch on the driver would cost P
+object-store requests per batch, and PySpark offers no accumulators to a
+``mapInArrow`` task. So the task hands its record to Spark itself: after its output
+it yields one more row, whose hidden column ``__ss_metrics`` holds the record (and
+whose other columns are null); the operator's DataFrame aggregates that column with
+``df.observe("sessionstore.<name>", ...)`` and filters those rows out again. Spark
+collects observed metrics with the task results it sends anyway, so the driver's
+cost does not grow with the partition count in object-store requests (none at all),
+and the aggregate appears in ``query.lastProgress["observedMetrics"]`` and in every
+``StreamingQueryListener`` event, next to Spark's own progress.
+
+:func:`log_state_metrics` registers a listener that prints one line per operator
+and micro-batch from those observed metrics.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = [
+    "METRICS_COLUMN",
+    "OBSERVATION_PREFIX",
+    "StateMetricsListener",
+    "log_state_metrics",
+    "format_line",
+    "with_state_metrics",
+]
+
+#: The hidden column of an operator's metrics rows.
+METRICS_COLUMN = "__ss_metrics"
+#: Observed metrics of an operator are named this followed by the operator's name.
+OBSERVATION_PREFIX = "sessionstore."
+
+#: The task record's fields as they travel (Spark DDL types).
+_FIELDS = [
+    ("batch", "bigint"), ("partition", "int"), ("rows_total", "bigint"),
+    ("rows_updated", "bigint"), ("rows_removed", "bigint"), ("late_dropped", "bigint"),
+    ("emitted", "bigint"), ("load_kind", "string"), ("load_ms", "double"),
+    ("commit_ms", "double"), ("prepare_ms", "double"), ("upload_ms", "double"),
+    ("apply_ms", "double"), ("uploaded_bytes", "bigint"), ("snapshot_lag", "bigint"),
+    ("memory_bytes", "bigint"),
+]  # fmt: skip
+_ARROW = {"bigint": pa.int64(), "int": pa.int32(), "string": pa.string(), "double": pa.float64()}
+_STRUCT = pa.struct([(name, _ARROW[kind]) for name, kind in _FIELDS])
+_LOAD_KINDS = ("warm", "handover", "replay", "restore")
+
+
+def _spark_struct() -> Any:
+    from pyspark.sql import types as T
+
+    types = {
+        "bigint": T.LongType(), "int": T.IntegerType(), "string": T.StringType(),
+        "double": T.DoubleType(),
+    }  # fmt: skip
+    return T.StructType([T.StructField(n, types[k], True) for n, k in _FIELDS])
+
+
+@dataclass
+class _WithMetrics:
+    """A ``mapInArrow`` task that passes its output through with the metrics column
+    null, then yields its metrics row (picklable, as the task it wraps)."""
+
+    task: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]]
+    schema_json: str  # the wrapped task's output schema, all fields nullable
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from spark_integration.output import arrow_schema
+        from spark_integration.runtime import take_task_metrics
+
+        schema = arrow_schema(self.schema_json)
+        take_task_metrics()  # a record left by an earlier task of this worker
+        for out in self.task(batches):
+            for batch in out.to_batches() if isinstance(out, pa.Table) else [out]:
+                yield pa.RecordBatch.from_arrays(
+                    [*batch.columns, pa.nulls(batch.num_rows, _STRUCT)],
+                    schema=schema,
+                )
+        record = take_task_metrics()
+        if record is not None:  # None: the task committed nothing (cannot happen today)
+            row = pa.array([{n: record.get(n) for n, _ in _FIELDS}], type=_STRUCT)
+            nulls = [pa.nulls(1, f.type) for f in schema][:-1]
+            yield pa.RecordBatch.from_arrays([*nulls, row], schema=schema)
+
+
+def with_state_metrics(df: Any, task: Any, out_schema: Any, name: str) -> Any:
+    """``df.mapInArrow(task, out_schema)``, with the tasks' metrics observed as
+    ``sessionstore.<name>`` (see the module doc). The output has ``out_schema``'s
+    columns, all nullable (the metrics rows travel in the same batches)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    fields = [T.StructField(f.name, f.dataType, True) for f in out_schema.fields]
+    schema = T.StructType([*fields, T.StructField(METRICS_COLUMN, _spark_struct(), True)])
+    m = F.col(METRICS_COLUMN)
+    aggregates = [
+        F.count(m).alias("partitions"),
+        F.max(m["batch"]).alias("batch"),
+        F.sum(m["rows_total"]).alias("rows_total"),
+        F.sum(m["rows_updated"]).alias("rows_updated"),
+        F.sum(m["rows_removed"]).alias("rows_removed"),
+        F.sum(m["late_dropped"]).alias("late_dropped"),
+        F.sum(m["emitted"]).alias("emitted"),
+        F.max(m["load_ms"]).alias("load_ms_max"),
+        *[F.count_if(m["load_kind"] == kind).alias(f"loads_{kind}") for kind in _LOAD_KINDS],
+        F.percentile_approx(m["commit_ms"], 0.5).alias("commit_ms_p50"),
+        F.max(m["commit_ms"]).alias("commit_ms_max"),
+        F.sum(m["uploaded_bytes"]).alias("uploaded_bytes"),
+        F.max(m["snapshot_lag"]).alias("snapshot_lag_max"),
+        F.max(m["memory_bytes"]).alias("memory_bytes_max"),
+    ]
+    wrapped = _WithMetrics(task, schema.json())
+    return (
+        df.mapInArrow(wrapped, schema)
+        .observe(f"{OBSERVATION_PREFIX}{name}", *aggregates)
+        .where(m.isNull())
+        .drop(METRICS_COLUMN)
+    )
+
+
+def format_line(name: str, metrics: dict[str, Any]) -> str:
+    """One line for an operator's observed metrics of a micro-batch."""
+    loads = " ".join(
+        f"{kind}:{metrics[f'loads_{kind}']}" for kind in _LOAD_KINDS if metrics.get(f"loads_{kind}")
+    )
+
+    def ms(value: Any) -> str:
+        return "-" if value is None else f"{value:.1f}ms"
+
+    return (
+        f"sessionstore {name} batch {metrics.get('batch')}: {metrics.get('partitions')} "
+        f"partitions, {metrics.get('rows_total') or 0:,} rows (+{metrics.get('rows_updated') or 0:,}"
+        f" -{metrics.get('rows_removed') or 0:,}), emitted {metrics.get('emitted') or 0:,}, "
+        f"late {metrics.get('late_dropped') or 0:,}, load max {ms(metrics.get('load_ms_max'))} "
+        f"({loads or '-'}), commit p50 {ms(metrics.get('commit_ms_p50'))} max "
+        f"{ms(metrics.get('commit_ms_max'))}, uploaded {metrics.get('uploaded_bytes') or 0:,} B, "
+        f"snapshot lag {metrics.get('snapshot_lag_max')}, native memory "
+        f"{(metrics.get('memory_bytes_max') or 0) / 2**20:.1f} MiB"
+    )
+
+
+def _listener_base() -> type:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    return StreamingQueryListener
+
+
+class StateMetricsListener(_listener_base()):  # type: ignore[misc]
+    """Prints one line per sessionstore operator and finished micro-batch (from the
+    query's observed metrics) to ``out`` (default: stderr)."""
+
+    def __init__(self, out: Callable[[str], None] | None = None) -> None:
+        self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 (Spark's names)
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        for name, row in sorted((event.progress.observedMetrics or {}).items()):
+            if name.startswith(OBSERVATION_PREFIX):
+                self._out(format_line(name[len(OBSERVATION_PREFIX) :], row.asDict()))
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        pass
+
+
+def log_state_metrics(spark: Any, out: Callable[[str], None] | None = None) -> Any:
+    """Register a :class:`StateMetricsListener` on ``spark`` and return it (remove it
+    with ``spark.streams.removeListener``): one line per operator and micro-batch."""
+    listener = StateMetricsListener(out)
+    spark.streams.addListener(listener)
+    return listener

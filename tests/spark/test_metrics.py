@@ -1,0 +1,112 @@
+"""State metrics of a real streaming query: exact counts per micro-batch, in the
+job (observed metrics, the listener's lines) and in ``sessionstore stats``."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sessionstore.checkpoint.changelog import read_changelog_header
+from sessionstore.checkpoint.layout import changelog_name
+from sessionstore.tools.reader import CheckpointSource
+from spark_integration import StateBackend, sessionize
+from spark_integration.metrics import log_state_metrics
+from tests.spark.streams import json_source, write_json
+
+pytestmark = pytest.mark.slow
+
+GAP_MS = 10
+
+
+def partition_of(spark, keys, n):
+    """The partition ``repartition(n, key)`` sends each key to."""
+    df = spark.createDataFrame([(k,) for k in keys], "user string")
+    return {r.user: r.p for r in df.selectExpr("user", f"pmod(hash(user), {n}) AS p").collect()}
+
+
+def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path):
+    where = partition_of(spark, [f"k{i}" for i in range(20)], 2)
+    a = next(k for k, p in where.items() if p == 0)  # partition 0
+    b = next(k for k, p in where.items() if p == 1)  # partition 1
+    batches = [
+        # batch 0: two rows of a merge into one session, b starts one
+        [(a, 100), (a, 105), (b, 200)],
+        # batch 1: a starts a new session; partition 1 gets only one row, b's at 50,
+        # behind the event time (200 after batch 0): dropped as late. a's first
+        # session (ends 105 + gap) closes in this batch and is emitted
+        [(a, 300), (b, 50)],
+        # batch 2: a's session [300, 300] takes 303 and 306 (within the gap) and
+        # becomes [300, 306]; b's session closes and is emitted; partition 1 gets
+        # no row
+        [(a, 306), (a, 303)],
+    ]
+    backend = StateBackend(str(tmp_path / "ckpt"), local_dir=str(tmp_path / "local"))
+    source = tmp_path / "in"
+    out = sessionize(
+        json_source(spark, source, "user string, ts long"),
+        key="user", timestamp="ts", gap=f"{GAP_MS} ms", aggregations={"n": "count"},
+        backend=backend, name="metered", num_partitions=2,
+    )  # fmt: skip
+    lines: list[str] = []
+    listener = log_state_metrics(spark, lines.append)
+    emitted: list[list[dict]] = []
+    query = (
+        out.writeStream.outputMode("append")
+        .option("checkpointLocation", str(tmp_path / "spark"))
+        .foreachBatch(lambda df, _: emitted.append([r.asDict() for r in df.collect()]))
+        .start()
+    )
+    try:
+        for i, rows in enumerate(batches):
+            write_json(source, i, [{"user": u, "ts": t} for u, t in rows])
+            query.processAllAvailable()
+        progress = [p for p in query.recentProgress if p.numInputRows]
+    finally:
+        query.stop()
+    deadline = time.monotonic() + 30
+    while len(lines) < len(batches) and time.monotonic() < deadline:
+        time.sleep(0.1)  # listener events reach Python asynchronously
+    spark.streams.removeListener(listener)
+
+    # the output has no metrics rows and no metrics column
+    assert [[(r["user"], r["session_start"], r["n"]) for r in b] for b in emitted] == [
+        [],
+        [(a, 100, 2)],
+        [(b, 200, 1)],
+    ]
+    assert set(emitted[1][0]) == {"user", "session_start", "session_end", "n"}
+
+    observed = [p.observedMetrics["sessionstore.metered"].asDict() for p in progress]
+    assert [o["batch"] for o in observed] == [0, 1, 2]
+    assert [o["partitions"] for o in observed] == [2, 2, 2]
+    assert [o["late_dropped"] for o in observed] == [0, 1, 0]
+    assert [o["emitted"] for o in observed] == [0, 1, 1]
+    # state rows: batch 0 writes a's merged session once (a batch writes its net
+    # change) and b's; batch 1 adds a's second session (a closed session stays until
+    # its segment expires); batch 2 extends it: the old row goes, the new one comes
+    assert [o["rows_total"] for o in observed] == [2, 3, 3]
+    assert [o["rows_updated"] for o in observed] == [2, 1, 1]
+    assert [o["rows_removed"] for o in observed] == [0, 0, 1]
+    assert [o["loads_restore"] for o in observed] == [2, 0, 0]  # then warm or reopened
+    kinds = ("loads_warm", "loads_handover", "loads_replay", "loads_restore")
+    assert all(sum(o[k] for k in kinds) == 2 for o in observed)
+    assert [o["snapshot_lag_max"] for o in observed] == [1, 2, 3]
+    assert all(o["commit_ms_max"] > 0 and o["memory_bytes_max"] > 0 for o in observed)
+    assert [line.split(":")[0] for line in lines] == [
+        f"sessionstore metered batch {i}" for i in range(3)
+    ]
+    assert "late 1," in lines[1] and "emitted 1," in lines[1]
+
+    # partition 1's task of batch 1, which received only the late row, recorded it
+    source = CheckpointSource(str(tmp_path / "ckpt"))
+    late = read_changelog_header(source.root.child("metered/1"), changelog_name(2))["metrics"]
+    assert (late["late_dropped"], late["emitted"], late["rows_updated"]) == (1, 0, 0)
+
+    # the checkpoint says the same (commit times: all but the newest batch)
+    stats = source.batch_metrics("metered")
+    fields = ("partitions", "rows_total", "rows_updated", "rows_removed", "late_dropped", "emitted")
+    for row, o in zip(stats, observed, strict=True):
+        assert {f: row[f] for f in fields} == {f: o[f] for f in fields}, json.dumps(row)
+        assert row["uploaded_bytes"] == o["uploaded_bytes"]
