@@ -101,6 +101,9 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
             snapshot_interval=3,
         )
     os.makedirs(source, exist_ok=True)
+    # one line per operator and micro-batch, from the tasks' observed state metrics
+    # (before the operators are built: it turns their metrics on)
+    listener = log_state_metrics(spark, print)
     stream = (
         spark.readStream.schema("user string, ts long, page string")
         .option("maxFilesPerTrigger", 1)
@@ -131,8 +134,6 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     )  # fmt: skip
     emitted: list[dict] = []
     enriched: list[dict] = []
-    # one line per operator and micro-batch, from the tasks' observed state metrics
-    listener = log_state_metrics(spark, print)
     queries = [
         sessions.writeStream.outputMode("append")
         .option("checkpointLocation", os.path.join(out_dir, "spark-checkpoint", "sessions"))

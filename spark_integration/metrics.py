@@ -28,6 +28,7 @@ import pyarrow as pa
 
 __all__ = [
     "METRICS_COLUMN",
+    "METRICS_CONF",
     "OBSERVATION_PREFIX",
     "StateMetricsListener",
     "log_state_metrics",
@@ -39,6 +40,11 @@ __all__ = [
 METRICS_COLUMN = "__ss_metrics"
 #: Observed metrics of an operator are named this followed by the operator's name.
 OBSERVATION_PREFIX = "sessionstore."
+#: The Spark conf key that turns the in-job metrics on for operators built after it
+#: is set (:func:`log_state_metrics` sets it). Off by default: the metrics rows and
+#: ``observe`` cost the JVM work on every output row (BENCHMARKS.md, "State
+#: metrics"), while the changelog headers carry the same records for free.
+METRICS_CONF = "spark.sessionstore.metrics.enabled"
 
 #: The task record's fields as they travel (Spark DDL types).
 _FIELDS = [
@@ -91,12 +97,22 @@ class _WithMetrics:
             yield pa.RecordBatch.from_arrays([*nulls, row], schema=schema)
 
 
+def metrics_enabled(spark: Any) -> bool:
+    """Whether operators built now observe their tasks' metrics (:data:`METRICS_CONF`)."""
+    value = spark.conf.get(METRICS_CONF, "false")
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
 def with_state_metrics(df: Any, task: Any, out_schema: Any, name: str) -> Any:
-    """``df.mapInArrow(task, out_schema)``, with the tasks' metrics observed as
-    ``sessionstore.<name>`` (see the module doc). The output has ``out_schema``'s
-    columns, all nullable (the metrics rows travel in the same batches)."""
+    """``df.mapInArrow(task, out_schema)``; with :data:`METRICS_CONF` on, the tasks'
+    metrics are also observed as ``sessionstore.<name>`` (see the module doc), and
+    the output has ``out_schema``'s columns, all nullable (the metrics rows travel
+    in the same batches)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
+
+    if not metrics_enabled(df.sparkSession):
+        return df.mapInArrow(task, out_schema)
 
     fields = [T.StructField(f.name, f.dataType, True) for f in out_schema.fields]
     schema = T.StructType([*fields, T.StructField(METRICS_COLUMN, _spark_struct(), True)])
@@ -176,8 +192,11 @@ class StateMetricsListener(_listener_base()):  # type: ignore[misc]
 
 
 def log_state_metrics(spark: Any, out: Callable[[str], None] | None = None) -> Any:
-    """Register a :class:`StateMetricsListener` on ``spark`` and return it (remove it
-    with ``spark.streams.removeListener``): one line per operator and micro-batch."""
+    """Turn the in-job metrics on (:data:`METRICS_CONF`) for the operators built
+    after this call, register a :class:`StateMetricsListener` on ``spark`` and return
+    it (remove it with ``spark.streams.removeListener``): one line per operator and
+    micro-batch."""
+    spark.conf.set(METRICS_CONF, "true")
     listener = StateMetricsListener(out)
     spark.streams.addListener(listener)
     return listener

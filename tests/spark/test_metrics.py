@@ -12,7 +12,7 @@ from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.layout import changelog_name
 from sessionstore.tools.reader import CheckpointSource
 from spark_integration import StateBackend, sessionize
-from spark_integration.metrics import log_state_metrics
+from spark_integration.metrics import METRICS_CONF, log_state_metrics, with_state_metrics
 from tests.spark.streams import json_source, write_json
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,37 @@ def partition_of(spark, keys, n):
     return {r.user: r.p for r in df.selectExpr("user", f"pmod(hash(user), {n}) AS p").collect()}
 
 
-def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path):
+@pytest.fixture
+def metrics_off(spark):
+    """The session's metrics setting as a fresh session has it (off), restored after."""
+    spark.conf.unset(METRICS_CONF)
+    yield
+    spark.conf.unset(METRICS_CONF)
+
+
+def _pass_through(batches):
+    yield from batches
+
+
+def test_in_job_metrics_are_off_until_log_state_metrics_turns_them_on(spark, metrics_off):
+    from pyspark.sql import types as T
+
+    df = spark.createDataFrame([("a", 1)], "user string, n long")
+    schema = T.StructType(
+        [T.StructField("user", T.StringType(), False), T.StructField("n", T.LongType(), False)]
+    )
+    plain = with_state_metrics(df, _pass_through, schema, "off")
+    # off: a plain mapInArrow, the declared schema, no metrics operator in the plan
+    assert plain.schema == schema
+    assert "CollectMetrics" not in plain._jdf.queryExecution().logical().toString()
+    listener = log_state_metrics(spark, lambda line: None)
+    spark.streams.removeListener(listener)
+    observed = with_state_metrics(df, _pass_through, schema, "on")
+    assert "CollectMetrics" in observed._jdf.queryExecution().logical().toString()
+    assert observed.columns == ["user", "n"]
+
+
+def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path, metrics_off):
     where = partition_of(spark, [f"k{i}" for i in range(20)], 2)
     a = next(k for k, p in where.items() if p == 0)  # partition 0
     b = next(k for k, p in where.items() if p == 1)  # partition 1
@@ -44,13 +74,13 @@ def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path):
     ]
     backend = StateBackend(str(tmp_path / "ckpt"), local_dir=str(tmp_path / "local"))
     source = tmp_path / "in"
+    lines: list[str] = []
+    listener = log_state_metrics(spark, lines.append)  # before the operator: turns it on
     out = sessionize(
         json_source(spark, source, "user string, ts long"),
         key="user", timestamp="ts", gap=f"{GAP_MS} ms", aggregations={"n": "count"},
         backend=backend, name="metered", num_partitions=2,
     )  # fmt: skip
-    lines: list[str] = []
-    listener = log_state_metrics(spark, lines.append)
     emitted: list[list[dict]] = []
     query = (
         out.writeStream.outputMode("append")
