@@ -33,8 +33,7 @@ from sessionstore import StateStoreProvider, StoreSpec  # noqa: E402
 from sessionstore.encoding.keys import encode_key  # noqa: E402
 from sessionstore.encoding.serde import MsgpackSerde  # noqa: E402
 from sessionstore.encoding.session_key import session_key  # noqa: E402
-from tests.gcs_server import gcs_server, new_gcs_bucket  # noqa: E402
-from tests.moto_server import moto_s3_server, new_bucket  # noqa: E402
+from tests.object_stores import gcs_server, moto_s3_server, new_bucket, new_gcs_bucket  # noqa: E402  # noqa: E402
 
 SPECS = [StoreSpec("sessions", "session", 10**12)]
 

@@ -103,7 +103,7 @@ def main(argv=None) -> str:
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(scratch_dir("bench-spark-"))
         if args.s3:
-            from tests.moto_server import moto_s3_server, new_bucket
+            from tests.object_stores import moto_s3_server, new_bucket
 
             s3 = stack.enter_context(moto_s3_server())
             bucket = new_bucket(s3)

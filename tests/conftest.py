@@ -18,7 +18,7 @@ def db(tmp_path):
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 HTTP endpoint (moto server) on 127.0.0.1, stopped after the session."""
-    from tests.moto_server import moto_s3_server
+    from tests.object_stores import moto_s3_server
 
     with moto_s3_server() as options:
         yield options
@@ -27,7 +27,7 @@ def s3_server():
 @pytest.fixture
 def s3_bucket(s3_server):
     """A fresh bucket on the moto endpoint; yields (uri, storage_options)."""
-    from tests.moto_server import new_bucket
+    from tests.object_stores import new_bucket
 
     yield f"s3://{new_bucket(s3_server)}/checkpoints", dict(s3_server)
 
@@ -35,7 +35,7 @@ def s3_bucket(s3_server):
 @pytest.fixture(scope="session")
 def gcs_server():
     """A real GCS HTTP endpoint (fake-gcs-server) on 127.0.0.1, killed after the session."""
-    from tests.gcs_server import gcs_server
+    from tests.object_stores import gcs_server
 
     with gcs_server() as options:
         yield options
@@ -44,7 +44,7 @@ def gcs_server():
 @pytest.fixture
 def gs_bucket(gcs_server):
     """A fresh bucket on the GCS endpoint; yields (uri, storage_options)."""
-    from tests.gcs_server import new_gcs_bucket
+    from tests.object_stores import new_gcs_bucket
 
     yield f"gs://{new_gcs_bucket(gcs_server)}/checkpoints", dict(gcs_server)
 

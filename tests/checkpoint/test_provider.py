@@ -356,7 +356,7 @@ def test_a_checkpoint_copied_to_another_folder_or_bucket_restores(s3_server, tmp
 
     import pyarrow.fs as pafs
 
-    from tests.moto_server import new_bucket
+    from tests.object_stores import new_bucket
 
     s3 = pafs.S3FileSystem(**s3_server)
     source = new_bucket(s3_server)
