@@ -68,19 +68,21 @@ class SessionWindowAggregator(ArrowBatches):
             raise ValueError(f"emit must be 'update' or 'final', got {emit!r}")
         if not isinstance(windows, SessionWindows):
             raise TypeError(f"windows must be SessionWindows, got {type(windows).__name__}")
-        self.store = store
         self.windows = windows
         self.emit = emit
-        self.aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         # With offsets tracked a session is stored as [acc, sorted record offsets], and
         # a record whose offset a candidate session already holds is a replay.
-        self.track_offsets = track_offsets
+        aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         #: What every path reads and moves: store, end index, times, counters.
         self.state = SessionState(
-            store, windows, self.aggregation, final=emit == "final", track_offsets=track_offsets
+            store, windows, aggregation, final=emit == "final", track_offsets=track_offsets
         )
         record_output_plan(store, self.aggregation, "acc_offsets" if track_offsets else "acc")
 
+    # Kept once, in the state, which the batch paths read.
+    store = StateAttribute()
+    aggregation = StateAttribute()
+    track_offsets = StateAttribute()
     #: Records dropped: None key or timestamp, or late beyond grace.
     dropped_records = StateAttribute()
     #: Records ignored because their offset was already in their session.

@@ -72,12 +72,12 @@ class WindowAggregator(ArrowBatches):
             )
         if merger is None and aggregations is None and initializer and aggregator:
             merger = _no_merge  # fixed windows never merge
-        self.store, self.windows, self.emit = store, windows, emit
+        self.emit = emit
         self.early_every_ms = early_every_ms
-        self.aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
-        record_output_plan(store, self.aggregation, "acc")
+        aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
+        record_output_plan(store, aggregation, "acc")
         #: What both paths read and move: store, pending index, times, counter.
-        self.state = WindowState(store, windows, self.aggregation, pending=emit != "update")
+        self.state = WindowState(store, windows, aggregation, pending=emit != "update")
 
     @staticmethod
     def check_settings(emit: str, early_every_ms: int | None = None) -> None:
@@ -90,6 +90,10 @@ class WindowAggregator(ArrowBatches):
             if type(early_every_ms) is not int or early_every_ms <= 0:
                 raise ValueError(f"early_every_ms must be a positive int, got {early_every_ms!r}")
 
+    # Kept once, in the state, which the batch paths read.
+    store = StateAttribute()
+    windows = StateAttribute()
+    aggregation = StateAttribute()
     #: Records that landed in no open window (or had a None key or timestamp).
     dropped_records = StateAttribute()
 
