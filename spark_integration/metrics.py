@@ -26,6 +26,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from sessionstore.checkpoint.metrics import LOAD_KINDS
+
 __all__ = [
     "METRICS_COLUMN",
     "METRICS_CONF",
@@ -57,7 +59,6 @@ _FIELDS = [
 ]  # fmt: skip
 _ARROW = {"bigint": pa.int64(), "int": pa.int32(), "string": pa.string(), "double": pa.float64()}
 _STRUCT = pa.struct([(name, _ARROW[kind]) for name, kind in _FIELDS])
-_LOAD_KINDS = ("warm", "handover", "replay", "restore")
 
 
 def _spark_struct() -> Any:
@@ -126,7 +127,7 @@ def with_state_metrics(df: Any, task: Any, out_schema: Any, name: str) -> Any:
         F.sum(m["late_dropped"]).alias("late_dropped"),
         F.sum(m["emitted"]).alias("emitted"),
         F.max(m["load_ms"]).alias("load_ms_max"),
-        *[F.count_if(m["load_kind"] == kind).alias(f"loads_{kind}") for kind in _LOAD_KINDS],
+        *[F.count_if(m["load_kind"] == kind).alias(f"loads_{kind}") for kind in LOAD_KINDS],
         F.percentile_approx(m["commit_ms"], 0.5).alias("commit_ms_p50"),
         F.max(m["commit_ms"]).alias("commit_ms_max"),
         F.sum(m["uploaded_bytes"]).alias("uploaded_bytes"),
@@ -145,7 +146,7 @@ def with_state_metrics(df: Any, task: Any, out_schema: Any, name: str) -> Any:
 def format_line(name: str, metrics: dict[str, Any]) -> str:
     """One line for an operator's observed metrics of a micro-batch."""
     loads = " ".join(
-        f"{kind}:{metrics[f'loads_{kind}']}" for kind in _LOAD_KINDS if metrics.get(f"loads_{kind}")
+        f"{kind}:{metrics[f'loads_{kind}']}" for kind in LOAD_KINDS if metrics.get(f"loads_{kind}")
     )
 
     def ms(value: Any) -> str:

@@ -4,6 +4,7 @@ columns or a columnar path's table."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +61,10 @@ class OperatorOutput:
         return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
+@functools.lru_cache(maxsize=64)
 def arrow_schema(spark_schema_json: str) -> pa.Schema:
-    """The Arrow schema ``mapInArrow`` expects for a Spark schema (as JSON)."""
+    """The Arrow schema ``mapInArrow`` expects for a Spark schema (as JSON); built
+    once per worker and schema (tasks of every micro-batch ask again)."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 

@@ -276,6 +276,7 @@ def run_aggregator(
     keys: list[str],
     value_cols: list[str],
     shared: int | None,
+    handle: StoreHandle | None = None,
 ) -> tuple[list[Any], pa.Table | None]:
     """One batch of an event-time aggregator (session or window): advance to
     ``shared``, the operator's event time after the previous batch (from
@@ -303,4 +304,7 @@ def run_aggregator(
                 # update mode: one row per changed session or window per micro-batch
                 updates += agg.process_rows(k, times, values, net=True)
     exchange.publish(info.batch_id, agg.stream_time)
+    if handle is not None:  # the commit's metrics: late rows and emitted rows
+        emitted = len(updates) + (0 if table_out is None else table_out.num_rows)
+        handle.note(late_dropped=agg.dropped_records, emitted=emitted)
     return updates, table_out

@@ -114,10 +114,8 @@ class _SessionizeTask:
                 emit=self.emit,
             )
             updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols, shared
+                agg, provider, info, inputs, self.output.keys, self.value_cols, shared, handle
             )
-            emitted = len(updates) + (0 if table is None else table.num_rows)
-            handle.note(late_dropped=agg.dropped_records, emitted=emitted)
         if updates:
             extra = {}
             if self.emit == "update":

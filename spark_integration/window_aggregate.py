@@ -103,10 +103,8 @@ class _WindowTask:
                 early_every_ms=self.early_every_ms,
             )
             updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols, shared
+                agg, provider, info, inputs, self.output.keys, self.value_cols, shared, handle
             )
-            emitted = len(updates) + (0 if table is None else table.num_rows)
-            handle.note(late_dropped=agg.dropped_records, emitted=emitted)
         if updates:
             yield self.output.from_updates(updates, {"emission": [u.kind for u in updates]})
         if table is not None and table.num_rows:  # the columnar path: emit="final"

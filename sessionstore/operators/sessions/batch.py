@@ -30,7 +30,13 @@ import numpy as np
 
 from sessionstore.operators.sessions.model import SessionUpdate
 from sessionstore.operators.sessions.state import Session
-from sessionstore.operators.vectorised import INT_LIMIT, SUM_LIMIT, built_in_functions, merge_slot
+from sessionstore.operators.vectorised import (
+    FAR_PAST,
+    INT_LIMIT,
+    SUM_LIMIT,
+    built_in_functions,
+    merge_slot,
+)
 
 __all__ = ["fast_path_columns", "run_fast_keys", "run_fast_final"]
 
@@ -82,9 +88,8 @@ def run_fast_keys(
     group_first = np.zeros(n, dtype=bool)
     group_first[np.cumsum([0, *counts[:-1]])] = True
     # a key's first record continues its latest stored session when within gap
-    far_past = np.iinfo(np.int64).min // 2
     stored_end = np.array(
-        [s.end if s is not None else far_past for *_, s in fast_keys], dtype=np.int64
+        [s.end if s is not None else FAR_PAST for *_, s in fast_keys], dtype=np.int64
     )
     continues = group_first & (ts - stored_end[group] <= gap)
     breaks = np.zeros(n, dtype=bool)
