@@ -205,7 +205,6 @@ class LocalPartition:
     def __init__(self, local_dir: str | os.PathLike[str], operator: str, partition: int) -> None:
         self.root = os.path.join(os.fspath(local_dir), operator, str(partition))
         self.db = database_in(self.root)
-        self.owner = os.path.join(self.root, _OWNER)
         self.maintenance_lock = os.path.join(self.root, "maintenance.lock")
         self.snapshots = os.path.join(self.root, "snapshots")
 

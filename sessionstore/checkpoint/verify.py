@@ -76,7 +76,7 @@ def verify_partition(
     files = PartitionFiles(root.child(where))
     changelogs, snapshots = files.changelogs(), files.snapshots()
     problems = []
-    latest = files.latest()
+    latest = max(changelogs | snapshots, default=0)
     base = min(snapshots, default=0)
     for v in range(base + 1, latest + 1):
         if v not in changelogs and v not in snapshots:

@@ -217,7 +217,22 @@ class TimedStore:
             self._expire(min_live)
 
 
-class DBStoreMixin:
+class AuxMixin:
+    """Operator metadata a store keeps next to its rows, in the ``meta`` family."""
+
+    name: str
+    _db: Database
+
+    def read_aux(self, name: str) -> bytes | None:
+        """Operator metadata saved with :meth:`write_aux`, or None."""
+        return self._db.get_meta(aux_key(self.name, name))
+
+    def write_aux(self, name: str, value: bytes) -> None:
+        """Save operator metadata ``name`` in the current batch."""
+        self._db.put_meta(aux_key(self.name, name), value)
+
+
+class DBStoreMixin(AuxMixin):
     """Spec, segments and persisted stream time of a store inside a database.
 
     It is a :class:`~sessionstore.engine.db.Participant` of the batches that move
@@ -262,14 +277,6 @@ class DBStoreMixin:
     def segment_ids(self) -> list[int]:
         """Ids of the live history segments."""
         return self._segments.ids()
-
-    def read_aux(self, name: str) -> bytes | None:
-        """Operator metadata saved with :meth:`write_aux`, or None."""
-        return self._db.get_meta(aux_key(self.name, name))
-
-    def write_aux(self, name: str, value: bytes) -> None:
-        """Save operator metadata ``name`` in the current batch."""
-        self._db.put_meta(aux_key(self.name, name), value)
 
     def _load_stream_time(self) -> None:
         raw = self._db.get_meta(self._meta_key)

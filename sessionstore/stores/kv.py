@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sessionstore.encoding.keys import key_range
 from sessionstore.encoding.serde import MsgpackSerde, key_codec
-from sessionstore.stores.base import aux_key, describe_store, record_store_spec
+from sessionstore.stores.base import AuxMixin, describe_store, record_store_spec
 
 if TYPE_CHECKING:
     from sessionstore.engine.db import Database
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["KeyValueStore"]
 
 
-class KeyValueStore:
+class KeyValueStore(AuxMixin):
     """A plain key-value store in a StateDB. Create with ``db.kv_store(name)``.
 
     It takes the arguments every store kind takes; it has no retention or segments,
@@ -104,11 +104,3 @@ class KeyValueStore:
 
     def reload(self) -> None:
         """Nothing is cached in memory; nothing to re-read."""
-
-    def read_aux(self, name: str) -> bytes | None:
-        """Operator metadata saved with :meth:`write_aux`, or None."""
-        return self._db.get_meta(aux_key(self.name, name))
-
-    def write_aux(self, name: str, value: bytes) -> None:
-        """Save operator metadata ``name`` in the current batch."""
-        self._db.put_meta(aux_key(self.name, name), value)
