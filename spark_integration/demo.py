@@ -18,6 +18,7 @@ import time
 from collections import Counter
 
 from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.provider import recorded_partitions
 from sessionstore.tools.cli import main as cli_main
 from sessionstore.tools.demo import click_stream
 
@@ -192,7 +193,10 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     print("\nState, read back from the checkpoint as a new executor would:")
     spec = StoreSpec("sessions", "session", GAP_MS + 3_600_000 + 1)
     in_state = []
-    for partition in range(2):
+    partitions = recorded_partitions(
+        backend.checkpoint_uri, "click_sessions", backend.storage_options
+    )
+    for partition in range(partitions or 0):
         provider = StateStoreProvider(
             backend.checkpoint_uri, "click_sessions", partition, [spec],
             os.path.join(out_dir, "inspect"), storage_options=backend.storage_options,

@@ -3,9 +3,10 @@ derives from its input DataFrames before any task runs.
 
 Input columns are checked with clear errors, the event time becomes epoch
 milliseconds, the grace period defaults to the watermark delay, two inputs are
-unioned into one tagged input (:func:`tagged_union`), and the backend and partition
-count come from the session's conf when not given. Tasks read the columns named
-here (:data:`SIDE`, :data:`TS`).
+unioned into one tagged input (:func:`tagged_union`), the backend comes from the
+session's conf when not given, and the partition count from the operator's
+checkpoint or the cluster's cores (:func:`partition_count`). Tasks read the columns
+named here (:data:`SIDE`, :data:`TS`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from spark_integration.backend import StateBackend
+from sessionstore.checkpoint.provider import check_partition_count, recorded_partitions
+from spark_integration.backend import CONF_PREFIX, StateBackend
 from spark_integration.local import UNIX_SOCKET_CONF
 
 __all__ = [
     "resolve",
+    "partition_count",
+    "PARTITIONS_CONF",
+    "PARTITIONS_PER_CORE",
     "warn_tcp_workers",
     "checked_fields",
     "time_column",
@@ -31,6 +36,15 @@ __all__ = [
 
 #: Columns of a tagged union: which input a row came from, and its event time.
 SIDE, TS = "__ss_side", "__ss_ts"
+
+#: The Spark conf key that sets the partition count of operators whose checkpoint
+#: does not exist yet and that get no ``num_partitions``.
+PARTITIONS_CONF = CONF_PREFIX + "partitions"
+#: The default partition count per core of the cluster (Spark's
+#: ``defaultParallelism``). Spark's guidance for stateful queries is 1-2 tasks per
+#: core: each task costs a fixed share of a slot (and one database per partition),
+#: while a second task per core evens out skewed keys and a straggler.
+PARTITIONS_PER_CORE = 2
 
 #: Where Spark records ``withWatermark``'s delay: metadata of the event-time column.
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
@@ -88,13 +102,60 @@ def time_column(fields: dict[str, Any], timestamp: str) -> tuple[Any, Any]:
 
 
 def resolve(
-    df: Any, backend: StateBackend | None, num_partitions: int | None
+    df: Any, backend: StateBackend | None, num_partitions: int | None, name: str
 ) -> tuple[StateBackend, int]:
-    """``(backend, partition count)``: the given ones, or the session's conf."""
+    """``(backend, partition count)`` of operator ``name``: the given backend or the
+    session's conf, and :func:`partition_count`."""
     spark = df.sparkSession
     backend = backend or StateBackend.from_conf(spark)
     warn_tcp_workers(spark)
-    return backend, num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    return backend, partition_count(spark, backend, name, num_partitions)
+
+
+def _positive(value: Any, what: str) -> int:
+    """``value`` (an int, or its decimal digits as conf values are) as a positive
+    int; ``ValueError`` naming ``what`` and the value otherwise."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
+def partition_count(
+    spark: Any, backend: StateBackend, name: str, num_partitions: int | None = None
+) -> int:
+    """How many partitions operator ``name`` hash-partitions its input into.
+
+    The count is fixed for the life of a checkpoint, so an operator whose checkpoint
+    exists keeps the count recorded in its ``_metadata`` (one small read on the
+    driver); a ``num_partitions`` that differs from it raises
+    :class:`~sessionstore.checkpoint.CheckpointMismatchError`. A new checkpoint gets
+    ``num_partitions``, else the conf's :data:`PARTITIONS_CONF`, else
+    :data:`PARTITIONS_PER_CORE` times the cluster's cores
+    (``spark.sparkContext.defaultParallelism``). Spark's ``spark.sql.shuffle.partitions``
+    (200 unless set) is not used: at 200 tasks per micro-batch their fixed costs
+    dominate (BENCHMARKS.md, "Spark at scale").
+    """
+    wanted = None if num_partitions is None else _positive(num_partitions, "num_partitions")
+    recorded = recorded_partitions(backend.checkpoint_uri, name, backend.storage_options)
+    if recorded is not None:
+        check_partition_count(f"{backend.checkpoint_uri}/{name}/_metadata", recorded, wanted)
+        configured = spark.conf.get(PARTITIONS_CONF, None)
+        if wanted is None and configured and _positive(configured, PARTITIONS_CONF) != recorded:
+            warnings.warn(
+                f"{PARTITIONS_CONF}={configured} is ignored by operator {name!r}: its "
+                f"checkpoint {backend.checkpoint_uri} has {recorded} partitions, fixed for "
+                f"its life (the conf sets the count of new checkpoints only)",
+                stacklevel=4,  # the code that built the operator
+            )
+        return recorded
+    if wanted is not None:
+        return wanted
+    configured = spark.conf.get(PARTITIONS_CONF, None)
+    if configured:
+        return _positive(configured, PARTITIONS_CONF)
+    return PARTITIONS_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism))
 
 
 _warned_tcp = False

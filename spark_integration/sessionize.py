@@ -73,7 +73,7 @@ def sessionize(
     if emit == "update":
         out_fields.append(T.StructField("change", T.StringType()))
     out_schema = T.StructType(out_fields)
-    backend, n = resolve(df, backend, num_partitions)
+    backend, n = resolve(df, backend, num_partitions, name)
     task = _SessionizeTask(
         backend=backend,
         name=name,

@@ -84,7 +84,7 @@ def temporal_join(
             (stream_df, time_column(s_fields, stream_timestamp)[0], stream_cols, _STREAM),
         ],
     )
-    backend, n = resolve(stream_df, backend, num_partitions)
+    backend, n = resolve(stream_df, backend, num_partitions, name)
     task = _TemporalJoinTask(
         backend=backend,
         name=name,

@@ -60,7 +60,7 @@ def window_aggregate(
     )
     plan = aggregate_input(df, key, timestamp, aggregations, "window_start", "window_end")
     out_schema = T.StructType([*plan.out_fields, T.StructField("emission", T.StringType())])
-    backend, n = resolve(df, backend, num_partitions)
+    backend, n = resolve(df, backend, num_partitions, name)
     task = _WindowTask(
         backend=backend,
         name=name,

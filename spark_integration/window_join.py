@@ -75,7 +75,7 @@ def window_join(
             (right_df, right_ts, list(r_fields), _RIGHT),
         ],
     )
-    backend, n = resolve(left_df, backend, num_partitions)
+    backend, n = resolve(left_df, backend, num_partitions, name)
     task = _WindowJoinTask(
         backend=backend,
         name=name,

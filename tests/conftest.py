@@ -62,6 +62,8 @@ def spark():
     """A local[2] SparkSession whose Python workers use this interpreter."""
     from spark_integration.local import local_spark
 
-    session = local_spark("sessionstore-tests", max_failures=2)  # one retry per task
+    # one retry per task; 2 partitions per operator, as the tests were written for
+    # (the default would be 2 per core: spark_integration.planning.partition_count)
+    session = local_spark("sessionstore-tests", max_failures=2, spark__sessionstore__partitions="2")
     yield session
     session.stop()

@@ -84,6 +84,8 @@ __all__ = [
     "COMMIT_STEPS",
     "CheckpointMismatchError",
     "VersionNotFoundError",
+    "recorded_partitions",
+    "check_partition_count",
 ]
 
 FORMAT = 1
@@ -114,6 +116,34 @@ class CheckpointMismatchError(SessionStoreError, ValueError):
 
 class VersionNotFoundError(SessionStoreError, LookupError):
     """The requested version was never committed (or was pruned)."""
+
+
+def check_partition_count(where: str, recorded: int | None, wanted: int | None) -> None:
+    """``CheckpointMismatchError`` naming both counts when ``wanted`` differs from the
+    count ``recorded`` in the ``_metadata`` at ``where`` (either may be None:
+    nothing to compare)."""
+    if wanted is not None and recorded is not None and recorded != wanted:
+        raise CheckpointMismatchError(
+            f"{where} was written with {recorded} partitions, but this query has "
+            f"{wanted}; the partition count is fixed for the life of a checkpoint"
+        )
+
+
+def recorded_partitions(
+    checkpoint_uri: str, operator_id: str, storage_options: dict[str, Any] | None = None
+) -> int | None:
+    """The partition count recorded in operator ``operator_id``'s ``_metadata`` under
+    ``checkpoint_uri``: None when the operator has no checkpoint yet, or one whose
+    first writer did not give a count. One read of one small object."""
+    check_store_name(operator_id)
+    try:
+        recorded = read_metadata(
+            open_filesystem(checkpoint_uri, storage_options).child(operator_id)
+        )
+    except FileNotFoundError:
+        return None
+    count = recorded.get("num_partitions")
+    return count if type(count) is int else None
 
 
 def store_stats(
@@ -314,11 +344,7 @@ class StateStoreProvider:
                 f"{wanted['stores']}; use a new checkpoint location for a changed operator"
             )
         old_n = recorded.get("num_partitions")
-        if num_partitions is not None and old_n is not None and old_n != num_partitions:
-            raise CheckpointMismatchError(
-                f"{where} was written with {old_n} partitions, but this query has "
-                f"{num_partitions}; the partition count is fixed for the life of a checkpoint"
-            )
+        check_partition_count(where, old_n, num_partitions)
         if old_n is None and num_partitions is not None:
             write_metadata(self._operator, {**recorded, "num_partitions": num_partitions})
 

@@ -37,7 +37,9 @@ def main() -> None:
         Path(sys.argv[3]),
         sys.argv[4],
     )
-    spark = local_spark("executor-loss", master="local-cluster[2,1,1024]")
+    spark = local_spark(
+        "executor-loss", master="local-cluster[2,1,1024]", spark__sessionstore__partitions="2"
+    )
     # relative: each executor resolves it in its own work directory, so a partition
     # that moves to the other executor has no local copy and restores from the store
     backend = StateBackend(uri, local_dir="sessionstore-local", storage_options=options)

@@ -50,3 +50,80 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     with pytest.warns(UserWarning, match="spark.python.unix.domain.socket.enabled is off"):
         assert planning.warn_tcp_workers(session("4.1.0", {UNIX_SOCKET_CONF: "false"}))
     assert not planning.warn_tcp_workers(session("4.3.0", {}))  # once per process
+
+
+def fake_session(conf=None, cores=2):
+    """Just what partition_count reads of a SparkSession."""
+    from types import SimpleNamespace
+
+    conf = dict(conf or {})
+    return SimpleNamespace(
+        conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default)),
+        sparkContext=SimpleNamespace(defaultParallelism=cores),
+    )
+
+
+def checkpoint_with(tmp_path, partitions):
+    """A file:// backend whose operator "op" was created with ``partitions``."""
+    from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+    from spark_integration import StateBackend
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    spec = StoreSpec("sessions", "session", 1_000)
+    StateStoreProvider(
+        backend.checkpoint_uri, "op", 0, [spec], str(tmp_path / "local"), num_partitions=partitions
+    ).close()
+    return backend
+
+
+def test_a_new_checkpoint_gets_two_partitions_per_core_unless_told(tmp_path):
+    import pytest
+
+    from spark_integration import StateBackend
+    from spark_integration.planning import PARTITIONS_CONF, partition_count
+
+    backend = StateBackend(f"file://{tmp_path}/ck")
+    # Spark's spark.sql.shuffle.partitions (200 by default) plays no part
+    shuffle = {"spark.sql.shuffle.partitions": "200"}
+    assert partition_count(fake_session(shuffle, cores=2), backend, "op") == 4
+    assert partition_count(fake_session(shuffle, cores=16), backend, "op") == 32
+    assert partition_count(fake_session({PARTITIONS_CONF: "6"}, cores=16), backend, "op") == 6
+    assert partition_count(fake_session({PARTITIONS_CONF: "6"}), backend, "op", 5) == 5
+    with pytest.raises(
+        ValueError, match=r"spark.sessionstore.partitions must be a positive int, got 'x'"
+    ):
+        partition_count(fake_session({PARTITIONS_CONF: "x"}), backend, "op")
+    with pytest.raises(ValueError, match=r"num_partitions must be a positive int, got 0"):
+        partition_count(fake_session(), backend, "op", 0)
+    assert not (tmp_path / "ck").exists()  # planning writes nothing
+
+
+def test_an_existing_checkpoint_keeps_its_recorded_partition_count(tmp_path):
+    import warnings
+
+    import pytest
+
+    from sessionstore.checkpoint import CheckpointMismatchError
+    from spark_integration.planning import PARTITIONS_CONF, partition_count
+
+    backend = checkpoint_with(tmp_path, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert partition_count(fake_session(cores=8), backend, "op") == 3
+        assert partition_count(fake_session(), backend, "op", 3) == 3
+        assert partition_count(fake_session({PARTITIONS_CONF: "3"}), backend, "op") == 3
+    # the conf sets new checkpoints' count: said once per operator built, not applied
+    with pytest.warns(
+        UserWarning,
+        match=r"spark.sessionstore.partitions=7 is ignored by operator 'op': its checkpoint .* has 3 partitions",
+    ):
+        assert partition_count(fake_session({PARTITIONS_CONF: "7"}), backend, "op") == 3
+    # an explicit other count fails on the driver, with the provider's message
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"op/_metadata was written with 3 partitions, but this query has 5; the "
+        r"partition count is fixed",
+    ):
+        partition_count(fake_session(), backend, "op", 5)
+    # another operator of the same checkpoint is new
+    assert partition_count(fake_session(cores=8), backend, "other") == 16

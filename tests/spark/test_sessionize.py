@@ -52,7 +52,9 @@ def feed(spark, source, checkpoint, batches, build, first=0, mode=None):
     return run_stream(out, checkpoint, steps)
 
 
-def run_query(spark, source, tmp_path, name, backend, batches, first=0, emit="final"):
+def run_query(
+    spark, source, tmp_path, name, backend, batches, first=0, emit="final", num_partitions=None
+):
     """``feed`` through sessionize (count, sum and first of amount per session); in
     update mode, the rows of each micro-batch."""
 
@@ -66,6 +68,7 @@ def run_query(spark, source, tmp_path, name, backend, batches, first=0, emit="fi
             emit=emit,
             backend=backend,
             name=name,
+            num_partitions=num_partitions,
         )
 
     mode = "update" if emit == "update" else None
@@ -113,6 +116,50 @@ def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path,
     else:
         assert as_sessions(first + second) == as_sessions(reference)
     assert len(reference) > 20
+
+
+def test_a_restart_without_num_partitions_keeps_the_checkpoints_count(spark, tmp_path):
+    # the session's default is 2 partitions (conftest); the checkpoint was made with 3
+    batches = generated(seed=5)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    reference = run_query(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
+    first = run_query(
+        spark, tmp_path / "part", tmp_path, "three", backend, batches[:3], num_partitions=3
+    )
+    with pytest.warns(UserWarning, match="partitions=2 is ignored by operator 'three'"):
+        second = run_query(
+            spark, tmp_path / "part", tmp_path, "three", backend, batches[3:], first=3
+        )
+    assert as_sessions(first + second) == as_sessions(reference)
+    parts = sorted(p.name for p in (tmp_path / "state" / "three").iterdir() if p.name.isdigit())
+    assert parts == ["0", "1", "2"]
+    for part in parts:  # every partition ran every micro-batch of both runs
+        changelogs = (tmp_path / "state" / "three" / part / "changelog").iterdir()
+        assert max(int(c.name.split(".")[0]) for c in changelogs) == len(batches)
+
+
+def test_partition_count_from_the_conf_key_or_the_cores(spark, tmp_path):
+    from spark_integration.planning import PARTITIONS_CONF
+
+    df = spark.createDataFrame([("a", 1), ("b", 2)], "user string, ts long")
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+
+    def planned(name, **kwargs):
+        out = sessionize(df, "user", "ts", "1 second", backend=backend, name=name, **kwargs)
+        return out.rdd.getNumPartitions()
+
+    assert spark.conf.get(PARTITIONS_CONF) == "2"  # conftest's
+    assert planned("conf") == 2
+    assert planned("given", num_partitions=5) == 5
+    spark.conf.set(PARTITIONS_CONF, "3")
+    try:
+        assert planned("conf3") == 3
+        spark.conf.unset(PARTITIONS_CONF)
+        # local[2]: two partitions per core
+        assert spark.sparkContext.defaultParallelism == 2
+        assert planned("cores") == 4
+    finally:
+        spark.conf.set(PARTITIONS_CONF, "2")
 
 
 def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
