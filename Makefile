@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) bench/handover.py
 	$(PY) bench/python_tasks.py
 	$(PY) bench/spark_sessionize.py --floor-parts
+	$(PY) bench/spark_scale.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check sessionstore spark_integration tests bench
