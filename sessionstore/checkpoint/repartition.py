@@ -75,6 +75,7 @@ __all__ = [
     "routed_rows",
     "TargetWriter",
     "carry_event_time",
+    "summary",
     "finish_repartition",
     "repartition_checkpoint",
 ]
@@ -163,10 +164,11 @@ def plan_repartition(
     target_storage_options = (
         storage_options if target_storage_options is None else target_storage_options
     )
-    target = open_filesystem(to, target_storage_options)
-    if target.has_files():
+    # the operator's directory: a query's operators may be moved one by one into one
+    # new checkpoint root
+    if open_filesystem(to, target_storage_options).has_files(operator):
         raise RepartitionError(
-            f"the target {to} exists and is not empty; repartition into a new location"
+            f"the target {to}/{operator} exists and is not empty; repartition into a new location"
         )
     return RepartitionPlan(
         uri, operator, version, count, to, partitions, types, metadata,
