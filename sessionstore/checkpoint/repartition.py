@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+import msgpack
+
 from sessionstore.checkpoint.event_time import EventTimeExchange
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
@@ -64,7 +66,7 @@ from sessionstore.encoding.keys import decode_key
 from sessionstore.encoding.spark_hash import check_key_types, partition_ids
 from sessionstore.engine.db import META_CF
 from sessionstore.errors import SessionStoreError
-from sessionstore.stores.base import DEFAULT_KEY_SERDE, stream_time_key
+from sessionstore.stores.base import DEFAULT_KEY_SERDE, aux_key, stream_time_key
 from sessionstore.stores.registry import row_key_of
 from sessionstore.stores.state_db import StateDB
 
@@ -84,6 +86,17 @@ __all__ = [
 #: the committed version is set to V, the identity and the last commit's timings
 #: belong to the copy they were written in.
 _LOCAL_META = frozenset({VERSION_KEY, IDENTITY_KEY, LAST_COMMIT_KEY})
+#: How the operators' per-partition times kept next to a store (``aux:<store>:<name>``,
+#: int64) merge over the source partitions: ``(rule, a source without it wins)``.
+#: Any other entry must be equal in every source that has it. Why each rule:
+#: docs/rescale.md.
+_AUX_MERGE: dict[str, tuple[Callable[..., int], bool]] = {
+    "stream_time": (max, False),  # sessions, windows: the largest timestamp seen
+    "join_stream_time": (max, False),  # window join: the same
+    # sessions, final: emitted below it in every source (none: nothing emitted yet)
+    "emitted_close": (min, True),
+    "early_tick": (min, False),  # windows' early results: may repeat once, never skipped
+}
 _CHUNK = 65_536  # rows routed at once (one vectorised hash per chunk)
 
 #: ``progress(label, done, total)``
@@ -254,8 +267,8 @@ def routed_rows(
     plan: RepartitionPlan, partition: int, workdir: str
 ) -> Iterator[tuple[int, str, bytes, bytes]]:
     """``(target partition, column family, key, value)`` for every row of version
-    ``plan.version`` of source ``partition`` (restored under ``workdir``); each meta
-    entry once for every target partition."""
+    ``plan.version`` of source ``partition`` (restored under ``workdir``); its meta
+    entries as one row (a msgpack list of pairs) for every target partition."""
     records = {r["name"]: r for r in plan.metadata["stores"]}
     specs = [StoreSpec.from_record(r) for r in plan.metadata["stores"]]
     where = f"{plan.source_uri}/{plan.operator}/{partition}"
@@ -269,10 +282,9 @@ def routed_rows(
         db, router = handle.db, _Router(plan.key_types, plan.partitions)
         for family in db.column_families():
             if family == META_CF:
-                meta = list(db.scan(META_CF))
+                meta = msgpack.packb(list(db.scan(META_CF)))
                 for target in range(plan.partitions):
-                    for key, value in meta:
-                        yield target, META_CF, key, value
+                    yield target, META_CF, b"", meta
                 continue
             store, _, suffix = family.partition(".")
             record = records.get(store)
@@ -321,12 +333,26 @@ class TargetWriter:
         self._pending: dict[str, dict[bytes, bytes]] = {}
         self._buffered = 0
         self._meta: dict[bytes, bytes] = {}
-        self._times = {stream_time_key(r["name"]) for r in plan.metadata["stores"]}
+        stores = [r["name"] for r in plan.metadata["stores"]]
+        #: meta entries merged by a rule: int64 times (see _AUX_MERGE)
+        self._rules = {
+            aux_key(store, name): rule for store in stores for name, rule in _AUX_MERGE.items()
+        }
+        # a store's stream time never goes backwards, for any key it holds
+        self._rules.update({stream_time_key(store): (max, False) for store in stores})
+        #: entries some source lacks whose absence wins (see _AUX_MERGE)
+        self._absent: set[bytes] = set()
 
     def add(self, family: str, key: bytes, value: bytes) -> None:
-        """One routed row (meta entries: once per source partition)."""
+        """One routed row (the meta family: one row per source partition, holding
+        its entries, so that an entry a source lacks is seen missing)."""
         if family == META_CF:
-            self._add_meta(key, value)
+            entries = dict(msgpack.unpackb(value))
+            for meta_key, (_, absent_wins) in self._rules.items():
+                if absent_wins and meta_key not in entries:
+                    self._absent.add(meta_key)
+            for meta_key, meta_value in entries.items():
+                self._add_meta(meta_key, meta_value)
             return
         self._pending.setdefault(family, {})[key] = value
         self.rows += 1
@@ -340,9 +366,10 @@ class TargetWriter:
         seen = self._meta.get(key)
         if seen is None or seen == value:
             self._meta[key] = value
-        elif key in self._times:
-            # a store's stream time never goes backwards, for any key it holds
-            self._meta[key] = max(seen, value, key=lambda raw: INT64.unpack(raw)[0])
+            return
+        rule = self._rules.get(key)
+        if rule is not None:
+            self._meta[key] = INT64.pack(rule[0](INT64.unpack(seen)[0], INT64.unpack(value)[0]))
         else:
             raise RepartitionError(
                 f"the source partitions of {self.plan.operator!r} disagree on the meta entry "
@@ -369,7 +396,8 @@ class TargetWriter:
         self._flush()
         with db.batch():
             for key, value in sorted(self._meta.items()):
-                db.put_meta(key, value)
+                if key not in self._absent:
+                    db.put_meta(key, value)
             db.put_meta(VERSION_KEY, encode_version(self.plan.version))
         snapshot = os.path.join(self._dir, "snapshot")
         db.checkpoint(snapshot)

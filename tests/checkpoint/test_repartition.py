@@ -15,8 +15,11 @@ from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import read_metadata
 from sessionstore.checkpoint.provider import CheckpointMismatchError
 from sessionstore.checkpoint.repartition import RepartitionError, repartition_checkpoint
+from sessionstore.checkpoint.snapshot import download_snapshot
+from sessionstore.encoding.ints import INT64
 from sessionstore.encoding.spark_hash import partition_ids
-from sessionstore.stores.base import aux_key
+from sessionstore.stores.base import aux_key, stream_time_key
+from sessionstore.stores.state_db import StateDB
 from sessionstore.tools.reader import CheckpointSource, store_rows
 
 SPECS = [
@@ -189,3 +192,30 @@ def test_disagreeing_meta_is_refused(tmp_path):
     entry = aux_key("sessions", "plan")
     with pytest.raises(RepartitionError, match=f"disagree on the meta entry {entry!r}"):
         repartition_checkpoint(uri, "op", 3, str(tmp_path / "dst"))
+
+
+def test_operator_times_merge_by_their_rules(source, tmp_path):
+    """Per source: stream times take the maximum, the close time emitted the minimum
+    (a source that emitted nothing yet wins: nothing is skipped), the early tick
+    the minimum of those that have one."""
+    plan = rp.plan_repartition(source, "op", 2, str(tmp_path / "dst"))
+    writer = rp.TargetWriter(plan, 0, str(tmp_path / "w"))
+    times = {"stream_time": (5, 7, 1), "emitted_close": (3, 4, None), "early_tick": (9, 2, None)}
+    for i in range(3):
+        entries = [
+            (aux_key("sessions", name), INT64.pack(values[i]))
+            for name, values in times.items()
+            if values[i] is not None
+        ]
+        entries.append((stream_time_key("table"), INT64.pack(100 - i)))
+        writer.add("meta", b"", msgpack.packb(entries))
+    writer.finish()
+    download_snapshot(plan.target().child("0"), 3, str(tmp_path / "db"))
+    db = StateDB.open(str(tmp_path / "db"))
+    got = {
+        name: db.get_meta(aux_key("sessions", name))
+        for name in ("stream_time", "emitted_close", "early_tick")
+    }
+    assert got == {"stream_time": INT64.pack(7), "emitted_close": None, "early_tick": INT64.pack(2)}
+    assert db.get_meta(stream_time_key("table")) == INT64.pack(100)
+    db.close()
