@@ -17,8 +17,8 @@ per source partition and a :class:`TargetWriter` in one task per target):
    from Spark's hash partitioning of the key columns (encoding/spark_hash.py). Meta
    entries go to every target.
 3. A :class:`TargetWriter` per target partition writes its rows into a new
-   database, merges the meta entries (a store's stream time: the maximum over the
-   sources; everything else must agree), sets the committed version to V and
+   database, merges the meta entries (stream times and the operators' times: the
+   minimum over the sources; everything else must agree), sets the committed version to V and
    uploads it as the snapshot of version V.
 4. :func:`finish_repartition` writes the operator's shared event time after batch
    V-1 (what batch V reads) and, last, ``_metadata`` with the new partition count
@@ -86,16 +86,16 @@ __all__ = [
 #: the committed version is set to V, the identity and the last commit's timings
 #: belong to the copy they were written in.
 _LOCAL_META = frozenset({VERSION_KEY, IDENTITY_KEY, LAST_COMMIT_KEY})
-#: How the operators' per-partition times kept next to a store (``aux:<store>:<name>``,
-#: int64) merge over the source partitions: ``(rule, a source without it wins)``.
-#: Any other entry must be equal in every source that has it. Why each rule:
-#: docs/rescale.md.
-_AUX_MERGE: dict[str, tuple[Callable[..., int], bool]] = {
-    "stream_time": (max, False),  # sessions, windows: the largest timestamp seen
-    "join_stream_time": (max, False),  # window join: the same
-    # sessions, final: emitted below it in every source (none: nothing emitted yet)
-    "emitted_close": (min, True),
-    "early_tick": (min, False),  # windows' early results: may repeat once, never skipped
+#: The operators' per-partition times kept next to a store (``aux:<store>:<name>``,
+#: int64), merged like the stores' stream times: the minimum over the source
+#: partitions, so a target resumes as its most lagging source did (why:
+#: docs/rescale.md). True: a source without the entry wins (the target has none).
+#: Any other meta entry must be equal in every source that has it.
+_AUX_TIMES: dict[str, bool] = {
+    "stream_time": False,  # sessions, windows: the largest timestamp seen
+    "join_stream_time": False,  # window join: the same
+    "emitted_close": True,  # sessions, final: none means nothing emitted yet
+    "early_tick": False,  # windows' early results
 }
 _CHUNK = 65_536  # rows routed at once (one vectorised hash per chunk)
 
@@ -334,13 +334,14 @@ class TargetWriter:
         self._buffered = 0
         self._meta: dict[bytes, bytes] = {}
         stores = [r["name"] for r in plan.metadata["stores"]]
-        #: meta entries merged by a rule: int64 times (see _AUX_MERGE)
-        self._rules = {
-            aux_key(store, name): rule for store in stores for name, rule in _AUX_MERGE.items()
+        #: int64 times merged by their minimum -> whether a source without one wins
+        self._times = {
+            aux_key(store, name): absent_wins
+            for store in stores
+            for name, absent_wins in _AUX_TIMES.items()
         }
-        # a store's stream time never goes backwards, for any key it holds
-        self._rules.update({stream_time_key(store): (max, False) for store in stores})
-        #: entries some source lacks whose absence wins (see _AUX_MERGE)
+        self._times.update({stream_time_key(store): False for store in stores})
+        #: times some source lacks whose absence wins
         self._absent: set[bytes] = set()
 
     def add(self, family: str, key: bytes, value: bytes) -> None:
@@ -348,7 +349,7 @@ class TargetWriter:
         its entries, so that an entry a source lacks is seen missing)."""
         if family == META_CF:
             entries = dict(msgpack.unpackb(value))
-            for meta_key, (_, absent_wins) in self._rules.items():
+            for meta_key, absent_wins in self._times.items():
                 if absent_wins and meta_key not in entries:
                     self._absent.add(meta_key)
             for meta_key, meta_value in entries.items():
@@ -367,9 +368,8 @@ class TargetWriter:
         if seen is None or seen == value:
             self._meta[key] = value
             return
-        rule = self._rules.get(key)
-        if rule is not None:
-            self._meta[key] = INT64.pack(rule[0](INT64.unpack(seen)[0], INT64.unpack(value)[0]))
+        if key in self._times:
+            self._meta[key] = INT64.pack(min(INT64.unpack(seen)[0], INT64.unpack(value)[0]))
         else:
             raise RepartitionError(
                 f"the source partitions of {self.plan.operator!r} disagree on the meta entry "

@@ -103,7 +103,7 @@ def test_every_kind_moves_to_sparks_partition(source, tmp_path):
         assert EventTimeExchange(open_filesystem(target).child("op"), p).after(2) == 523
 
 
-def test_restart_continues_at_version_v_with_max_stream_time(source, tmp_path):
+def test_restart_continues_at_version_v_with_min_stream_time(source, tmp_path):
     target = f"file://{tmp_path}/dst"
     repartition_checkpoint(source, "op", 7, target)
     for p in range(7):
@@ -112,8 +112,8 @@ def test_restart_continues_at_version_v_with_max_stream_time(source, tmp_path):
             key_types=TYPES,
         )  # fmt: skip
         h = provider.get_store(3)
-        # the largest source stream time: ("zz", 3) ended at 1003 somewhere
-        assert h["sessions"].observed_stream_time == 1003
+        # the smallest source stream time: partition 0's ("zz", 0) ended at 1000
+        assert h["sessions"].observed_stream_time == 1000
         assert h["sessions"].read_aux("plan") == b"same everywhere"
         h["counts"].put(("new", p), 1)
         assert h.commit() == 4
@@ -195,9 +195,8 @@ def test_disagreeing_meta_is_refused(tmp_path):
 
 
 def test_operator_times_merge_by_their_rules(source, tmp_path):
-    """Per source: stream times take the maximum, the close time emitted the minimum
-    (a source that emitted nothing yet wins: nothing is skipped), the early tick
-    the minimum of those that have one."""
+    """Times take the minimum over the sources that have them; for the close time
+    emitted, a source that emitted nothing yet wins (nothing is skipped)."""
     plan = rp.plan_repartition(source, "op", 2, str(tmp_path / "dst"))
     writer = rp.TargetWriter(plan, 0, str(tmp_path / "w"))
     times = {"stream_time": (5, 7, 1), "emitted_close": (3, 4, None), "early_tick": (9, 2, None)}
@@ -216,6 +215,6 @@ def test_operator_times_merge_by_their_rules(source, tmp_path):
         name: db.get_meta(aux_key("sessions", name))
         for name in ("stream_time", "emitted_close", "early_tick")
     }
-    assert got == {"stream_time": INT64.pack(7), "emitted_close": None, "early_tick": INT64.pack(2)}
-    assert db.get_meta(stream_time_key("table")) == INT64.pack(100)
+    assert got == {"stream_time": INT64.pack(1), "emitted_close": None, "early_tick": INT64.pack(2)}
+    assert db.get_meta(stream_time_key("table")) == INT64.pack(98)
     db.close()
