@@ -323,10 +323,12 @@ class TargetWriter:
     same database contents.
     """
 
-    flush_rows = 50_000
-
-    def __init__(self, plan: RepartitionPlan, partition: int, workdir: str) -> None:
+    def __init__(
+        self, plan: RepartitionPlan, partition: int, workdir: str, flush_rows: int = 50_000
+    ) -> None:
         self.plan, self.partition = plan, partition
+        #: rows held in memory before they are written to the database
+        self.flush_rows = flush_rows
         self.rows = 0
         self._dir = os.path.join(workdir, f"target-{partition}")
         self._db: StateDB | None = StateDB.open(database_in(self._dir), block_cache_mb=8)
@@ -471,7 +473,9 @@ def repartition_checkpoint(
     with tempfile.TemporaryDirectory(prefix="sessionstore-repartition-") as workdir:
         writers: list[TargetWriter] = []
         try:
-            writers = [TargetWriter(plan, t, workdir) for t in range(plan.partitions)]
+            # every target's buffer fills at once here: bound them together
+            flush = max(1_000, 500_000 // plan.partitions)
+            writers = [TargetWriter(plan, t, workdir, flush) for t in range(plan.partitions)]
             source_dir = os.path.join(workdir, "source")
             for partition in range(plan.source_partitions):
                 report("source partitions", partition, plan.source_partitions)
