@@ -2,6 +2,7 @@
 
 from spark_integration.backend import StateBackend
 from spark_integration.metrics import StateMetricsListener, log_state_metrics
+from spark_integration.repartition import repartition_state
 from spark_integration.sessionize import SessionAggregation, sessionize
 from spark_integration.temporal_join import temporal_join
 from spark_integration.window_aggregate import window_aggregate
@@ -16,4 +17,5 @@ __all__ = [
     "window_join",
     "log_state_metrics",
     "StateMetricsListener",
+    "repartition_state",
 ]

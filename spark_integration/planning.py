@@ -30,6 +30,7 @@ __all__ = [
     "grace_ms",
     "watermark_delay_ms",
     "tagged_union",
+    "key_types",
     "SIDE",
     "TS",
 ]
@@ -183,6 +184,16 @@ def warn_tcp_workers(spark: Any) -> bool:
         stacklevel=3,
     )
     return True
+
+
+def key_types(df: Any, keys: Sequence[str]) -> list[str]:
+    """The Spark type names (``DataType.typeName()``: ``string``, ``long``,
+    ``integer``...) of the key columns of ``df``, the DataFrame an operator
+    repartitions by them. Recorded in the checkpoint: the store keeps a str or an
+    int, not whether the column was an int or a long, and Spark hashes the two
+    differently, so a repartition of the state needs them (sessionstore repartition)."""
+    fields = {f.name: f for f in df.schema.fields}
+    return [fields[k].dataType.typeName() for k in keys]
 
 
 def tagged_union(keys: list[str], sides: list[tuple[Any, Any, list[str], str]]) -> Any:

@@ -77,6 +77,7 @@ def partition_state(
     info: TaskInfo,
     specs: list[StoreSpec],
     num_partitions: int,
+    key_types: list[str] | None = None,
 ) -> Iterator[tuple[StoreHandle, StateStoreProvider]]:
     """The partition's stores at version ``batch_id``; committed as ``batch_id + 1``
     when the block succeeds, dropped when it raises.
@@ -86,6 +87,8 @@ def partition_state(
     executor on request); snapshot uploads run on the service's background thread.
     Stores whose spec names no segment interval get the operators' one
     (:func:`~sessionstore.stores.segments.operator_segment_interval`).
+    ``key_types`` (the key columns' Spark types, from planning) are recorded in the
+    checkpoint for a later repartition.
     """
     from sessionstore.checkpoint.store_service import StoreService
 
@@ -101,7 +104,7 @@ def partition_state(
     key = repr((
         backend.checkpoint_uri, local_dir, backend.snapshot_interval, backend.retain_versions,
         sorted(backend.storage_options.items()), name, info.partition, num_partitions,
-        [spec.describe() for spec in specs], backend.commit_observer,
+        [spec.describe() for spec in specs], backend.commit_observer, key_types,
     ))  # fmt: skip
 
     def make() -> StateStoreProvider:
@@ -116,6 +119,7 @@ def partition_state(
             storage_options=backend.storage_options,
             num_partitions=num_partitions,
             commit_observer=backend.commit_observer,
+            key_types=key_types,
         )
 
     service = StoreService.instance()
@@ -201,6 +205,7 @@ def state_and_inputs(
     num_partitions: int,
     batches: Iterator[pa.RecordBatch],
     shared_event_time: bool = False,
+    key_types: list[str] | None = None,
 ) -> Iterator[tuple[StoreHandle, StateStoreProvider, list[pa.RecordBatch], int | None]]:
     """:func:`partition_state`, the task's non-empty input batches, and with
     ``shared_event_time`` the operator's event time after the previous batch (see
@@ -222,7 +227,8 @@ def state_and_inputs(
             exchange = EventTimeExchange(entered[1].operator_storage, info.partition)
             return exchange.after(info.batch_id - 1)
 
-    ahead = _EnteredAhead(partition_state(backend, name, info, specs, num_partitions), then)
+    state = partition_state(backend, name, info, specs, num_partitions, key_types)
+    ahead = _EnteredAhead(state, then)
     try:
         inputs = [b for b in batches if b.num_rows]
     except BaseException:

@@ -29,7 +29,7 @@ from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
-from spark_integration.planning import grace_ms, resolve
+from spark_integration.planning import grace_ms, key_types, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
 
 __all__ = ["sessionize", "SessionAggregation"]
@@ -84,6 +84,7 @@ def sessionize(
         emit=emit,
         aggregation=plan.aggregation,
         output=plan.output(out_schema),
+        key_types=key_types(plan.selected, plan.keys),
     )
     return with_state_metrics(plan.selected.repartition(n, *plan.keys), task, out_schema, name)
 
@@ -101,12 +102,18 @@ class _SessionizeTask:
     emit: str
     aggregation: Aggregation
     output: OperatorOutput
+    key_types: list[str]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
         spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
         task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
-        with state_and_inputs(*task, shared_event_time=True) as (handle, provider, inputs, shared):
+        with state_and_inputs(*task, shared_event_time=True, key_types=self.key_types) as (
+            handle,
+            provider,
+            inputs,
+            shared,
+        ):
             agg = SessionWindowAggregator(
                 handle["sessions"],
                 SessionWindows(self.gap_ms, self.grace_ms),

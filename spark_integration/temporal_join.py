@@ -24,7 +24,15 @@ from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema, record_batch
-from spark_integration.planning import SIDE, TS, checked_fields, resolve, tagged_union, time_column
+from spark_integration.planning import (
+    SIDE,
+    TS,
+    checked_fields,
+    key_types,
+    resolve,
+    tagged_union,
+    time_column,
+)
 from spark_integration.runtime import (
     deterministic_order,
     key_values,
@@ -96,6 +104,7 @@ def temporal_join(
         table_values=table_values,
         renamed=renamed,
         out_schema_json=out_schema.json(),
+        key_types=key_types(combined, keys),
     )
     return with_state_metrics(combined.repartition(n, *keys), task, out_schema, name)
 
@@ -112,13 +121,20 @@ class _TemporalJoinTask:
     table_values: list[str]
     renamed: dict[str, str]
     out_schema_json: str
+    key_types: list[str]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
         spec = StoreSpec("table", "versioned", self.retention_ms)
         joined = []
         with state_and_inputs(
-            self.backend, self.name, info, [spec], self.num_partitions, batches
+            self.backend,
+            self.name,
+            info,
+            [spec],
+            self.num_partitions,
+            batches,
+            key_types=self.key_types,
         ) as (handle, _, inputs, _):
             join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
             if inputs:

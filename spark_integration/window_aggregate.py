@@ -21,7 +21,7 @@ from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
-from spark_integration.planning import grace_ms, resolve
+from spark_integration.planning import grace_ms, key_types, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
 
 __all__ = ["window_aggregate"]
@@ -71,6 +71,7 @@ def window_aggregate(
         early_every_ms=None if early_every is None else interval_ms(early_every, "early_every"),
         aggregation=plan.aggregation,
         output=plan.output(out_schema),
+        key_types=key_types(plan.selected, plan.keys),
     )
     # validate the emission settings on the driver, with a clear error
     WindowAggregator.check_settings(emit, task.early_every_ms)
@@ -88,13 +89,19 @@ class _WindowTask:
     early_every_ms: int | None
     aggregation: Aggregation
     output: OperatorOutput
+    key_types: list[str]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
         w = self.windows
         spec = StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
         task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
-        with state_and_inputs(*task, shared_event_time=True) as (handle, provider, inputs, shared):
+        with state_and_inputs(*task, shared_event_time=True, key_types=self.key_types) as (
+            handle,
+            provider,
+            inputs,
+            shared,
+        ):
             agg = WindowAggregator(
                 handle["windows"],
                 w,

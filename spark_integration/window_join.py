@@ -24,7 +24,15 @@ from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema, record_batch
-from spark_integration.planning import SIDE, TS, checked_fields, resolve, tagged_union, time_column
+from spark_integration.planning import (
+    SIDE,
+    TS,
+    checked_fields,
+    key_types,
+    resolve,
+    tagged_union,
+    time_column,
+)
 from spark_integration.runtime import (
     deterministic_order,
     key_values,
@@ -86,6 +94,7 @@ def window_join(
         left_cols=list(l_fields),
         right_out=right_out,
         out_schema_json=out_schema.json(),
+        key_types=key_types(combined, keys),
     )
     return with_state_metrics(combined.repartition(n, *keys), task, out_schema, name)
 
@@ -101,6 +110,7 @@ class _WindowJoinTask:
     left_cols: list[str]
     right_out: dict[str, str]
     out_schema_json: str
+    key_types: list[str]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
@@ -111,7 +121,13 @@ class _WindowJoinTask:
         ]
         pairs = []
         with state_and_inputs(
-            self.backend, self.name, info, specs, self.num_partitions, batches
+            self.backend,
+            self.name,
+            info,
+            specs,
+            self.num_partitions,
+            batches,
+            key_types=self.key_types,
         ) as (handle, _, inputs, _):
             join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
             if inputs:

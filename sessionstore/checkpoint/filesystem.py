@@ -247,6 +247,16 @@ class Storage:
             if info.type == pafs.FileType.File and not info.base_name.startswith(".")
         )
 
+    def has_files(self, rel: str = "") -> bool:
+        """Whether any file lies below ``rel``, at any depth (False if it does not
+        exist; a file at ``rel`` itself counts)."""
+        with self._naming("list", rel):
+            info = self.fs.get_file_info(self.path(rel))
+            if info.type == pafs.FileType.File:
+                return True
+            selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=True)
+            return any(i.type == pafs.FileType.File for i in self.fs.get_file_info(selector))
+
     def list_dirs(self, rel: str = "") -> list[str]:
         """Names of the directories directly below ``rel``."""
         # pyarrow's GCS listing shows no directory that is only implied by the names

@@ -7,7 +7,10 @@ Remote, under the checkpoint URI (object storage)::
       <operator>/
         _metadata                    msgpack map: format, operator_id, num_partitions,
                                      stores (their specs), checkpoint_id (the
-                                     checkpoint's identity, see provider.py)
+                                     checkpoint's identity, see provider.py),
+                                     key_types (Spark types of the key columns
+                                     the operator partitions by, see
+                                     repartition.py)
         event_time/<batch>/<partition>   int64: a partition's event time after a batch
                                      (see event_time.py); two batches are kept
         <partition>/                 a decimal partition number
@@ -55,6 +58,7 @@ __all__ = [
     "PartitionFiles",
     "METADATA",
     "CHECKPOINT_ID_FIELD",
+    "KEY_TYPES_FIELD",
     "EVENT_TIME_DIR",
     "CHANGELOG_DIR",
     "SNAPSHOT_DIR",
@@ -83,6 +87,9 @@ __all__ = [
 METADATA = "_metadata"
 #: The field of an operator's ``_metadata`` that holds the checkpoint's id.
 CHECKPOINT_ID_FIELD = "checkpoint_id"
+#: The field of an operator's ``_metadata`` that holds the Spark types of the key
+#: columns its input is hash-partitioned by, in order (``["string", "long"]``).
+KEY_TYPES_FIELD = "key_types"
 EVENT_TIME_DIR = "event_time"
 CHANGELOG_DIR = "changelog"
 SNAPSHOT_DIR = "snapshot"

@@ -52,6 +52,7 @@ from sessionstore.checkpoint.layout import (
     CHECKPOINT_ID_FIELD,
     FILES_DIR,
     IDENTITY_KEY,
+    KEY_TYPES_FIELD,
     LAST_COMMIT_KEY,
     METADATA,
     VERSION_KEY,
@@ -265,6 +266,7 @@ class StateStoreProvider:
         num_partitions: int | None = None,
         progress: Callable[[str, int, int], None] | None = None,
         commit_observer: CommitObserver | None = None,
+        key_types: list[str] | None = None,
     ) -> None:
         check_store_name(operator_id)
         if type(partition_id) is not int or partition_id < 0:
@@ -286,6 +288,9 @@ class StateStoreProvider:
         self._remote: Storage = self._operator.child(str(partition_id))
         self._files = PartitionFiles(self._remote)
         self._checkpoint_id: str | None = None
+        #: Spark types of the key columns the operator partitions by, recorded in
+        #: ``_metadata`` for a repartition (see repartition.py)
+        self._key_types = None if key_types is None else list(key_types)
         self._check_metadata(num_partitions)
         self._location = self._remote.location
         self._local = LocalPartition(local_dir, operator_id, partition_id)
@@ -321,9 +326,19 @@ class StateStoreProvider:
             "num_partitions": num_partitions,
             "stores": [s.describe() for s in self.store_specs],
         }
+        if self._key_types is not None:
+            wanted[KEY_TYPES_FIELD] = self._key_types
         try:
             recorded = self._read_metadata()
         except FileNotFoundError:
+            if self._files.latest():
+                # _metadata is written first when a checkpoint is born and last by
+                # a repartition: state without it is an unfinished copy
+                raise CheckpointMismatchError(
+                    f"{self._remote.uri} holds committed state but {self._operator.uri} has "
+                    f"no {METADATA}: an incomplete checkpoint (a repartition or a copy that "
+                    "did not finish); delete it and make it again"
+                ) from None
             # a new checkpoint: its id is born with its metadata
             self._write_id(wanted)
             return
@@ -345,8 +360,13 @@ class StateStoreProvider:
             )
         old_n = recorded.get("num_partitions")
         check_partition_count(where, old_n, num_partitions)
+        missing = {}
         if old_n is None and num_partitions is not None:
-            write_metadata(self._operator, {**recorded, "num_partitions": num_partitions})
+            missing["num_partitions"] = num_partitions
+        if recorded.get(KEY_TYPES_FIELD) is None and self._key_types is not None:
+            missing[KEY_TYPES_FIELD] = self._key_types  # checkpoints from before they were
+        if missing:
+            write_metadata(self._operator, {**recorded, **missing})
 
     def _write_id(self, metadata: dict[str, Any]) -> None:
         """Record ``metadata`` with a new checkpoint id and take the id recorded.

@@ -51,6 +51,12 @@ class KeyValueStore(AuxMixin):
             record_store_spec(db, name, self.spec())
         db.create_column_family(self._cf)
 
+    @classmethod
+    def row_key(cls, family: str, raw: bytes) -> bytes:
+        """The encoded user key of a raw row of ``<store>.kv``: the row key itself.
+        What a repartition routes by."""
+        return raw
+
     def spec(self) -> dict[str, Any]:
         return describe_store(self.kind, 0, 0, self.key_serde, self.value_serde)
 

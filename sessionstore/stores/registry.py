@@ -14,9 +14,16 @@ Every store class takes the same constructor arguments::
 ``layout`` holds the fields named in the class's ``layout`` attribute (a window
 store's ``window_size_ms``), which fix what its bytes mean. Its ``row_filters``
 name the time filters its ``read_rows`` takes (``from_ts``, ``to_ts``, ``as_of``).
+
+Its classmethod ``row_key(family, raw) -> bytes`` says which user key a raw row of
+its family ``<store>.<family>`` belongs to (the key's encoded bytes): a repartition
+(:mod:`sessionstore.checkpoint.repartition`) routes every row by it, so a new kind
+needs only that method to be rescaled.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sessionstore.stores.kv import KeyValueStore
 from sessionstore.stores.messages import MessageStore
@@ -24,7 +31,7 @@ from sessionstore.stores.session import SessionStore
 from sessionstore.stores.versioned import VersionedStore
 from sessionstore.stores.window import WindowStore
 
-__all__ = ["register", "store_class", "kind_names", "kinds_with"]
+__all__ = ["register", "store_class", "kind_names", "kinds_with", "row_key_of"]
 
 _KINDS: dict[str, type] = {}
 
@@ -50,6 +57,19 @@ def store_class(kind: str) -> type:
         return _KINDS[kind]
     except (KeyError, TypeError):
         raise ValueError(f"store kind must be one of {kind_names()}, got {kind!r}") from None
+
+
+def row_key_of(kind: str) -> Callable[[str, bytes], bytes]:
+    """``row_key(family, raw)`` of ``kind``: the encoded user key a raw row of the
+    store's family ``<store>.<family>`` belongs to. ``ValueError`` if the kind's class
+    has none (its rows cannot be routed to partitions)."""
+    hook = getattr(store_class(kind), "row_key", None)
+    if hook is None:
+        raise ValueError(
+            f"store kind {kind!r} does not say which key its rows belong to (row_key), "
+            "so its state cannot be repartitioned"
+        )
+    return hook
 
 
 def kind_names() -> tuple[str, ...]:

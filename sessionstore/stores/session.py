@@ -338,6 +338,13 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
     def _set_retention(self, retention_ms: int) -> None:
         self.retention_ms = _check_retention("retention_ms", retention_ms)
 
+    @classmethod
+    def row_key(cls, family: str, raw: bytes) -> bytes:
+        """The encoded user key of the raw row ``raw`` of this store's family
+        ``<store>.<family>``: a segment row is ``enc(key) ‖ end ‖ start``, an end-index
+        (``open``) row ``end ‖ start ‖ enc(key)``. What a repartition routes by."""
+        return raw[TIMES.size :] if family == "open" else raw[: -TIMES.size]
+
     # ---------------------------------------------------------------- row storage
     def _expire(self, min_visible_end: int) -> None:
         self._segments.expire_below(min_visible_end)

@@ -88,6 +88,12 @@ class VersionedStore(DBStoreMixin, TimedStore):
         if self._stream_time is not None:
             self._segments.expire_below(self._min_live())
 
+    @classmethod
+    def row_key(cls, family: str, raw: bytes) -> bytes:
+        """The encoded user key of a raw row of this store's family (``latest`` or a
+        history segment): the row key itself. What a repartition routes by."""
+        return raw
+
     def spec(self) -> dict[str, Any]:
         return describe_store(
             self.kind,

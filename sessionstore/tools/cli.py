@@ -10,6 +10,8 @@
     sessionstore verify URI [--operator OP]
     sessionstore stats URI [--operator NAME] [--last N] [--format table|json]
     sessionstore restore URI --operator OP --partition P [--version N] --to DIR
+    sessionstore repartition URI --operator OP --partitions N --to URI2 [--version V]
+                             [--key-types string,long]
 
 ``URI`` is a checkpoint root (``file://``, a path, ``s3://`` with ``--storage-option
 k=v`` or the AWS environment) or a local database directory of a job (its
@@ -486,6 +488,43 @@ def restore(uri, operator, partition, version, target, storage_options):
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
         shutil.move(LocalPartition(workdir, operator, partition).db, target)
     click.echo(f"restored {operator}/{partition} version {restored} to {target}")
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", required=True)
+@click.option("--partitions", "count", type=int, required=True, help="the new partition count")
+@click.option("--to", "target", required=True, help="a new, empty checkpoint location")
+@click.option("--version", type=int, default=None, help="default: the latest")
+@click.option(
+    "--key-types", default=None, metavar="T1,T2",
+    help="Spark types of the key columns, e.g. string,long (only for checkpoints "
+    "that do not record them)",
+)  # fmt: skip
+@storage_option
+def repartition(uri, operator, count, target, version, key_types, storage_options):
+    """Rescale an operator's checkpoint to N partitions: version V of every
+    partition, each row moved where repartition(N, *key columns) sends its key,
+    written as a new checkpoint at URI2 that a query restarted with
+    num_partitions=N continues from. URI is only read."""
+    from sessionstore.checkpoint.repartition import repartition_checkpoint
+
+    source = _checkpoint_only(_source(uri, storage_options), "repartition")
+    types = None if key_types is None else [t for t in key_types.split(",") if t.strip()]
+    with _progress() as progress:
+        done = repartition_checkpoint(
+            uri, operator, count, target, version, types, source.storage_options,
+            progress=progress,
+        )  # fmt: skip
+    click.echo(
+        f"repartitioned {operator} version {done['version']} from {done['from_partitions']} "
+        f"to {done['partitions']} partitions: {done['rows']:,} rows to {target}"
+    )
+    if done["event_time"] is None:
+        click.echo(
+            f"note: {uri} holds no shared event time after batch {done['version'] - 1}; "
+            "the restarted query's idle partitions catch up one batch later"
+        )
 
 
 _SPARK = "▁▂▃▄▅▆▇█"

@@ -1,0 +1,151 @@
+"""Rescaling on real Spark: routing against Spark's own ``repartition``, and a query
+stopped at 4 partitions, repartitioned to 7 and restarted, against an uninterrupted
+run; the Spark job against the CLI."""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from collections import Counter
+
+import pytest
+
+from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.snapshot import download_snapshot
+from sessionstore.encoding.spark_hash import partition_ids
+from sessionstore.stores.state_db import StateDB
+from spark_integration import (
+    StateBackend,
+    repartition_state,
+    sessionize,
+    temporal_join,
+    window_aggregate,
+)
+from tests.spark.streams import json_source, run_stream, write_json
+from tests.tools.test_cli import run
+
+pytestmark = pytest.mark.slow
+
+
+def _text(rng):
+    alphabet = "aZ09 -éß日本語🙂\u0000"
+    return "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 9)))
+
+
+def test_routing_matches_spark_repartition(spark):
+    from pyspark.sql import functions as F
+
+    rng = random.Random(7)
+    rows = [
+        (
+            None if i % 97 == 0 else _text(rng),
+            None if i % 89 == 0 else rng.choice([rng.randrange(-(2**63), 2**63), -i, i]),
+            None if i % 83 == 0 else rng.randrange(-(2**31), 2**31),
+        )
+        for i in range(3000)
+    ]
+    df = spark.createDataFrame(rows, "s string, l long, i int")
+    types = {"s": "string", "l": "long", "i": "integer"}
+    for cols, n in [(["s"], 7), (["l"], 13), (["i"], 5), (["s", "l"], 7), (["i", "s", "l"], 11)]:
+        got = df.repartition(n, *cols).select(*cols, F.spark_partition_id().alias("p")).collect()
+        columns = [[r[c] for r in got] for c in cols]
+        expected = partition_ids(columns, [types[c] for c in cols], n).tolist()
+        assert [r["p"] for r in got] == expected, cols
+
+
+SCHEMA = "kind string, user string, uid long, ts long, amount long, plan string"
+
+
+def _batches(seed=5, count=6):
+    rng = random.Random(seed)
+    out, t = [], 0
+    for b in range(count):
+        rows = []
+        for _ in range(60):
+            t += rng.randrange(0, 1500)
+            u = rng.randrange(12)
+            user, uid = f"ü{u}" if u % 3 else "", -(u * 7919) - 1
+            rows.append({"kind": "e", "user": user, "uid": uid, "ts": t - rng.randrange(2000),
+                         "amount": rng.randrange(9), "plan": None})  # fmt: skip
+            if rng.random() < 0.2:
+                rows.append({"kind": "t", "user": user, "uid": uid, "ts": t - 500, "amount": 0,
+                             "plan": f"p{b}"})  # fmt: skip
+        out.append(rows)
+    # Emission times depend on the partition count (a partition's stream time moves
+    # with the rows it gets), the sessions and windows do not: two far-future
+    # events close everything everywhere (the shared event time lags one batch).
+    for far in (t + 100_000, t + 100_001):
+        out.append([{"kind": "e", "user": "zz", "uid": 0, "ts": far, "amount": 0, "plan": None}])
+    return out
+
+
+def _query(spark, folder, backend, n, operator):
+    """One operator's query on the source (one query each: in a union of operators,
+    Spark numbers the tasks of the second one from n, see the report)."""
+    from pyspark.sql import functions as F
+
+    src = json_source(spark, folder, SCHEMA)
+    events = src.filter("kind = 'e'").select("user", "uid", "ts", "amount")
+    table = src.filter("kind = 't'").select("uid", F.col("ts").alias("plan_ts"), "plan")
+    common = {"backend": backend, "name": operator, "num_partitions": n}
+    if operator == "sessions":
+        return sessionize(events, ["user", "uid"], "ts", gap=3000, **common)
+    if operator == "windows":
+        return window_aggregate(events, "user", "ts", size=4000, **common)
+    return temporal_join(
+        events, table, "uid", "ts", "plan_ts", history_retention=10**9, how="left", **common
+    )
+
+
+def _contents(uri, operator, version):
+    """Every family's rows of every partition's snapshot ``version``."""
+    storage = open_filesystem(uri).child(operator)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in sorted(int(d) for d in storage.list_dirs() if d.isdigit()):
+            path = os.path.join(tmp, str(p))
+            download_snapshot(storage.child(str(p)), version, path)
+            db = StateDB.open(path)
+            out[p] = {cf: list(db.scan(cf)) for cf in db.column_families()}
+            db.close()
+    return out
+
+
+@pytest.mark.parametrize("operator", ["sessions", "windows", "join"])
+def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, operator):
+    batches = _batches()
+
+    def steps(folder, part):
+        return [
+            (lambda i=i, rows=rows: write_json(folder, i, rows))
+            for i, rows in enumerate(batches)
+            if i in part
+        ]
+
+    whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
+    query = _query(spark, tmp_path / "in1", whole, 4, operator)
+    expected = run_stream(query, tmp_path / "ck1", steps(tmp_path / "in1", range(8)))
+    assert len(expected) > 20
+
+    first = StateBackend(f"file://{tmp_path}/four", local_dir=str(tmp_path / "l2"))
+    query = _query(spark, tmp_path / "in2", first, 4, operator)
+    got = run_stream(query, tmp_path / "ck2", steps(tmp_path / "in2", range(3)))
+    seven = f"file://{tmp_path}/seven"
+    out = run("repartition", first.checkpoint_uri, "--operator", operator,
+              "--partitions", "7", "--to", seven)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"repartitioned {operator} version 3 from 4 to 7 partitions" in out.stdout
+    if operator == "sessions":  # the Spark job writes the same databases as the CLI
+        by_spark = f"file://{tmp_path}/seven-spark"
+        done = repartition_state(spark, first.checkpoint_uri, operator, 7, by_spark)
+        assert (done["version"], done["partitions"]) == (3, 7)
+        # meta entries included (SST files differ: see docs/rescale.md)
+        assert _contents(by_spark, operator, 3) == _contents(seven, operator, 3)
+
+    rescaled = StateBackend(seven, local_dir=str(tmp_path / "l3"))
+    query = _query(spark, tmp_path / "in2", rescaled, 7, operator)
+    got += run_stream(query, tmp_path / "ck2", steps(tmp_path / "in2", range(3, 8)))
+    missing = Counter(map(str, expected)) - Counter(map(str, got))
+    extra = Counter(map(str, got)) - Counter(map(str, expected))
+    assert (missing, extra) == (Counter(), Counter())
