@@ -101,7 +101,7 @@ def partition_state(
     key = repr((
         backend.checkpoint_uri, local_dir, backend.snapshot_interval, backend.retain_versions,
         sorted(backend.storage_options.items()), name, info.partition, num_partitions,
-        [spec.describe() for spec in specs], backend.commit_observer,
+        [spec.describe() for spec in specs], backend.commit_observer, backend.memory_max_mb,
     ))  # fmt: skip
 
     def make() -> StateStoreProvider:
@@ -116,6 +116,7 @@ def partition_state(
             storage_options=backend.storage_options,
             num_partitions=num_partitions,
             commit_observer=backend.commit_observer,
+            memory_max_mb=backend.memory_max_mb,
         )
 
     service = StoreService.instance()
