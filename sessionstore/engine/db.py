@@ -357,9 +357,9 @@ class Database:
         so overwrites may be counted)."""
         return self._rdict_cf(name).property_int_value("rocksdb.estimate-num-keys") or 0
 
-    def flush_memtables(self, wait: bool = False) -> None:
+    def flush_memtables(self, wait: bool = True) -> None:
         """Write every family's memtable to table files, freeing its memory (in the
-        background unless ``wait``). A write that leaves the process's memtables over
+        background if not ``wait``). A write that leaves the process's memtables over
         their share of the budget calls it (see :mod:`sessionstore.engine.memory`)."""
         for name in self._families:
             self._rdict_cf(name).flush(wait)
@@ -492,7 +492,9 @@ class Database:
                     deque(map(put, entries.keys(), entries.values()), 0)
             self._db().write(wb, self._write_options)
             if self._budget.memtables_over_share():
-                self.flush_memtables()
+                # waits: a background flush would leave the memory charged a while,
+                # and every write meanwhile would flush its writer too
+                self.flush_memtables(wait=True)
         for cf in buf.dropped:
             if cf in self._families:
                 self._drop_now(cf)
