@@ -10,12 +10,13 @@ from typing import Any
 
 from sessionstore.checkpoint.filesystem import redact
 from sessionstore.checkpoint.provider import CommitObserver
+from sessionstore.engine.memory import check_memory_max_mb
 
 __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
 
 CONF_PREFIX = "spark.sessionstore."
 #: Every key ``StateBackend.from_conf`` reads (besides ``storage.<option>``).
-CONF_KEYS = ("checkpointUri", "localDir", "snapshotInterval", "retainVersions")
+CONF_KEYS = ("checkpointUri", "localDir", "snapshotInterval", "retainVersions", "memory.maxMB")
 STORAGE_PREFIX = CONF_PREFIX + "storage."
 
 
@@ -28,7 +29,10 @@ class StateBackend:
     their RocksDB databases (default: ``<tmp>/sessionstore-local/<hash of the
     checkpoint URI>``). A local database records which checkpoint it belongs to, so
     queries that share a ``local_dir`` never read each other's state.
-    ``commit_observer``: called in the executors at each step of every commit (see
+    ``memory_max_mb``: the RocksDB memory budget of each Python worker, in MiB: one
+    block cache and one write-buffer manager shared by every partition database the
+    worker holds (default 256; see docs/internals.md, "Memory", for the arithmetic
+    per executor). ``commit_observer``: called in the executors at each step of every commit (see
     :data:`~sessionstore.checkpoint.provider.CommitObserver`), for metrics, tracing
     or fault injection; it travels to them pickled with the backend, so give a
     picklable object with a stable ``repr`` (warm providers are kept per setting).
@@ -40,6 +44,7 @@ class StateBackend:
     retain_versions: int = 100
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
     commit_observer: CommitObserver | None = None
+    memory_max_mb: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_uri, str) or not self.checkpoint_uri:
@@ -50,12 +55,13 @@ class StateBackend:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_memory_max_mb(self.memory_max_mb)
 
     def __repr__(self) -> str:
         return (
             f"StateBackend({self.checkpoint_uri!r}, local_dir={self.local_dir!r}, "
             f"snapshot_interval={self.snapshot_interval}, retain_versions={self.retain_versions}, "
-            f"storage_options={redact(self.storage_options)})"
+            f"memory_max_mb={self.memory_max_mb}, storage_options={redact(self.storage_options)})"
         )
 
     @property
@@ -72,7 +78,7 @@ class StateBackend:
         """Build from ``spark.sessionstore.*`` keys of a SparkSession's conf:
 
         ``checkpointUri`` (required), ``localDir``, ``snapshotInterval``,
-        ``retainVersions`` and ``storage.<option>`` (passed to ``pyarrow.fs``, for
+        ``retainVersions``, ``memory.maxMB`` and ``storage.<option>`` (passed to ``pyarrow.fs``, for
         example ``spark.sessionstore.storage.endpoint_override``).
         """
         conf = spark.conf
@@ -91,10 +97,23 @@ class StateBackend:
             for key, value in settings.items()
             if key.startswith(STORAGE_PREFIX)
         }
+        memory = conf.get(CONF_PREFIX + "memory.maxMB", None)
         return cls(
             checkpoint_uri=uri,
             local_dir=conf.get(CONF_PREFIX + "localDir", None),
             snapshot_interval=int(conf.get(CONF_PREFIX + "snapshotInterval", "10")),
             retain_versions=int(conf.get(CONF_PREFIX + "retainVersions", "100")),
             storage_options=options,
+            memory_max_mb=None if memory is None else _positive_int("memory.maxMB", memory),
         )
+
+
+def _positive_int(key: str, value: str) -> int:
+    """``value`` of conf key ``key`` as a positive int, or a ValueError naming both."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"{CONF_PREFIX}{key} must be a positive integer (MiB), got {value!r}")
+    return number

@@ -105,6 +105,7 @@ def partition_state(
         backend.checkpoint_uri, local_dir, backend.snapshot_interval, backend.retain_versions,
         sorted(backend.storage_options.items()), name, info.partition, num_partitions,
         [spec.describe() for spec in specs], backend.commit_observer, key_types,
+        backend.memory_max_mb,
     ))  # fmt: skip
 
     def make() -> StateStoreProvider:
@@ -120,6 +121,7 @@ def partition_state(
             num_partitions=num_partitions,
             commit_observer=backend.commit_observer,
             key_types=key_types,
+            memory_max_mb=backend.memory_max_mb,
         )
 
     service = StoreService.instance()

@@ -25,8 +25,8 @@ Header metrics (format 1), per task:
 * ``uploaded_bytes``: this changelog's bytes plus the snapshot bytes uploaded
   for the partition by this process since its previous commit;
 * ``snapshot_lag``: versions since the newest snapshot that was uploaded;
-* ``memory_bytes``: native memory (block caches and memtables) of the databases
-  the process holds open;
+* ``memory_bytes``: native memory of the databases the process holds open: the
+  usage of its shared block cache, which is charged with their memtables;
 * ``previous``: ``{version, prepare_ms, upload_ms, apply_ms}`` of the commit before.
 """
 

@@ -72,6 +72,7 @@ from sessionstore.checkpoint.metrics import METRICS_FORMAT, millis, snapshot_lag
 from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
 from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.engine.db import process_native_memory
+from sessionstore.engine.memory import check_memory_max_mb
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import check_store_name, is_data_family
@@ -251,7 +252,12 @@ def _with_recorded_intervals(
 
 
 class StateStoreProvider:
-    """Versioned, checkpointed stores of one operator partition."""
+    """Versioned, checkpointed stores of one operator partition.
+
+    ``memory_max_mb``: the RocksDB memory budget of this process, shared by every
+    database it opens (:mod:`sessionstore.engine.memory`); None keeps the process's
+    current budget (by default 256 MiB).
+    """
 
     def __init__(
         self,
@@ -267,8 +273,10 @@ class StateStoreProvider:
         progress: Callable[[str, int, int], None] | None = None,
         commit_observer: CommitObserver | None = None,
         key_types: list[str] | None = None,
+        memory_max_mb: int | None = None,
     ) -> None:
         check_store_name(operator_id)
+        check_memory_max_mb(memory_max_mb)
         if type(partition_id) is not int or partition_id < 0:
             raise ValueError(f"partition_id must be a non-negative int, got {partition_id!r}")
         for name, value in (
@@ -282,6 +290,7 @@ class StateStoreProvider:
         self.operator_id, self.partition_id = operator_id, partition_id
         self.store_specs = list(store_specs)
         self.snapshot_interval, self.retain_versions = snapshot_interval, retain_versions
+        self.memory_max_mb = memory_max_mb
         self.storage_options = redact(storage_options)
         root = open_filesystem(checkpoint_uri, storage_options)
         self._operator = root.child(operator_id)
@@ -468,7 +477,7 @@ class StateStoreProvider:
         """
         if self._db is None and is_database(self._db_path):
             start = time.perf_counter()
-            self._db = StateDB.open(self._db_path)
+            self._db = StateDB.open(self._db_path, memory_max_mb=self.memory_max_mb)
             self._opened_ms = millis(time.perf_counter() - start)
 
     def _load(self, version: int) -> StateDB:
@@ -526,7 +535,7 @@ class StateStoreProvider:
                 self._progress("download snapshot", 0, 1)
                 download_snapshot(self._remote, base, db_dir)
                 self._progress("download snapshot", 1, 1)
-            db = StateDB.open(db_dir)
+            db = StateDB.open(db_dir, memory_max_mb=self.memory_max_mb)
             try:
                 if committed_version(db) != base:
                     raise SessionStoreError(
@@ -552,7 +561,7 @@ class StateStoreProvider:
         os.makedirs(self._local.root, exist_ok=True)
         os.replace(db_dir, self._db_path)
         shutil.rmtree(tmp, ignore_errors=True)
-        self._db = StateDB.open(self._db_path)
+        self._db = StateDB.open(self._db_path, memory_max_mb=self.memory_max_mb)
 
     # -------------------------------------------------------------- committing
     def _commit(self, handle: StoreHandle) -> int:

@@ -151,12 +151,19 @@ def _cached_str_encoder() -> Callable[[Any], bytes]:
     return encode
 
 
+#: One cache for the process, not one per store: a Python worker holds the stores of
+#: many partitions, and a cache each kept up to ``_KEY_CACHE_SIZE`` keys alive per
+#: store (about 7 MB per store at 50k keys, outside any RocksDB budget; issue #16).
+#: Encoding a str is pure, so stores can share the results.
+_STR_ENCODER = _cached_str_encoder()
+
+
 def key_codec(
     key_serde: Any | None,
 ) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
     """Return ``(encode, decode)`` giving prefix-free, ordered key bytes for a key serde."""
     if key_serde is None or isinstance(key_serde, KeyCodecSerde):
-        return _cached_str_encoder(), decode_key
+        return _STR_ENCODER, decode_key
     dumps, loads = key_serde.dumps, key_serde.loads
 
     def encode(key: Any) -> bytes:

@@ -31,7 +31,6 @@ import msgpack
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
-    Cache,
     DBCompressionType,
     Options,
     Rdict,
@@ -40,6 +39,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from sessionstore.engine.memory import check_memory_max_mb, current_budget, memory_budget
 from sessionstore.engine.write_buffer import MISSING, WriteBuffer
 from sessionstore.errors import SessionStoreError, StateDBLockedError, StateDBPathError
 
@@ -54,15 +54,13 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()
 
 
 def process_native_memory() -> int:
-    """Native memory this process's open databases use: their block caches and
-    memtables, in bytes (what a worker's state costs outside Python's heap)."""
-    total = 0
-    for db in list(_OPEN):
-        try:
-            total += db.native_memory()
-        except Exception:  # closed by another thread meanwhile: it holds nothing now
-            continue
-    return total
+    """Native memory this process's open databases use, in bytes (what a worker's
+    state costs outside Python's heap): the shared cache's usage, which holds their
+    blocks and is charged with their memtables (:mod:`sessionstore.engine.memory`)."""
+    budget = current_budget()
+    if budget is None or not _OPEN:
+        return 0
+    return budget.usage()
 
 
 _COMPRESSION = {
@@ -85,7 +83,7 @@ class Participant(Protocol):
 
 
 def _make_options(
-    block_cache_mb: int,
+    memory_max_mb: int | None,
     bloom_bits_per_key: float,
     write_buffer_mb: int,
     compression: str,
@@ -94,7 +92,14 @@ def _make_options(
     opts = Options(raw_mode=True)
     opts.create_if_missing(create_if_missing)
     opts.create_missing_column_families(True)
+    # the per-memtable size; all memtables of the process share the budget's manager
     opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
+    # Memtables take memory in arena blocks, by default 1 MiB (write_buffer_size / 8,
+    # capped), even for a few rows: 200 partitions with 3 families each would hold
+    # 600 MiB of nearly empty memtables. Small blocks charge what is used.
+    opts.set_arena_block_size(_ARENA_BLOCK)
+    budget = memory_budget(memory_max_mb)
+    opts.set_write_buffer_manager(budget.write_buffers)
     # RocksDB opens each column family's table files with this many threads, and it
     # starts them per family even when there is nothing to open: 15 thread starts
     # per family at the default of 16. Our databases are one partition's state with
@@ -109,12 +114,19 @@ def _make_options(
             f"unknown compression {compression!r}; choose one of {sorted(_COMPRESSION)}"
         ) from None
     table = BlockBasedOptions()
-    table.set_block_cache(Cache(block_cache_mb * 1024 * 1024))
+    table.set_block_cache(budget.cache)
+    # Index and filter blocks in the shared cache, so that they count against the
+    # budget rather than grow with every table file a worker holds open; those of
+    # L0 files stay pinned (read by every lookup, and few), as Spark pins them.
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     if bloom_bits_per_key > 0:
         table.set_bloom_filter(bloom_bits_per_key, False)
     opts.set_block_based_table_factory(table)
     return opts
 
+
+_ARENA_BLOCK = 64 * 1024
 
 # How rocksdict words an operating-system error: "... (os error 17)", "IO error: ..."
 _OS_ERROR = re.compile(r"\(os error \d+\)|^IO error")
@@ -162,6 +174,7 @@ class Database:
         self._iterators: weakref.WeakSet = weakref.WeakSet()
         self._prepared: WriteBuffer | None = None
         self._write_options = WriteOptions()
+        self._budget = memory_budget()
         _OPEN.add(self)
         if META_CF not in self._families:
             if read_only:
@@ -190,7 +203,7 @@ class Database:
         cls,
         path: str | os.PathLike[str],
         *,
-        block_cache_mb: int = 64,
+        memory_max_mb: int | None = None,
         bloom_bits_per_key: float = 10,
         write_buffer_mb: int = 16,
         compression: str = "lz4",
@@ -198,15 +211,22 @@ class Database:
     ) -> Self:
         """Open (or create) the database at ``path`` with every column family it has.
 
+        Every family, those found here and those created later, gets the same
+        options: bloom filters and the process's shared block cache and write-buffer
+        manager (:mod:`sessionstore.engine.memory`). ``memory_max_mb`` sets that
+        process budget (None keeps the current one, or the default); ``write_buffer_mb``
+        is the size of one family's memtable.
+
         Raises :class:`StateDBLockedError` when another handle holds the database,
         and :class:`~sessionstore.errors.StateDBPathError` (naming the path and the
         problem) when ``path`` is a file, lies under a file, or is not writable.
         """
         path = os.fspath(path)
+        check_memory_max_mb(memory_max_mb)
         if not path:  # RocksDB would put its files in the working directory
             raise StateDBPathError(path, "the path is empty")
         opts = _make_options(
-            block_cache_mb, bloom_bits_per_key, write_buffer_mb, compression, create_if_missing
+            memory_max_mb, bloom_bits_per_key, write_buffer_mb, compression, create_if_missing
         )
         families: dict[str, Options] = {}
         exists = os.path.exists(os.path.join(path, "CURRENT"))
@@ -241,7 +261,7 @@ class Database:
         path = os.fspath(path)
         if not os.path.exists(os.path.join(path, "CURRENT")):
             raise FileNotFoundError(f"no state database at {path!r}")
-        opts = _make_options(8, 10, 4, "lz4", False)
+        opts = _make_options(None, 10, 4, "lz4", False)
         opts.set_max_open_files(-1)
         families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
         rdict = Rdict(
@@ -337,14 +357,18 @@ class Database:
         so overwrites may be counted)."""
         return self._rdict_cf(name).property_int_value("rocksdb.estimate-num-keys") or 0
 
-    def native_memory(self) -> int:
-        """Bytes of native memory this database uses: its block cache (one per
-        database, shared by its families) and the memtables of every family."""
-        db = self._db()
+    def flush_memtables(self, wait: bool = True) -> None:
+        """Write every family's memtable to table files, freeing its memory (in the
+        background if not ``wait``). A write that leaves the process's memtables over
+        their share of the budget calls it (see :mod:`sessionstore.engine.memory`)."""
+        for name in self._families:
+            self._rdict_cf(name).flush(wait)
+
+    def memtable_bytes(self) -> int:
+        """Bytes of this database's memtables, every family's (its share of what
+        the process's write-buffer manager charges to the shared cache)."""
         prop = "rocksdb.cur-size-all-mem-tables"
-        total = (db.property_int_value("rocksdb.block-cache-usage") or 0) + (
-            db.property_int_value(prop) or 0
-        )
+        total = self._db().property_int_value(prop) or 0
         for name in self._families:
             total += self._rdict_cf(name).property_int_value(prop) or 0
         return total
@@ -467,6 +491,10 @@ class Database:
                     wb.set_default_column_family(handle)
                     deque(map(put, entries.keys(), entries.values()), 0)
             self._db().write(wb, self._write_options)
+            if self._budget.memtables_over_share():
+                # waits: a background flush would leave the memory charged a while,
+                # and every write meanwhile would flush its writer too
+                self.flush_memtables(wait=True)
         for cf in buf.dropped:
             if cf in self._families:
                 self._drop_now(cf)

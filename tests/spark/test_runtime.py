@@ -262,3 +262,23 @@ def test_operator_stores_get_hour_long_segments_unless_their_spec_names_one(tmp_
         assert handle["open"].segment_interval_ms == 3_600_000
         assert handle["named"].segment_interval_ms == 60_000
         assert [s.segment_interval_ms for s in provider.store_specs] == [3_600_000, 60_000]
+
+
+def test_a_task_opens_its_database_with_the_backends_memory_budget(tmp_path):
+    from sessionstore.engine.memory import DEFAULT_MEMORY_MAX_MB, memory_budget
+    from spark_integration import StateBackend
+
+    backend = StateBackend(
+        f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"), memory_max_mb=72
+    )
+    try:
+
+        def body(store, inputs):
+            capacity = store._db._rdict_cf("meta").property_int_value(
+                "rocksdb.block-cache-capacity"
+            )
+            return capacity, memory_budget().max_mb
+
+        assert _take_state(backend, 0, iter(()), body) == (72 * 2**20, 72)
+    finally:
+        memory_budget(DEFAULT_MEMORY_MAX_MB)

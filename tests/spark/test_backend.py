@@ -1,0 +1,43 @@
+"""StateBackend.from_conf reads the memory budget with the other keys (no Spark
+session needed), and the budget travels to the executors with the backend."""
+
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from spark_integration.backend import StateBackend
+
+
+def fake_spark(conf: dict[str, str]) -> SimpleNamespace:
+    return SimpleNamespace(
+        conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default), getAll=conf),
+        sparkContext=SimpleNamespace(getConf=lambda: SimpleNamespace(getAll=lambda: [])),
+    )
+
+
+def test_memory_max_mb_is_read_from_conf_and_travels_with_the_backend():
+    conf = {"spark.sessionstore.checkpointUri": "file:///tmp/ck"}
+    assert StateBackend.from_conf(fake_spark(conf)).memory_max_mb is None  # the default
+    backend = StateBackend.from_conf(fake_spark({**conf, "spark.sessionstore.memory.maxMB": "96"}))
+    assert backend.memory_max_mb == 96
+    assert "memory_max_mb=96" in repr(backend)
+    assert pickle.loads(pickle.dumps(backend)).memory_max_mb == 96
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "lots", "1.5"])
+def test_bad_memory_conf_names_the_key_and_value(bad):
+    conf = {
+        "spark.sessionstore.checkpointUri": "file:///tmp/ck",
+        "spark.sessionstore.memory.maxMB": bad,
+    }
+    with pytest.raises(ValueError, match=rf"spark\.sessionstore\.memory\.maxMB .*{bad!r}"):
+        StateBackend.from_conf(fake_spark(conf))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "64"])
+def test_bad_memory_max_mb_is_refused(bad):
+    with pytest.raises(ValueError, match=rf"memory_max_mb must be a positive int.*{bad!r}"):
+        StateBackend("file:///tmp/ck", memory_max_mb=bad)
