@@ -92,6 +92,18 @@ def partition_state(
     """
     from sessionstore.checkpoint.store_service import StoreService
 
+    if info.partition >= num_partitions:
+        # Spark numbers the tasks of a stage, not of the operator's shuffle: in a
+        # union, a later child's tasks are numbered after the earlier children's, so
+        # the task id is no longer the state partition (and a wrong one would mix
+        # two partitions' state). Refuse before any state is touched.
+        raise RuntimeError(
+            f"sessionstore operator {name!r}: this task is partition {info.partition} of "
+            f"its stage but the operator has {num_partitions} partitions; its output was "
+            "combined with other data in one stage (for example by union), which Spark "
+            "numbers as one. Run each sessionstore operator as its own query, or write "
+            "the union's inputs out separately"
+        )
     specs = [
         spec
         if spec.segment_interval_ms is not None

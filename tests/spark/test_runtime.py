@@ -282,3 +282,20 @@ def test_a_task_opens_its_database_with_the_backends_memory_budget(tmp_path):
         assert _take_state(backend, 0, iter(()), body) == (72 * 2**20, 72)
     finally:
         memory_budget(DEFAULT_MEMORY_MAX_MB)
+
+
+def test_a_task_numbered_beyond_the_operators_partitions_is_refused_before_any_state(tmp_path):
+    """In a union Spark numbers a later child's tasks after the earlier children's:
+    task 5 of a 4-partition operator must not open (or create) partition 5."""
+    import pytest
+
+    from sessionstore import StoreSpec
+    from spark_integration import StateBackend
+    from spark_integration.runtime import TaskInfo, partition_state
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    specs = [StoreSpec("open", "session", 120_001)]
+    with pytest.raises(RuntimeError, match=r"partition 5 of its stage but the operator has 4"):
+        with partition_state(backend, "op", TaskInfo(5, 0, 0), specs, 4):
+            pass
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "local").exists()
