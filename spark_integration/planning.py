@@ -3,8 +3,9 @@ derives from its input DataFrames before any task runs.
 
 Input columns are checked with clear errors, the event time becomes epoch
 milliseconds, the grace period defaults to the watermark delay, two inputs are
-unioned into one tagged input (:func:`tagged_union`), and the backend and partition
-count come from the session's conf when not given. Tasks read the columns named
+unioned into one tagged input (:func:`tagged_union`), the backend and partition
+count come from the session's conf when not given, and an event-time operator is
+registered with the driver's coordinator (:func:`event_time_coordinator`). Tasks read the columns named
 here (:data:`SIDE`, :data:`TS`).
 """
 
@@ -19,6 +20,7 @@ from spark_integration.local import UNIX_SOCKET_CONF
 
 __all__ = [
     "resolve",
+    "event_time_coordinator",
     "warn_tcp_workers",
     "checked_fields",
     "time_column",
@@ -95,6 +97,17 @@ def resolve(
     backend = backend or StateBackend.from_conf(spark)
     warn_tcp_workers(spark)
     return backend, num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+def event_time_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
+    """The address of this driver's event-time coordinator for operator ``name``
+    (started on first use, see :mod:`spark_integration.coordinator`), for its
+    tasks; None when it is turned off or cannot listen."""
+    from spark_integration.coordinator import coordinator_for
+
+    return coordinator_for(
+        df.sparkSession, backend.checkpoint_uri, name, num_partitions, backend.storage_options
+    )
 
 
 _warned_tcp = False

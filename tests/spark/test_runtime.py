@@ -69,17 +69,21 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
         provider = StateStoreProvider(
             f"file://{tmp_path}/ck", name, 0, [StoreSpec("s", "session", 6_001)], tmp_path / name
         )
-        store = provider.get_store(0)["s"]
-        return provider, SessionWindowAggregator(
-            store, SessionWindows(5_000, 1_000), aggregations=aggregation, emit="final"
+        handle = provider.get_store(0)
+        return (
+            provider,
+            handle,
+            SessionWindowAggregator(
+                handle["s"], SessionWindows(5_000, 1_000), aggregations=aggregation, emit="final"
+            ),
         )
 
-    provider, agg = aggregator("columnar")
+    provider, handle, agg = aggregator("columnar")
     updates, table = run_aggregator(
-        agg, provider, TaskInfo(0, 1, 0), [batch], keys, value_cols, None
+        agg, provider, TaskInfo(0, 1, 0), [batch], keys, value_cols, None, handle
     )
     assert updates == [] and table is not None and table.num_rows > 10
-    _, reference = aggregator("records")
+    _, _, reference = aggregator("records")
     k, times, values = columns_of(pa.Table.from_batches([batch]), keys, TS, value_cols)
     expected = reference.process_rows(k, times, values)
 
@@ -96,8 +100,11 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
     assert got.to_pylist() == pa.Table.from_batches([output.from_updates(expected)]).to_pylist()
 
 
-def _take_state(backend, batch_id, batches, body, partition=0, shared_event_time=False):
-    """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions)."""
+def _take_state(
+    backend, batch_id, batches, body, partition=0, shared_event_time=False, event_time=None
+):
+    """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions),
+    committing ``event_time`` as the partition's event time if given."""
     from sessionstore import StoreSpec
     from spark_integration.runtime import TaskInfo, state_and_inputs
 
@@ -109,6 +116,8 @@ def _take_state(backend, batch_id, batches, body, partition=0, shared_event_time
         inputs,
         shared,
     ):
+        if event_time is not None:
+            handle.note_event_time(event_time)
         return body(handle["sessions"], inputs) if body else shared
 
 
@@ -207,25 +216,20 @@ def test_a_failing_input_aborts_the_taken_state_and_releases_it(tmp_path):
 def test_the_shared_event_time_is_read_on_the_helper_thread(tmp_path, monkeypatch):
     import threading
 
-    from sessionstore.checkpoint.event_time import EventTimeExchange
+    import spark_integration.runtime as runtime
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
-    for partition in (0, 1):  # batch 0 of both partitions: committed, times published
-        _take_state(backend, 0, iter(()), lambda store, inputs: None, partition)
-    from sessionstore.checkpoint.filesystem import open_filesystem
-
-    operator = open_filesystem(backend.checkpoint_uri).child("op")
-    EventTimeExchange(operator, 0).publish(0, 1_000)
-    EventTimeExchange(operator, 1).publish(0, 7_000)
+    for partition, t in ((0, 1_000), (1, 7_000)):  # batch 0: committed with its event time
+        _take_state(backend, 0, iter(()), lambda store, inputs: None, partition, event_time=t)
     readers = []
-    real = EventTimeExchange.after
+    real = runtime.event_time_after
 
-    def after(self, batch_id):
+    def after(*args):
         readers.append(threading.current_thread())
-        return real(self, batch_id)
+        return real(*args)
 
-    monkeypatch.setattr(EventTimeExchange, "after", after)
+    monkeypatch.setattr(runtime, "event_time_after", after)
     assert _take_state(backend, 1, iter(()), None, 0, shared_event_time=True) == 7_000
     assert _take_state(backend, 1, iter(()), None, 1) is None  # not asked for: not read
     assert len(readers) == 1 and readers[0] is not threading.current_thread()
@@ -235,16 +239,16 @@ def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_pa
 
     import pytest
 
-    from sessionstore.checkpoint.event_time import EventTimeExchange
+    import spark_integration.runtime as runtime
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     _take_state(backend, 0, iter(()), lambda store, inputs: store.put("a", 1, 2, "kept"))
 
-    def broken(self, batch_id):
+    def broken(*args):
         raise OSError("object storage said no")
 
-    monkeypatch.setattr(EventTimeExchange, "after", broken)
+    monkeypatch.setattr(runtime, "event_time_after", broken)
     with pytest.raises(OSError, match="object storage said no"):
         _take_state(backend, 1, iter(()), None, shared_event_time=True)
     monkeypatch.undo()
