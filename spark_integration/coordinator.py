@@ -56,6 +56,7 @@ __all__ = [
     "CoordinatorAddress",
     "Coordinator",
     "coordinator_for",
+    "driver_coordinator",
     "report",
     "ask",
     "shared_event_time",
@@ -323,6 +324,11 @@ def coordinator_for(
                 return None
         coordinator = _coordinator[1]
     return coordinator.register(checkpoint_uri, operator, num_partitions, storage_options)
+
+
+def driver_coordinator() -> Coordinator | None:
+    """This driver's coordinator, if one was started (tests, metrics)."""
+    return _coordinator[1] if _coordinator and _coordinator[0] == os.getpid() else None
 
 
 # ------------------------------------------------------------------ task side
