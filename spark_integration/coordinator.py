@@ -143,8 +143,9 @@ class _Operator:
         #: (run, batch) -> {partition: event time}; and the tasks' metrics records
         self.reports: OrderedDict[tuple[Any, int], dict[int, int | None]] = OrderedDict()
         self.metrics: dict[tuple[Any, int], dict[int, Any]] = {}
-        #: batch -> the durable answer, being read or read
-        self.durable: OrderedDict[int, Future] = OrderedDict()
+        #: (run, batch) -> the durable answer, being read or read (per run too: a
+        #: query restarted on a new Spark checkpoint rewrites the same versions)
+        self.durable: OrderedDict[tuple[Any, int], Future] = OrderedDict()
         #: where answers came from, for tests and logs
         self.stats = {"reports": 0, "answered_from_reports": 0, "durable_reads": 0}
 
@@ -174,20 +175,20 @@ class _Operator:
             if reports is not None and len(reports) >= self.num_partitions:
                 self.stats["answered_from_reports"] += 1
                 return (max_event_time(reports.values()),)
-            future = self.durable.get(batch)
+            future = self.durable.get((run, batch))
             if future is None:
                 self.stats["durable_reads"] += 1
                 future = pool.submit(durable_event_time, self.storage, batch, self.num_partitions)
                 future.add_done_callback(lambda _: wake())
-                self.durable[batch] = future
-                while len(self.durable) > KEEP_BATCHES:
+                self.durable[(run, batch)] = future
+                while len(self.durable) > KEEP_BATCHES * KEEP_RUNS:
                     self.durable.popitem(last=False)
         if not future.done():
             return None
         if future.exception() is not None:
             with self.lock:
-                if self.durable.get(batch) is future:
-                    del self.durable[batch]  # the next ask tries again
+                if self.durable.get((run, batch)) is future:
+                    del self.durable[(run, batch)]  # the next ask tries again
             raise future.exception()
         return (future.result(),)
 
@@ -300,9 +301,13 @@ def coordinator_for(
 ) -> CoordinatorAddress | None:  # fmt: skip
     """Register ``operator`` with this driver's coordinator (started on first use)
     and return its address for the tasks; None when it is turned off
-    (:data:`ENABLED_CONF`) or cannot listen (then tasks read the durable records)."""
+    (:data:`ENABLED_CONF`), cannot listen, or this process is not the driver (Spark
+    Connect); then tasks read the durable records."""
     global _coordinator
-    conf = spark.sparkContext.getConf()
+    try:
+        conf = spark.sparkContext.getConf()
+    except Exception:  # Spark Connect: this process is not the driver
+        return None
     enabled = spark.conf.get(ENABLED_CONF, conf.get(ENABLED_CONF, "true"))
     if str(enabled).strip().lower() in ("false", "0", "no"):
         return None

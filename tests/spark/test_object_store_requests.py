@@ -82,3 +82,24 @@ def test_requests_per_task_at_32_partitions_stay_within_budget(spark, tmp_path):
         .stats
     )
     assert stats["durable_reads"] == 0 and stats["answered_from_reports"] > 0, stats
+
+
+def test_without_the_coordinator_tasks_read_the_durable_records(spark, tmp_path):
+    """Turned off (or out of reach, as under Spark Connect), every task reads the
+    operator's event time from the changelog headers: the same sessions close."""
+    from spark_integration.coordinator import ENABLED_CONF
+
+    batches = generated(seed=4)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    spark.conf.set(ENABLED_CONF, "false")
+    try:
+        rows = run_query(spark, tmp_path / "in", tmp_path, "alone", backend, batches)
+    finally:
+        spark.conf.unset(ENABLED_CONF)
+    events = [(u, None, ts) for rows_ in batches for u, ts, _ in rows_ if u != "zz-close"]
+    got = sorted(
+        (r["user"], r["session_start"], r["session_end"], r["n"])
+        for r in rows
+        if r["user"] != "zz-close"
+    )
+    assert got == offline_sessions(events, GAP_MS)
