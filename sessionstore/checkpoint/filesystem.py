@@ -233,7 +233,9 @@ class Storage:
                 # 256 KB, one GET each.
                 with self.fs.open_input_file(self.path(rel)) as f:
                     size = f.size()
-                    return f.read_at(size if length is None else min(length, size), 0)
+                    wanted = size if length is None else min(length, size)
+                    # GCS answers a ranged read of nothing (an empty object) with 416
+                    return f.read_at(wanted, 0) if wanted else b""
         except OSError as exc:
             text = str(exc).lower()
             if isinstance(exc, FileNotFoundError) or "not found" in text or "no such" in text:
