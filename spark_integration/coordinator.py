@@ -197,7 +197,9 @@ class Coordinator:
     """The coordinator of this driver process (see the module doc). Use
     :func:`coordinator_for`, or construct one directly (tests)."""
 
-    def __init__(self, bind: str = "127.0.0.1", port: int = 0, advertise: str | None = None):
+    def __init__(
+        self, bind: str = "127.0.0.1", port: int = 0, advertise: str | None = None
+    ) -> None:
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -295,6 +297,17 @@ _coordinator: tuple[int, Coordinator] | None = None
 _coordinator_lock = threading.Lock()
 
 
+def _port(value: Any) -> int:
+    """:data:`PORT_CONF`'s value as a port number; ``ValueError`` naming it if not."""
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{PORT_CONF} must be a port number (0 for any), got {value!r}")
+    return port
+
+
 def coordinator_for(
     spark: Any, checkpoint_uri: str, operator: str, num_partitions: int,
     storage_options: dict[str, Any] | None = None,
@@ -318,7 +331,7 @@ def coordinator_for(
             bind = conf.get("spark.driver.bindAddress", host)
             if master.startswith("local[") or master == "local":
                 host = bind = "127.0.0.1"  # tasks run in this machine's processes
-            port = int(spark.conf.get(PORT_CONF, conf.get(PORT_CONF, "0")))
+            port = _port(spark.conf.get(PORT_CONF, conf.get(PORT_CONF, "0")))
             try:
                 _coordinator = (os.getpid(), Coordinator(bind, port, advertise=host))
             except OSError as exc:

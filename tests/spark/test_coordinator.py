@@ -160,3 +160,11 @@ def test_every_answer_equals_the_durable_records(coordinator, tmp_path_factory, 
             report(address, "r", 0, partition, t)
     known = [t for t in times if t is not None]
     assert ask(address, "r", 0) == (True, max(known) if known else None)
+
+
+def test_a_bad_port_setting_is_named():
+    with pytest.raises(ValueError, match=r"spark.sessionstore.coordinator.port .* got 'eighty'"):
+        coord._port("eighty")
+    with pytest.raises(ValueError, match=r"got '70000'"):
+        coord._port("70000")
+    assert coord._port(" 7077 ") == 7077
