@@ -101,7 +101,14 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
 
 
 def _take_state(
-    backend, batch_id, batches, body, partition=0, shared_event_time=False, event_time=None
+    backend,
+    batch_id,
+    batches,
+    body,
+    partition=0,
+    shared_event_time=False,
+    event_time=None,
+    coordinator=None,
 ):
     """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions),
     committing ``event_time`` as the partition's event time if given."""
@@ -110,7 +117,9 @@ def _take_state(
 
     specs = [StoreSpec("sessions", "session", 10**12)]
     info = TaskInfo(partition=partition, batch_id=batch_id, attempt=0)
-    with state_and_inputs(backend, "op", info, specs, 2, batches, shared_event_time) as (
+    with state_and_inputs(
+        backend, "op", info, specs, 2, batches, shared_event_time, coordinator
+    ) as (
         handle,
         _,
         inputs,
@@ -253,6 +262,48 @@ def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_pa
         _take_state(backend, 1, iter(()), None, shared_event_time=True)
     monkeypatch.undo()
     assert _retry_values(backend) == ["kept"]
+
+
+def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path, monkeypatch):
+    import pytest
+
+    import spark_integration.runtime as runtime
+    from sessionstore.checkpoint.event_time import partition_event_time
+    from sessionstore.checkpoint.filesystem import open_filesystem
+    from spark_integration import StateBackend
+    from spark_integration.coordinator import Coordinator, ask
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    operator = open_filesystem(backend.checkpoint_uri).child("op")
+    coordinator = Coordinator()
+    try:
+        address = coordinator.register(backend.checkpoint_uri, "op", 2)
+        durable_when_reported = []
+        real = runtime.report
+
+        def report(address, run, batch, partition, event_time, metrics):
+            durable_when_reported.append(partition_event_time(operator, batch, partition))
+            return real(address, run, batch, partition, event_time, metrics)
+
+        monkeypatch.setattr(runtime, "report", report)
+
+        def failing(store, inputs):
+            raise RuntimeError("the task failed before its commit")
+
+        with pytest.raises(RuntimeError):
+            _take_state(backend, 0, iter(()), failing, 0, True, 5, address)
+        assert durable_when_reported == []  # nothing committed: nothing reported
+        for partition, t in ((0, 5), (1, 11)):
+            _take_state(backend, 0, iter(()), lambda *_: None, partition, True, t, address)
+        assert durable_when_reported == [5, 11]  # the changelog said so already
+        state = coordinator.operator(address)
+        assert state.reports[(None, 0)] == {0: 5, 1: 11}
+        assert state.metrics[(None, 0)][1]["partition"] == 1  # the task's metrics record
+        assert ask(address, None, 0) == (True, 11)
+        assert _take_state(backend, 1, iter(()), None, 0, True, None, address) == 11
+        assert state.stats["durable_reads"] == 0
+    finally:
+        coordinator.stop()
 
 
 def test_operator_stores_get_hour_long_segments_unless_their_spec_names_one(tmp_path):
