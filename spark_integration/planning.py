@@ -6,7 +6,8 @@ milliseconds, the grace period defaults to the watermark delay, two inputs are
 unioned into one tagged input (:func:`tagged_union`), the backend comes from the
 session's conf when not given, and the partition count from the operator's
 checkpoint or the cluster's cores (:func:`partition_count`). Tasks read the columns
-named here (:data:`SIDE`, :data:`TS`).
+named here (:data:`SIDE`, :data:`TS`). An event-time operator is registered with
+the driver's coordinator (:func:`event_time_coordinator`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "partition_count",
     "PARTITIONS_CONF",
     "PARTITIONS_PER_CORE",
+    "event_time_coordinator",
     "warn_tcp_workers",
     "checked_fields",
     "time_column",
@@ -157,6 +159,17 @@ def partition_count(
     if configured:
         return _positive(configured, PARTITIONS_CONF)
     return PARTITIONS_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism))
+
+
+def event_time_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
+    """The address of this driver's event-time coordinator for operator ``name``
+    (started on first use, see :mod:`spark_integration.coordinator`), for its
+    tasks; None when it is turned off or cannot listen."""
+    from spark_integration.coordinator import coordinator_for
+
+    return coordinator_for(
+        df.sparkSession, backend.checkpoint_uri, name, num_partitions, backend.storage_options
+    )
 
 
 _warned_tcp = False

@@ -23,10 +23,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
+from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.metrics import millis
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.stores.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
+from spark_integration.coordinator import CoordinatorAddress, report
+from spark_integration.coordinator import shared_event_time as event_time_after
 from spark_integration.planning import TS
 
 __all__ = [
@@ -47,15 +50,23 @@ class TaskInfo:
     partition: int
     batch_id: int
     attempt: int
+    #: the streaming query's run (a restart is a new run), if the task has one
+    run: str | None = None
+
+
+#: The local property of a streaming query's tasks that names the query's run:
+#: Spark runs each micro-batch's jobs in a job group named after the run id.
+RUN_PROPERTY = "spark.jobGroup.id"
 
 
 def task_info() -> TaskInfo:
-    """Partition, micro-batch id and attempt of the running Spark task."""
+    """Partition, micro-batch id, attempt and query run of the running Spark task."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     batch = ctx.getLocalProperty("streaming.sql.batchId")
-    return TaskInfo(ctx.partitionId(), int(batch or 0), ctx.attemptNumber())
+    run = ctx.getLocalProperty(RUN_PROPERTY)
+    return TaskInfo(ctx.partitionId(), int(batch or 0), ctx.attemptNumber(), run)
 
 
 _task_metrics: dict[str, Any] | None = None
@@ -219,11 +230,16 @@ def state_and_inputs(
     num_partitions: int,
     batches: Iterator[pa.RecordBatch],
     shared_event_time: bool = False,
+    *,
     key_types: list[str] | None = None,
+    coordinator: CoordinatorAddress | None = None,
 ) -> Iterator[tuple[StoreHandle, StateStoreProvider, list[pa.RecordBatch], int | None]]:
     """:func:`partition_state`, the task's non-empty input batches, and with
     ``shared_event_time`` the operator's event time after the previous batch (see
-    :func:`run_aggregator`; else None).
+    :func:`run_aggregator`; else None): the answer of the driver's ``coordinator``
+    (:mod:`spark_integration.coordinator`), or without one the durable records.
+    Once the block's commit is durable, the task reports its event time (and its
+    metrics record) to the coordinator.
 
     The state is taken (database opened or handed over, version loaded) and the
     event time read on a helper thread while this thread receives the input from
@@ -236,10 +252,10 @@ def state_and_inputs(
     if shared_event_time:
 
         def then(entered: tuple[StoreHandle, StateStoreProvider]) -> int | None:
-            from sessionstore.checkpoint.event_time import EventTimeExchange
-
-            exchange = EventTimeExchange(entered[1].operator_storage, info.partition)
-            return exchange.after(info.batch_id - 1)
+            storage = entered[1].operator_storage
+            return event_time_after(
+                coordinator, storage, info.run, info.batch_id - 1, num_partitions
+            )
 
     state = partition_state(backend, name, info, specs, num_partitions, key_types)
     ahead = _EnteredAhead(state, then)
@@ -250,6 +266,11 @@ def state_and_inputs(
         raise
     with ahead as ((handle, provider), shared):
         yield handle, provider, inputs, shared
+    # committed: the changelog holding this event time is durable, so the report
+    # can never tell the coordinator a time the durable record does not say
+    if shared_event_time and coordinator is not None:
+        event_time = handle.header.get(EVENT_TIME_FIELD)
+        report(coordinator, info.run, info.batch_id, info.partition, event_time, _task_metrics)
 
 
 def deterministic_order(table: pa.Table, first: Sequence[str] = ()) -> pa.Table:
@@ -296,21 +317,20 @@ def run_aggregator(
     keys: list[str],
     value_cols: list[str],
     shared: int | None,
-    handle: StoreHandle | None = None,
+    handle: StoreHandle,
 ) -> tuple[list[Any], pa.Table | None]:
     """One batch of an event-time aggregator (session or window): advance to
     ``shared``, the operator's event time after the previous batch (from
     :func:`state_and_inputs`), process the rows in deterministic order (event time
-    in column ``TS``), publish this partition's event time.
+    in column ``TS``), and record this partition's event time in ``handle``'s
+    commit (the durable record the next batch's tasks advance to).
 
     Returns the updates as objects, and as a table those of the aggregator's columnar
     path (``process_table``) when the batch qualifies (else None)."""
-    from sessionstore.checkpoint.event_time import EventTimeExchange
     from sessionstore.operators.arrow_io import columns_of
 
     updates: list[Any] = []
     table_out = None
-    exchange = EventTimeExchange(provider.operator_storage, info.partition)
     if shared is not None:
         updates += agg.advance_to(shared)
     if inputs:
@@ -323,8 +343,8 @@ def run_aggregator(
                 k, times, values = columns_of(table, key, TS, value)
                 # update mode: one row per changed session or window per micro-batch
                 updates += agg.process_rows(k, times, values, net=True)
-    exchange.publish(info.batch_id, agg.stream_time)
-    if handle is not None:  # the commit's metrics: late rows and emitted rows
-        emitted = len(updates) + (0 if table_out is None else table_out.num_rows)
-        handle.note(late_dropped=agg.dropped_records, emitted=emitted)
+    handle.note_event_time(agg.stream_time)
+    # the commit's metrics: late rows and emitted rows
+    emitted = len(updates) + (0 if table_out is None else table_out.num_rows)
+    handle.note(late_dropped=agg.dropped_records, emitted=emitted)
     return updates, table_out

@@ -8,10 +8,10 @@ state after the batches before it), processes its rows, and commits version
 ``batchId + 1``. A retried or replayed batch loads the same version again, so its
 output is the same: exactly-once with idempotent or replay-tolerant sinks.
 
-Event time is shared across partitions through the checkpoint
-(:mod:`sessionstore.checkpoint.event_time`): before batch N every partition
-advances to the largest event time of batch N-1, so sessions close in partitions
-that receive no data.
+Event time is shared across partitions (:mod:`sessionstore.checkpoint.event_time`,
+through the driver's :mod:`~spark_integration.coordinator`): before batch N every
+partition advances to the largest event time of batch N-1, so sessions close in
+partitions that receive no data.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators import Aggregation, SessionWindowAggregator, SessionWindows
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
+from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
-from spark_integration.planning import grace_ms, key_types, resolve
+from spark_integration.planning import event_time_coordinator, grace_ms, key_types, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
 
 __all__ = ["sessionize", "SessionAggregation"]
@@ -74,6 +75,7 @@ def sessionize(
         out_fields.append(T.StructField("change", T.StringType()))
     out_schema = T.StructType(out_fields)
     backend, n = resolve(df, backend, num_partitions, name)
+    coordinator = event_time_coordinator(df, backend, name, n)
     task = _SessionizeTask(
         backend=backend,
         name=name,
@@ -85,6 +87,7 @@ def sessionize(
         aggregation=plan.aggregation,
         output=plan.output(out_schema),
         key_types=key_types(plan.selected, plan.keys),
+        coordinator=coordinator,
     )
     return with_state_metrics(plan.selected.repartition(n, *plan.keys), task, out_schema, name)
 
@@ -103,12 +106,18 @@ class _SessionizeTask:
     aggregation: Aggregation
     output: OperatorOutput
     key_types: list[str]
+    coordinator: CoordinatorAddress | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
         spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
         task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
-        with state_and_inputs(*task, shared_event_time=True, key_types=self.key_types) as (
+        with state_and_inputs(
+            *task,
+            shared_event_time=True,
+            key_types=self.key_types,
+            coordinator=self.coordinator,
+        ) as (
             handle,
             provider,
             inputs,

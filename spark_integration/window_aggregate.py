@@ -18,10 +18,11 @@ from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
 from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
+from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
-from spark_integration.planning import grace_ms, key_types, resolve
+from spark_integration.planning import event_time_coordinator, grace_ms, key_types, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
 
 __all__ = ["window_aggregate"]
@@ -61,6 +62,7 @@ def window_aggregate(
     plan = aggregate_input(df, key, timestamp, aggregations, "window_start", "window_end")
     out_schema = T.StructType([*plan.out_fields, T.StructField("emission", T.StringType())])
     backend, n = resolve(df, backend, num_partitions, name)
+    coordinator = event_time_coordinator(df, backend, name, n)
     task = _WindowTask(
         backend=backend,
         name=name,
@@ -72,6 +74,7 @@ def window_aggregate(
         aggregation=plan.aggregation,
         output=plan.output(out_schema),
         key_types=key_types(plan.selected, plan.keys),
+        coordinator=coordinator,
     )
     # validate the emission settings on the driver, with a clear error
     WindowAggregator.check_settings(emit, task.early_every_ms)
@@ -90,13 +93,19 @@ class _WindowTask:
     aggregation: Aggregation
     output: OperatorOutput
     key_types: list[str]
+    coordinator: CoordinatorAddress | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
         w = self.windows
         spec = StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
         task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
-        with state_and_inputs(*task, shared_event_time=True, key_types=self.key_types) as (
+        with state_and_inputs(
+            *task,
+            shared_event_time=True,
+            key_types=self.key_types,
+            coordinator=self.coordinator,
+        ) as (
             handle,
             provider,
             inputs,

@@ -67,3 +67,13 @@ def spark():
     session = local_spark("sessionstore-tests", max_failures=2, spark__sessionstore__partitions="2")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_counting_server():
+    """A moto S3 endpoint that counts the requests it receives (see
+    ``tests.object_stores.s3_request_counts``), stopped after the session."""
+    from tests.object_stores import moto_s3_server
+
+    with moto_s3_server(record=True) as options:
+        yield options

@@ -5,10 +5,16 @@ options that reach it and is killed when its block ends.
 fake-gcs-server is started here rather than through its wrapper's own class so that
 it keeps its objects in memory and never touches ``STORAGE_EMULATOR_HOST`` (the
 options point pyarrow at it explicitly).
+
+``moto_s3_server(record=True)`` counts the requests that reach the S3 server by HTTP
+method (:func:`s3_request_counts`, :func:`reset_s3_request_counts`): a small WSGI
+wrapper around moto's app in the server process. moto's own recorder would do it
+too, but it writes every request's body to a file, snapshot uploads included.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -19,7 +25,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["moto_s3_server", "new_bucket", "gcs_server", "new_gcs_bucket", "GCS_PROJECT"]
+__all__ = [
+    "moto_s3_server",
+    "s3_request_counts",
+    "reset_s3_request_counts",
+    "new_bucket",
+    "gcs_server",
+    "new_gcs_bucket",
+    "GCS_PROJECT",
+]
 
 #: Bucket creation on GCS needs a project id; the emulator accepts any.
 GCS_PROJECT = "sessionstore-test"
@@ -47,9 +61,44 @@ def _server(command: list[str], ready: Callable[[], bool], what: str) -> Iterato
         proc.wait(timeout=10)
 
 
+#: Where the counting S3 server answers with its counts (GET) and resets them
+#: (DELETE). No bucket can be named so (names start with a letter or digit).
+_COUNTS_PATH = "/_sessionstore_requests"
+
+#: The counting S3 server: moto's WSGI app behind a wrapper that counts requests by
+#: method, run as moto's own ``moto.server`` runs it (threaded werkzeug).
+_COUNTING_SERVER = f"""
+import collections, json, sys, threading
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication, MotoRequestHandler, create_backend_app,
+)
+app = DomainDispatcherApplication(create_backend_app)
+counts, lock = collections.Counter(), threading.Lock()
+
+def counting(environ, start_response):
+    if environ.get("PATH_INFO") == "{_COUNTS_PATH}":
+        with lock:
+            body = json.dumps(dict(counts)).encode()
+            if environ["REQUEST_METHOD"] == "DELETE":
+                counts.clear()
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [body]
+    with lock:
+        counts[environ["REQUEST_METHOD"]] += 1
+    return app(environ, start_response)
+
+run_simple(sys.argv[1], int(sys.argv[2]), counting, threaded=True,
+           request_handler=MotoRequestHandler)
+"""
+
+
 @contextmanager
-def moto_s3_server() -> Iterator[dict[str, Any]]:
-    """Run a moto S3 server on 127.0.0.1; yield pyarrow ``S3FileSystem`` options."""
+def moto_s3_server(record: bool = False) -> Iterator[dict[str, Any]]:
+    """Run a moto S3 server on 127.0.0.1; yield pyarrow ``S3FileSystem`` options.
+
+    With ``record``, the server counts the requests it receives by HTTP method:
+    read them with :func:`s3_request_counts` (the options identify the server)."""
     port = _free_port()
 
     def ready() -> bool:
@@ -59,7 +108,10 @@ def moto_s3_server() -> Iterator[dict[str, Any]]:
         except OSError:
             return False
 
-    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    if record:
+        command = [sys.executable, "-c", _COUNTING_SERVER, "127.0.0.1", str(port)]
+    else:
+        command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     with _server(command, ready, "the moto S3 server"):
         yield {
             "endpoint_override": f"127.0.0.1:{port}",
@@ -68,6 +120,30 @@ def moto_s3_server() -> Iterator[dict[str, Any]]:
             "secret_key": "testing",
             "region": "us-east-1",
         }
+
+
+def _counts(options: dict[str, Any], method: str) -> dict[str, int]:
+    url = f"http://{options['endpoint_override']}{_COUNTS_PATH}"
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return {k: int(v) for k, v in json.loads(resp.read()).items()}
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(
+            f"no request counts at {url}: start the server with moto_s3_server(record=True)"
+        ) from exc
+
+
+def s3_request_counts(options: dict[str, Any]) -> dict[str, int]:
+    """Requests the S3 server of ``options`` (``moto_s3_server(record=True)``) has
+    received since it started or was last reset, by HTTP method (``GET``, ``HEAD``,
+    ``PUT``, ``POST``, ``DELETE``)."""
+    return _counts(options, "GET")
+
+
+def reset_s3_request_counts(options: dict[str, Any]) -> None:
+    """Start counting the requests of :func:`s3_request_counts` from zero."""
+    _counts(options, "DELETE")
 
 
 def new_bucket(options: dict[str, Any]) -> str:

@@ -6,7 +6,8 @@ Layout (all integers big-endian)::
     partition, version, and optionally stats: per store its stream time,
     estimated key count and the rows the commit wrote and deleted, so
     ``sessionstore ls`` reads a few hundred bytes per partition instead of
-    restoring it; and metrics: the writing task's, see metrics.py)
+    restoring it; metrics: the writing task's, see metrics.py; and event_time:
+    an event-time operator's, see event_time.py)
     body
     "SSCF" ‖ record count u64 ‖ crc32 u32 of every byte before this footer
 
@@ -77,11 +78,18 @@ def encode_changelog(
     version: int,
     stats: dict[str, Any] | None = None,
     metrics: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> bytes:
-    """Serialise the writes of one commit (``stats`` and ``metrics`` go into the
-    header). ``metrics["uploaded_bytes"]`` grows by the file's own size."""
+    """Serialise the writes of one commit (``stats``, ``metrics`` and any other
+    header ``fields``, such as the operator's event time, go into the header).
+    ``metrics["uploaded_bytes"]`` grows by the file's own size."""
     pack = msgpack.Packer(use_bin_type=True).pack
-    head: dict[str, Any] = {"operator": operator, "partition": partition, "version": version}
+    head: dict[str, Any] = {
+        **(fields or {}),
+        "operator": operator,
+        "partition": partition,
+        "version": version,
+    }
     if stats is not None:
         head["stats"] = stats
     families = [[cf, list(entries), list(entries.values())] for cf, entries in buf.families.items()]

@@ -1,44 +1,101 @@
-"""Event time shared by the partitions of an operator, through the checkpoint.
+"""Event time shared by the partitions of an operator, recorded in the changelogs.
 
-Each partition records the largest event time it has seen after batch N in
-``<operator>/event_time/<N>/<partition>`` (:func:`~sessionstore.checkpoint.layout.event_time_name`). Before batch N+1, every partition reads
-the files of batch N and moves its stream time to their maximum. Sessions and
-windows therefore close in partitions that receive no data, one batch after the
-query's event time passes them, and deterministically: the files of batch N are
-fixed once batch N has run, so a replayed batch sees the same time.
+Sessions and windows must close in partitions that receive no data once the
+query's event time passes them, and a replayed batch must see the same time. So
+before batch N+1 every partition advances to the largest event time any
+partition had after batch N, and that value is fixed once batch N has run:
+
+* **The durable record** is the ``event_time`` field of the header of each
+  partition's changelog of version N+1 (:data:`EVENT_TIME_FIELD`), the largest
+  event time the partition had seen after batch N (None before any). It is
+  written by the commit itself, so it costs no request of its own and can never
+  disagree with the state it describes. (Releases before this one wrote a file
+  per partition and batch, ``event_time/<N>/<partition>``; a header without the
+  field is answered from that file, so a checkpoint written by them continues.)
+* **The fast path** is a coordinator (in Spark, on the driver) that each task
+  tells its event time once its commit is durable, and that each task of the
+  next batch asks: no object-store request per task. When the coordinator lacks
+  reports (it restarted, a report was lost) it reads the durable records once
+  per batch, :func:`durable_event_time`; a task that cannot reach it reads them
+  itself. Both paths give the same answer, the maximum of the durable records.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.layout import event_time_name
+from sessionstore.checkpoint.layout import changelog_name, event_time_name, manifest_name
 from sessionstore.encoding.ints import INT64 as _I64
+from sessionstore.errors import SessionStoreError
 
-__all__ = ["EventTimeExchange"]
+__all__ = [
+    "EVENT_TIME_FIELD",
+    "MissingEventTimeError",
+    "partition_event_time",
+    "durable_event_time",
+    "max_event_time",
+]
+
+#: The changelog header field holding a partition's event time after the batch.
+EVENT_TIME_FIELD = "event_time"
+#: Partitions read at once by :func:`durable_event_time` (I/O bound: pyarrow
+#: releases the GIL while it waits).
+READ_THREADS = 16
 
 
-class EventTimeExchange:
-    """Publish this partition's event time; read the operator's after a batch."""
+class MissingEventTimeError(SessionStoreError, LookupError):
+    """A partition has no durable record of its event time after a batch."""
 
-    def __init__(self, operator_storage: Storage, partition: int) -> None:
-        self._root = operator_storage
-        self._partition = partition
 
-    def publish(self, batch_id: int, event_time: int | None) -> None:
-        if event_time is not None:
-            self._root.write_atomic(
-                event_time_name(batch_id, self._partition), _I64.pack(event_time)
-            )
-        # the files of older batches are no longer needed
-        if batch_id >= 2:
-            self._root.delete(event_time_name(batch_id - 2, self._partition))
+def partition_event_time(operator_storage: Storage, batch_id: int, partition: int) -> int | None:
+    """The event time ``partition`` recorded after ``batch_id``: the header field of
+    its changelog of version ``batch_id + 1`` (one ranged read), or, for a changelog
+    written before the field existed, the legacy ``event_time/<batch>/<partition>``
+    file (None when that partition had none)."""
+    rel = f"{partition}/{changelog_name(batch_id + 1)}"
+    try:
+        header = read_changelog_header(operator_storage, rel, guess=2048)
+    except FileNotFoundError:
+        # a partition that starts from a snapshot of this version with no changelog
+        # (a repartitioned checkpoint) has the legacy file, or had no event time
+        try:
+            return _I64.unpack(operator_storage.read(event_time_name(batch_id, partition)))[0]
+        except FileNotFoundError:
+            if operator_storage.exists(f"{partition}/{manifest_name(batch_id + 1)}"):
+                return None
+        raise MissingEventTimeError(
+            f"{operator_storage.where(rel)} does not exist: partition {partition} has no "
+            f"record of its event time after batch {batch_id} (was the batch run, or "
+            f"the changelog pruned?)"
+        ) from None
+    if EVENT_TIME_FIELD in header:
+        value = header[EVENT_TIME_FIELD]
+        return None if value is None else int(value)
+    try:
+        return _I64.unpack(operator_storage.read(event_time_name(batch_id, partition)))[0]
+    except FileNotFoundError:
+        return None
 
-    def after(self, batch_id: int) -> int | None:
-        """The largest event time any partition had after ``batch_id`` (None if none)."""
-        if batch_id < 0:
-            return None
-        folder = event_time_name(batch_id)
-        times = [
-            _I64.unpack(self._root.read(f"{folder}/{name}"))[0] for name in self._root.list(folder)
-        ]
-        return max(times) if times else None
+
+def max_event_time(times: Any) -> int | None:
+    """The largest of ``times``, skipping None (None if none is known)."""
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
+def durable_event_time(operator_storage: Storage, batch_id: int, num_partitions: int) -> int | None:
+    """The largest event time any of the ``num_partitions`` partitions recorded
+    after ``batch_id`` (None before the first batch, or if none had any): one
+    ranged read per partition, several at once, no listing."""
+    if batch_id < 0:
+        return None
+    if num_partitions == 1:
+        return partition_event_time(operator_storage, batch_id, 0)
+    with ThreadPoolExecutor(min(READ_THREADS, num_partitions)) as pool:
+        times = pool.map(
+            lambda p: partition_event_time(operator_storage, batch_id, p), range(num_partitions)
+        )
+        return max_event_time(list(times))

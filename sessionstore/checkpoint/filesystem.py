@@ -7,7 +7,8 @@ atomic writes (a reader never sees half a file) and clear errors.
 
 S3 settings come from ``storage_options`` (``endpoint_override``, ``region``,
 ``access_key``, ``secret_key``, ``session_token``, ``scheme``, ...) or the standard
-AWS environment; GCS settings (``project_id``, ``anonymous``, ``access_token``,
+AWS environment (``allow_delayed_open`` defaults to true here: small objects are
+then one PUT each); GCS settings (``project_id``, ``anonymous``, ``access_token``,
 ``endpoint_override``, ``retry_time_limit``, ...) or Google's application default
 credentials. Options arrive as text from Spark's conf and the CLI, so
 :func:`open_filesystem` converts the ones ``pyarrow.fs`` wants typed (booleans,
@@ -127,6 +128,11 @@ def open_filesystem(uri: str, storage_options: dict[str, Any] | None = None) -> 
         return Storage(pafs.LocalFileSystem(), os.path.abspath(path), uri)
     secrets = tuple(str(v) for k, v in options.items() if _is_secret(k) and v)
     if scheme in ("s3", "s3a"):
+        # Without delayed open, pyarrow's S3 writes every object as a multipart
+        # upload: 3 requests (create, part, complete) for a changelog of a few KB.
+        # With it, an object below the part size (10 MB) is one PutObject, as
+        # atomic (apache/arrow#40557); larger ones are multipart still.
+        options.setdefault("allow_delayed_open", True)
         fs = _make(str(uri), pafs.S3FileSystem, **options)
         return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets)
     if scheme in ("gs", "gcs"):
@@ -221,11 +227,15 @@ class Storage:
         stores); ``FileNotFoundError`` names the URI when it is missing."""
         try:
             with self._naming("read", rel):
-                if length is not None:
-                    with self.fs.open_input_file(self.path(rel)) as f:
-                        return f.read_at(min(length, f.size()), 0)
-                with self.fs.open_input_stream(self.path(rel)) as f:
-                    return f.read()
+                # A random-access file learns its size first (on S3 and GCS a HEAD:
+                # pyarrow's Python API takes no FileInfo that would spare it), then
+                # reads it in one GET; an input stream reads an object in chunks of
+                # 256 KB, one GET each.
+                with self.fs.open_input_file(self.path(rel)) as f:
+                    size = f.size()
+                    wanted = size if length is None else min(length, size)
+                    # GCS answers a ranged read of nothing (an empty object) with 416
+                    return f.read_at(wanted, 0) if wanted else b""
         except OSError as exc:
             text = str(exc).lower()
             if isinstance(exc, FileNotFoundError) or "not found" in text or "no such" in text:

@@ -11,8 +11,9 @@ Remote, under the checkpoint URI (object storage)::
                                      key_types (Spark types of the key columns
                                      the operator partitions by, see
                                      repartition.py)
-        event_time/<batch>/<partition>   int64: a partition's event time after a batch
-                                     (see event_time.py); two batches are kept
+        event_time/<batch>/<partition>   int64: a partition's event time after a batch,
+                                     written by earlier releases (now in the
+                                     changelog header), still read: event_time.py
         <partition>/                 a decimal partition number
           changelog/<N>.changelog    every write of version N (see changelog.py); its
                                      upload is the commit point of version N

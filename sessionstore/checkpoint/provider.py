@@ -47,6 +47,7 @@ from typing import Any
 import msgpack
 
 from sessionstore.checkpoint.changelog import decode_changelog, encode_changelog
+from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
 from sessionstore.checkpoint.layout import (
     CHECKPOINT_ID_FIELD,
@@ -186,6 +187,14 @@ class StoreHandle:
         self._open = True
         #: what the caller tells the commit's metrics (see :meth:`note`)
         self.noted: dict[str, Any] = {"late_dropped": None, "emitted": None, "load_ms": None}
+        #: fields the commit writes into its changelog header (see :meth:`note_event_time`)
+        self.header: dict[str, Any] = {}
+
+    def note_event_time(self, event_time: int | None) -> None:
+        """Record the operator's event time after this batch (None if it has none)
+        in the commit's changelog header: the durable record the operator's other
+        partitions advance to before the next batch (see event_time.py)."""
+        self.header[EVENT_TIME_FIELD] = event_time
 
     def note(
         self,
@@ -573,7 +582,9 @@ class StateStoreProvider:
         buf = db.prepare()
         stats = store_stats(db, handle.stores, buf)
         metrics = self._metrics(handle, version, stats, previous)
-        data = encode_changelog(buf, self.operator_id, self.partition_id, version, stats, metrics)
+        data = encode_changelog(
+            buf, self.operator_id, self.partition_id, version, stats, metrics, handle.header
+        )
         self._observe("prepared", version)
         prepared = time.perf_counter()
         self._remote.write_atomic(changelog_name(version), data)

@@ -40,7 +40,7 @@ from typing import Any
 
 import msgpack
 
-from sessionstore.checkpoint.event_time import EventTimeExchange
+from sessionstore.checkpoint.event_time import MissingEventTimeError, durable_event_time
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
     CHECKPOINT_ID_FIELD,
@@ -51,6 +51,7 @@ from sessionstore.checkpoint.layout import (
     PartitionFiles,
     database_in,
     encode_version,
+    event_time_name,
     operators,
     read_metadata,
     write_metadata,
@@ -331,7 +332,7 @@ class TargetWriter:
         self.flush_rows = flush_rows
         self.rows = 0
         self._dir = os.path.join(workdir, f"target-{partition}")
-        self._db: StateDB | None = StateDB.open(database_in(self._dir), block_cache_mb=8)
+        self._db: StateDB | None = StateDB.open(database_in(self._dir))
         self._pending: dict[str, dict[bytes, bytes]] = {}
         self._buffered = 0
         self._meta: dict[bytes, bytes] = {}
@@ -418,17 +419,24 @@ class TargetWriter:
 def carry_event_time(plan: RepartitionPlan) -> int | None:
     """Copy the operator's shared event time after batch ``version - 1`` (what batch
     ``version``, the restarted query's first, reads) to the target: the largest
-    time any source partition published, written for every target partition.
-    Returns it, or None when the source has none (an operator without shared event
-    time, or a version whose files were already pruned).
+    time any source partition recorded, written for every target partition. Returns
+    it, or None when the source has none (an operator without shared event time, or
+    a version whose changelogs were already pruned).
 
-    The one place that knows how event time is exchanged (event_time.py)."""
+    The target's partitions start from snapshots, with no changelog of ``version``
+    to carry the record, so it goes in the per-partition file that
+    :func:`~sessionstore.checkpoint.event_time.partition_event_time` reads for a
+    partition without that changelog. The one place that knows how event time is
+    carried (event_time.py)."""
     batch = plan.version - 1
-    shared = EventTimeExchange(plan.source(), 0).after(batch)
+    try:
+        shared = durable_event_time(plan.source(), batch, plan.source_partitions)
+    except MissingEventTimeError:
+        return None
     if shared is not None:
         target = plan.target()
         for partition in range(plan.partitions):
-            EventTimeExchange(target, partition).publish(batch, shared)
+            target.write_atomic(event_time_name(batch, partition), INT64.pack(shared))
     return shared
 
 

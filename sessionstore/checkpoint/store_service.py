@@ -34,11 +34,9 @@ any other maintenance of that partition on this machine by the provider's lock.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import queue
-import selectors
 import socket
 import struct
 import sys
@@ -50,6 +48,7 @@ from contextlib import contextmanager
 
 from sessionstore.checkpoint.layout import owner_file
 from sessionstore.checkpoint.provider import StateStoreProvider
+from sessionstore.checkpoint.request_server import RequestServer
 from sessionstore.errors import StateDBLockedError
 
 __all__ = ["StoreService"]
@@ -94,18 +93,8 @@ class _Entry:
         self.lock = threading.Lock()  # held while a task of this process uses it
 
 
-class _Client:
-    __slots__ = ("conn", "request", "deadline", "db_path")
-
-    def __init__(self, conn: socket.socket, deadline: float) -> None:
-        self.conn = conn
-        self.request = bytearray()
-        self.deadline = deadline
-        self.db_path: str | None = None  # set once the whole request has arrived
-
-
 class _HandoverServer:
-    """Handover requests of one process, served by one thread with a selector.
+    """Handover requests of one process (a :class:`RequestServer`).
 
     Trust: the socket is reachable by every local process (an abstract socket has no
     file permissions), so a connection is served only if its peer runs as our user
@@ -122,111 +111,33 @@ class _HandoverServer:
     """
 
     def __init__(self, listener: socket.socket, release: Callable[[str], bool | None]) -> None:
-        self._listener = listener
         self._release = release
-        self._wake_r, self._wake_w = socket.socketpair()
-        for sock in (listener, self._wake_r, self._wake_w):
-            sock.setblocking(False)
-        self._selector = selectors.DefaultSelector()
-        self._clients: dict[socket.socket, _Client] = {}  # oldest first
-        self._accept_again_at: float | None = None  # accepting paused (out of fds)
-        self._paused_before = False
         self._refused = 0  # refused since the last warning
         self._refused_logged_at = -REFUSED_LOG_EVERY_S
-        #: a request waits for a task of this process to finish (read unlocked by
-        #: tasks; set before each try, so a task that ends meanwhile sees it)
-        self.waiting = False
+        self._server = RequestServer(
+            listener,
+            _parse_path,
+            self._answer,
+            name="sessionstore-handover",
+            max_request_bytes=MAX_REQUEST_BYTES,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+            answer_timeout_s=HANDOVER_TIMEOUT_S,  # the asker's patience
+            max_clients=MAX_CLIENTS,
+            retry_s=RETRY_S,
+            admit=self._same_user,
+        )
 
     def start(self) -> None:
         """Serve on a daemon thread."""
-        threading.Thread(target=self._run, name="sessionstore-handover", daemon=True).start()
+        self._server.start()
 
     def wake(self) -> None:
         """Try the waiting requests again now (a provider's lock was released)."""
-        if not self.waiting:
-            return
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:  # full: a wake-up is pending already
-            pass
+        self._server.wake()
 
-    # ------------------------------------------------------------------ loop
-    def _run(self) -> None:
-        self._selector.register(self._listener, selectors.EVENT_READ)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
-        while True:
-            try:
-                if not self._serve_once():
-                    return
-            except Exception:  # keep serving: askers would otherwise wait for minutes
-                log.warning("sessionstore: the handover server failed", exc_info=True)
-                time.sleep(0.01)
-
-    def _serve_once(self) -> bool:
-        """One round of the loop; False once the listener is gone."""
-        for key, _ in self._selector.select(self._timeout()):
-            sock = key.fileobj
-            if sock is self._listener:
-                if not self._accept():
-                    return False
-            elif sock is self._wake_r:
-                try:
-                    self._wake_r.recv(4096)
-                except OSError:
-                    pass
-            elif sock in self._clients:  # not dropped earlier in this round
-                self._read(self._clients[sock])
-        now = time.monotonic()
-        if self._accept_again_at is not None and now >= self._accept_again_at:
-            self._accept_again_at = None
-            self._selector.register(self._listener, selectors.EVENT_READ)
-        if self.waiting:
-            self._answer_waiting()
-        for client in [c for c in self._clients.values() if c.deadline <= now]:
-            self._drop(client)  # too slow to send, or its asker gave up waiting
-        return True
-
-    def _timeout(self) -> float | None:
-        times = [c.deadline for c in self._clients.values()]
-        if self._accept_again_at is not None:
-            times.append(self._accept_again_at)
-        timeout = max(0.0, min(times) - time.monotonic()) if times else None
-        if self.waiting:
-            timeout = RETRY_S if timeout is None else min(timeout, RETRY_S)
-        return timeout
-
-    def _accept(self) -> bool:
-        """Accept what is pending; False once the listener is gone."""
-        for _ in range(MAX_CLIENTS):
-            try:
-                conn, _ = self._listener.accept()
-            except BlockingIOError:
-                return True
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    if not self._paused_before:
-                        log.warning("sessionstore: handovers paused for 0.1 s at times: %s", e)
-                        self._paused_before = True
-                    self._selector.unregister(self._listener)
-                    self._accept_again_at = time.monotonic() + 0.1
-                    return True
-                if e.errno == errno.ECONNABORTED:
-                    continue
-                return False
-            if not self._same_user(conn):
-                conn.close()
-                continue
-            if len(self._clients) >= MAX_CLIENTS:
-                unsent = next((c for c in self._clients.values() if c.db_path is None), None)
-                if unsent is None:  # every slot waits for a task of ours: ask again later
-                    conn.close()
-                    continue
-                self._drop(unsent)
-            conn.setblocking(False)
-            client = self._clients[conn] = _Client(conn, time.monotonic() + REQUEST_TIMEOUT_S)
-            self._selector.register(conn, selectors.EVENT_READ)
-            self._read(client)  # an asker sends its request with the connect
-        return True
+    def _answer(self, db_path: str) -> bytes | None:
+        released = self._release(db_path)
+        return None if released is None else b"ok\n" if released else b"no\n"
 
     def _same_user(self, conn: socket.socket) -> bool:
         if not hasattr(socket, "SO_PEERCRED"):
@@ -250,53 +161,11 @@ class _HandoverServer:
             self._refused, self._refused_logged_at = 0, now
         return False
 
-    def _read(self, client: _Client) -> None:
-        try:
-            data = client.conn.recv(MAX_REQUEST_BYTES - len(client.request))
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if client.db_path is not None or not data:
-            self._drop(client)  # hung up, or sent more than one request
-            return
-        client.request += data
-        end = client.request.find(b"\n")
-        if end < 0:
-            if len(client.request) >= MAX_REQUEST_BYTES:
-                self._drop(client)  # not a database path
-            return
-        client.db_path = os.fsdecode(bytes(client.request[:end]))
-        client.request = bytearray()
-        client.deadline = time.monotonic() + HANDOVER_TIMEOUT_S  # the asker's patience
-        self._answer(client)
 
-    def _answer(self, client: _Client) -> None:
-        # set before trying, so that a task ending while we try wakes us
-        self.waiting = True
-        try:
-            released = self._release(client.db_path)
-        except Exception:  # the asker tries the lock again; the next open finds out
-            log.warning("sessionstore: a handover request failed", exc_info=True)
-            self._drop(client)
-            return
-        if released is None:
-            return
-        try:
-            client.conn.send(b"ok\n" if released else b"no\n")
-        except OSError:
-            pass
-        self._drop(client)
-
-    def _answer_waiting(self) -> None:
-        for client in [c for c in self._clients.values() if c.db_path is not None]:
-            self._answer(client)
-        self.waiting = any(c.db_path is not None for c in self._clients.values())
-
-    def _drop(self, client: _Client) -> None:
-        self._selector.unregister(client.conn)
-        del self._clients[client.conn]
-        client.conn.close()
+def _parse_path(buffer: bytearray) -> str | None:
+    """A handover request: a database path and a newline (None until it is whole)."""
+    end = buffer.find(b"\n")
+    return None if end < 0 else os.fsdecode(bytes(buffer[:end]))
 
 
 class StoreService:

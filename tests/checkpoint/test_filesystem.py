@@ -88,3 +88,24 @@ def test_errors_name_the_bucket_and_object_and_no_secret(gcs_server, tmp_path):
         ).get_store(0).commit()
     assert "gs://no-such-bucket/ckpt/op/" in str(err.value)
     assert token not in str(err.value) and token not in repr(redact(options))
+
+
+def test_s3_small_objects_take_one_put_and_whole_reads_one_get(s3_counting_server):
+    """Without ``allow_delayed_open`` pyarrow uploads every object in 3 requests
+    (multipart: create, part, complete), and reads a stream 256 KB per GET."""
+    from tests.object_stores import new_bucket, reset_s3_request_counts, s3_request_counts
+
+    options = s3_counting_server
+    storage = open_filesystem(f"s3://{new_bucket(options)}/ck", options)
+    data = bytes(range(256)) * 4096  # 1 MB
+    reset_s3_request_counts(options)
+    storage.write_atomic("op/0/changelog/1.changelog", data)
+    assert s3_request_counts(options) == {"PUT": 1}
+    reset_s3_request_counts(options)
+    assert storage.read("op/0/changelog/1.changelog") == data
+    assert s3_request_counts(options) == {"HEAD": 1, "GET": 1}
+    # the user's choice wins
+    explicit = open_filesystem(storage.uri, {**options, "allow_delayed_open": "false"})
+    reset_s3_request_counts(options)
+    explicit.write_atomic("op/0/changelog/2.changelog", b"x")
+    assert s3_request_counts(options) == {"POST": 2, "PUT": 1}

@@ -10,7 +10,7 @@ import pytest
 
 import sessionstore.checkpoint.repartition as rp
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.event_time import EventTimeExchange
+from sessionstore.checkpoint.event_time import partition_event_time
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import read_metadata
 from sessionstore.checkpoint.provider import CheckpointMismatchError
@@ -56,8 +56,8 @@ def write_source(uri, local, options=None, key_types=TYPES, versions=3, m=4):
             last = h["sessions"]
             last.put(("zz", p), 0, 1000 + p, 1)  # partition p's stream time: 1000 + p
             h["sessions"].write_aux("plan", b"same everywhere")
+            h.note_event_time(500 + 10 * v + p)  # after batch v: in the header of version v + 1
             h.commit()
-            EventTimeExchange(provider.operator_storage, p).publish(v, 500 + 10 * v + p)
         provider.do_maintenance()
         provider.close()
     return owner
@@ -100,7 +100,7 @@ def test_every_kind_moves_to_sparks_partition(source, tmp_path):
     assert metadata["stores"] == recorded["stores"]
     assert metadata["checkpoint_id"] != recorded["checkpoint_id"]
     for p in range(7):  # the shared event time of batch 2, what batch 3 reads
-        assert EventTimeExchange(open_filesystem(target).child("op"), p).after(2) == 523
+        assert partition_event_time(open_filesystem(target).child("op"), 2, p) == 523
 
 
 def test_restart_continues_at_version_v_with_min_stream_time(source, tmp_path):

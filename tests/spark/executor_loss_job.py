@@ -1,7 +1,8 @@
 """Run sessionize on local-cluster[2,1,1024] and kill an executor between batches.
 
 Usage: python executor_loss_job.py CHECKPOINT_URI STORAGE_OPTIONS_JSON WORKDIR OUT_JSON
-Prints nothing useful; writes every emitted row to OUT_JSON.
+[PARTITIONS]. Prints nothing useful; writes every emitted row to OUT_JSON, with the
+driver's event-time coordinator's counters.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
         Path(sys.argv[3]),
         sys.argv[4],
     )
+    partitions = int(sys.argv[5]) if len(sys.argv) > 5 else None
     spark = local_spark(
         "executor-loss", master="local-cluster[2,1,1024]", spark__sessionstore__partitions="2"
     )
@@ -47,6 +49,7 @@ def main() -> None:
     out = sessionize(
         json_source(spark, source, SCHEMA), key="user", timestamp="ts", gap=f"{GAP_MS} ms",
         aggregations={"n": "count", "spent": ("sum", "amount")}, backend=backend, name="loss",
+        num_partitions=partitions,
     )  # fmt: skip
     killed = []
 
@@ -67,8 +70,14 @@ def main() -> None:
     # local-cluster workers keep executor work dirs under <SPARK_HOME>/work/<app id>
     spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
     app_dir = os.path.join(spark_home, "work", spark.sparkContext.applicationId)
+    from spark_integration.coordinator import driver_coordinator
+
+    coordinator = driver_coordinator()
+    n = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    stats = coordinator.operator(coordinator.register(uri, "loss", n, options)).stats
     spark.stop()
-    Path(out_path).write_text(json.dumps({"rows": rows, "killed": killed, "app_dir": app_dir}))
+    result = {"rows": rows, "killed": killed, "app_dir": app_dir, "coordinator": stats}
+    Path(out_path).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 JOB = Path(__file__).with_name("executor_loss_job.py")
 
 
-def run_job(uri, options, tmp_path):
+def run_job(uri, options, tmp_path, partitions=None):
     out = tmp_path / "out.json"
     env = {
         **os.environ,
@@ -27,20 +27,23 @@ def run_job(uri, options, tmp_path):
         "PYSPARK_PYTHON": sys.executable,
     }
     proc = subprocess.run(
-        [sys.executable, str(JOB), uri, json.dumps(options or {}), str(tmp_path), str(out)],
+        [sys.executable, str(JOB), uri, json.dumps(options or {}), str(tmp_path), str(out)]
+        + ([str(partitions)] if partitions else []),
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("where", ["file", "s3"])
-def test_killing_an_executor_mid_stream_loses_nothing(where, tmp_path, request):
+@pytest.mark.parametrize(("where", "partitions"), [("file", None), ("s3", None), ("s3", 32)])
+def test_killing_an_executor_mid_stream_loses_nothing(where, partitions, tmp_path, request):
+    """At 32 partitions most partitions get no data, so their sessions close only
+    through the event time the driver's coordinator shares (issue #16)."""
     if where == "file":
         uri, options = f"file://{tmp_path}/state", None
     else:
         uri, options = request.getfixturevalue("s3_bucket")
-    result = run_job(uri, options, tmp_path)
+    result = run_job(uri, options, tmp_path, partitions)
     assert len(result["killed"]) == 1  # an executor really died mid-stream
     batches = generated(seed=21)
     events = [(u, None, ts) for rows in batches for u, ts, _ in rows if u != "zz-close"]
@@ -50,6 +53,8 @@ def test_killing_an_executor_mid_stream_loses_nothing(where, tmp_path, request):
         if r["user"] != "zz-close"
     )
     assert got == offline_sessions(events, GAP_MS)
+    # the tasks of both executors reached the driver's coordinator
+    assert result["coordinator"]["answered_from_reports"] > 0, result["coordinator"]
     # a partition ran on more than one executor, each with its own local directory:
     # the later one had no local copy and restored the state from object storage
     app_dir = Path(result["app_dir"])

@@ -69,17 +69,21 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
         provider = StateStoreProvider(
             f"file://{tmp_path}/ck", name, 0, [StoreSpec("s", "session", 6_001)], tmp_path / name
         )
-        store = provider.get_store(0)["s"]
-        return provider, SessionWindowAggregator(
-            store, SessionWindows(5_000, 1_000), aggregations=aggregation, emit="final"
+        handle = provider.get_store(0)
+        return (
+            provider,
+            handle,
+            SessionWindowAggregator(
+                handle["s"], SessionWindows(5_000, 1_000), aggregations=aggregation, emit="final"
+            ),
         )
 
-    provider, agg = aggregator("columnar")
+    provider, handle, agg = aggregator("columnar")
     updates, table = run_aggregator(
-        agg, provider, TaskInfo(0, 1, 0), [batch], keys, value_cols, None
+        agg, provider, TaskInfo(0, 1, 0), [batch], keys, value_cols, None, handle
     )
     assert updates == [] and table is not None and table.num_rows > 10
-    _, reference = aggregator("records")
+    _, _, reference = aggregator("records")
     k, times, values = columns_of(pa.Table.from_batches([batch]), keys, TS, value_cols)
     expected = reference.process_rows(k, times, values)
 
@@ -96,19 +100,33 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
     assert got.to_pylist() == pa.Table.from_batches([output.from_updates(expected)]).to_pylist()
 
 
-def _take_state(backend, batch_id, batches, body, partition=0, shared_event_time=False):
-    """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions)."""
+def _take_state(
+    backend,
+    batch_id,
+    batches,
+    body,
+    partition=0,
+    shared_event_time=False,
+    event_time=None,
+    coordinator=None,
+):
+    """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions),
+    committing ``event_time`` as the partition's event time if given."""
     from sessionstore import StoreSpec
     from spark_integration.runtime import TaskInfo, state_and_inputs
 
     specs = [StoreSpec("sessions", "session", 10**12)]
     info = TaskInfo(partition=partition, batch_id=batch_id, attempt=0)
-    with state_and_inputs(backend, "op", info, specs, 2, batches, shared_event_time) as (
+    with state_and_inputs(
+        backend, "op", info, specs, 2, batches, shared_event_time, coordinator=coordinator
+    ) as (
         handle,
         _,
         inputs,
         shared,
     ):
+        if event_time is not None:
+            handle.note_event_time(event_time)
         return body(handle["sessions"], inputs) if body else shared
 
 
@@ -207,25 +225,20 @@ def test_a_failing_input_aborts_the_taken_state_and_releases_it(tmp_path):
 def test_the_shared_event_time_is_read_on_the_helper_thread(tmp_path, monkeypatch):
     import threading
 
-    from sessionstore.checkpoint.event_time import EventTimeExchange
+    import spark_integration.runtime as runtime
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
-    for partition in (0, 1):  # batch 0 of both partitions: committed, times published
-        _take_state(backend, 0, iter(()), lambda store, inputs: None, partition)
-    from sessionstore.checkpoint.filesystem import open_filesystem
-
-    operator = open_filesystem(backend.checkpoint_uri).child("op")
-    EventTimeExchange(operator, 0).publish(0, 1_000)
-    EventTimeExchange(operator, 1).publish(0, 7_000)
+    for partition, t in ((0, 1_000), (1, 7_000)):  # batch 0: committed with its event time
+        _take_state(backend, 0, iter(()), lambda store, inputs: None, partition, event_time=t)
     readers = []
-    real = EventTimeExchange.after
+    real = runtime.event_time_after
 
-    def after(self, batch_id):
+    def after(*args):
         readers.append(threading.current_thread())
-        return real(self, batch_id)
+        return real(*args)
 
-    monkeypatch.setattr(EventTimeExchange, "after", after)
+    monkeypatch.setattr(runtime, "event_time_after", after)
     assert _take_state(backend, 1, iter(()), None, 0, shared_event_time=True) == 7_000
     assert _take_state(backend, 1, iter(()), None, 1) is None  # not asked for: not read
     assert len(readers) == 1 and readers[0] is not threading.current_thread()
@@ -235,20 +248,62 @@ def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_pa
 
     import pytest
 
-    from sessionstore.checkpoint.event_time import EventTimeExchange
+    import spark_integration.runtime as runtime
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     _take_state(backend, 0, iter(()), lambda store, inputs: store.put("a", 1, 2, "kept"))
 
-    def broken(self, batch_id):
+    def broken(*args):
         raise OSError("object storage said no")
 
-    monkeypatch.setattr(EventTimeExchange, "after", broken)
+    monkeypatch.setattr(runtime, "event_time_after", broken)
     with pytest.raises(OSError, match="object storage said no"):
         _take_state(backend, 1, iter(()), None, shared_event_time=True)
     monkeypatch.undo()
     assert _retry_values(backend) == ["kept"]
+
+
+def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path, monkeypatch):
+    import pytest
+
+    import spark_integration.runtime as runtime
+    from sessionstore.checkpoint.event_time import partition_event_time
+    from sessionstore.checkpoint.filesystem import open_filesystem
+    from spark_integration import StateBackend
+    from spark_integration.coordinator import Coordinator, ask
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    operator = open_filesystem(backend.checkpoint_uri).child("op")
+    coordinator = Coordinator()
+    try:
+        address = coordinator.register(backend.checkpoint_uri, "op", 2)
+        durable_when_reported = []
+        real = runtime.report
+
+        def report(address, run, batch, partition, event_time, metrics):
+            durable_when_reported.append(partition_event_time(operator, batch, partition))
+            return real(address, run, batch, partition, event_time, metrics)
+
+        monkeypatch.setattr(runtime, "report", report)
+
+        def failing(store, inputs):
+            raise RuntimeError("the task failed before its commit")
+
+        with pytest.raises(RuntimeError):
+            _take_state(backend, 0, iter(()), failing, 0, True, 5, address)
+        assert durable_when_reported == []  # nothing committed: nothing reported
+        for partition, t in ((0, 5), (1, 11)):
+            _take_state(backend, 0, iter(()), lambda *_: None, partition, True, t, address)
+        assert durable_when_reported == [5, 11]  # the changelog said so already
+        state = coordinator.operator(address)
+        assert state.reports[(None, 0)] == {0: 5, 1: 11}
+        assert state.metrics[(None, 0)][1]["partition"] == 1  # the task's metrics record
+        assert ask(address, None, 0) == (True, 11)
+        assert _take_state(backend, 1, iter(()), None, 0, True, None, address) == 11
+        assert state.stats["durable_reads"] == 0
+    finally:
+        coordinator.stop()
 
 
 def test_operator_stores_get_hour_long_segments_unless_their_spec_names_one(tmp_path):

@@ -1,0 +1,170 @@
+"""The driver's event-time coordinator: answers, fallbacks and hostile clients.
+(No Spark needed: the coordinator is a plain TCP server.)"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark_integration import coordinator as coord
+from spark_integration.coordinator import Coordinator, CoordinatorAddress, ask, report
+from tests.checkpoint.test_event_time import commit_batches
+
+
+@pytest.fixture
+def coordinator():
+    c = Coordinator("127.0.0.1", 0)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reachable_again(monkeypatch):
+    """Each test starts with no coordinator marked unreachable."""
+    monkeypatch.setattr(coord, "_unreachable_until", {})
+
+
+def checkpoint(tmp_path, times_by_batch):
+    uri = f"file://{tmp_path}/remote"
+    commit_batches(uri, tmp_path / "local", times_by_batch)
+    return uri
+
+
+def test_it_answers_from_the_reports_of_every_partition(coordinator, tmp_path):
+    uri = checkpoint(tmp_path, [[4, 9, None]])
+    address = coordinator.register(uri, "op", 3)
+    for partition, t in enumerate([4, 9, None]):
+        assert report(address, "run-1", 0, partition, t, {"rows_total": partition})
+    assert ask(address, "run-1", 0) == (True, 9)
+    assert ask(address, "run-1", -1) == (True, None)  # before the first batch
+    state = coordinator.operator(address)
+    assert state.stats == {"reports": 3, "answered_from_reports": 1, "durable_reads": 0}
+    assert coordinator.metrics(address, 0, "run-1") == {
+        0: {"rows_total": 0}, 1: {"rows_total": 1}, 2: {"rows_total": 2}
+    }  # fmt: skip
+
+
+def test_missing_reports_are_answered_from_the_durable_records_once(coordinator, tmp_path):
+    # partition 2, which never reports, holds the largest time: only the durable
+    # records can know it
+    uri = checkpoint(tmp_path, [[4, 9, 30]])
+    address = coordinator.register(f"{uri}/", "op", 3)  # another spelling: same operator
+    assert address == coordinator.register(uri, "op", 3)
+    report(address, "run-1", 0, 0, 4)
+    report(address, "run-1", 0, 1, 9)
+    assert ask(address, "run-1", 0) == (True, 30)
+    assert ask(address, "run-1", 0) == (True, 30)
+    assert coordinator.operator(address).stats["durable_reads"] == 1  # cached
+    # a new run of the query (a restart) never trusts the reports of another run
+    for partition, t in enumerate([4, 9, 30]):
+        report(address, "run-1", 0, partition, t)
+    assert ask(address, "run-2", 0) == (True, 30)
+    assert ask(address, "run-2", 0) == (True, 30)
+    assert coordinator.operator(address).stats["durable_reads"] == 2  # once per run
+
+
+def test_a_durable_read_that_fails_is_reported_and_tried_again(coordinator, tmp_path):
+    uri = checkpoint(tmp_path, [[4, 9]])
+    address = coordinator.register(uri, "op", 2)
+    assert ask(address, None, 5) == (False, None)  # no changelog of version 6
+    assert ask(address, None, 5) == (False, None)
+    assert coordinator.operator(address).stats["durable_reads"] == 2
+
+
+def _raw(address, payload, read=True):
+    with socket.create_connection((address.host, address.port), timeout=10) as conn:
+        try:
+            conn.sendall(payload)
+            return conn.recv(1024) if read else b""
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
+
+
+def _frame(message):
+    body = msgpack.packb(message)
+    return struct.pack(">I", len(body)) + body
+
+
+def test_a_request_without_the_token_is_dropped(coordinator, tmp_path):
+    uri = checkpoint(tmp_path, [[4, 9]])
+    address = coordinator.register(uri, "op", 2)
+    forged = CoordinatorAddress(address.host, address.port, "0" * 32)
+    assert not report(forged, None, 0, 0, 10**12)
+    assert ask(forged, None, 0) == (False, None)
+    message = {"op": "report", "run": None, "batch": 0, "partition": 1, "event_time": 10**12}
+    assert _raw(address, _frame(message)) == b""  # no token at all
+    assert coordinator.operator(address).stats["reports"] == 0
+    assert "token" not in repr(address) and address.token not in repr(address)
+    # the real token still works, and the forged reports changed nothing
+    assert ask(address, None, 0) == (True, 9)
+
+
+def test_oversized_slow_and_garbage_requests_are_dropped(coordinator, tmp_path):
+    uri = checkpoint(tmp_path, [[4, 9]])
+    address = coordinator.register(uri, "op", 2)
+    t0 = time.monotonic()
+    assert _raw(address, struct.pack(">I", 10 << 20)) == b""  # announces 10 MB
+    assert _raw(address, b"\x00\x00\x00\x05" + b"x" * 200_000) == b""  # sends more
+    assert _raw(address, struct.pack(">I", 3) + b"\xc1\xc1\xc1") == b""  # not msgpack
+    assert _raw(address, _frame([1, 2, 3])) == b""  # not a map
+    assert time.monotonic() - t0 < 2
+    with socket.create_connection((address.host, address.port), timeout=10) as conn:
+        conn.sendall(struct.pack(">I", 100) + b"\x81")  # part of a request, then silence
+        t0 = time.monotonic()
+        assert conn.recv(16) == b""
+        assert coord.REQUEST_TIMEOUT_S - 0.5 < time.monotonic() - t0 < 10
+    # a wrong partition or a non-integer time is refused, not stored
+    assert not report(address, None, 0, 2, 5)
+    assert not report(address, None, 0, 0, "late")
+    assert coordinator.operator(address).stats["reports"] == 0
+    assert ask(address, None, 0) == (True, 9)
+
+
+def test_an_unreachable_coordinator_falls_back_to_the_durable_records(tmp_path):
+    from sessionstore.checkpoint.filesystem import open_filesystem
+
+    uri = checkpoint(tmp_path, [[4, 9]])
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = CoordinatorAddress("127.0.0.1", port, "t")
+    operator = open_filesystem(uri).child("op")
+    assert coord.shared_event_time(address, operator, None, 0, 2) == 9
+    assert ("127.0.0.1", port) in coord._unreachable_until  # not tried again for a while
+    t0 = time.monotonic()
+    assert coord.shared_event_time(address, operator, None, 0, 2) == 9
+    assert time.monotonic() - t0 < 0.5
+    assert coord.shared_event_time(None, operator, None, 0, 2) == 9  # turned off
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    times=st.lists(st.one_of(st.none(), st.integers(-(2**50), 2**50)), min_size=1, max_size=5),
+    reported=st.lists(st.booleans(), min_size=5, max_size=5),
+)
+def test_every_answer_equals_the_durable_records(coordinator, tmp_path_factory, times, reported):
+    """Whatever subset of partitions reported, the answer is what the changelogs say."""
+    tmp = tmp_path_factory.mktemp("c")
+    uri = checkpoint(tmp, [times])
+    address = coordinator.register(uri, "op", len(times))
+    for partition, t in enumerate(times):
+        if reported[partition]:
+            report(address, "r", 0, partition, t)
+    known = [t for t in times if t is not None]
+    assert ask(address, "r", 0) == (True, max(known) if known else None)
+
+
+def test_a_bad_port_setting_is_named():
+    with pytest.raises(ValueError, match=r"spark.sessionstore.coordinator.port .* got 'eighty'"):
+        coord._port("eighty")
+    with pytest.raises(ValueError, match=r"got '70000'"):
+        coord._port("70000")
+    assert coord._port(" 7077 ") == 7077
