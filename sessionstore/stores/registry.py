@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from sessionstore.stores.kv import KeyValueStore
 from sessionstore.stores.messages import MessageStore
+from sessionstore.stores.processor import ProcessorStore
 from sessionstore.stores.session import SessionStore
 from sessionstore.stores.versioned import VersionedStore
 from sessionstore.stores.window import WindowStore
@@ -63,5 +64,5 @@ def kinds_with(attribute: str, item: str) -> list[str]:
     return [k for k, cls in _KINDS.items() if item in getattr(cls, attribute, ())]
 
 
-for _cls in (SessionStore, VersionedStore, WindowStore, MessageStore, KeyValueStore):
+for _cls in (SessionStore, VersionedStore, WindowStore, MessageStore, KeyValueStore, ProcessorStore):
     register(_cls)
