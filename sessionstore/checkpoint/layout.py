@@ -56,6 +56,7 @@ __all__ = [
     "METADATA",
     "CHECKPOINT_ID_FIELD",
     "EVENT_TIME_DIR",
+    "PROCESSING_TIME_DIR",
     "CHANGELOG_DIR",
     "SNAPSHOT_DIR",
     "FILES_DIR",
@@ -66,6 +67,7 @@ __all__ = [
     "manifest_name",
     "content_name",
     "event_time_name",
+    "processing_time_name",
     "operators",
     "partitions",
     "read_metadata",
@@ -84,6 +86,8 @@ METADATA = "_metadata"
 #: The field of an operator's ``_metadata`` that holds the checkpoint's id.
 CHECKPOINT_ID_FIELD = "checkpoint_id"
 EVENT_TIME_DIR = "event_time"
+#: Processing times that partitions without rows took (transform_with_state).
+PROCESSING_TIME_DIR = "processing_time"
 CHANGELOG_DIR = "changelog"
 SNAPSHOT_DIR = "snapshot"
 FILES_DIR = "files"
@@ -111,6 +115,13 @@ def event_time_name(batch_id: int, partition: int | None = None) -> str:
     when ``partition`` is None)."""
     folder = f"{EVENT_TIME_DIR}/{batch_id}"
     return folder if partition is None else f"{folder}/{partition}"
+
+
+def processing_time_name(batch_id: int, partition: int) -> str:
+    """``processing_time/<batch>/<partition>`` relative to an operator: the wall
+    clock a partition without rows used as the batch's processing time, kept so a
+    retried task uses the same."""
+    return f"{PROCESSING_TIME_DIR}/{batch_id}/{partition}"
 
 
 def operators(root: Storage) -> list[str]:
