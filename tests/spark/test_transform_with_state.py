@@ -3,6 +3,9 @@ classes give the same output under Spark's transformWithState(InPandas) and ours
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from spark_integration import StateBackend, transform_with_state, transform_with_state_in_pandas
@@ -27,7 +30,11 @@ def rocksdb_provider(spark):
     spark.conf.set(PROVIDER, before)
 
 
-def _run(out, checkpoint, steps, mode="update"):
+def _run(out, checkpoint, steps, mode="update", endless=False):
+    """Run each step and let the query process it; ``endless`` for Spark's
+    ProcessingTime mode, whose query always runs another batch, so that
+    ``processAllAvailable`` never returns: wait until the step's file is processed
+    and two more batches (the ones without data that fire timers) are done."""
     rows = []
     query = (
         out.writeStream.outputMode(mode)
@@ -36,12 +43,31 @@ def _run(out, checkpoint, steps, mode="update"):
         .start()
     )
     try:
-        for step in steps:
+        for i, step in enumerate(steps):
             step()
-            query.processAllAvailable()
+            if endless:
+                _await_file(query, i)
+            else:
+                query.processAllAvailable()
     finally:
         query.stop()
     return rows
+
+
+def _await_file(query, index, timeout=120):
+    deadline = time.monotonic() + timeout
+    done_at = None
+    while time.monotonic() < deadline:
+        progress = query.lastProgress
+        if progress is not None:
+            end = progress["sources"][0]["endOffset"]  # JSON text
+            end = json.loads(end) if isinstance(end, str) else end
+            if done_at is None and end and end.get("logOffset", -1) >= index:
+                done_at = progress["batchId"]
+            if done_at is not None and progress["batchId"] >= done_at + 2:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the query did not process file {index} in {timeout} s")
 
 
 def _sparks(df, api, processor, schema, time_mode="None", initial=None):
@@ -147,7 +173,7 @@ def test_processing_time_timers_and_ttl_match_spark(spark, tmp_path, api):
         src = tmp_path / f"in-{tag}"
         df = json_source(spark, src, SCHEMA)
         steps = [lambda i=i, b=b: write_json(src, i, b) for i, b in enumerate(batches)]
-        return _run(make(df), tmp_path / f"ck-{tag}", steps)
+        return _run(make(df), tmp_path / f"ck-{tag}", steps, endless=tag.startswith("spark"))
 
     for processor, schema in ((expiry, P.TIMER_SCHEMA), (tracker, P.OUT_SCHEMA)):
         name = type(processor).__name__
