@@ -390,7 +390,10 @@ def test_session_and_versioned_state_per_key(db):
     runner = ProcessorRunner(Extra(), handle)
     with db.batch():
         out = runner.run_batch(
-            [(("a",), None, lambda: iter([(10, 1.5), (20, 2.5)])), (("b",), None, lambda: iter([(12, 9.0)]))],
+            [
+                (("a",), None, lambda: iter([(10, 1.5), (20, 2.5)])),
+                (("b",), None, lambda: iter([(12, 9.0)])),
+            ],
             BatchTimes(),
         ).outputs
     assert out == [
@@ -398,3 +401,30 @@ def test_session_and_versioned_state_per_key(db):
         (("b",), [(12, 17, {"n": 1})], 9.0, 9.0),
     ]
     assert handle.extra_stores == {"sessions": ("session", 1000), "prices": ("versioned", 1000)}
+
+
+def test_initial_state_comes_first_and_keys_without_rows_get_it_too(db):
+    class Seeded:
+        def init(self, handle):
+            self.v = handle.getValueState("v", "n long")
+
+        def handleInitialState(self, key, initial, tv):
+            self.v.update(((self.v.get() or (0,))[0] + initial,))
+
+        def handleInputRows(self, key, rows, tv):
+            n = (self.v.get() or (0,))[0] + sum(rows)
+            self.v.update((n,))
+            yield (key, n)
+
+    store = db.processor_store("proc")
+    runner = ProcessorRunner(Seeded(), ProcessorHandle(store))
+    with db.batch():
+        out = runner.run_batch(
+            [(("b",), None, lambda: iter([1, 2]))],
+            BatchTimes(),
+            initial={("a",): [10], ("b",): [100, 1000], ("c",): [5]},
+        ).outputs
+    assert out == [(("b",), 1103)]
+    assert {r["key"]: r["value"][0] for r in store.read_rows()} == {
+        "a": (10,), "b": (1103,), "c": (5,)
+    }  # fmt: skip

@@ -94,9 +94,13 @@ class ProcessorRunner:
         handle_initial = getattr(proc, "handleInitialState", None)
         if initial:
             # keys that only have initial state join the batch's keys, in key order
-            store = handle._store
-            pending = {store.encode_key(handle._store_key(k)): k for k in initial}
-            groups = _merge_keys(groups, pending)
+            encode = handle._store.encode_key
+            pending = {encode(handle._store_key(k)): k for k in initial}
+            groups = _merge_keys(
+                ((k, encode(handle._store_key(k)) if kb is None else kb, rows)
+                 for k, kb, rows in groups),
+                pending,
+            )  # fmt: skip
         for key, key_bytes, rows in groups:
             handle.begin_key(key, key_bytes)
             for item in initial.pop(key, ()):
@@ -148,7 +152,7 @@ def _merge_keys(
     pending: dict[bytes, tuple],
 ) -> Iterable[tuple[tuple, bytes, Callable[[], Any] | None]]:
     """``groups`` with the keys of ``pending`` (encoded key -> key) that have no
-    rows added, in encoded-key order (``groups`` must carry encoded keys)."""
+    rows added, in encoded-key order (``groups`` carry their encoded keys)."""
     extra = sorted(pending.items())
     i = 0
     for key, key_bytes, rows in groups:
