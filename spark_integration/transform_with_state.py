@@ -120,7 +120,11 @@ def parse_schema(schema: Any) -> Any:
         try:
             parsed = _parse_datatype_string(schema)
         except Exception as e:  # ParseException and friends
-            raise PySparkRuntimeError(f"Error parsing string schema: {e}") from None
+            # the parser's first line names the problem (then it draws the SQL)
+            reason = next((line for line in str(e).splitlines() if line.strip()), str(e))
+            raise PySparkRuntimeError(
+                f"Error parsing string schema: {reason.strip()} (schema {schema!r})"
+            ) from None
         if not isinstance(parsed, StructType):
             raise PySparkRuntimeError(
                 f"Error parsing string schema: {schema!r} is not a struct type"
