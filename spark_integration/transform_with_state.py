@@ -419,16 +419,19 @@ class _ProcessorTask:
                 return table
             frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
             return pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
-        columns: dict[str, list[Any]] = {n: [] for n in schema.names}
+        names = schema.names
+        tuples = []
         for row in outputs:
-            if hasattr(row, "asDict"):
+            fields = getattr(row, "__fields__", None)
+            if fields is None or fields == names:  # by position: a plain tuple, or in order
+                tuples.append(row)
+            else:  # Spark reads a Row by field name
                 d = row.asDict(True)
-                for n, values in columns.items():
-                    values.append(d.get(n))
-            else:  # a plain tuple: by position
-                for values, v in zip(columns.values(), row, strict=True):
-                    values.append(v)
-        return pa.Table.from_pydict(columns, schema=schema)
+                tuples.append(tuple(d.get(n) for n in names))
+        columns = [list(c) for c in zip(*tuples, strict=True)] or [[] for _ in names]
+        return pa.Table.from_arrays(
+            [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+        )
 
 
 def _group_bounds(keys: list[Any]) -> list[tuple[int, int]]:

@@ -273,14 +273,21 @@ class MapState(_Variable):
         """Whether the map has a (live) entry."""
         return bool(self._map())
 
+    def _entry(self, key: tuple) -> tuple | None:
+        """The live ``(value, expiry)`` of one user key: a dict look-up, not a
+        filtered copy of the map (dedup maps ask this per event)."""
+        entries = self._payload()
+        item = None if entries is None else entries.get(self._user_key(key))
+        return item if item is not None and self._live(item[1]) else None
+
     def getValue(self, key: tuple) -> tuple | None:  # noqa: N802 - PySpark's name
         """The value of user key ``key``, or None."""
-        item = self._map().get(self._user_key(key))
+        item = self._entry(key)
         return None if item is None else item[0]
 
     def containsKey(self, key: tuple) -> bool:  # noqa: N802 - PySpark's name
         """Whether user key ``key`` has a (live) value."""
-        return self._user_key(key) in self._map()
+        return self._entry(key) is not None
 
     def updateValue(self, key: tuple, value: tuple) -> None:  # noqa: N802 - PySpark's name
         """Set the value of user key ``key`` (and restart its TTL)."""
