@@ -64,5 +64,12 @@ def kinds_with(attribute: str, item: str) -> list[str]:
     return [k for k, cls in _KINDS.items() if item in getattr(cls, attribute, ())]
 
 
-for _cls in (SessionStore, VersionedStore, WindowStore, MessageStore, KeyValueStore, ProcessorStore):
+for _cls in (
+    SessionStore,
+    VersionedStore,
+    WindowStore,
+    MessageStore,
+    KeyValueStore,
+    ProcessorStore,
+):
     register(_cls)
