@@ -40,7 +40,7 @@ from sessionstore.stores.base import AuxMixin, describe_store, record_store_spec
 if TYPE_CHECKING:
     from sessionstore.engine.db import Database
 
-__all__ = ["ProcessorStore", "TIMERS_VAR", "encode_time", "decode_time"]
+__all__ = ["ProcessorStore", "TIMERS_VAR", "encode_time", "decode_time", "readable"]
 
 _TIME = struct.Struct(">Q")
 _SIGN = 2**63
@@ -56,6 +56,22 @@ def encode_time(ts: int) -> bytes:
 def decode_time(raw: bytes) -> int:
     """Inverse of :func:`encode_time` for the first 8 bytes of ``raw``."""
     return _TIME.unpack_from(raw)[0] - _SIGN
+
+
+def readable(payload: Any) -> Any:
+    """A stored variable for readers, without tuples as map keys: a value state as
+    ``{"value": [...], "expires_ms": t}``, a list as a list of those, a map as a list
+    of ``{"key": [...], "value": [...], "expires_ms": t}`` (``expires_ms`` None
+    without a TTL), a key's timers as their list of times."""
+    if isinstance(payload, tuple):  # a value state: (value, expiry)
+        return {"value": list(payload[0]), "expires_ms": payload[1]}
+    if isinstance(payload, dict):  # a map state: user key -> (value, expiry)
+        return [
+            {"key": list(k), "value": list(v), "expires_ms": e} for k, (v, e) in payload.items()
+        ]
+    if isinstance(payload, list) and payload and isinstance(payload[0], tuple):
+        return [{"value": list(v), "expires_ms": e} for v, e in payload]
+    return payload  # timers: a list of ints
 
 
 class ProcessorStore(AuxMixin):
@@ -167,7 +183,8 @@ class ProcessorStore(AuxMixin):
         as_of: int | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Rows as the reader shows them, ``{key, state, value}``: one per variable
-        of each key (``state`` None for the key's timer list)."""
+        of each key (``state`` None for the key's timer list), values in shapes JSON
+        and Parquet take (see :func:`readable`)."""
         if key is not None:
             lo = self._encode_key(key)
             bounds: tuple[bytes | None, bytes | None] | None = (lo, prefix_upper_bound(lo))
@@ -182,5 +199,5 @@ class ProcessorStore(AuxMixin):
             yield {
                 "key": decode_key(raw[:n]),
                 "state": None if variable == 0 else variable,
-                "value": loads(value),
+                "value": readable(loads(value)),
             }

@@ -425,6 +425,6 @@ def test_initial_state_comes_first_and_keys_without_rows_get_it_too(db):
             initial={("a",): [10], ("b",): [100, 1000], ("c",): [5]},
         ).outputs
     assert out == [(("b",), 1103)]
-    assert {r["key"]: r["value"][0] for r in store.read_rows()} == {
-        "a": (10,), "b": (1103,), "c": (5,)
+    assert {r["key"]: r["value"]["value"] for r in store.read_rows()} == {
+        "a": [10], "b": [1103], "c": [5]
     }  # fmt: skip
