@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["SessionStoreError", "StoreSpecMismatchError", "StateDBLockedError", "StateDBPathError"]
+__all__ = [
+    "SessionStoreError",
+    "StoreSpecMismatchError",
+    "StateDBLockedError",
+    "StateDBPathError",
+    "StatefulProcessorError",
+]
 
 
 class SessionStoreError(Exception):
@@ -39,3 +45,16 @@ class StateDBPathError(SessionStoreError, OSError):
     def __init__(self, path: str, problem: str) -> None:
         self.path, self.problem = path, problem
         super().__init__(f"cannot open state database {path!r}: {problem}")
+
+
+class StatefulProcessorError(SessionStoreError):
+    """A StatefulProcessor misused its handle or state, or gave a bad value.
+
+    ``error_class`` is Spark's error condition for the same misuse (for example
+    ``STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE``), and
+    the message starts with it in brackets, as Spark's messages do, so code that
+    matches Spark's errors matches these."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        self.error_class = error_class
+        super().__init__(f"[{error_class}] {message}")

@@ -5,6 +5,10 @@ from spark_integration.metrics import StateMetricsListener, log_state_metrics
 from spark_integration.repartition import repartition_state
 from spark_integration.sessionize import SessionAggregation, sessionize
 from spark_integration.temporal_join import temporal_join
+from spark_integration.transform_with_state import (
+    transform_with_state,
+    transform_with_state_in_pandas,
+)
 from spark_integration.window_aggregate import window_aggregate
 from spark_integration.window_join import window_join
 
@@ -13,6 +17,8 @@ __all__ = [
     "sessionize",
     "SessionAggregation",
     "temporal_join",
+    "transform_with_state",
+    "transform_with_state_in_pandas",
     "window_aggregate",
     "window_join",
     "log_state_metrics",

@@ -192,6 +192,13 @@ class SessionStoreDataSource(DataSource):
     def schema(self) -> str:
         s = self._settings()
         kind = store_kind(open_source(s["uri"], s["storage"]), s["operator"], s["store"])
+        if kind not in _TIME_COLUMNS:
+            # a processor store mixes variables of different shapes in one store
+            raise ValueError(
+                f"the sessionstore data source does not read {kind} stores yet "
+                f"({s['store']!r}); dump them with the CLI: sessionstore dump URI "
+                f"--operator {s['operator']} --store {s['store']}"
+            )
         needs_sample = s["key_schema"] is None or s["value_schema"] is None
         sample = self._sample(s) if needs_sample else []
         columns = ["partition_id int", *self._key_columns(s, sample)]

@@ -61,6 +61,7 @@ __all__ = [
     "CHECKPOINT_ID_FIELD",
     "KEY_TYPES_FIELD",
     "EVENT_TIME_DIR",
+    "PROCESSING_TIME_DIR",
     "CHANGELOG_DIR",
     "SNAPSHOT_DIR",
     "FILES_DIR",
@@ -71,6 +72,7 @@ __all__ = [
     "manifest_name",
     "content_name",
     "event_time_name",
+    "processing_time_name",
     "operators",
     "partitions",
     "read_metadata",
@@ -92,6 +94,8 @@ CHECKPOINT_ID_FIELD = "checkpoint_id"
 #: columns its input is hash-partitioned by, in order (``["string", "long"]``).
 KEY_TYPES_FIELD = "key_types"
 EVENT_TIME_DIR = "event_time"
+#: Processing times that partitions without rows took (transform_with_state).
+PROCESSING_TIME_DIR = "processing_time"
 CHANGELOG_DIR = "changelog"
 SNAPSHOT_DIR = "snapshot"
 FILES_DIR = "files"
@@ -119,6 +123,13 @@ def event_time_name(batch_id: int, partition: int | None = None) -> str:
     when ``partition`` is None)."""
     folder = f"{EVENT_TIME_DIR}/{batch_id}"
     return folder if partition is None else f"{folder}/{partition}"
+
+
+def processing_time_name(batch_id: int, partition: int) -> str:
+    """``processing_time/<batch>/<partition>`` relative to an operator: the wall
+    clock a partition without rows used as the batch's processing time, kept so a
+    retried task uses the same."""
+    return f"{PROCESSING_TIME_DIR}/{batch_id}/{partition}"
 
 
 def operators(root: Storage) -> list[str]:

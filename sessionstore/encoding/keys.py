@@ -46,6 +46,7 @@ __all__ = [
     "TS_MAX",
     "encode_key",
     "decode_key",
+    "encoded_length",
     "prefix_upper_bound",
     "check_timestamp",
 ]
@@ -204,6 +205,12 @@ def decode_key(data: bytes) -> Any:
     if pos != len(data):
         raise ValueError(f"trailing bytes after key encoding: {data.hex()}")
     return key
+
+
+def encoded_length(data: bytes) -> int:
+    """Length of the one encoded key at the start of ``data`` (rows that put
+    more bytes after a key, such as processor state, split there)."""
+    return _decode_at(data, 0)[1]
 
 
 def prefix_upper_bound(prefix: bytes) -> bytes | None:

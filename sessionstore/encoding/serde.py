@@ -13,6 +13,7 @@ therefore stay distinct.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
@@ -27,6 +28,7 @@ __all__ = [
     "BytesSerde",
     "StringSerde",
     "KeyCodecSerde",
+    "PickleSerde",
     "key_codec",
     "serde_name",
     "serde_from_name",
@@ -96,11 +98,24 @@ class KeyCodecSerde:
         return decode_key(data)
 
 
+class PickleSerde:
+    """Python's pickle (protocol 5): any picklable value, tuples, datetimes and
+    decimals included. For state only this library writes and reads back (a
+    StatefulProcessor's state variables); never load pickles from untrusted files."""
+
+    name = "pickle"
+
+    def __init__(self) -> None:
+        self.dumps: Callable[[Any], bytes] = partial(pickle.dumps, protocol=5)
+        self.loads: Callable[[bytes], Any] = pickle.loads
+
+
 _BY_NAME: dict[str, Callable[[], Any]] = {
     "msgpack": MsgpackSerde,
     "bytes": BytesSerde,
     "str": StringSerde,
     "keycodec": KeyCodecSerde,
+    "pickle": PickleSerde,
 }
 
 

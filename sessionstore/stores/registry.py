@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from sessionstore.stores.kv import KeyValueStore
 from sessionstore.stores.messages import MessageStore
+from sessionstore.stores.processor import ProcessorStore
 from sessionstore.stores.session import SessionStore
 from sessionstore.stores.versioned import VersionedStore
 from sessionstore.stores.window import WindowStore
@@ -83,5 +84,12 @@ def kinds_with(attribute: str, item: str) -> list[str]:
     return [k for k, cls in _KINDS.items() if item in getattr(cls, attribute, ())]
 
 
-for _cls in (SessionStore, VersionedStore, WindowStore, MessageStore, KeyValueStore):
+for _cls in (
+    SessionStore,
+    VersionedStore,
+    WindowStore,
+    MessageStore,
+    KeyValueStore,
+    ProcessorStore,
+):
     register(_cls)

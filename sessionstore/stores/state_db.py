@@ -4,7 +4,7 @@
 this subclass keeps the open stores by name, opens each kind through the one
 registry (:mod:`sessionstore.stores.registry`) and offers the documented openers
 (``db.session_store(...)``, ``window_store``, ``kv_store``, ``message_store``,
-``versioned_store``).
+``versioned_store``, ``processor_store``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from sessionstore.stores.registry import store_class
 if TYPE_CHECKING:
     from sessionstore.stores.kv import KeyValueStore
     from sessionstore.stores.messages import MessageStore
+    from sessionstore.stores.processor import ProcessorStore
     from sessionstore.stores.session import SessionStore
     from sessionstore.stores.versioned import VersionedStore
     from sessionstore.stores.window import WindowStore
@@ -138,6 +139,11 @@ class StateDB(Database):
         return self.open_store(
             "versioned", name, history_retention_ms, segment_interval_ms, key_serde, value_serde
         )
+
+    def processor_store(self, name: str) -> ProcessorStore:
+        """The processor store ``name`` (a StatefulProcessor's state variables,
+        timers and TTL index), created on first use."""
+        return self.open_store("processor", name)
 
     def reload_stores(self) -> None:
         """Re-read every open store's stream time and segments (after a replay)."""

@@ -387,8 +387,9 @@ def _write_chunk(writer: Any, buffer: list[dict], output: str) -> Any:
 
     flat = [_flat(row) for row in buffer]
     if writer is None:
-        # the row's own columns are integers, except the key; everything else is text
-        ints = {n for n in buffer[0] if n not in ("key", "value")}
+        # the row's own columns are integers, except the key (and a processor
+        # store's state variable name); everything else is text
+        ints = {n for n in buffer[0] if n not in ("key", "value", "state")}
         fields = [(n, pa.int64() if n in ints else pa.string()) for n in flat[0]]
         writer = pq.ParquetWriter(output, pa.schema(fields))
     writer.write_table(pa.Table.from_pylist(flat, schema=writer.schema))

@@ -37,13 +37,16 @@ def test_every_opener_serves_the_registered_class(db):
         "window": db.window_store("c", 1000, 10),
         "messages": db.message_store("d", 1000),
         "kv": db.kv_store("e"),
+        "processor": db.processor_store("f"),
     }
-    assert registry.kind_names() == ("session", "versioned", "window", "messages", "kv")
+    assert registry.kind_names() == (
+        "session", "versioned", "window", "messages", "kv", "processor"
+    )  # fmt: skip
     for kind, store in opened.items():
         assert type(store) is registry.store_class(kind)
         assert store.kind == kind
     assert {n: s["kind"] for n, s in db.store_specs().items()} == dict(
-        zip("abcde", opened, strict=True)
+        zip("abcdef", opened, strict=True)
     )
 
 

@@ -1,0 +1,239 @@
+"""StatefulProcessor throughput: Spark's transformWithState(InPandas) vs ours.
+
+The same processor classes run under Spark's own operators (RocksDB state store
+provider, every state call a round trip to the JVM) and under
+``transform_with_state``/``transform_with_state_in_pandas`` (state in the Python
+worker's RocksDB), for both APIs and two workloads:
+
+* ``counter``: per key a count (ValueState), a dedup map of the items seen
+  (MapState with a one-hour processing-time TTL) and the last five items
+  (ListState); one output row per key and batch;
+* ``lists``: per key a list that every event appends to (ListState), trimmed to
+  its last 100 with ``put`` when it grows past 200; one row per key and batch.
+
+Input: --events events over --keys Zipf keys (s=1.1) and 1,000 items, written as
+--batches Parquet files read one per micro-batch, local[2] with 4 partitions,
+noop sink; each query runs until it has processed every file
+(``processAllAvailable``; for Spark in ProcessingTime mode, which always runs
+another batch, until its progress shows the last file done). Wall time from
+start, best of --rounds.
+
+Run: ``.venv/bin/python bench/processors.py [--events N] [--keys N] [--batches N]
+[--rounds N] [--workloads counter,lists] [--apis rows,pandas]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import machine, print_table, scratch_dir  # noqa: E402
+
+PARTITIONS = 4
+OUT = "user string, n long, extra long"
+
+
+def write_input(folder: str, events: int, keys: int, batches: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(7)
+    ranks = np.empty(0, dtype=np.int64)
+    while len(ranks) < events:
+        drawn = rng.zipf(1.1, size=events * 2)
+        ranks = np.concatenate([ranks, drawn[drawn <= keys]])
+    users = np.array([f"user-{i:06d}" for i in range(keys)], dtype=object)[ranks[:events] - 1]
+    items = np.array([f"item-{i:04d}" for i in range(1000)], dtype=object)[
+        rng.integers(0, 1000, size=events)
+    ]
+    os.makedirs(folder, exist_ok=True)
+    per = events // batches
+    for b in range(batches):
+        sl = slice(b * per, (b + 1) * per)
+        table = pa.table({"user": users[sl].tolist(), "item": items[sl].tolist()})
+        path = os.path.join(folder, f"part-{b:04d}.parquet")
+        pq.write_table(table, path)
+        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))
+
+
+def processors():
+    """The processor classes, built here so that Spark pickles them by value."""
+    import pandas as pd
+    from pyspark.sql import Row
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class Counter:
+        def init(self, handle):
+            self.count = handle.getValueState("count", "n long")
+            self.seen = handle.getMapState("seen", "item string", "first long", 3_600_000)
+            self.recent = handle.getListState("recent", "item string")
+
+        def update(self, items):
+            total = (self.count.get() or (0,))[0]
+            new = 0
+            for item in items:
+                total += 1
+                if not self.seen.containsKey((item,)):
+                    self.seen.updateValue((item,), (total,))
+                    new += 1
+            self.count.update((total,))
+            kept = [r[0] for r in self.recent.get()] + list(items)
+            self.recent.put([(x,) for x in kept[-5:]])
+            return total, new
+
+        def close(self):
+            pass
+
+    class Lists:
+        def init(self, handle):
+            self.items = handle.getListState("items", "item string")
+
+        def update(self, items):
+            self.items.appendList([(x,) for x in items])
+            kept = list(self.items.get())
+            if len(kept) > 200:
+                self.items.put(kept[-100:])
+            return len(kept), len(items)
+
+        def close(self):
+            pass
+
+    def pandas_flavour(base):
+        class P(base, StatefulProcessor):
+            def handleInputRows(self, key, rows, timerValues):
+                items = [x for df in rows for x in df["item"].tolist()]
+                n, extra = self.update(items)
+                yield pd.DataFrame({"user": [key[0]], "n": [n], "extra": [extra]})
+
+        return P
+
+    def row_flavour(base):
+        class R(base, StatefulProcessor):
+            def handleInputRows(self, key, rows, timerValues):
+                n, extra = self.update([r.item for r in rows])
+                yield Row(user=key[0], n=n, extra=extra)
+
+        return R
+
+    return {
+        ("counter", "pandas"): pandas_flavour(Counter),
+        ("counter", "rows"): row_flavour(Counter),
+        ("lists", "pandas"): pandas_flavour(Lists),
+        ("lists", "rows"): row_flavour(Lists),
+    }
+
+
+def main(argv=None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=120_000)
+    ap.add_argument("--keys", type=int, default=5_000)
+    ap.add_argument("--batches", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--workloads", default="counter,lists")
+    ap.add_argument("--apis", default="rows,pandas")
+    args = ap.parse_args(argv)
+
+    from spark_integration import (
+        StateBackend,
+        transform_with_state,
+        transform_with_state_in_pandas,
+    )
+    from spark_integration.local import local_spark
+
+    spark = local_spark("sessionstore-bench", partitions=PARTITIONS, spark__driver__memory="4g")
+    spark.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    classes = processors()
+    rows = []
+    with scratch_dir("bench-processors-") as tmp:
+        source = os.path.join(tmp, "in")
+        write_input(source, args.events, args.keys, args.batches)
+        counter = 0
+
+        def run(make, endless=False) -> float:
+            """Seconds until the query has processed every file. Spark's
+            ProcessingTime mode always runs another batch (processAllAvailable never
+            returns): then the time until the progress shows the last file done."""
+            nonlocal counter
+            counter += 1
+            df = (
+                spark.readStream.schema("user string, item string")
+                .option("maxFilesPerTrigger", 1)
+                .parquet(source)
+            )
+            t0 = time.perf_counter()
+            query = (
+                make(df).writeStream.format("noop").outputMode("update")
+                .option("checkpointLocation", os.path.join(tmp, f"ck-{counter}"))
+                .start()
+            )  # fmt: skip
+            if endless:
+                while True:
+                    progress = query.lastProgress
+                    end = progress and progress["sources"][0]["endOffset"]
+                    end = json.loads(end) if isinstance(end, str) else end
+                    if end and end.get("logOffset", -1) >= args.batches - 1:
+                        break
+                    if query.exception() is not None:
+                        raise query.exception()
+                    time.sleep(0.02)
+            else:
+                query.processAllAvailable()
+            elapsed = time.perf_counter() - t0
+            query.stop()
+            return elapsed
+
+        for workload in args.workloads.split(","):
+            for api in args.apis.split(","):
+                cls = classes[(workload, api)]
+                mode = "ProcessingTime" if workload == "counter" else "None"
+
+                def sparks(df, cls=cls, api=api, mode=mode):
+                    g = df.groupBy("user")
+                    method = (
+                        g.transformWithStateInPandas if api == "pandas" else g.transformWithState
+                    )
+                    return method(
+                        statefulProcessor=cls(), outputStructType=OUT, outputMode="Update",
+                        timeMode=mode,
+                    )  # fmt: skip
+
+                def ours(df, cls=cls, api=api, mode=mode):
+                    nonlocal counter
+                    backend = StateBackend(
+                        f"file://{tmp}/state-{counter}", local_dir=os.path.join(tmp, f"l-{counter}")
+                    )
+                    fn = transform_with_state_in_pandas if api == "pandas" else transform_with_state
+                    return fn(df, "user", cls(), OUT, time_mode=mode, backend=backend,
+                              num_partitions=PARTITIONS)  # fmt: skip
+
+                best_spark = best_ours = float("inf")
+                for _ in range(args.rounds):  # interleaved
+                    best_spark = min(best_spark, run(sparks, endless=mode == "ProcessingTime"))
+                    best_ours = min(best_ours, run(ours))
+                rows.append([
+                    workload, api, f"{best_spark:.1f}", f"{best_ours:.1f}",
+                    f"{best_spark / best_ours:.1f}x",
+                    f"{args.events / best_ours:,.0f}",
+                ])  # fmt: skip
+    spark.stop()
+    return print_table(
+        f"StatefulProcessor, {args.events:,} events, {args.keys:,} keys, {args.batches} "
+        f"batches ({machine()})",
+        ["workload", "API", "Spark s", "sessionstore s", "speed-up", "events/s (ours)"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()

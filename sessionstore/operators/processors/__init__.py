@@ -1,0 +1,33 @@
+"""Run PySpark ``StatefulProcessor`` classes on sessionstore state (engine-agnostic:
+no pyspark here). See docs/operators.md, "StatefulProcessor"."""
+
+from sessionstore.operators.processors.handle import HandleState, ProcessorHandle, extra_store_name
+from sessionstore.operators.processors.runner import BatchTimes, ProcessorRunner
+from sessionstore.operators.processors.state import (
+    ListState,
+    MapState,
+    SessionState,
+    ValueState,
+    VersionedState,
+)
+from sessionstore.operators.processors.timers import (
+    ExpiredTimerInfo,
+    TimerValues,
+    normalise_time_mode,
+)
+
+__all__ = [
+    "ProcessorHandle",
+    "HandleState",
+    "ProcessorRunner",
+    "BatchTimes",
+    "ValueState",
+    "ListState",
+    "MapState",
+    "SessionState",
+    "VersionedState",
+    "TimerValues",
+    "ExpiredTimerInfo",
+    "normalise_time_mode",
+    "extra_store_name",
+]

@@ -1,0 +1,336 @@
+"""The StatefulProcessorHandle a processor's ``init`` receives.
+
+It implements PySpark's ``StatefulProcessorHandle`` (``getValueState``,
+``getListState``, ``getMapState``, ``registerTimer``, ``deleteTimer``,
+``listTimers``, ``deleteIfExists``) over a
+:class:`~sessionstore.stores.processor.ProcessorStore`, plus sessionstore's
+``getSessionState`` and ``getVersionedState``. It enforces Spark's life cycle
+(state variables only in ``init``, timers only with a time mode and only while
+keys are processed) with Spark's error conditions.
+
+Schemas are opaque here (no pyspark): the engine that runs the processor passes a
+``parse_schema`` callable that checks a schema (a ``StructType`` or DDL string)
+and raises its own error for a bad one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sessionstore.errors import StatefulProcessorError
+from sessionstore.operators.processors.state import (
+    KeyScope,
+    ListState,
+    MapState,
+    SessionState,
+    TimerList,
+    ValueState,
+    VersionedState,
+    _Variable,
+)
+from sessionstore.stores.base import check_store_name
+from sessionstore.stores.processor import ProcessorStore
+
+__all__ = ["ProcessorHandle", "HandleState", "extra_store_name"]
+
+
+class HandleState:
+    """Spark's ``StatefulProcessorHandleState`` values, in life-cycle order."""
+
+    CREATED, INITIALIZED, DATA_PROCESSED, TIMER_PROCESSED, CLOSED = (
+        "CREATED", "INITIALIZED", "DATA_PROCESSED", "TIMER_PROCESSED", "CLOSED"
+    )  # fmt: skip
+    ORDER = (CREATED, INITIALIZED, DATA_PROCESSED, TIMER_PROCESSED, CLOSED)
+
+
+def extra_store_name(variable: str) -> str:
+    """The store that holds the session or versioned state variable ``variable``."""
+    return f"state-{variable}"
+
+
+#: Spark's names of the time modes in its error messages.
+_SPARK_MODE = {"None": "NoTime", "ProcessingTime": "ProcessingTime", "EventTime": "EventTime"}
+
+
+class ProcessorHandle:
+    """State and timers of a processor over one partition's processor store.
+
+    ``open_store(kind, name, retention_ms)`` returns the extra stores that
+    ``getSessionState``/``getVersionedState`` ask for (a Spark task takes them from
+    its partition's loaded stores). ``key_arity`` is the number of grouping
+    columns: a single column's key is stored as its value, several as a tuple, as
+    every operator of sessionstore encodes keys.
+    """
+
+    def __init__(
+        self,
+        store: ProcessorStore | None,
+        time_mode: str = "None",
+        parse_schema: Callable[[Any], Any] | None = None,
+        open_store: Callable[[str, str, int], Any] | None = None,
+        key_arity: int = 1,
+    ) -> None:
+        self._store = store
+        self._time_mode = time_mode
+        self._parse_schema = parse_schema or (lambda schema: schema)
+        self._open_store = open_store
+        self._key_arity = key_arity
+        self.state = HandleState.CREATED
+        self._variables: dict[str, _Variable] = {}
+        #: extra stores asked for in init: variable -> (kind, retention_ms)
+        self.extra_stores: dict[str, tuple[str, int]] = {}
+        self._timers = TimerList(self)
+        self._scope: KeyScope | None = None
+        self._batch_ts = -1
+        self.deleted: list[str] = []
+
+    # ------------------------------------------------------------- life cycle
+    def _check_state(self, operation: str, *allowed: str) -> None:
+        if self.state not in allowed:
+            raise StatefulProcessorError(
+                "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE",
+                f"Failed to perform stateful processor operation={operation} with invalid "
+                f"handle state={self.state}.",
+            )
+
+    def _define(self, operation: str, name: str, ttl_ms: int | None) -> None:
+        self._check_state(operation, HandleState.CREATED)
+        if not isinstance(name, str) or not name:
+            raise StatefulProcessorError(
+                "STATE_STORE_CANNOT_USE_COLUMN_FAMILY_WITH_INVALID_NAME",
+                f"Failed to perform column family operation={operation} with invalid "
+                f"name={name!r}. Column family name cannot be empty.",
+            )
+        if name in self._variables or name in self.extra_stores:
+            raise StatefulProcessorError(
+                "STATEFUL_PROCESSOR_DUPLICATE_STATE_VARIABLE_DEFINED",
+                f"State variable with name {name} has already been defined in the "
+                "StatefulProcessor.",
+            )
+        if ttl_ms is not None:
+            if self._time_mode != "ProcessingTime":
+                raise StatefulProcessorError(
+                    "STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL",
+                    f"Cannot use TTL for state={name} in timeMode="
+                    f"{_SPARK_MODE[self._time_mode]}, use TimeMode.ProcessingTime() instead.",
+                )
+            if type(ttl_ms) is not int or ttl_ms <= 0:
+                raise StatefulProcessorError(
+                    "STATEFUL_PROCESSOR_TTL_DURATION_MUST_BE_POSITIVE",
+                    f"TTL duration must be greater than zero for State store "
+                    f"operation=update on state={name} (got {ttl_ms!r}).",
+                )
+
+    def getValueState(  # noqa: N802 - PySpark's names
+        self,
+        stateName: str,
+        schema: Any,
+        ttlDurationMs: int | None = None,  # noqa: N803
+    ) -> ValueState:
+        """A value state variable (call in ``init``)."""
+        self._define("get_value_state", stateName, ttlDurationMs)
+        self._parse_schema(schema)
+        var = self._variables[stateName] = ValueState(self, stateName, ttlDurationMs)
+        return var
+
+    def getListState(  # noqa: N802
+        self,
+        stateName: str,
+        schema: Any,
+        ttlDurationMs: int | None = None,  # noqa: N803
+    ) -> ListState:
+        """A list state variable (call in ``init``)."""
+        self._define("get_list_state", stateName, ttlDurationMs)
+        self._parse_schema(schema)
+        var = self._variables[stateName] = ListState(self, stateName, ttlDurationMs)
+        return var
+
+    def getMapState(  # noqa: N802
+        self,
+        stateName: str,  # noqa: N803
+        userKeySchema: Any,  # noqa: N803
+        valueSchema: Any,  # noqa: N803
+        ttlDurationMs: int | None = None,  # noqa: N803
+    ) -> MapState:
+        """A map state variable (call in ``init``)."""
+        self._define("get_map_state", stateName, ttlDurationMs)
+        self._parse_schema(userKeySchema)
+        self._parse_schema(valueSchema)
+        var = self._variables[stateName] = MapState(self, stateName, ttlDurationMs)
+        return var
+
+    def getSessionState(self, stateName: str, retention_ms: int) -> SessionState:  # noqa: N802,N803
+        """sessionstore's session store for each key (call in ``init``): sessions
+        stay visible for ``retention_ms`` behind the store's stream time."""
+        return SessionState(
+            self, self._extra("get_session_state", "session", stateName, retention_ms)
+        )
+
+    def getVersionedState(  # noqa: N802
+        self,
+        stateName: str,
+        history_retention_ms: int,  # noqa: N803
+    ) -> VersionedState:
+        """sessionstore's versioned store for each key (call in ``init``)."""
+        store = self._extra("get_versioned_state", "versioned", stateName, history_retention_ms)
+        return VersionedState(self, store)
+
+    def _extra(self, operation: str, kind: str, name: str, retention_ms: int) -> Any:
+        self._define(operation, name, None)
+        check_store_name(extra_store_name(name))
+        if type(retention_ms) is not int or retention_ms <= 0:
+            raise ValueError(
+                f"{operation}: retention must be a positive int of ms, got {retention_ms!r}"
+            )
+        self.extra_stores[name] = (kind, retention_ms)
+        if self._open_store is None:
+            return None  # planning: the stores are only being declared
+        return self._open_store(kind, extra_store_name(name), retention_ms)
+
+    def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
+        """Delete a state variable of every key (call in ``init``, for variables a
+        processor no longer defines)."""
+        self._check_state("delete_if_exists", HandleState.CREATED)
+        self.deleted.append(stateName)
+        if self._store is not None:
+            from sessionstore.encoding.keys import encode_key
+
+            self._store.delete_variable(encode_key(stateName))
+
+    # ------------------------------------------------------------------ timers
+    def _check_timers(self, operation: str) -> None:
+        if self._time_mode == "None":
+            raise StatefulProcessorError(
+                "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE",
+                f"Failed to perform stateful processor operation={operation} with invalid "
+                f"timeMode={_SPARK_MODE[self._time_mode]}",
+            )
+        self._check_state(operation, HandleState.INITIALIZED, HandleState.DATA_PROCESSED)
+
+    def registerTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
+        """Register a timer of the current key."""
+        self._check_timers("register_timer")
+        self._current_scope("register_timer")
+        self._timers.register(_timestamp(expiryTimestampMs))
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
+        """Delete a timer of the current key (no-op if absent)."""
+        self._check_timers("delete_timer")
+        self._current_scope("delete_timer")
+        self._timers.delete(_timestamp(expiryTimestampMs))
+
+    def listTimers(self) -> Iterator[int]:  # noqa: N802
+        """The current key's timers, earliest first."""
+        self._check_timers("list_timers")
+        self._current_scope("list_timers")
+        return iter(self._timers.list())
+
+    # ------------------------------------------------------------ key scopes
+    def _store_key(self, key: tuple) -> Any:
+        return key[0] if self._key_arity == 1 else key
+
+    def _key_of(self, stored: Any) -> tuple:
+        return (stored,) if self._key_arity == 1 else tuple(stored)
+
+    def begin_key(self, key: tuple, key_bytes: bytes | None = None) -> None:
+        """Make ``key`` (a tuple of grouping values) the current key."""
+        if key_bytes is None:
+            key_bytes = self._store.encode_key(self._store_key(key))
+        self._scope = KeyScope(key, key_bytes)
+
+    def end_key(self) -> None:
+        """Write back the current key's changed variables and TTL index entries."""
+        scope, self._scope = self._scope, None
+        if scope is None or not scope.dirty:
+            return
+        store = self._store
+        kb = scope.key_bytes
+        by_name = {v.encoded: v for v in self._variables.values()}
+        for encoded in scope.dirty:
+            payload = scope.payloads.get(encoded)
+            var = by_name.get(encoded)
+            if var is not None and var.ttl_ms is not None:
+                payload = var.purge(payload)
+                old, new = scope.loaded_expiry.get(encoded), var.min_expiry(payload)
+                if old != new:
+                    if old is not None:
+                        store.index_delete(store.ttl_cf, old, kb + encoded)
+                    if new is not None:
+                        store.index_put(store.ttl_cf, new, kb + encoded)
+            store.write(kb, encoded, payload)
+
+    def _current_scope(self, operation: str) -> KeyScope:
+        scope = self._scope
+        if scope is None:
+            raise StatefulProcessorError(
+                "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE",
+                f"Failed to perform stateful processor operation={operation} with invalid "
+                f"handle state={self.state}: no grouping key is being processed.",
+            )
+        return scope
+
+    def _load(self, scope: KeyScope) -> None:
+        variables = [v.encoded for v in self._variables.values()]
+        variables.append(self._timers.encoded)
+        payloads = self._store.load(scope.key_bytes, variables)
+        scope.payloads = dict(zip(variables, payloads, strict=True))
+        scope.loaded = True
+        scope.loaded_expiry = {
+            v.encoded: v.min_expiry(scope.payloads[v.encoded])
+            for v in self._variables.values()
+            if v.ttl_ms is not None
+        }
+
+    def _payload(self, encoded: bytes) -> Any:
+        scope = self._scope
+        if scope is None:
+            scope = self._current_scope("state access")
+        if not scope.loaded:
+            self._load(scope)
+        return scope.payloads[encoded]
+
+    def _set_payload(self, encoded: bytes, payload: Any) -> None:
+        scope = self._scope
+        if scope is None:
+            scope = self._current_scope("state update")
+        if not scope.loaded:
+            self._load(scope)
+        scope.payloads[encoded] = payload
+        scope.dirty.add(encoded)
+
+    # ------------------------------------------------------------------- TTL
+    def ttl_variables(self) -> bool:
+        """Whether any variable has a TTL."""
+        return any(v.ttl_ms is not None for v in self._variables.values())
+
+    def clean_expired(self, limit: int) -> int:
+        """Remove expired values of at most ``limit`` (key, variable) pairs whose
+        earliest expiry has passed: a range read of the TTL index from its start,
+        never a scan of every key. Returns how many pairs it visited."""
+        store = self._store
+        due = store.index_before(store.ttl_cf, self._batch_ts + 1, limit)
+        from sessionstore.encoding.keys import decode_key, encoded_length
+
+        known = {v.encoded for v in self._variables.values()}
+        for ts, suffix in due:
+            # the entry goes; the write-back adds the variable's next expiry, if any
+            store.index_delete(store.ttl_cf, ts, suffix)
+            n = encoded_length(suffix)
+            encoded = suffix[n:]
+            if encoded not in known:  # a variable this processor no longer defines
+                continue
+            self.begin_key(self._key_of(decode_key(suffix[:n])), suffix[:n])
+            self._set_payload(encoded, self._payload(encoded))  # purged on write-back
+            self.end_key()
+        return len(due)
+
+
+def _timestamp(value: Any) -> int:
+    if hasattr(value, "item") and hasattr(value, "dtype"):
+        value = value.item()
+    if type(value) is not int:
+        raise TypeError(
+            f"a timer's expiry must be an int of epoch ms, got {type(value).__name__} {value!r}"
+        )
+    return value

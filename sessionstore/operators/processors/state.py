@@ -1,0 +1,439 @@
+"""State variables of a StatefulProcessor: PySpark's ValueState, ListState and
+MapState, and sessionstore's session and versioned state, for the current key.
+
+Every variable of a grouping key is one row of the processor store (see
+:mod:`sessionstore.stores.processor`): the first access to any variable of a key
+loads all of them in one multi-get into the key's :class:`KeyScope`, calls work on
+Python objects, and the variables that changed are written back once when the key
+is done, into the batch's write buffer. A state call therefore costs a dict
+look-up, not a RocksDB read, let alone a round trip to the JVM.
+
+Values follow PySpark 4's conventions: a value is a tuple (or Row) with one item
+per schema field; ``get`` returns a plain tuple (None when absent); numpy and
+pandas scalars are stored as Python values. With a TTL each value (each list
+element, each map entry) expires ``ttl`` ms after the processing time of the
+batch that wrote it, and is never returned once ``batch time >= expiry``, as in
+Spark.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from datetime import date, datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from sessionstore.errors import StatefulProcessorError
+from sessionstore.stores.processor import TIMERS_VAR
+
+if TYPE_CHECKING:
+    from sessionstore.operators.processors.handle import ProcessorHandle
+
+__all__ = [
+    "KeyScope",
+    "ValueState",
+    "ListState",
+    "MapState",
+    "SessionState",
+    "VersionedState",
+    "normalise",
+    "as_value",
+]
+
+_SCALARS = frozenset({bool, int, float, str, bytes, type(None), datetime, date, Decimal})
+
+
+def normalise(v: Any) -> Any:
+    """``v`` with numpy and pandas scalars as Python values, recursively (as PySpark
+    normalises state values before it serialises them)."""
+    t = type(v)
+    if t in _SCALARS:
+        return v
+    if hasattr(v, "dtype") and hasattr(v, "item"):  # numpy scalar
+        return v.item()
+    if hasattr(v, "to_pydatetime"):  # pandas Timestamp
+        return v.to_pydatetime()
+    if hasattr(v, "to_pytimedelta"):
+        return v.to_pytimedelta()
+    if isinstance(v, tuple):
+        if hasattr(v, "_fields") or hasattr(v, "__fields__"):  # namedtuple, Row
+            return type(v)(*map(normalise, v))
+        return tuple(map(normalise, v))
+    if isinstance(v, list):
+        return [normalise(x) for x in v]
+    if isinstance(v, dict):
+        return {normalise(k): normalise(x) for k, x in v.items()}
+    return v
+
+
+def as_value(state: str, v: Any) -> tuple:
+    """A state value as stored: a plain tuple of normalised items. None is refused
+    with Spark's error (a value state is cleared with ``clear()``)."""
+    if v is None:
+        raise StatefulProcessorError(
+            "ILLEGAL_STATE_STORE_VALUE.NULL_VALUE",
+            f"Cannot write null values to State Store for StateName {state}.",
+        )
+    if not isinstance(v, (tuple, list)):
+        raise StatefulProcessorError(
+            "ILLEGAL_STATE_STORE_VALUE",
+            f"state {state!r} takes a tuple or Row with one item per schema field, "
+            f"got {type(v).__name__} {v!r}",
+        )
+    return tuple(map(normalise, v))
+
+
+class KeyScope:
+    """The loaded variables of one grouping key while its handler runs."""
+
+    __slots__ = ("key", "key_bytes", "payloads", "loaded", "loaded_expiry", "dirty")
+
+    def __init__(self, key: Any, key_bytes: bytes) -> None:
+        self.key = key
+        self.key_bytes = key_bytes
+        self.payloads: dict[bytes, Any] = {}
+        self.loaded = False
+        #: earliest expiry of each TTL variable as loaded (its TTL index entry)
+        self.loaded_expiry: dict[bytes, int | None] = {}
+        self.dirty: set[bytes] = set()
+
+
+class _Variable:
+    """What every state variable shares: its name, encoded name, TTL and handle."""
+
+    kind = ""
+
+    def __init__(self, handle: ProcessorHandle, name: str, ttl_ms: int | None) -> None:
+        from sessionstore.encoding.keys import encode_key
+
+        self._handle = handle
+        self._name = name
+        self.encoded = encode_key(name)
+        self.ttl_ms = ttl_ms
+
+    def _payload(self) -> Any:
+        return self._handle._payload(self.encoded)
+
+    def _set(self, payload: Any) -> None:
+        self._handle._set_payload(self.encoded, payload)
+
+    def _now(self) -> int:
+        return self._handle._batch_ts
+
+    def _expiry(self) -> int | None:
+        return None if self.ttl_ms is None else self._handle._batch_ts + self.ttl_ms
+
+    def _live(self, expiry: int | None) -> bool:
+        return expiry is None or self._handle._batch_ts < expiry
+
+    def purge(self, payload: Any) -> Any:
+        """``payload`` without expired items (None when nothing is left)."""
+        return payload
+
+    @staticmethod
+    def min_expiry(payload: Any) -> int | None:
+        """The earliest expiry in ``payload`` (its TTL index entry), or None."""
+        return None
+
+
+class ValueState(_Variable):
+    """PySpark's ``ValueState``: one value (a tuple) per grouping key."""
+
+    kind = "value"
+
+    def exists(self) -> bool:
+        """Whether the key has a (live) value."""
+        p = self._payload()
+        return p is not None and self._live(p[1])
+
+    def get(self) -> tuple | None:
+        """The value, or None."""
+        p = self._payload()
+        return p[0] if p is not None and self._live(p[1]) else None
+
+    def update(self, newValue: tuple) -> None:  # noqa: N803 - PySpark's name
+        """Set the value (and restart its TTL)."""
+        self._set((as_value(self._name, newValue), self._expiry()))
+
+    def clear(self) -> None:
+        """Remove the value."""
+        self._set(None)
+
+    def purge(self, payload: Any) -> Any:
+        return payload if payload is None or self._live(payload[1]) else None
+
+    @staticmethod
+    def min_expiry(payload: Any) -> int | None:
+        return None if payload is None else payload[1]
+
+
+class ListState(_Variable):
+    """PySpark's ``ListState``: a list of tuples per grouping key; with a TTL each
+    element expires on its own."""
+
+    kind = "list"
+
+    def _items(self) -> list:
+        p = self._payload()
+        if p is None:
+            return []
+        if self.ttl_ms is None:
+            return p
+        return [item for item in p if self._live(item[1])]
+
+    def exists(self) -> bool:
+        """Whether the list has a (live) element."""
+        return bool(self._items())
+
+    def get(self) -> Iterator[tuple]:
+        """An iterator over the elements (a snapshot: later changes do not show)."""
+        return iter([item[0] for item in self._items()])
+
+    def _values(self, state: str, values: Any) -> list:
+        if values is None:
+            raise StatefulProcessorError(
+                "ILLEGAL_STATE_STORE_VALUE.NULL_VALUE",
+                f"Cannot write null values to State Store for StateName {state}.",
+            )
+        expiry = self._expiry()
+        return [(as_value(state, v), expiry) for v in values]
+
+    def put(self, newState: list[tuple]) -> None:  # noqa: N803 - PySpark's name
+        """Replace the list (an empty list is refused, as in Spark)."""
+        items = self._values(self._name, newState)
+        if not items:
+            raise StatefulProcessorError(
+                "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE",
+                f"Cannot write empty list values to State Store for StateName {self._name}.",
+            )
+        self._set(items)
+
+    def appendValue(self, newState: tuple) -> None:  # noqa: N802,N803 - PySpark's names
+        """Append one element."""
+        # the payload is this scope's own copy (unpickled on load): append in place
+        items = self._payload()
+        if items is None:
+            items = []
+        items.append((as_value(self._name, newState), self._expiry()))
+        self._set(items)
+
+    def appendList(self, newState: list[tuple]) -> None:  # noqa: N802,N803 - PySpark's names
+        """Append several elements (an empty list is refused, as in Spark)."""
+        items = self._values(self._name, newState)
+        if not items:
+            raise StatefulProcessorError(
+                "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE",
+                f"Cannot write empty list values to State Store for StateName {self._name}.",
+            )
+        current = self._payload()
+        self._set(items if current is None else current + items)
+
+    def clear(self) -> None:
+        """Remove every element."""
+        self._set(None)
+
+    def purge(self, payload: Any) -> Any:
+        if payload is None or self.ttl_ms is None:
+            return payload
+        live = [item for item in payload if self._live(item[1])]
+        return live or None
+
+    @staticmethod
+    def min_expiry(payload: Any) -> int | None:
+        if not payload:
+            return None
+        expiries = [e for _, e in payload if e is not None]
+        return min(expiries) if expiries else None
+
+
+class MapState(_Variable):
+    """PySpark's ``MapState``: a map from user-key tuples to value tuples per
+    grouping key; with a TTL each entry expires on its own."""
+
+    kind = "map"
+
+    def _map(self) -> dict:
+        p = self._payload()
+        if p is None:
+            return {}
+        if self.ttl_ms is None:
+            return p
+        return {k: item for k, item in p.items() if self._live(item[1])}
+
+    def _user_key(self, key: Any) -> tuple:
+        if key is None:
+            raise StatefulProcessorError(
+                "ILLEGAL_STATE_STORE_VALUE.NULL_VALUE",
+                f"Cannot write null values to State Store for StateName {self._name}.",
+            )
+        return as_value(self._name, key)
+
+    def exists(self) -> bool:
+        """Whether the map has a (live) entry."""
+        return bool(self._map())
+
+    def _entry(self, key: tuple) -> tuple | None:
+        """The live ``(value, expiry)`` of one user key: a dict look-up, not a
+        filtered copy of the map (dedup maps ask this per event)."""
+        entries = self._payload()
+        item = None if entries is None else entries.get(self._user_key(key))
+        return item if item is not None and self._live(item[1]) else None
+
+    def getValue(self, key: tuple) -> tuple | None:  # noqa: N802 - PySpark's name
+        """The value of user key ``key``, or None."""
+        item = self._entry(key)
+        return None if item is None else item[0]
+
+    def containsKey(self, key: tuple) -> bool:  # noqa: N802 - PySpark's name
+        """Whether user key ``key`` has a (live) value."""
+        return self._entry(key) is not None
+
+    def updateValue(self, key: tuple, value: tuple) -> None:  # noqa: N802 - PySpark's name
+        """Set the value of user key ``key`` (and restart its TTL)."""
+        entries = self._payload()  # this scope's own copy: update in place
+        if entries is None:
+            entries = {}
+        entries[self._user_key(key)] = (as_value(self._name, value), self._expiry())
+        self._set(entries)
+
+    def iterator(self) -> Iterator[tuple[tuple, tuple]]:
+        """``(user key, value)`` pairs (a snapshot)."""
+        return iter([(k, item[0]) for k, item in self._map().items()])
+
+    def keys(self) -> Iterator[tuple]:
+        """The user keys (a snapshot)."""
+        return iter(list(self._map()))
+
+    def values(self) -> Iterator[tuple]:
+        """The values (a snapshot)."""
+        return iter([item[0] for item in self._map().values()])
+
+    def removeKey(self, key: tuple) -> None:  # noqa: N802 - PySpark's name
+        """Remove user key ``key`` (no-op if absent)."""
+        entries = self._payload()
+        user_key = self._user_key(key)
+        if entries is not None and user_key in entries:
+            del entries[user_key]
+            self._set(entries or None)
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        self._set(None)
+
+    def purge(self, payload: Any) -> Any:
+        if payload is None or self.ttl_ms is None:
+            return payload
+        live = {k: item for k, item in payload.items() if self._live(item[1])}
+        return live or None
+
+    @staticmethod
+    def min_expiry(payload: Any) -> int | None:
+        if not payload:
+            return None
+        expiries = [e for _, e in payload.values() if e is not None]
+        return min(expiries) if expiries else None
+
+
+class TimerList(_Variable):
+    """The timers of the current key: a sorted list of expiry times, mirrored in
+    the store's timer index (written at once: the index is what firing reads)."""
+
+    kind = "timers"
+
+    def __init__(self, handle: ProcessorHandle) -> None:
+        self._handle = handle
+        self._name = "timers"
+        self.encoded = TIMERS_VAR
+        self.ttl_ms = None
+
+    def register(self, ts: int) -> None:
+        times = list(self._payload() or ())
+        i = bisect.bisect_left(times, ts)
+        if i < len(times) and times[i] == ts:
+            return
+        times.insert(i, ts)
+        self._set(times)
+        store = self._handle._store
+        store.index_put(store.timers_cf, ts, self._handle._scope.key_bytes)
+
+    def delete(self, ts: int) -> None:
+        times = list(self._payload() or ())
+        i = bisect.bisect_left(times, ts)
+        if i == len(times) or times[i] != ts:
+            return
+        del times[i]
+        self._set(times or None)
+        store = self._handle._store
+        store.index_delete(store.timers_cf, ts, self._handle._scope.key_bytes)
+
+    def list(self) -> list[int]:
+        return list(self._payload() or ())
+
+
+class SessionState:
+    """sessionstore's own state: the sessions of the current grouping key in a
+    session store (KIP-94 layout), for processors that merge sessions themselves.
+    Sessions are ``[start, end]`` in ms with any msgpack-able value."""
+
+    def __init__(self, handle: ProcessorHandle, store: Any) -> None:
+        self._handle = handle
+        self._store = store
+
+    def _key(self) -> Any:
+        return self._handle._current_scope("session state").key
+
+    def fetch(self) -> list[tuple[int, int, Any]]:
+        """Every visible session of the key as ``(start, end, value)``, by end."""
+        return [(w.start, w.end, v) for w, v in self._store.fetch(self._store_key())]
+
+    def find(self, earliest_end: int, latest_start: int) -> list[tuple[int, int, Any]]:
+        """Sessions with ``end >= earliest_end`` and ``start <= latest_start``."""
+        found = self._store.find_sessions(self._store_key(), earliest_end, latest_start)
+        return [(w.start, w.end, v) for w, v in found]
+
+    def get(self, start: int, end: int) -> Any:
+        """The value of exactly the session ``[start, end]``, or None."""
+        return self._store.fetch_session(self._store_key(), start, end)
+
+    def put(self, start: int, end: int, value: Any) -> None:
+        """Store the session ``[start, end]`` (moves the store's stream time to ``end``)."""
+        self._store.put(self._store_key(), start, end, value)
+
+    def remove(self, start: int, end: int) -> None:
+        """Delete the session ``[start, end]``."""
+        self._store.remove(self._store_key(), start, end)
+
+    def _store_key(self) -> Any:
+        return self._handle._store_key(self._key())
+
+
+class VersionedState:
+    """sessionstore's own state: a versioned value per grouping key (KIP-889), for
+    as-of lookups (``get(as_of=t)``) inside a processor."""
+
+    def __init__(self, handle: ProcessorHandle, store: Any) -> None:
+        self._handle = handle
+        self._store = store
+
+    def _store_key(self) -> Any:
+        scope = self._handle._current_scope("versioned state")
+        return self._handle._store_key(scope.key)
+
+    def put(self, value: Any, timestamp: int) -> None:
+        """Record ``value`` valid from ``timestamp`` (older than the history retention
+        behind stream time is rejected, as in Kafka)."""
+        self._store.put(self._store_key(), value, timestamp)
+
+    def delete(self, timestamp: int) -> None:
+        """A tombstone from ``timestamp``."""
+        self._store.delete(self._store_key(), timestamp)
+
+    def get(self, as_of: int | None = None) -> Any:
+        """The record (``value``, ``timestamp``) valid at ``as_of`` (latest if None),
+        or None."""
+        return self._store.get(self._store_key(), as_of)
+
+    def versions(self, from_ts: int | None = None, to_ts: int | None = None) -> list[Any]:
+        """The versions valid in ``[from_ts, to_ts]``, newest first."""
+        return self._store.get_versions(self._store_key(), from_ts, to_ts)

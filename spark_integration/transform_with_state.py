@@ -1,0 +1,523 @@
+"""``transform_with_state`` and ``transform_with_state_in_pandas``: PySpark
+``StatefulProcessor`` classes, unchanged, with their state in sessionstore.
+
+The input is hash-partitioned by the grouping key and each partition runs the
+processor in ``mapInArrow`` through
+:class:`~sessionstore.operators.processors.ProcessorRunner`: state lives in the
+partition's RocksDB (store kind ``processor``), with the versions, changelogs,
+snapshots and exactly-once of every other operator, and a state call is a dict
+look-up in the Python worker instead of a round trip to the JVM.
+
+Times, as Spark defines them:
+
+* processing time is the micro-batch's timestamp (``current_timestamp()``, which
+  Spark fixes per batch in its offset log, so a replayed batch sees the same
+  time). A partition without rows takes the wall clock once and records it in the
+  checkpoint, so a retried task uses the same time;
+* the event-time watermark of batch N is the largest event time of the batches
+  before it, over all partitions, minus the ``withWatermark`` delay (never below
+  0), shared through the checkpoint (``state_and_inputs(shared_event_time=True)``);
+  rows at or below the previous batch's watermark are dropped as late, as Spark's
+  operator drops them.
+
+Timers fire in every partition, with or without rows. Unlike Spark, which runs
+extra no-data batches for a stateful operator, timers fire at the next
+micro-batch the query runs.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sessionstore.checkpoint import StoreSpec
+from sessionstore.encoding.ints import INT64
+from sessionstore.operators.arrow_io import epoch_millis_array
+from sessionstore.operators.processors import (
+    BatchTimes,
+    ProcessorHandle,
+    ProcessorRunner,
+    extra_store_name,
+    normalise_time_mode,
+)
+from spark_integration.backend import StateBackend
+from spark_integration.metrics import with_state_metrics
+from spark_integration.output import arrow_schema
+from spark_integration.coordinator import CoordinatorAddress
+from spark_integration.planning import (
+    TS,
+    WATERMARK_DELAY_KEY,
+    checked_fields,
+    event_time_coordinator,
+    key_types,
+    resolve,
+)
+from spark_integration.runtime import deterministic_order, state_and_inputs, task_info
+
+__all__ = ["transform_with_state", "transform_with_state_in_pandas", "parse_schema"]
+
+#: The batch's processing time, in ms (``current_timestamp()`` in the input).
+NOW = "__ss_now"
+#: The processor store of every transform_with_state operator.
+STORE = "processor"
+_WATERMARK_AUX = "watermark"
+
+
+def transform_with_state_in_pandas(
+    df: Any,
+    key: str | Sequence[str],
+    processor: Any,
+    output_schema: Any,
+    time_mode: str = "None",
+    backend: StateBackend | None = None,
+    name: str = "transform_with_state",
+    num_partitions: int | None = None,
+    initial_state: Any = None,
+) -> Any:
+    """Run a ``StatefulProcessor`` written for ``transformWithStateInPandas``:
+    ``handleInputRows(key, rows, timerValues)`` gets an iterator of pandas
+    DataFrames (the key's rows, every input column) and yields pandas DataFrames
+    of ``output_schema`` (a ``StructType`` or DDL string). ``key`` names the
+    grouping column(s); the key a handler gets is a tuple of their values.
+    ``initial_state`` is a DataFrame with the same key columns, given to
+    ``handleInitialState`` in the first micro-batch."""
+    return _transform(
+        df, key, processor, output_schema, time_mode, backend, name, num_partitions,
+        initial_state, "pandas",
+    )  # fmt: skip
+
+
+def transform_with_state(
+    df: Any,
+    key: str | Sequence[str],
+    processor: Any,
+    output_schema: Any,
+    time_mode: str = "None",
+    backend: StateBackend | None = None,
+    name: str = "transform_with_state",
+    num_partitions: int | None = None,
+    initial_state: Any = None,
+) -> Any:
+    """Run a ``StatefulProcessor`` written for PySpark's row-based
+    ``transformWithState``: rows are ``Row`` objects in and out. Parameters as in
+    :func:`transform_with_state_in_pandas`."""
+    return _transform(
+        df, key, processor, output_schema, time_mode, backend, name, num_partitions,
+        initial_state, "rows",
+    )  # fmt: skip
+
+
+def parse_schema(schema: Any) -> Any:
+    """A ``StructType`` for a ``StructType`` or DDL string; PySpark's
+    ``PySparkRuntimeError`` ("Error parsing string schema") for a bad one."""
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql.types import DataType, StructType
+
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, str):
+        from pyspark.sql.types import _parse_datatype_string
+
+        try:
+            parsed = _parse_datatype_string(schema)
+        except Exception as e:  # ParseException and friends
+            # the parser's first line names the problem (then it draws the SQL)
+            reason = next((line for line in str(e).splitlines() if line.strip()), str(e))
+            raise PySparkRuntimeError(
+                f"Error parsing string schema: {reason.strip()} (schema {schema!r})"
+            ) from None
+        if not isinstance(parsed, StructType):
+            raise PySparkRuntimeError(
+                f"Error parsing string schema: {schema!r} is not a struct type"
+            )
+        return parsed
+    if isinstance(schema, DataType):
+        raise PySparkRuntimeError(f"Error parsing string schema: {schema!r} is not a StructType")
+    raise PySparkRuntimeError(
+        f"Error parsing string schema: a schema is a StructType or DDL string, "
+        f"got {type(schema).__name__} {schema!r}"
+    )
+
+
+def _transform(
+    df: Any,
+    key: str | Sequence[str],
+    processor: Any,
+    output_schema: Any,
+    time_mode: str,
+    backend: StateBackend | None,
+    name: str,
+    num_partitions: int | None,
+    initial_state: Any,
+    api: str,
+) -> Any:
+    from pyspark import cloudpickle
+    from pyspark.sql import functions as F
+
+    keys = [key] if isinstance(key, str) else list(key)
+    if not keys:
+        raise ValueError("key names no grouping column")
+    fields = checked_fields(df, keys)
+    out_schema = parse_schema(output_schema)
+    mode = normalise_time_mode(time_mode)
+    for method in ("init", "handleInputRows"):
+        if not callable(getattr(processor, method, None)):
+            raise TypeError(f"processor {processor!r} has no {method}() method")
+
+    # init on a copy, as Spark's driver does before the query runs: it checks the
+    # schemas and names, and tells which extra stores the partitions need
+    driver_copy = cloudpickle.loads(cloudpickle.dumps(processor))
+    planning = ProcessorHandle(None, mode, parse_schema=parse_schema, key_arity=len(keys))
+    driver_copy.init(planning)
+    close = getattr(driver_copy, "close", None)
+    if close is not None:
+        close()
+
+    columns = [F.col(c) for c in df.columns]
+    delay = None
+    if mode == "EventTime":
+        marked = [
+            (f.name, int(f.metadata[WATERMARK_DELAY_KEY]))
+            for f in df.schema.fields
+            if WATERMARK_DELAY_KEY in (f.metadata or {})
+        ]
+        if not marked:
+            raise ValueError(
+                "time_mode='EventTime' needs an input with a watermark: call "
+                "df.withWatermark(<event time column>, <delay>) first"
+            )
+        ts_column, delay = marked[0]
+        ts_type = fields.get(ts_column) or df.schema[ts_column]
+        millis = (
+            F.col(ts_column).cast("long")
+            if ts_type.dataType.typeName() in ("long", "integer")
+            else F.unix_millis(F.col(ts_column).cast("timestamp"))
+        )
+        columns.append(millis.alias(TS))
+    if mode != "None":
+        columns.append(F.unix_millis(F.current_timestamp()).alias(NOW))
+    backend, n = resolve(df, backend, num_partitions, name)
+    coordinator = event_time_coordinator(df, backend, name, n) if mode == "EventTime" else None
+    initial = None if initial_state is None else _initial_by_partition(initial_state, df, keys, n)
+    task = _ProcessorTask(
+        backend=backend,
+        name=name,
+        num_partitions=n,
+        keys=keys,
+        input_columns=list(df.columns),
+        processor=processor,
+        api=api,
+        time_mode=mode,
+        delay_ms=delay,
+        out_schema_json=out_schema.json(),
+        extra_stores=dict(planning.extra_stores),
+        initial=initial,
+        key_types=key_types(df, keys),
+        coordinator=coordinator,
+    )
+    return with_state_metrics(df.select(*columns).repartition(n, *keys), task, out_schema, name)
+
+
+def _initial_by_partition(initial_state: Any, df: Any, keys: list[str], n: int) -> dict[int, bytes]:
+    """The initial state's rows for each partition (Arrow IPC), routed by Spark's
+    own ``repartition(n, *keys)`` on the stream's key types, so every key lands in
+    the partition its stream rows go to."""
+    from pyspark.sql import functions as F
+
+    checked_fields(initial_state, keys, "the initial state")
+    types = {f.name: f.dataType for f in df.schema.fields}
+    cast = initial_state.select(
+        *[
+            F.col(c).cast(types[c]).alias(c) if c in keys else F.col(c)
+            for c in initial_state.columns
+        ]
+    )
+    routed = cast.repartition(n, *keys).withColumn("__ss_pid", F.spark_partition_id())
+    table = routed.toArrow()
+    out: dict[int, bytes] = {}
+    pids = table.column("__ss_pid").to_pylist()
+    table = table.drop_columns(["__ss_pid"])
+    for pid in sorted(set(pids)):
+        part = table.filter(pc.equal(pa.array(pids), pid))
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, part.schema) as writer:
+            writer.write_table(part)
+        out[pid] = sink.getvalue()
+    return out
+
+
+@dataclass
+class _ProcessorTask:
+    backend: StateBackend
+    name: str
+    num_partitions: int
+    keys: list[str]
+    input_columns: list[str]
+    processor: Any
+    api: str
+    time_mode: str
+    delay_ms: int | None
+    out_schema_json: str
+    extra_stores: dict[str, tuple[str, int]] = field(default_factory=dict)
+    initial: dict[int, bytes] | None = None
+    key_types: list[str] | None = None
+    coordinator: CoordinatorAddress | None = None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        info = task_info()
+        specs = [StoreSpec(STORE, "processor", 0)] + [
+            StoreSpec(extra_store_name(var), kind, retention)
+            for var, (kind, retention) in self.extra_stores.items()
+        ]
+        event_time = self.time_mode == "EventTime"
+        with state_and_inputs(
+            self.backend, self.name, info, specs, self.num_partitions, batches,
+            shared_event_time=event_time, key_types=self.key_types,
+            coordinator=self.coordinator,
+        ) as (handle, provider, inputs, shared):  # fmt: skip
+            store = handle[STORE]
+            table = pa.Table.from_batches(inputs) if inputs else None
+            times, late, max_event_time = self._times(table, shared, store, provider, info)
+            if table is not None and late is not None:
+                table = table.filter(pc.invert(late))
+            handle_ = ProcessorHandle(
+                store,
+                self.time_mode,
+                open_store=lambda kind, store_name, retention: handle[store_name],
+                key_arity=len(self.keys),
+            )
+            runner = ProcessorRunner(self.processor, handle_, self.time_mode)
+            groups, dropped = self._groups(store, table)
+            initial = self._initial(handle.version)
+            counts = runner.run_batch(groups, times, initial)
+            if event_time:
+                handle.note_event_time(max_event_time)  # the durable record (event_time.py)
+                store.write_aux(_WATERMARK_AUX, INT64.pack(times.watermark_ms))
+            out = self._output(counts.outputs)
+            late_count = 0 if late is None else pc.sum(late).as_py() or 0
+            handle.note(late_dropped=late_count + dropped, emitted=out.num_rows)
+        if out.num_rows:
+            yield from out.to_batches()
+
+    # ---------------------------------------------------------------- times
+    def _times(
+        self, table: pa.Table | None, shared: int | None, store: Any, provider: Any, info: Any
+    ) -> tuple[BatchTimes, Any, int | None]:
+        """The batch's times, the late-row mask (event time) and this partition's
+        event time after the batch."""
+        if self.time_mode == "None":
+            return BatchTimes(), None, None
+        if table is not None:
+            now = pc.max(table.column(NOW)).as_py()
+        else:
+            now = _empty_partition_now(provider, info)
+        if self.time_mode != "EventTime":
+            return BatchTimes(now, -1), None, None
+        watermark = 0 if shared is None else max(0, shared - self.delay_ms)
+        raw = store.read_aux(_WATERMARK_AUX)
+        previous = 0 if raw is None else INT64.unpack(raw)[0]
+        late = None
+        event_time = shared
+        if table is not None:
+            ms, valid = epoch_millis_array(table.column(TS))
+            late = pa.array((ms <= previous) | ~valid) if previous > 0 else pa.array(~valid)
+            if valid.any():
+                top = int(ms[valid].max())
+                event_time = top if event_time is None else max(event_time, top)
+        return BatchTimes(now, watermark), late, event_time
+
+    # ---------------------------------------------------------------- input
+    def _groups(self, store: Any, table: pa.Table | None) -> tuple[list, int]:
+        """``(key, encoded key, rows factory)`` per key, in encoded-key order, and
+        how many rows had a null key (dropped: keys are never null in the store)."""
+        if table is None or table.num_rows == 0:
+            return [], 0
+        valid = None
+        for k in self.keys:
+            v = table.column(k).is_valid()
+            valid = v if valid is None else pc.and_(valid, v)
+        dropped = table.num_rows - (pc.sum(valid).as_py() or 0)
+        if dropped:
+            table = table.filter(valid)
+        table = deterministic_order(table, self.keys)
+        key_cols = [table.column(k).to_pylist() for k in self.keys]
+        key_list = key_cols[0] if len(self.keys) == 1 else list(zip(*key_cols, strict=True))
+        data = table.select(self.input_columns)
+        bounds = _group_bounds(key_list)
+        encode = store.encode_key
+        single = len(self.keys) == 1
+        if self.api == "pandas":
+            frame = data.to_pandas()  # one conversion per batch; keys take slices
+            make = _pandas_slices(frame)
+        else:
+            make = _row_slices(data)
+        groups = []
+        for start, end in bounds:
+            stored = key_list[start]
+            key = (stored,) if single else stored
+            groups.append((key, encode(stored), make(start, end)))
+        # encoded-key order (the sort above is Arrow's: the same for str and int
+        # keys, but not for every type mix)
+        groups.sort(key=lambda g: g[1])
+        return groups, dropped
+
+    def _initial(self, version: int) -> dict[tuple, list[Any]] | None:
+        """The partition's initial state by key, in the query's first batch only."""
+        if not self.initial or version != 0:
+            return None
+        from pyspark import TaskContext
+
+        raw = self.initial.get(TaskContext.get().partitionId())
+        if raw is None:
+            return None
+        table = pa.ipc.open_stream(raw).read_all()
+        table = deterministic_order(table, self.keys)
+        key_cols = [table.column(k).to_pylist() for k in self.keys]
+        key_list = list(zip(*key_cols, strict=True))
+        out: dict[tuple, list[Any]] = {}
+        if self.api == "pandas":
+            frame = table.to_pandas()
+            for start, end in _group_bounds(key_list):
+                out[key_list[start]] = [_reindexed(frame.iloc[start:end])]
+        else:
+            from pyspark.sql import Row
+
+            make = Row(*table.column_names)
+            for start, end in _group_bounds(key_list):
+                rows = zip(
+                    *[table.column(c).to_pylist()[start:end] for c in table.column_names],
+                    strict=True,
+                )
+                out[key_list[start]] = [make(*r) for r in rows]
+        return out
+
+    # ---------------------------------------------------------------- output
+    def _output(self, outputs: list[Any]) -> pa.Table:
+        schema = arrow_schema(self.out_schema_json)
+        if not outputs:
+            return schema.empty_table()
+        if self.api == "pandas":
+            import pandas as pd
+
+            frames = [f for f in outputs if len(f)]
+            if not frames:
+                return schema.empty_table()
+            for f in frames:
+                if not isinstance(f, pd.DataFrame):
+                    from pyspark.errors import PySparkValueError
+
+                    raise PySparkValueError(
+                        "Invalid return type. Please make sure that the UDF returns a "
+                        "pandas.DataFrame when the specified return type is StructType."
+                    )
+            for f in frames:
+                missing = [n for n in schema.names if n not in f.columns]
+                if missing:
+                    raise ValueError(
+                        f"a DataFrame the processor returned has no column {missing[0]!r} of "
+                        f"the output schema (it has {list(f.columns)})"
+                    )
+            table = _concat_columns(frames, schema)
+            if table is not None:
+                return table
+            frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+            return pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
+        names = schema.names
+        tuples = []
+        for row in outputs:
+            fields = getattr(row, "__fields__", None)
+            if fields is None or fields == names:  # by position: a plain tuple, or in order
+                tuples.append(row)
+            else:  # Spark reads a Row by field name
+                d = row.asDict(True)
+                tuples.append(tuple(d.get(n) for n in names))
+        columns = [list(c) for c in zip(*tuples, strict=True)] or [[] for _ in names]
+        return pa.Table.from_arrays(
+            [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+        )
+
+
+def _group_bounds(keys: list[Any]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of equal keys in a sorted list."""
+    bounds = []
+    start = 0
+    for i in range(1, len(keys)):
+        if keys[i] != keys[i - 1]:
+            bounds.append((start, i))
+            start = i
+    if keys:
+        bounds.append((start, len(keys)))
+    return bounds
+
+
+def _concat_columns(frames: list[Any], schema: pa.Schema) -> pa.Table | None:
+    """The frames' rows as one table of ``schema``, column by column: each frame's
+    column arrays joined with numpy, several times faster than ``pd.concat`` over
+    thousands of one-row frames (one per key). None when a column is not a plain
+    numpy array (extension dtypes), and the caller concatenates with pandas."""
+    import numpy as np
+
+    columns = []
+    try:
+        for f in schema:
+            parts = [frame._get_column_array(frame.columns.get_loc(f.name)) for frame in frames]
+            if not all(type(p) is np.ndarray for p in parts):
+                return None
+            values = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            columns.append(pa.array(values, type=f.type, from_pandas=True))
+    except (AttributeError, TypeError, ValueError, pa.ArrowException):
+        return None
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _reindexed(frame: Any) -> Any:
+    """A slice of the batch's frame indexed 0..n-1, as Spark builds each key's frame
+    (a new index on a view: no copy)."""
+    import pandas as pd
+
+    frame.index = pd.RangeIndex(len(frame))
+    return frame
+
+
+def _pandas_slices(frame: Any) -> Any:
+    def make(start: int, end: int) -> Any:
+        # a slice keeps the batch frame's row labels: re-indexing each key's slice
+        # cost more than the slice itself (measured in BENCHMARKS.md)
+        return lambda: iter([frame.iloc[start:end]])
+
+    return make
+
+
+def _row_slices(data: pa.Table) -> Any:
+    from pyspark.sql import Row
+
+    factory = Row(*data.column_names)
+    tuples = list(zip(*[c.to_pylist() for c in data.columns], strict=True))
+
+    def make(start: int, end: int) -> Any:
+        return lambda: itertools.starmap(factory, tuples[start:end])
+
+    return make
+
+
+def _empty_partition_now(provider: Any, info: Any) -> int:
+    """Processing time of a partition without rows: the wall clock, recorded in the
+    checkpoint by the first attempt so that a retried task uses the same time."""
+    from sessionstore.checkpoint.layout import processing_time_name
+
+    storage = provider.operator_storage
+    name = processing_time_name(info.batch_id, info.partition)
+    if storage.exists(name):
+        return INT64.unpack(storage.read(name))[0]
+    now = int(time.time() * 1000)
+    storage.write_atomic(name, INT64.pack(now))
+    if info.batch_id >= 2:  # older batches are never retried
+        storage.delete(processing_time_name(info.batch_id - 2, info.partition))
+    return now
