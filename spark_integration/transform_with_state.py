@@ -48,9 +48,9 @@ from sessionstore.operators.processors import (
     normalise_time_mode,
 )
 from spark_integration.backend import StateBackend
+from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema
-from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.planning import (
     TS,
     WATERMARK_DELAY_KEY,
