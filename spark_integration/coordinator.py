@@ -1,5 +1,7 @@
-"""The event-time coordinator: one small TCP server in the driver, like Flink's
-OperatorCoordinator, so that tasks share their event time without object storage.
+"""The coordinator: one small TCP server in the driver, like Flink's
+OperatorCoordinator, so that tasks share their event time without object storage,
+and their state metrics reach the driver with no request of their own (every
+operator's tasks report after their commit; :meth:`Coordinator.batch_metrics`).
 
 Each task of an event-time operator (``sessionize``, ``window_aggregate``) tells
 the coordinator its partition's event time once its commit is durable
@@ -260,6 +262,22 @@ class Coordinator:
         state = self.operator(address)
         with state.lock:
             return dict(state.metrics.get((run, batch), {}))
+
+    def batch_metrics(self, run: Any, batch: int) -> dict[str, list[dict[str, Any]]]:
+        """The task metrics records every operator's tasks reported for ``batch`` of
+        query run ``run`` (a query's ``runId``), by operator name; operators with
+        none are left out. What :class:`~spark_integration.metrics.StateMetricsListener`
+        prints: the records reached the driver with the tasks' reports, so this
+        costs no object-store request and no Spark job."""
+        with self._lock:
+            operators = [(key[1], state) for key, (_, state) in self._operators.items()]
+        out: dict[str, list[dict[str, Any]]] = {}
+        for name, state in operators:
+            with state.lock:
+                records = [r for r in state.metrics.get((run, batch), {}).values() if r]
+            if records:
+                out[name] = records
+        return out
 
     def stop(self) -> None:
         """Stop serving (tests; a driver's coordinator lives as long as the driver)."""

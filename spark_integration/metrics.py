@@ -1,20 +1,26 @@
-"""State metrics in the job: each task's record reaches the driver through Spark.
+"""State metrics in the job: each task's record reaches the driver, one line per
+operator and micro-batch.
 
-Every task already knows its metrics once it has committed (the same record its
-changelog header carries, see :mod:`sessionstore.checkpoint.metrics`, plus its own
-commit time). Reading P changelog headers per micro-batch on the driver would cost P
-object-store requests per batch, and PySpark offers no accumulators to a
-``mapInArrow`` task. So the task hands its record to Spark itself: after its output
-it yields one more row, whose hidden column ``__ss_metrics`` holds the record (and
-whose other columns are null); the operator's DataFrame aggregates that column with
-``df.observe("sessionstore.<name>", ...)`` and filters those rows out again. Spark
-collects observed metrics with the task results it sends anyway, so the driver's
-cost does not grow with the partition count in object-store requests (none at all),
-and the aggregate appears in ``query.lastProgress["observedMetrics"]`` and in every
-``StreamingQueryListener`` event, next to Spark's own progress.
+Every task knows its metrics once it has committed (the record its changelog
+header carries, see :mod:`sessionstore.checkpoint.metrics`, plus its own commit
+time). Reading P changelog headers per micro-batch on the driver would cost P
+object-store requests per batch, so the record travels another way:
 
-:func:`log_state_metrics` registers a listener that prints one line per operator
-and micro-batch from those observed metrics.
+* **The coordinator (default).** Every task already tells the driver's
+  coordinator (:mod:`spark_integration.coordinator`) that it has committed, which
+  is how event time is shared; the record rides along in that report. The
+  :class:`StateMetricsListener` that :func:`log_state_metrics` registers reads the
+  records of each finished micro-batch from the coordinator and prints one line
+  per operator. No object-store request, no extra row, no Spark job: the cost per
+  task is one small message (none extra for event-time operators, which report
+  anyway; BENCHMARKS.md, "State metrics").
+* **Observed metrics (opt-in, :data:`METRICS_CONF`).** For
+  ``query.lastProgress["observedMetrics"]`` too, the task yields one more row
+  whose hidden column ``__ss_metrics`` holds the record; the operator's DataFrame
+  aggregates it with ``df.observe("sessionstore.<name>", ...)`` and filters those
+  rows out. That costs the JVM work on every output row (5-15% of the 1M-event
+  benchmark), so it is off unless asked for, and it is how metrics reach the
+  driver where the coordinator cannot (Spark Connect).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.checkpoint.metrics import LOAD_KINDS
+from sessionstore.checkpoint.metrics import LOAD_KINDS, summarize_batch
 
 __all__ = [
     "METRICS_COLUMN",
@@ -35,6 +41,7 @@ __all__ = [
     "StateMetricsListener",
     "log_state_metrics",
     "format_line",
+    "batch_lines",
     "with_state_metrics",
 ]
 
@@ -42,10 +49,11 @@ __all__ = [
 METRICS_COLUMN = "__ss_metrics"
 #: Observed metrics of an operator are named this followed by the operator's name.
 OBSERVATION_PREFIX = "sessionstore."
-#: The Spark conf key that turns the in-job metrics on for operators built after it
-#: is set (:func:`log_state_metrics` sets it). Off by default: the metrics rows and
-#: ``observe`` cost the JVM work on every output row (BENCHMARKS.md, "State
-#: metrics"), while the changelog headers carry the same records for free.
+#: The Spark conf key that adds the operators' metrics to Spark's observed metrics
+#: (``query.lastProgress["observedMetrics"]``) for operators built after it is set.
+#: Off by default: the metrics rows and ``observe`` cost the JVM work on every
+#: output row (BENCHMARKS.md, "State metrics"); :func:`log_state_metrics` needs it
+#: only where there is no coordinator.
 METRICS_CONF = "spark.sessionstore.metrics.enabled"
 
 #: The task record's fields as they travel (Spark DDL types).
@@ -144,10 +152,13 @@ def with_state_metrics(df: Any, task: Any, out_schema: Any, name: str) -> Any:
 
 
 def format_line(name: str, metrics: dict[str, Any]) -> str:
-    """One line for an operator's observed metrics of a micro-batch."""
-    loads = " ".join(
-        f"{kind}:{metrics[f'loads_{kind}']}" for kind in LOAD_KINDS if metrics.get(f"loads_{kind}")
-    )
+    """One line for an operator's metrics of a micro-batch: a ``sessionstore stats``
+    row (:func:`~sessionstore.checkpoint.metrics.summarize_batch`) or an observed
+    metrics row (its ``loads_<kind>`` counts)."""
+    loads = metrics.get("loads")
+    if loads is None:
+        loads = {k: metrics.get(f"loads_{k}") for k in LOAD_KINDS}
+    loads_text = " ".join(f"{k}:{loads[k]}" for k in LOAD_KINDS if loads.get(k))
 
     def ms(value: Any) -> str:
         return "-" if value is None else f"{value:.1f}ms"
@@ -157,11 +168,29 @@ def format_line(name: str, metrics: dict[str, Any]) -> str:
         f"partitions, {metrics.get('rows_total') or 0:,} rows (+{metrics.get('rows_updated') or 0:,}"
         f" -{metrics.get('rows_removed') or 0:,}), emitted {metrics.get('emitted') or 0:,}, "
         f"late {metrics.get('late_dropped') or 0:,}, load max {ms(metrics.get('load_ms_max'))} "
-        f"({loads or '-'}), commit p50 {ms(metrics.get('commit_ms_p50'))} max "
+        f"({loads_text or '-'}), commit p50 {ms(metrics.get('commit_ms_p50'))} max "
         f"{ms(metrics.get('commit_ms_max'))}, uploaded {metrics.get('uploaded_bytes') or 0:,} B, "
         f"snapshot lag {metrics.get('snapshot_lag_max')}, native memory "
         f"{(metrics.get('memory_bytes_max') or 0) / 2**20:.1f} MiB"
     )
+
+
+def batch_lines(run: Any, batch: int, observed: dict[str, Any] | None = None) -> list[str]:
+    """The lines of micro-batch ``batch`` of query run ``run``: one per operator,
+    from the records its tasks reported to this driver's coordinator, else from
+    ``observed`` (the progress's observed metrics, when :data:`METRICS_CONF` is on)."""
+    from spark_integration.coordinator import driver_coordinator
+
+    lines: dict[str, str] = {}
+    coordinator = driver_coordinator()
+    if coordinator is not None:
+        for name, records in coordinator.batch_metrics(run, batch).items():
+            lines[name] = format_line(name, summarize_batch(name, batch, records))
+    for key, row in (observed or {}).items():
+        name = key[len(OBSERVATION_PREFIX) :]
+        if key.startswith(OBSERVATION_PREFIX) and name not in lines:
+            lines[name] = format_line(name, row.asDict() if hasattr(row, "asDict") else row)
+    return [lines[name] for name in sorted(lines)]
 
 
 def _listener_base() -> type:
@@ -181,9 +210,10 @@ class StateMetricsListener(_listener_base()):  # type: ignore[misc]
         pass
 
     def onQueryProgress(self, event: Any) -> None:  # noqa: N802
-        for name, row in sorted((event.progress.observedMetrics or {}).items()):
-            if name.startswith(OBSERVATION_PREFIX):
-                self._out(format_line(name[len(OBSERVATION_PREFIX) :], row.asDict()))
+        progress = event.progress
+        run = None if progress.runId is None else str(progress.runId)
+        for line in batch_lines(run, progress.batchId, progress.observedMetrics):
+            self._out(line)
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802
         pass
@@ -193,11 +223,16 @@ class StateMetricsListener(_listener_base()):  # type: ignore[misc]
 
 
 def log_state_metrics(spark: Any, out: Callable[[str], None] | None = None) -> Any:
-    """Turn the in-job metrics on (:data:`METRICS_CONF`) for the operators built
-    after this call, register a :class:`StateMetricsListener` on ``spark`` and return
-    it (remove it with ``spark.streams.removeListener``): one line per operator and
-    micro-batch."""
-    spark.conf.set(METRICS_CONF, "true")
+    """Register a :class:`StateMetricsListener` on ``spark`` and return it (remove it
+    with ``spark.streams.removeListener``): one line per sessionstore operator and
+    micro-batch, from the records the tasks reported to the driver's coordinator.
+    Call it before or after building the operators. Where there is no coordinator
+    (it is turned off, or Spark Connect), it turns on :data:`METRICS_CONF` for the
+    operators built after this call and prints their observed metrics instead."""
+    from spark_integration.coordinator import ENABLED_CONF
+
+    if str(spark.conf.get(ENABLED_CONF, "true")).strip().lower() in ("false", "0", "no"):
+        spark.conf.set(METRICS_CONF, "true")
     listener = StateMetricsListener(out)
     spark.streams.addListener(listener)
     return listener

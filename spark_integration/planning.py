@@ -7,7 +7,7 @@ unioned into one tagged input (:func:`tagged_union`), the backend comes from the
 session's conf when not given, and the partition count from the operator's
 checkpoint or the cluster's cores (:func:`partition_count`). Tasks read the columns
 named here (:data:`SIDE`, :data:`TS`). An event-time operator is registered with
-the driver's coordinator (:func:`event_time_coordinator`).
+the driver's coordinator (:func:`operator_coordinator`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = [
     "partition_count",
     "PARTITIONS_CONF",
     "PARTITIONS_PER_CORE",
-    "event_time_coordinator",
+    "operator_coordinator",
     "warn_tcp_workers",
     "checked_fields",
     "time_column",
@@ -161,8 +161,8 @@ def partition_count(
     return PARTITIONS_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism))
 
 
-def event_time_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
-    """The address of this driver's event-time coordinator for operator ``name``
+def operator_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
+    """The address of this driver's coordinator (event time, state metrics) for ``name``
     (started on first use, see :mod:`spark_integration.coordinator`), for its
     tasks; None when it is turned off or cannot listen."""
     from spark_integration.coordinator import coordinator_for

@@ -268,8 +268,8 @@ def state_and_inputs(
         yield handle, provider, inputs, shared
     # committed: the changelog holding this event time is durable, so the report
     # can never tell the coordinator a time the durable record does not say
-    if shared_event_time and coordinator is not None:
-        event_time = handle.header.get(EVENT_TIME_FIELD)
+    if coordinator is not None:  # every operator reports: its metrics ride along
+        event_time = handle.header.get(EVENT_TIME_FIELD) if shared_event_time else None
         report(coordinator, info.run, info.batch_id, info.partition, event_time, _task_metrics)
 
 

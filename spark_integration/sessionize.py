@@ -30,7 +30,7 @@ from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
-from spark_integration.planning import event_time_coordinator, grace_ms, key_types, resolve
+from spark_integration.planning import grace_ms, key_types, operator_coordinator, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
 
 __all__ = ["sessionize", "SessionAggregation"]
@@ -75,7 +75,7 @@ def sessionize(
         out_fields.append(T.StructField("change", T.StringType()))
     out_schema = T.StructType(out_fields)
     backend, n = resolve(df, backend, num_partitions, name)
-    coordinator = event_time_coordinator(df, backend, name, n)
+    coordinator = operator_coordinator(df, backend, name, n)
     task = _SessionizeTask(
         backend=backend,
         name=name,

@@ -21,6 +21,7 @@ from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
 from spark_integration.backend import StateBackend
+from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema, record_batch
@@ -29,6 +30,7 @@ from spark_integration.planning import (
     TS,
     checked_fields,
     key_types,
+    operator_coordinator,
     resolve,
     tagged_union,
     time_column,
@@ -93,6 +95,7 @@ def temporal_join(
         ],
     )
     backend, n = resolve(stream_df, backend, num_partitions, name)
+    coordinator = operator_coordinator(stream_df, backend, name, n)  # metrics to the driver
     task = _TemporalJoinTask(
         backend=backend,
         name=name,
@@ -105,6 +108,7 @@ def temporal_join(
         renamed=renamed,
         out_schema_json=out_schema.json(),
         key_types=key_types(combined, keys),
+        coordinator=coordinator,
     )
     return with_state_metrics(combined.repartition(n, *keys), task, out_schema, name)
 
@@ -122,6 +126,7 @@ class _TemporalJoinTask:
     renamed: dict[str, str]
     out_schema_json: str
     key_types: list[str]
+    coordinator: CoordinatorAddress | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
@@ -135,6 +140,7 @@ class _TemporalJoinTask:
             self.num_partitions,
             batches,
             key_types=self.key_types,
+            coordinator=self.coordinator,
         ) as (handle, _, inputs, _):
             join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
             if inputs:

@@ -55,8 +55,8 @@ from spark_integration.planning import (
     TS,
     WATERMARK_DELAY_KEY,
     checked_fields,
-    event_time_coordinator,
     key_types,
+    operator_coordinator,
     resolve,
 )
 from spark_integration.runtime import deterministic_order, state_and_inputs, task_info
@@ -204,7 +204,7 @@ def _transform(
     if mode != "None":
         columns.append(F.unix_millis(F.current_timestamp()).alias(NOW))
     backend, n = resolve(df, backend, num_partitions, name)
-    coordinator = event_time_coordinator(df, backend, name, n) if mode == "EventTime" else None
+    coordinator = operator_coordinator(df, backend, name, n)
     initial = None if initial_state is None else _initial_by_partition(initial_state, df, keys, n)
     task = _ProcessorTask(
         backend=backend,

@@ -21,6 +21,7 @@ from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from spark_integration.backend import StateBackend
+from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
 from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema, record_batch
@@ -29,6 +30,7 @@ from spark_integration.planning import (
     TS,
     checked_fields,
     key_types,
+    operator_coordinator,
     resolve,
     tagged_union,
     time_column,
@@ -84,6 +86,7 @@ def window_join(
         ],
     )
     backend, n = resolve(left_df, backend, num_partitions, name)
+    coordinator = operator_coordinator(left_df, backend, name, n)  # metrics to the driver
     task = _WindowJoinTask(
         backend=backend,
         name=name,
@@ -95,6 +98,7 @@ def window_join(
         right_out=right_out,
         out_schema_json=out_schema.json(),
         key_types=key_types(combined, keys),
+        coordinator=coordinator,
     )
     return with_state_metrics(combined.repartition(n, *keys), task, out_schema, name)
 
@@ -111,6 +115,7 @@ class _WindowJoinTask:
     right_out: dict[str, str]
     out_schema_json: str
     key_types: list[str]
+    coordinator: CoordinatorAddress | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
@@ -128,6 +133,7 @@ class _WindowJoinTask:
             self.num_partitions,
             batches,
             key_types=self.key_types,
+            coordinator=self.coordinator,
         ) as (handle, _, inputs, _):
             join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
             if inputs:

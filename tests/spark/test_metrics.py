@@ -10,9 +10,16 @@ import pytest
 
 from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.layout import changelog_name
+from sessionstore.checkpoint.metrics import LOAD_KINDS, summarize_batch
 from sessionstore.tools.reader import CheckpointSource
 from spark_integration import StateBackend, sessionize
-from spark_integration.metrics import METRICS_CONF, log_state_metrics, with_state_metrics
+from spark_integration.coordinator import driver_coordinator
+from spark_integration.metrics import (
+    METRICS_CONF,
+    format_line,
+    log_state_metrics,
+    with_state_metrics,
+)
 from tests.spark.streams import json_source, write_json
 
 pytestmark = pytest.mark.slow
@@ -38,7 +45,7 @@ def _pass_through(batches):
     yield from batches
 
 
-def test_in_job_metrics_are_off_until_log_state_metrics_turns_them_on(spark, metrics_off):
+def test_observed_metrics_are_off_unless_the_conf_key_turns_them_on(spark, metrics_off):
     from pyspark.sql import types as T
 
     df = spark.createDataFrame([("a", 1)], "user string, n long")
@@ -49,8 +56,11 @@ def test_in_job_metrics_are_off_until_log_state_metrics_turns_them_on(spark, met
     # off: a plain mapInArrow, the declared schema, no metrics operator in the plan
     assert plain.schema == schema
     assert "CollectMetrics" not in plain._jdf.queryExecution().logical().toString()
+    # the listener reads the coordinator: it does not add work to the operators
     listener = log_state_metrics(spark, lambda line: None)
     spark.streams.removeListener(listener)
+    assert spark.conf.get(METRICS_CONF, "false") == "false"
+    spark.conf.set(METRICS_CONF, "true")
     observed = with_state_metrics(df, _pass_through, schema, "on")
     assert "CollectMetrics" in observed._jdf.queryExecution().logical().toString()
     assert observed.columns == ["user", "n"]
@@ -75,7 +85,8 @@ def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path, metric
     backend = StateBackend(str(tmp_path / "ckpt"), local_dir=str(tmp_path / "local"))
     source = tmp_path / "in"
     lines: list[str] = []
-    listener = log_state_metrics(spark, lines.append)  # before the operator: turns it on
+    listener = log_state_metrics(spark, lines.append)
+    spark.conf.set(METRICS_CONF, "true")  # observed metrics too: both paths must agree
     out = sessionize(
         json_source(spark, source, "user string, ts long"),
         key="user", timestamp="ts", gap=f"{GAP_MS} ms", aggregations={"n": "count"},
@@ -93,6 +104,7 @@ def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path, metric
             write_json(source, i, [{"user": u, "ts": t} for u, t in rows])
             query.processAllAvailable()
         progress = [p for p in query.recentProgress if p.numInputRows]
+        run = str(query.runId)
     finally:
         query.stop()
     deadline = time.monotonic() + 30
@@ -124,6 +136,18 @@ def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path, metric
     assert all(sum(o[k] for k in kinds) == 2 for o in observed)
     assert [o["snapshot_lag_max"] for o in observed] == [1, 2, 3]
     assert all(o["commit_ms_max"] > 0 and o["memory_bytes_max"] > 0 for o in observed)
+    # the lines come from the records the tasks reported to the driver's coordinator
+    # (no request, no extra row), and they say what the observed metrics say
+    coordinator = driver_coordinator()
+    reported = [coordinator.batch_metrics(run, b)["metered"] for b in range(3)]
+    assert [len(r) for r in reported] == [2, 2, 2]
+    summaries = [summarize_batch("metered", b, r) for b, r in enumerate(reported)]
+    for summary, o in zip(summaries, observed, strict=True):
+        for field in ("partitions", "rows_total", "rows_updated", "rows_removed"):
+            assert summary[field] == o[field], field
+        assert (summary["late_dropped"], summary["emitted"]) == (o["late_dropped"], o["emitted"])
+        assert summary["loads"] == {k: o[f"loads_{k}"] for k in LOAD_KINDS if o[f"loads_{k}"]}
+    assert lines == [format_line("metered", summary) for summary in summaries]
     assert [line.split(":")[0] for line in lines] == [
         f"sessionstore metered batch {i}" for i in range(3)
     ]
