@@ -168,3 +168,23 @@ def test_a_bad_port_setting_is_named():
     with pytest.raises(ValueError, match=r"got '70000'"):
         coord._port("70000")
     assert coord._port(" 7077 ") == 7077
+
+
+def test_batch_metrics_gives_each_operators_records_of_one_run_and_batch(coordinator, tmp_path):
+    """What the metrics listener prints from: per operator, the records of one
+    batch of one query run; operators and runs without reports are left out."""
+    uri = f"file://{tmp_path}/remote"
+    sessions = coordinator.register(uri, "sessions", 2)
+    joins = coordinator.register(uri, "joins", 1)
+    coordinator.register(uri, "idle", 1)
+    report(sessions, "run-1", 3, 0, 10, {"rows_total": 5})
+    report(sessions, "run-1", 3, 1, None, {"rows_total": 7})
+    report(joins, "run-1", 3, 0, None, {"emitted": 2})
+    report(joins, "run-2", 3, 0, None, {"emitted": 9})  # another run of a query
+    report(sessions, "run-1", 4, 0, 11, {"rows_total": 6})
+    found = coordinator.batch_metrics("run-1", 3)
+    assert sorted(found) == ["joins", "sessions"]
+    assert sorted(r["rows_total"] for r in found["sessions"]) == [5, 7]
+    assert found["joins"] == [{"emitted": 2}]
+    assert coordinator.batch_metrics("run-2", 3) == {"joins": [{"emitted": 9}]}
+    assert coordinator.batch_metrics("run-1", 5) == {}
