@@ -73,7 +73,7 @@ def main() -> None:
     from spark_integration.coordinator import driver_coordinator
 
     coordinator = driver_coordinator()
-    n = partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    n = partitions or int(spark.conf.get("spark.sessionstore.partitions"))
     stats = coordinator.operator(coordinator.register(uri, "loss", n, options)).stats
     spark.stop()
     result = {"rows": rows, "killed": killed, "app_dir": app_dir, "coordinator": stats}
