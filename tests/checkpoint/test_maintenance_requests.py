@@ -1,0 +1,100 @@
+"""Object-store requests of a partition's long life on S3, pruning included
+(issue #16: at most 4 requests per task per micro-batch, snapshots included),
+counted at a real S3 endpoint (moto), and the state a restore brings back."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sessionstore import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.layout import PartitionFiles
+from tests.object_stores import (
+    moto_s3_server,
+    new_bucket,
+    reset_s3_request_counts,
+    s3_request_counts,
+)
+
+SPECS = [StoreSpec("counts", "kv", 0), StoreSpec("sessions", "session", 10**9)]
+VERSIONS = 150
+SNAPSHOT_INTERVAL = 10
+RETAIN = 20
+#: The goal of issue #16, per task and micro-batch on average.
+BUDGET = 4.0
+
+
+def everything(handle):
+    """The whole state a handle sees: every count, and the sessions of each key."""
+    counts = dict(handle["counts"].items())
+    sessions = {
+        k: [(w.start, w.end, v) for w, v in handle["sessions"].fetch(k)] for k in sorted(counts)
+    }
+    return counts, sessions
+
+
+def test_a_long_run_with_pruning_stays_within_four_requests_per_version(tmp_path):
+    """150 versions of one partition, a snapshot every 10 and maintenance after it
+    (as a Spark task runs it), 20 versions retained, so pruning runs 13 times: every
+    request the S3 server receives (PUT, GET, HEAD, DELETE, POST, listings) averages
+    at most 4 per version. A new executor restoring the latest version from its
+    snapshot alone gets exactly the live state."""
+    rng = random.Random(16)
+    with moto_s3_server(record=True) as options:
+        uri = f"s3://{new_bucket(options)}/ck"
+        live = StateStoreProvider(
+            uri, "op", 0, SPECS, str(tmp_path / "live"), snapshot_interval=SNAPSHOT_INTERVAL,
+            retain_versions=RETAIN, storage_options=options,
+        )  # fmt: skip
+        reset_s3_request_counts(options)
+        pruned = 0
+        for v in range(VERSIONS):
+            h = live.get_store(v)
+            for _ in range(20):
+                key = f"k{rng.randrange(200)}"
+                if rng.random() < 0.2:
+                    h["counts"].delete(key)
+                else:
+                    h["counts"].put(key, rng.randrange(1000))
+                    start = rng.randrange(10**6)
+                    h["sessions"].put(key, start, start + 10, v)
+            version = h.commit()
+            if version % SNAPSHOT_INTERVAL == 0:
+                report = live.do_maintenance()
+                pruned += bool(report["deleted"])
+        counts = s3_request_counts(options)
+        per_version = sum(counts.values()) / VERSIONS
+        print(f"requests per version: {per_version:.2f} {counts}")
+        assert pruned >= 12, pruned  # pruning ran many times, not once at the end
+        assert per_version <= BUDGET, counts
+
+        files = PartitionFiles(live._remote)
+        assert max(files.snapshots()) == VERSIONS
+        assert files.loadable()[-RETAIN:] == list(range(VERSIONS - RETAIN + 1, VERSIONS + 1))
+        h = live.get_store(VERSIONS)
+        want = everything(h)
+        h.abort()
+        live.close()
+
+        restores = []
+        fresh = StateStoreProvider(
+            uri, "op", 0, SPECS, str(tmp_path / "fresh"), storage_options=options,
+            progress=lambda label, done, total: restores.append(label),
+        )  # fmt: skip
+        h = fresh.get_store(VERSIONS)
+        assert everything(h) == want
+        assert "download snapshot" in restores and fresh.last_metrics is None
+        h.abort()
+        fresh.close()
+    assert len(want[0]) > 50
+
+
+@pytest.mark.parametrize("value", [1, 2])
+def test_fewer_than_three_retained_versions_are_refused(tmp_path, value):
+    """An event-time operator reads the changelog of the version before the latest:
+    a provider keeps at least 3 versions."""
+    with pytest.raises(ValueError, match=f"retain_versions must be at least 3, got {value}"):
+        StateStoreProvider(
+            f"file://{tmp_path}/r", "op", 0, SPECS, str(tmp_path / "l"), retain_versions=value
+        )
