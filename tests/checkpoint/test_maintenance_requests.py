@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.layout import PartitionFiles
+from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.layout import (
+    PartitionFiles,
+    changelog_names,
+    content_name,
+    manifest_name,
+)
+from sessionstore.checkpoint.snapshot import read_manifest, referenced
+from sessionstore.checkpoint.verify import verify_checkpoint
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,
@@ -98,3 +107,56 @@ def test_fewer_than_three_retained_versions_are_refused(tmp_path, value):
         StateStoreProvider(
             f"file://{tmp_path}/r", "op", 0, SPECS, str(tmp_path / "l"), retain_versions=value
         )
+
+
+def as_written_by_an_earlier_release(remote, version):
+    """Rewrite a partition as releases before packs and changelog groups left it:
+    the manifest of ``version`` in format 1 (every file by content) and every
+    changelog at its flat name."""
+    manifest = read_manifest(remote, version)
+    blob = remote.read(content_name(manifest["pack"]["sha256"]))
+    files = list(manifest["files"])
+    for entry in manifest["pack"]["files"]:
+        data = blob[entry["offset"] : entry["offset"] + entry["size"]]
+        remote.write_atomic(content_name(entry["sha256"]), data)
+        files.append({"name": entry["name"], "sha256": entry["sha256"], "size": entry["size"]})
+    remote.delete(content_name(manifest["pack"]["sha256"]))
+    old = {"format": 1, "version": version, "files": files}
+    remote.write_atomic(manifest_name(version), msgpack.packb(old))
+    for v, name in PartitionFiles(remote).changelog_files().items():
+        remote.write_atomic(changelog_names(v)[1], remote.read(name))
+        remote.delete(name)
+
+
+def test_a_checkpoint_of_an_earlier_release_loads_and_is_pruned(tmp_path):
+    """Format-1 manifests and flat changelogs restore, replay and verify; the next
+    maintenance prunes the flat changelogs one by one and the format-1 files as
+    orphans once their snapshot leaves retention."""
+    uri = f"file://{tmp_path}/r"
+    old = StateStoreProvider(uri, "op", 0, SPECS, str(tmp_path / "old"), snapshot_interval=5)
+    for v in range(7):
+        h = old.get_store(v)
+        h["counts"].put(f"k{v}", v)
+        h.commit()
+    old.do_maintenance()
+    old.close()
+    remote = open_filesystem(uri).child("op/0")
+    as_written_by_an_earlier_release(remote, 5)
+    assert remote.list("changelog") == [f"{v}.changelog" for v in range(1, 8)]
+    assert verify_checkpoint(uri).problems == []
+    p = StateStoreProvider(
+        uri, "op", 0, SPECS, str(tmp_path / "new"), snapshot_interval=5, retain_versions=3
+    )
+    h = p.get_store(7)  # snapshot 5 (format 1), then changelogs 6 and 7 (flat)
+    assert dict(h["counts"].items()) == {f"k{v}": v for v in range(7)}
+    h.abort()
+    for v in range(7, 12):
+        h = p.get_store(v)
+        h["counts"].put(f"k{v}", v)
+        h.commit()
+    p.do_maintenance()  # latest 12, keep 10-12: snapshot 10 is the base
+    assert p.list_versions() == [10, 11, 12]
+    assert remote.list_files("changelog") == [f"1/{v}.changelog" for v in (10, 11, 12)]
+    assert remote.list("snapshot") == ["10.manifest"]
+    assert set(remote.list("files")) == referenced(read_manifest(remote, 10))
+    p.close()
