@@ -248,14 +248,20 @@ class Storage:
 
     def list(self, rel: str = "") -> list[str]:
         """Names of the files directly below ``rel`` (empty if it does not exist)."""
+        return sorted(self.stamps(rel))
+
+    def stamps(self, rel: str = "") -> dict[str, tuple[int | None, int | None]]:
+        """``name -> (size, modification time in ns)`` of the files directly below
+        ``rel``, from the same one listing as :meth:`list` (an object rewritten
+        since shows another stamp)."""
         selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=False)
         with self._naming("list", rel):
             infos = self.fs.get_file_info(selector)
-        return sorted(
-            info.path.rsplit("/", 1)[-1]
+        return {
+            info.base_name: (info.size, info.mtime_ns)
             for info in infos
             if info.type == pafs.FileType.File and not info.base_name.startswith(".")
-        )
+        }
 
     def list_files(self, rel: str = "") -> list[str]:
         """Paths of the files at any depth below ``rel``, relative to it (empty if it

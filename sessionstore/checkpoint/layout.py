@@ -220,6 +220,16 @@ class PartitionFiles:
     def snapshots(self) -> set[int]:
         return _versions(self.storage.list(SNAPSHOT_DIR), _MANIFEST_SUFFIX)
 
+    def snapshot_stamps(self) -> dict[int, tuple[int | None, int | None]]:
+        """``version -> (size, modification time)`` of every manifest (one listing):
+        a manifest rewritten since (a speculative task's snapshot of the same
+        version) shows another stamp."""
+        return {
+            int(n[: -len(_MANIFEST_SUFFIX)]): stamp
+            for n, stamp in self.storage.stamps(SNAPSHOT_DIR).items()
+            if n.endswith(_MANIFEST_SUFFIX) and n[: -len(_MANIFEST_SUFFIX)].isdigit()
+        }
+
     def latest(self) -> int:
         """The newest committed version (0 when nothing was committed)."""
         return max(self.changelogs() | self.snapshots(), default=0)

@@ -341,9 +341,9 @@ class StateStoreProvider:
         self._load_kind, self._load_ms = "restore", 0.0
         self._opened_ms: float | None = None  # open_local's time since the last load
         self._snapshot_bytes = 0  # uploaded by maintenance since the last commit
-        #: manifests read or written, by version: immutable, so maintenance reads
-        #: each at most once instead of every retained one each time
-        self._manifests: dict[int, dict[str, Any]] = {}
+        #: manifests read, by version, with the listing's stamp of the object read:
+        #: maintenance reads each once instead of every retained one each time
+        self._manifests: dict[int, tuple[Any, dict[str, Any]]] = {}
         #: the metrics of the last commit, its timings included (after commit())
         self.last_metrics: dict[str, Any] | None = None
 
@@ -692,13 +692,13 @@ class StateStoreProvider:
         for version in self._local.pending_snapshots():
             path = self._local.snapshot(version)
             manifest = upload_snapshot(self._remote, path, version, known=known)
-            self._manifests[version] = manifest
             known |= referenced(manifest)
             report["snapshots"].append(version)
             report["uploaded_bytes"] += manifest["uploaded_bytes"]
             self._snapshot_bytes += manifest["uploaded_bytes"]
             shutil.rmtree(path, ignore_errors=True)
-        changelogs, snapshots = self._files.changelog_files(), self._snapshots()
+        changelogs, stamps = self._files.changelog_files(), self._files.snapshot_stamps()
+        snapshots = set(stamps)
         latest = max(set(changelogs) | snapshots, default=0)
         oldest_kept = latest - self.retain_versions + 1
         base = max((s for s in snapshots if s <= oldest_kept), default=None)
@@ -714,9 +714,13 @@ class StateStoreProvider:
                 del self._manifests[v]
         used = set()
         for v in snapshots:
-            if v not in self._manifests:
-                self._manifests[v] = read_manifest(self._remote, v)
-            used |= referenced(self._manifests[v])
+            # Not the manifest this provider wrote: another writer of the same
+            # version (a speculative task) may have replaced it, and the sweep must
+            # keep the files of the manifest that is stored. A stamp that changed
+            # since the read means such a rewrite: read it again.
+            if v not in self._manifests or self._manifests[v][0] != stamps[v]:
+                self._manifests[v] = (stamps[v], read_manifest(self._remote, v))
+            used |= referenced(self._manifests[v][1])
         for name in sorted(stored - used):
             self._remote.delete(content_name(name))
             report["deleted"].append(content_name(name))

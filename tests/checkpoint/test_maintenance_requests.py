@@ -160,3 +160,27 @@ def test_a_checkpoint_of_an_earlier_release_loads_and_is_pruned(tmp_path):
     assert remote.list("snapshot") == ["10.manifest"]
     assert set(remote.list("files")) == referenced(read_manifest(remote, 10))
     p.close()
+
+
+def test_a_manifest_rewritten_by_another_writer_keeps_its_files(tmp_path):
+    """Another writer of the same version (a speculative task) may replace a
+    manifest this provider has read: its sweep keeps the files of the manifest
+    that is stored, not of the one it remembers."""
+    uri = f"file://{tmp_path}/r"
+    p = StateStoreProvider(uri, "op", 0, SPECS, str(tmp_path / "l"), snapshot_interval=5)
+    for v in range(7):
+        h = p.get_store(v)
+        h["counts"].put(f"k{v}", v)
+        h.commit()
+        if (v + 1) % 5 == 0:
+            p.do_maintenance()
+    p.do_maintenance()  # manifest 5 read and remembered
+    remote = open_filesystem(uri).child("op/0")
+    as_written_by_an_earlier_release(remote, 5)  # other files, and no pack
+    h = p.get_store(7)
+    h["counts"].put("k7", 7)
+    h.commit()
+    p.do_maintenance()
+    p.close()
+    assert verify_checkpoint(uri).problems == []
+    assert set(remote.list("files")) == referenced(read_manifest(remote, 5))
