@@ -184,3 +184,10 @@ def test_a_manifest_rewritten_by_another_writer_keeps_its_files(tmp_path):
     p.close()
     assert verify_checkpoint(uri).problems == []
     assert set(remote.list("files")) == referenced(read_manifest(remote, 5))
+
+
+def test_a_backend_with_fewer_than_three_retained_versions_is_refused_on_the_driver():
+    from spark_integration import StateBackend
+
+    with pytest.raises(ValueError, match="retain_versions must be at least 3, got 2"):
+        StateBackend("s3://b/ck", retain_versions=2)
