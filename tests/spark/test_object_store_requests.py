@@ -9,6 +9,7 @@ import pytest
 from sessionstore.checkpoint.filesystem import open_filesystem
 from spark_integration import StateBackend
 from spark_integration.coordinator import driver_coordinator
+from spark_integration.planning import PARTITIONS_CONF
 from tests.models import offline_sessions
 from tests.object_stores import (
     moto_s3_server,
@@ -51,12 +52,13 @@ def test_requests_per_task_at_32_partitions_stay_within_budget(spark, tmp_path):
         backend = StateBackend(
             uri, local_dir=str(tmp_path / "local"), storage_options=options, snapshot_interval=10
         )
-        spark.conf.set("spark.sql.shuffle.partitions", str(PARTITIONS))
+        # sessionize's partition count (spark.sql.shuffle.partitions is not used)
+        spark.conf.set(PARTITIONS_CONF, str(PARTITIONS))
         reset_s3_request_counts(options)
         try:
             rows = run_query(spark, tmp_path / "in", tmp_path, "many", backend, batches)
         finally:
-            spark.conf.set("spark.sql.shuffle.partitions", "2")
+            spark.conf.unset(PARTITIONS_CONF)
         counts = settled_counts(options)
         # the snapshots were taken and uploaded (read after the count: the test's own)
         operator = open_filesystem(uri, options).child("many")
