@@ -96,12 +96,14 @@ def snapshot(db: Database, root: str, name: str, version: int) -> dict[str, int]
     storage = open_filesystem("file://" + os.path.join(root, "remote", name))
     known = set(storage.list(FILES_DIR))
     manifest = upload_snapshot(storage, checkpoint, version)
-    files = manifest["files"]
+    pack = manifest["pack"]
+    files = manifest["files"] + (pack["files"] if pack else [])
+    objects = manifest["files"] + ([pack] if pack else [])  # what the store holds
     return {
-        "objects": len(files),
+        "objects": len(objects),
         "sst": sum(f["name"].endswith(".sst") for f in files),
         "bytes": sum(f["size"] for f in files),
-        "uploaded": sum(f["sha256"] not in known for f in files),
+        "uploaded": sum(f["sha256"] not in known for f in objects),
         "uploaded_bytes": manifest["uploaded_bytes"],
     }
 

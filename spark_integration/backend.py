@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessionstore.checkpoint.filesystem import redact
-from sessionstore.checkpoint.provider import CommitObserver
+from sessionstore.checkpoint.provider import MIN_RETAIN_VERSIONS, CommitObserver
 from sessionstore.engine.memory import check_memory_max_mb
 
 __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
@@ -55,6 +55,11 @@ class StateBackend:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.retain_versions < MIN_RETAIN_VERSIONS:  # refused on the driver, not in tasks
+            raise ValueError(
+                f"retain_versions must be at least {MIN_RETAIN_VERSIONS}, "
+                f"got {self.retain_versions!r}"
+            )
         check_memory_max_mb(self.memory_max_mb)
 
     def __repr__(self) -> str:

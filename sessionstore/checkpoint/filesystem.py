@@ -248,11 +248,31 @@ class Storage:
 
     def list(self, rel: str = "") -> list[str]:
         """Names of the files directly below ``rel`` (empty if it does not exist)."""
+        return sorted(self.stamps(rel))
+
+    def stamps(self, rel: str = "") -> dict[str, tuple[int | None, int | None]]:
+        """``name -> (size, modification time in ns)`` of the files directly below
+        ``rel``, from the same one listing as :meth:`list` (an object rewritten
+        since shows another stamp)."""
         selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=False)
         with self._naming("list", rel):
             infos = self.fs.get_file_info(selector)
+        return {
+            info.base_name: (info.size, info.mtime_ns)
+            for info in infos
+            if info.type == pafs.FileType.File and not info.base_name.startswith(".")
+        }
+
+    def list_files(self, rel: str = "") -> list[str]:
+        """Paths of the files at any depth below ``rel``, relative to it (empty if it
+        does not exist). On S3 and GCS one listing request per 1000 objects, as
+        :meth:`list`."""
+        base = self.path(rel)
+        selector = pafs.FileSelector(base, allow_not_found=True, recursive=True)
+        with self._naming("list", rel):
+            infos = self.fs.get_file_info(selector)
         return sorted(
-            info.path.rsplit("/", 1)[-1]
+            info.path[len(base) :].strip("/")
             for info in infos
             if info.type == pafs.FileType.File and not info.base_name.startswith(".")
         )
@@ -296,6 +316,19 @@ class Storage:
             pass
         except OSError as exc:
             if "not found" not in str(exc).lower():
+                raise
+
+    def delete_dir(self, rel: str) -> None:
+        """Delete the folder ``rel`` and everything below it (nothing if it does not
+        exist). On S3 a listing and one DeleteObjects per 1000 objects, where
+        :meth:`delete` of each would cost a HEAD, a DELETE and a PUT apiece."""
+        try:
+            with self._naming("delete", rel):
+                self.fs.delete_dir(self.path(rel))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if "not found" not in str(exc).lower() and "does not exist" not in str(exc).lower():
                 raise
 
     def download(self, rel: str, local_path: str) -> None:

@@ -15,11 +15,17 @@ Remote, under the checkpoint URI (object storage)::
                                      written by earlier releases (now in the
                                      changelog header), still read: event_time.py
         <partition>/                 a decimal partition number
-          changelog/<N>.changelog    every write of version N (see changelog.py); its
-                                     upload is the commit point of version N
+          changelog/<G>/<N>.changelog  every write of version N (see changelog.py); its
+                                     upload is the commit point of version N. G is
+                                     N // CHANGELOG_GROUP: pruning deletes a whole
+                                     group with one listing and one bulk delete.
+                                     Earlier releases wrote changelog/<N>.changelog,
+                                     still read (changelog_names)
           snapshot/<N>.manifest      the files of the snapshot of version N (see
                                      snapshot.py); written last, so it is the snapshot
-          files/<sha256>             snapshot files by content, shared by snapshots
+          files/<sha256>             snapshot files by content, shared by snapshots;
+                                     a snapshot's small files go in one pack, itself
+                                     a content file
           .<name>.<uuid>.tmp         an upload in progress or killed: never read
 
 Local, under an executor's ``local_dir`` (one partition's working copy)::
@@ -48,12 +54,15 @@ Meta keys of a local database (:meth:`StateDB.get_meta`):
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgpack
 
 from sessionstore.checkpoint.filesystem import Storage
 from sessionstore.encoding.ints import INT64
+
+T = TypeVar("T")
 
 __all__ = [
     "PartitionFiles",
@@ -68,7 +77,11 @@ __all__ = [
     "VERSION_KEY",
     "IDENTITY_KEY",
     "LAST_COMMIT_KEY",
+    "CHANGELOG_GROUP",
     "changelog_name",
+    "changelog_names",
+    "changelog_group",
+    "read_changelog_file",
     "manifest_name",
     "content_name",
     "event_time_name",
@@ -103,9 +116,29 @@ _CHANGELOG_SUFFIX = ".changelog"
 _MANIFEST_SUFFIX = ".manifest"
 
 
+#: Versions per changelog folder. On S3 a single delete costs three requests
+#: (pyarrow sends a HEAD before the DELETE and recreates the parent's marker after
+#: it), a folder's worth costs about five whatever its size (a listing and one
+#: DeleteObjects): pruning goes a group at a time. A group leaves only once all its
+#: versions left retention, so up to CHANGELOG_GROUP - 1 extra changelogs stay.
+CHANGELOG_GROUP = 10
+
+
+def changelog_group(version: int) -> str:
+    """``changelog/<group>``: the folder of the changelog of ``version``."""
+    return f"{CHANGELOG_DIR}/{version // CHANGELOG_GROUP}"
+
+
 def changelog_name(version: int) -> str:
-    """``changelog/<version>.changelog``, relative to a partition."""
-    return f"{CHANGELOG_DIR}/{version}{_CHANGELOG_SUFFIX}"
+    """``changelog/<group>/<version>.changelog``, relative to a partition: where the
+    changelog of ``version`` is written."""
+    return f"{changelog_group(version)}/{version}{_CHANGELOG_SUFFIX}"
+
+
+def changelog_names(version: int) -> tuple[str, str]:
+    """Where the changelog of ``version`` may be, in the order to try: its name, and
+    the flat ``changelog/<version>.changelog`` of releases before groups."""
+    return changelog_name(version), f"{CHANGELOG_DIR}/{version}{_CHANGELOG_SUFFIX}"
 
 
 def manifest_name(version: int) -> str:
@@ -130,6 +163,20 @@ def processing_time_name(batch_id: int, partition: int) -> str:
     clock a partition without rows used as the batch's processing time, kept so a
     retried task uses the same."""
     return f"{PROCESSING_TIME_DIR}/{batch_id}/{partition}"
+
+
+def read_changelog_file(read: Callable[[str], T], version: int) -> T:
+    """``read(name)`` of the changelog of ``version``, under its grouped name or
+    else its flat one (a checkpoint of an earlier release); the
+    ``FileNotFoundError`` of the grouped name if neither exists."""
+    name, flat = changelog_names(version)
+    try:
+        return read(name)
+    except FileNotFoundError as missing:
+        try:
+            return read(flat)
+        except FileNotFoundError:
+            raise missing from None
 
 
 def operators(root: Storage) -> list[str]:
@@ -163,10 +210,36 @@ class PartitionFiles:
         self.storage = storage
 
     def changelogs(self) -> set[int]:
-        return _versions(self.storage.list(CHANGELOG_DIR), _CHANGELOG_SUFFIX)
+        """Versions with a changelog, grouped or flat (one recursive listing)."""
+        return set(self.changelog_files())
+
+    def changelog_files(self) -> dict[int, str]:
+        """``version -> name`` of every changelog, relative to the partition."""
+        found = {}
+        for rel in self.storage.list_files(CHANGELOG_DIR):
+            parts = rel.split("/")
+            name = parts[-1]
+            if (
+                not name.endswith(_CHANGELOG_SUFFIX)
+                or not name[: -len(_CHANGELOG_SUFFIX)].isdigit()
+            ):
+                continue
+            if len(parts) == 1 or (len(parts) == 2 and parts[0].isdigit()):
+                found[int(name[: -len(_CHANGELOG_SUFFIX)])] = f"{CHANGELOG_DIR}/{rel}"
+        return found
 
     def snapshots(self) -> set[int]:
         return _versions(self.storage.list(SNAPSHOT_DIR), _MANIFEST_SUFFIX)
+
+    def snapshot_stamps(self) -> dict[int, tuple[int | None, int | None]]:
+        """``version -> (size, modification time)`` of every manifest (one listing):
+        a manifest rewritten since (a speculative task's snapshot of the same
+        version) shows another stamp."""
+        return {
+            int(n[: -len(_MANIFEST_SUFFIX)]): stamp
+            for n, stamp in self.storage.stamps(SNAPSHOT_DIR).items()
+            if n.endswith(_MANIFEST_SUFFIX) and n[: -len(_MANIFEST_SUFFIX)].isdigit()
+        }
 
     def latest(self) -> int:
         """The newest committed version (0 when nothing was committed)."""
@@ -185,7 +258,9 @@ class PartitionFiles:
     def bytes_used(self) -> int:
         total = 0
         for folder in (CHANGELOG_DIR, SNAPSHOT_DIR, FILES_DIR):
-            total += sum(self.storage.size(f"{folder}/{n}") for n in self.storage.list(folder))
+            total += sum(
+                self.storage.size(f"{folder}/{n}") for n in self.storage.list_files(folder)
+            )
         return total
 
 

@@ -50,6 +50,7 @@ from sessionstore.checkpoint.changelog import decode_changelog, encode_changelog
 from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
 from sessionstore.checkpoint.layout import (
+    CHANGELOG_GROUP,
     CHECKPOINT_ID_FIELD,
     FILES_DIR,
     IDENTITY_KEY,
@@ -59,6 +60,7 @@ from sessionstore.checkpoint.layout import (
     VERSION_KEY,
     LocalPartition,
     PartitionFiles,
+    changelog_group,
     changelog_name,
     committed_version,
     content_name,
@@ -66,11 +68,17 @@ from sessionstore.checkpoint.layout import (
     encode_version,
     is_database,
     manifest_name,
+    read_changelog_file,
     read_metadata,
     write_metadata,
 )
 from sessionstore.checkpoint.metrics import METRICS_FORMAT, millis, snapshot_lag
-from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, upload_snapshot
+from sessionstore.checkpoint.snapshot import (
+    download_snapshot,
+    read_manifest,
+    referenced,
+    upload_snapshot,
+)
 from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.engine.db import process_native_memory
 from sessionstore.engine.memory import check_memory_max_mb
@@ -89,9 +97,14 @@ __all__ = [
     "VersionNotFoundError",
     "recorded_partitions",
     "check_partition_count",
+    "MIN_RETAIN_VERSIONS",
 ]
 
 FORMAT = 1
+#: The fewest versions a provider keeps loadable: the latest, the one before it
+#: (whose changelog header holds the event time the next batch reads) and one more
+#: for a batch replayed after a failure.
+MIN_RETAIN_VERSIONS = 3
 #: The steps of a commit a :data:`CommitObserver` sees, in order: the changelog is
 #: encoded and nothing is written yet; it is uploaded (the commit point: the version
 #: is durable); the local database holds it.
@@ -294,6 +307,12 @@ class StateStoreProvider:
         ):
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if retain_versions < MIN_RETAIN_VERSIONS:
+            # an event-time operator's next batch reads the changelog of the version
+            # before the latest (event_time.py, MissingEventTimeError)
+            raise ValueError(
+                f"retain_versions must be at least {MIN_RETAIN_VERSIONS}, got {retain_versions!r}"
+            )
         if not store_specs or not all(isinstance(s, StoreSpec) for s in store_specs):
             raise ValueError("store_specs must be a non-empty list of StoreSpec")
         self.operator_id, self.partition_id = operator_id, partition_id
@@ -322,6 +341,9 @@ class StateStoreProvider:
         self._load_kind, self._load_ms = "restore", 0.0
         self._opened_ms: float | None = None  # open_local's time since the last load
         self._snapshot_bytes = 0  # uploaded by maintenance since the last commit
+        #: manifests read, by version, with the listing's stamp of the object read:
+        #: maintenance reads each once instead of every retained one each time
+        self._manifests: dict[int, tuple[Any, dict[str, Any]]] = {}
         #: the metrics of the last commit, its timings included (after commit())
         self.last_metrics: dict[str, Any] | None = None
 
@@ -522,7 +544,7 @@ class StateStoreProvider:
     def _replay(self, db: StateDB, version: int) -> None:
         rel = changelog_name(version)
         try:
-            data = self._remote.read(rel)
+            data = read_changelog_file(self._remote.read, version)
         except FileNotFoundError as exc:
             raise VersionNotFoundError(
                 f"changelog of version {version} is missing: {exc}"
@@ -663,15 +685,21 @@ class StateStoreProvider:
 
     def _maintain(self) -> dict[str, Any]:
         report: dict[str, Any] = {"snapshots": [], "uploaded_bytes": 0, "deleted": []}
+        # one listing of the content files serves the uploads (what is there
+        # already) and the orphan sweep (what may go)
+        stored = set(self._remote.list(FILES_DIR))
+        known = set(stored)
         for version in self._local.pending_snapshots():
             path = self._local.snapshot(version)
-            manifest = upload_snapshot(self._remote, path, version)
+            manifest = upload_snapshot(self._remote, path, version, known=known)
+            known |= referenced(manifest)
             report["snapshots"].append(version)
             report["uploaded_bytes"] += manifest["uploaded_bytes"]
             self._snapshot_bytes += manifest["uploaded_bytes"]
             shutil.rmtree(path, ignore_errors=True)
-        changelogs, snapshots = self._changelogs(), self._snapshots()
-        latest = max(changelogs | snapshots, default=0)
+        changelogs, stamps = self._files.changelog_files(), self._files.snapshot_stamps()
+        snapshots = set(stamps)
+        latest = max(set(changelogs) | snapshots, default=0)
         oldest_kept = latest - self.retain_versions + 1
         base = max((s for s in snapshots if s <= oldest_kept), default=None)
         if base is not None:
@@ -679,18 +707,43 @@ class StateStoreProvider:
                 if v < base:
                     self._remote.delete(manifest_name(v))
                     report["deleted"].append(manifest_name(v))
-            for v in sorted(changelogs):
-                if v <= base:
-                    self._remote.delete(changelog_name(v))
-                    report["deleted"].append(changelog_name(v))
+                    snapshots.discard(v)
+            report["deleted"] += self._prune_changelogs(changelogs, base)
+        for v in list(self._manifests):
+            if v not in snapshots:
+                del self._manifests[v]
         used = set()
-        for v in self._snapshots():
-            used.update(f["sha256"] for f in read_manifest(self._remote, v)["files"])
-        for name in self._remote.list(FILES_DIR):
-            if name not in used:
-                self._remote.delete(content_name(name))
-                report["deleted"].append(content_name(name))
+        for v in snapshots:
+            # Not the manifest this provider wrote: another writer of the same
+            # version (a speculative task) may have replaced it, and the sweep must
+            # keep the files of the manifest that is stored. A stamp that changed
+            # since the read means such a rewrite: read it again.
+            if v not in self._manifests or self._manifests[v][0] != stamps[v]:
+                self._manifests[v] = (stamps[v], read_manifest(self._remote, v))
+            used |= referenced(self._manifests[v][1])
+        for name in sorted(stored - used):
+            self._remote.delete(content_name(name))
+            report["deleted"].append(content_name(name))
         return report
+
+    def _prune_changelogs(self, changelogs: dict[int, str], base: int) -> list[str]:
+        """Delete the changelogs of versions up to ``base`` (which has a snapshot):
+        a whole group folder once every version of it is at most ``base``, a flat
+        changelog of an earlier release one by one. Returns what went."""
+        deleted = []
+        groups: dict[str, list[int]] = {}
+        for v, name in changelogs.items():
+            if name == changelog_name(v):
+                groups.setdefault(changelog_group(v), []).append(v)
+            elif v <= base:
+                self._remote.delete(name)
+                deleted.append(name)
+        for group, versions in sorted(groups.items()):
+            last_of_group = (max(versions) // CHANGELOG_GROUP + 1) * CHANGELOG_GROUP - 1
+            if last_of_group <= base:
+                self._remote.delete_dir(group)
+                deleted.append(group)
+        return deleted
 
     def close(self) -> None:
         """Abort any open handle and close the local database."""

@@ -17,9 +17,9 @@ from sessionstore.checkpoint.changelog import decode_changelog
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
     PartitionFiles,
-    changelog_name,
     operators,
     partitions,
+    read_changelog_file,
     read_metadata,
 )
 from sessionstore.checkpoint.provider import StateStoreProvider
@@ -85,7 +85,8 @@ def verify_partition(
         if progress is not None:
             progress(f"{where} changelogs", i, len(changelogs))
         try:
-            decode_changelog(files.storage.read(changelog_name(v)), f"{where}/changelog/{v}", v)
+            data = read_changelog_file(files.storage.read, v)
+            decode_changelog(data, f"{where}/changelog/{v}", v)
         except SessionStoreError as exc:
             problems.append(str(exc))
     for v in sorted(snapshots):

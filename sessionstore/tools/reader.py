@@ -35,11 +35,11 @@ from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
     PartitionFiles,
-    changelog_name,
     committed_version,
     local_databases,
     operators,
     partitions,
+    read_changelog_file,
     read_metadata,
 )
 from sessionstore.checkpoint.metrics import summarize_batch, task_records
@@ -145,7 +145,9 @@ class CheckpointSource:
         latest = files.latest()
         stats = None
         if latest in files.changelogs():
-            header = read_changelog_header(files.storage, changelog_name(latest))
+            header = read_changelog_file(
+                lambda name: read_changelog_header(files.storage, name), latest
+            )
             stats = header.get("stats")
         return PartitionInfo(
             latest, files.loadable(), sorted(files.snapshots()), files.bytes_used(), stats
@@ -179,7 +181,10 @@ class CheckpointSource:
 
             def header(item: tuple[int, int]) -> dict[str, Any] | None:
                 try:
-                    return read_changelog_header(parts[item[0]].storage, changelog_name(item[1]))
+                    storage = parts[item[0]].storage
+                    return read_changelog_file(
+                        lambda name: read_changelog_header(storage, name), item[1]
+                    )
                 except FileNotFoundError:  # pruned since the listing
                     return None
 

@@ -65,7 +65,7 @@ def test_a_checkpoint_of_an_earlier_release_reads_its_event_time_files(tmp_path)
 def test_a_missing_record_is_an_error_naming_the_changelog(tmp_path):
     operator = commit_batches(f"file://{tmp_path}/r", tmp_path / "l", [[5, 6]])
     with pytest.raises(
-        MissingEventTimeError, match=r"op/[01]/changelog/2\.changelog does not exist"
+        MissingEventTimeError, match=r"op/[01]/changelog/0/2\.changelog does not exist"
     ):
         durable_event_time(operator, 1, 2)
 

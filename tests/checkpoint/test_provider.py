@@ -16,8 +16,8 @@ from sessionstore import (
     VersionNotFoundError,
 )
 from sessionstore.checkpoint.filesystem import UnknownSchemeError, open_filesystem
-from sessionstore.checkpoint.layout import manifest_name
-from sessionstore.checkpoint.snapshot import CorruptSnapshotError
+from sessionstore.checkpoint.layout import changelog_name, manifest_name
+from sessionstore.checkpoint.snapshot import CorruptSnapshotError, read_manifest, referenced
 
 SPECS = [
     StoreSpec("sessions", "session", 10**9),
@@ -126,8 +126,8 @@ def test_corrupt_changelog_is_named_and_nothing_is_partly_restored(checkpoint_lo
     write_versions(p, 3)
     p.close()
     remote = open_filesystem(checkpoint_location[0], checkpoint_location[1]).child("op/0")
-    data = remote.read("changelog/2.changelog")
-    remote.write_atomic("changelog/2.changelog", data[:-5])
+    data = remote.read(changelog_name(2))
+    remote.write_atomic(changelog_name(2), data[:-5])
     fresh = provider(checkpoint_location, tmp_path / "exec2")
     with pytest.raises(CorruptChangelogError, match="2.changelog \\(version 2\\) is corrupt"):
         fresh.get_store(3)
@@ -195,21 +195,20 @@ def test_a_checkpoint_from_before_operator_segment_intervals_keeps_its_own(
 
 def test_maintenance_prunes_old_versions_and_orphaned_files(checkpoint_location, tmp_path):
     p = provider(checkpoint_location, tmp_path / "local", snapshot_interval=2, retain_versions=3)
-    for _ in range(4):
+    for _ in range(9):
         write_versions(p, 2, start=p.latest_version())
         p.do_maintenance()
-    # latest 8, keep 6..8: snapshot 6 is the base; older snapshots and changelogs go
-    assert p.list_versions() == [6, 7, 8]
+    # latest 18, keep 16..18: snapshot 16 is the base; older snapshots go, and the
+    # changelogs of whole groups at or below it (0-9; 10-15 wait for 16-19)
+    assert p.list_versions() == [16, 17, 18]
     remote = open_filesystem(checkpoint_location[0], checkpoint_location[1]).child("op/0")
-    assert remote.list("changelog") == ["7.changelog", "8.changelog"]
-    assert remote.list("snapshot") == ["6.manifest", "8.manifest"]
-    used = {
-        f["sha256"] for v in (6, 8) for f in msgpack.unpackb(remote.read(manifest_name(v)))["files"]
-    }
+    assert remote.list_files("changelog") == [f"1/{v}.changelog" for v in range(10, 19)]
+    assert remote.list("snapshot") == ["16.manifest", "18.manifest"]
+    used = set().union(*(referenced(read_manifest(remote, v)) for v in (16, 18)))
     assert set(remote.list("files")) == used
     p.close()
     fresh = provider(checkpoint_location, tmp_path / "fresh")
-    assert [w.start for w, _ in fresh.get_store(7)["sessions"].fetch("k")] == list(range(7))
+    assert [w.start for w, _ in fresh.get_store(17)["sessions"].fetch("k")] == list(range(17))
     fresh.close()
 
 
@@ -223,8 +222,8 @@ def test_two_writers_of_the_same_version_agree(checkpoint_location, tmp_path):
         h = p.get_store(1)
         h["sessions"].put("k", 5, 5, "same")
         assert h.commit() == 2
-        first = remote.read("changelog/2.changelog")
-    assert remote.read("changelog/2.changelog") == first
+        first = remote.read(changelog_name(2))
+    assert remote.read(changelog_name(2)) == first
     fresh = provider(checkpoint_location, tmp_path / "c")
     assert [w.start for w, _ in fresh.get_store(2)["sessions"].fetch("k")] == [0, 5]
     for p in (a, b, fresh):
@@ -240,7 +239,7 @@ def test_manifest_file_names_cannot_escape(tmp_path):
     remote = open_filesystem(uri).child("op/0")
     manifest = msgpack.unpackb(remote.read(manifest_name(1)))
     for bad in ("../evil", "/etc/passwd", "a/b", ".."):
-        manifest["files"][0]["name"] = bad
+        manifest["pack"]["files"][0]["name"] = bad
         remote.write_atomic(manifest_name(1), msgpack.packb(manifest))
         fresh = StateStoreProvider(uri, "op", 0, SPECS, tmp_path / "fresh")
         with pytest.raises(CorruptSnapshotError, match="not a plain file name"):
@@ -305,22 +304,23 @@ def test_default_local_dirs_differ_per_checkpoint():
 
 # ----------------------------------------------------------- checkpoint identity
 def written_and_pruned(location, local):
-    """Versions 1-7 with snapshots 3 and 6, pruned to what versions 6 and 7 need:
-    snapshot 6 and changelog 7, so every restore must use the snapshot."""
-    p = provider(location, local, snapshot_interval=3, retain_versions=2)
-    write_versions(p, 7)
+    """Versions 1-16 with snapshots every 3, pruned to what versions 14-16 need:
+    snapshot 12 and changelogs from 13 (and 10-11 of their group, which no version
+    loadable reaches), so every restore must use a snapshot."""
+    p = provider(location, local, snapshot_interval=3, retain_versions=3)
+    write_versions(p, 16)
     p.do_maintenance()
-    assert p.list_versions() == [6, 7]
+    assert p.list_versions() == [12, 13, 14, 15, 16]
     p.close()
 
 
 def restores_and_continues(location, local):
-    """A fresh local dir restores the retained versions (6 from its snapshot),
+    """A fresh local dir restores the retained versions (12 from its snapshot),
     commits the next one, and another fresh local dir loads that."""
     fresh = provider(location, local)
     latest = fresh.latest_version()
-    assert fresh.list_versions() == list(range(6, latest + 1)) and latest >= 7
-    for version in (latest, 6):
+    assert fresh.list_versions() == list(range(12, latest + 1)) and latest >= 16
+    for version in (latest, 12):
         assert state(fresh, version) == expected(version)
     write_versions(fresh, 1, start=latest)
     fresh.close()

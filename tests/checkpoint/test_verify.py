@@ -43,16 +43,15 @@ def test_each_damage_is_named_once(tmp_path):
     flip(root / "op/0" / changelog_name(3), 30)
     os.remove(root / "op/1" / changelog_name(1))
     storage = open_filesystem(uri).child("op/1")
-    sha = read_manifest(storage, 2)["files"][0]["sha256"]
+    sha = read_manifest(storage, 2)["pack"]["sha256"]
     flip(root / "op/1" / content_name(sha), 0)
-    name = read_manifest(storage, 2)["files"][0]["name"]
     assert verify_partition(uri, "op", 0) == [
         "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch: the content was altered; "
         "restore from an earlier snapshot or re-run the batch that wrote it"
     ]
     assert verify_partition(uri, "op", 1) == [
-        f"snapshot {uri}/op/1/{manifest_name(2)} (version 2) is unusable: {name} does not "
-        f"match its sha256 {sha}"
+        f"snapshot {uri}/op/1/{manifest_name(2)} (version 2) is unusable: the pack does "
+        f"not match its sha256 {sha}"
     ]
     # without the snapshot, versions 1-3 need changelog 1
     os.remove(root / "op/1" / manifest_name(2))

@@ -52,6 +52,7 @@ def test_requests_per_task_at_32_partitions_stay_within_budget(spark, tmp_path):
         backend = StateBackend(
             uri, local_dir=str(tmp_path / "local"), storage_options=options, snapshot_interval=10
         )
+        # sessionize's partition count (spark.sql.shuffle.partitions is not used)
         spark.conf.set(PARTITIONS_CONF, str(PARTITIONS))
         reset_s3_request_counts(options)
         try:

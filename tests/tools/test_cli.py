@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.layout import changelog_name
 
 SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
 CLI = [sys.executable, "-m", "sessionstore.tools.cli"]
@@ -154,11 +155,11 @@ def test_verify_passes_then_names_each_problem(checkpoint, checkpoint_location):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verified 2 partitions of 1 operators: 0 problems" in out.stdout
     root = open_filesystem(*checkpoint_location)
-    data = bytearray(root.read("op/0/changelog/3.changelog"))
+    data = bytearray(root.read(f"op/0/{changelog_name(3)}"))
     data[30] ^= 0xFF
-    root.write_atomic("op/0/changelog/3.changelog", bytes(data))
+    root.write_atomic(f"op/0/{changelog_name(3)}", bytes(data))
     root.delete("op/1/snapshot/2.manifest")  # without it, versions 1-3 need changelog 1
-    root.delete("op/1/changelog/1.changelog")
+    root.delete(f"op/1/{changelog_name(1)}")
     out = run("verify", uri, *flags)
     assert out.returncode == 1
     assert "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch" in out.stdout
@@ -308,8 +309,9 @@ def test_commands_work_on_a_relative_path(tmp_path, spelling):
     """`make demo` writes through a file:// URI; verify, get, dump and ls on the
     relative path used to refuse the checkpoint's own snapshots ("snapshot 2 of
     remote/op/0 holds version -1")."""
-    write_checkpoint(f"file://{tmp_path}/remote", None, tmp_path / "local", retain_versions=1)
-    assert not (tmp_path / "remote/op/0/changelog/2.changelog").exists()  # snapshot 2 needed
+    write_checkpoint(f"file://{tmp_path}/remote", None, tmp_path / "local")
+    for partition, version in ((0, 1), (0, 2), (1, 1), (1, 2)):  # as pruning would
+        os.remove(tmp_path / f"remote/op/{partition}" / changelog_name(version))
     out = run("verify", spelling, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verified 2 partitions of 1 operators: 0 problems" in out.stdout
