@@ -135,7 +135,7 @@ def test_a_restart_without_num_partitions_keeps_the_checkpoints_count(spark, tmp
     parts = sorted(p.name for p in (tmp_path / "state" / "three").iterdir() if p.name.isdigit())
     assert parts == ["0", "1", "2"]
     for part in parts:  # every partition ran every micro-batch of both runs
-        changelogs = (tmp_path / "state" / "three" / part / "changelog").iterdir()
+        changelogs = (tmp_path / "state" / "three" / part / "changelog").rglob("*.changelog")
         assert max(int(c.name.split(".")[0]) for c in changelogs) == len(batches)
 
 
