@@ -28,6 +28,7 @@ SPECS = [
     StoreSpec("msgs", "messages", 10**9),
     StoreSpec("table", "versioned", 10**9),
     StoreSpec("counts", "kv", 0),
+    StoreSpec("proc", "processor", 0),  # transform_with_state's state (issue #18)
 ]
 TYPES = ["string", "long"]
 KEYS = [(s, n) for s in ("", "a", "é", "日本語", "user-1") for n in (-(2**40), -1, 0, 7, 2**33)]
@@ -53,6 +54,9 @@ def write_source(uri, local, options=None, key_types=TYPES, versions=3, m=4):
                 h["msgs"].put_message(key, t, i, {"m": i})
                 h["table"].put(key, {"v": v}, t)
                 h["counts"].put(key, v)
+                proc = h["proc"]  # a variable and a timer of the key
+                proc.write(proc.encode_key(key), proc.encode_key("n"), ((v,), None))
+                proc.index_put(proc.timers_cf, t, proc.encode_key(key))
             last = h["sessions"]
             last.put(("zz", p), 0, 1000 + p, 1)  # partition p's stream time: 1000 + p
             h["sessions"].write_aux("plan", b"same everywhere")
