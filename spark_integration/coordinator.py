@@ -256,13 +256,6 @@ class Coordinator:
         """The state kept for the operator of ``address`` (tests, metrics)."""
         return self._by_token[address.token]
 
-    def metrics(self, address: CoordinatorAddress, batch: int, run: Any = None) -> dict[int, Any]:
-        """The metrics records the tasks of ``batch`` reported, by partition (the
-        place for per-batch state metrics on the driver)."""
-        state = self.operator(address)
-        with state.lock:
-            return dict(state.metrics.get((run, batch), {}))
-
     def batch_metrics(self, run: Any, batch: int) -> dict[str, list[dict[str, Any]]]:
         """The task metrics records every operator's tasks reported for ``batch`` of
         query run ``run`` (a query's ``runId``), by operator name; operators with

@@ -45,9 +45,9 @@ def test_it_answers_from_the_reports_of_every_partition(coordinator, tmp_path):
     assert ask(address, "run-1", -1) == (True, None)  # before the first batch
     state = coordinator.operator(address)
     assert state.stats == {"reports": 3, "answered_from_reports": 1, "durable_reads": 0}
-    assert coordinator.metrics(address, 0, "run-1") == {
-        0: {"rows_total": 0}, 1: {"rows_total": 1}, 2: {"rows_total": 2}
-    }  # fmt: skip
+    assert coordinator.batch_metrics("run-1", 0) == {
+        "op": [{"rows_total": 0}, {"rows_total": 1}, {"rows_total": 2}]
+    }
 
 
 def test_missing_reports_are_answered_from_the_durable_records_once(coordinator, tmp_path):
