@@ -242,10 +242,10 @@ def _initial_by_partition(initial_state: Any, df: Any, keys: list[str], n: int) 
     routed = cast.repartition(n, *keys).withColumn("__ss_pid", F.spark_partition_id())
     table = routed.toArrow()
     out: dict[int, bytes] = {}
-    pids = table.column("__ss_pid").to_pylist()
+    pids = table.column("__ss_pid")
     table = table.drop_columns(["__ss_pid"])
-    for pid in sorted(set(pids)):
-        part = table.filter(pc.equal(pa.array(pids), pid))
+    for pid in pc.unique(pids).to_pylist():  # one pass per partition over one array
+        part = table.filter(pc.equal(pids, pid))
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, part.schema) as writer:
             writer.write_table(part)
@@ -514,8 +514,10 @@ def _empty_partition_now(provider: Any, info: Any) -> int:
 
     storage = provider.operator_storage
     name = processing_time_name(info.batch_id, info.partition)
-    if storage.exists(name):
+    try:  # one read, no existence check first (a request fewer on object stores)
         return INT64.unpack(storage.read(name))[0]
+    except FileNotFoundError:
+        pass
     now = int(time.time() * 1000)
     storage.write_atomic(name, INT64.pack(now))
     if info.batch_id >= 2:  # older batches are never retried
