@@ -69,9 +69,14 @@ def _children() -> dict[int, list[int]]:
     return out
 
 
+#: Command lines of the Python processes measured: PySpark's daemon and workers,
+#: and sessionstore's state servers (started by workers).
+WORKER_COMMANDS = (b"pyspark.daemon", b"pyspark.worker", b"spark_integration.state_server")
+
+
 def python_workers() -> list[int]:
-    """Pids of this driver's PySpark daemon and worker processes (the JVM's Python
-    children and theirs)."""
+    """Pids of this driver's PySpark daemon, worker and state server processes (the
+    JVM's Python children and theirs)."""
     children, found, todo = _children(), [], [os.getpid()]
     while todo:
         pid = todo.pop()
@@ -82,7 +87,7 @@ def python_workers() -> list[int]:
                     cmdline = f.read()
             except OSError:
                 continue
-            if b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
+            if any(name in cmdline for name in WORKER_COMMANDS):
                 found.append(child)
     return found
 
@@ -177,7 +182,13 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--keys", type=int, default=20_000)
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best counts")
+    ap.add_argument(
+        "--servers", default="auto,off",
+        help="spark.sessionstore.stateServers values to run sessionize with; the first "
+        "on every store, the others on the first store only",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    servers = args.servers.split(",")
     counts = [int(p) for p in args.partitions.split(",")]
     stores = args.stores.split(",")
     if not counts or min(counts) < 1:
@@ -189,6 +200,7 @@ def main(argv: list[str] | None = None) -> str:
 
     from spark_integration import StateBackend, sessionize
     from spark_integration.local import local_spark
+    from spark_integration.state_server import SERVERS_CONF
 
     spark = local_spark(
         "sessionstore-bench-scale", partitions=4, spark__driver__memory="4g",
@@ -238,7 +250,8 @@ def main(argv: list[str] | None = None) -> str:
 
         started: dict[str, tuple[str, dict[str, Any]]] = {}  # sessionize runs' checkpoints
 
-        def ours(store: str, p: int, run: str) -> Any:
+        def ours(store: str, servers: str, p: int, run: str) -> Any:
+            spark.conf.set(SERVERS_CONF, servers)  # read when the operator is built
             options = dict(s3) if store == "s3" else {}
             uri = f"s3://{bucket}/{run}" if store == "s3" else f"file://{tmp}/state-{run}"
             backend = StateBackend(
@@ -253,12 +266,16 @@ def main(argv: list[str] | None = None) -> str:
             return noop(out, run)
 
         cases: list[tuple[str, Any]] = [("floor", floor), ("builtin", builtin)]
-        cases += [(f"sessionize {s}", functools.partial(ours, s)) for s in stores]
+        cases += [(f"sessionize {s}", functools.partial(ours, s, servers[0])) for s in stores]
+        cases += [
+            (f"sessionize {stores[0]}, servers {v}", functools.partial(ours, stores[0], v))
+            for v in servers[1:]
+        ]
         timed(lambda: floor(counts[0], "warm-up"))  # the JVM's first query, untimed
         for round_ in range(args.rounds):
             for p in counts:
                 for label, case in cases:
-                    run = f"{label.replace(' ', '-')}-{p}-{round_}"
+                    run = f"{label.replace(', ', '-').replace(' ', '-')}-{p}-{round_}"
                     counting = s3 if counted and label == "sessionize s3" else None
                     reset_requests(counting)
                     with worker_peaks() as peaks:

@@ -113,13 +113,17 @@ def metrics_enabled(spark: Any) -> bool:
 
 
 def with_state_metrics(df: Any, task: Any, out_schema: Any, name: str) -> Any:
-    """``df.mapInArrow(task, out_schema)``; with :data:`METRICS_CONF` on, the tasks'
+    """``df.mapInArrow(task, out_schema)``, the task run in its partition's state
+    server (:mod:`spark_integration.state_server`); with :data:`METRICS_CONF` on, the tasks'
     metrics are also observed as ``sessionstore.<name>`` (see the module doc), and
     the output has ``out_schema``'s columns, all nullable (the metrics rows travel
     in the same batches)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    from spark_integration.state_server import served
+
+    task = served(df.sparkSession, task)  # in its partition's state server, if on
     if not metrics_enabled(df.sparkSession):
         return df.mapInArrow(task, out_schema)
 

@@ -42,6 +42,8 @@ __all__ = [
     "key_values",
     "struct_values",
     "take_task_metrics",
+    "keep_task_metrics",
+    "running_task",
 ]
 
 
@@ -59,8 +61,28 @@ class TaskInfo:
 RUN_PROPERTY = "spark.jobGroup.id"
 
 
+#: The task a state server runs for a Spark worker (see :func:`running_task`).
+_given_info: TaskInfo | None = None
+
+
+@contextmanager
+def running_task(info: TaskInfo) -> Iterator[None]:
+    """Run an operator task outside its Spark worker, as ``info``: a state server
+    (:mod:`spark_integration.state_server`) has no ``TaskContext``, so the worker
+    sends what :func:`task_info` would have read there."""
+    global _given_info
+    _given_info = info
+    try:
+        yield
+    finally:
+        _given_info = None
+
+
 def task_info() -> TaskInfo:
-    """Partition, micro-batch id, attempt and query run of the running Spark task."""
+    """Partition, micro-batch id, attempt and query run of the running Spark task
+    (or of the task a state server runs for one, :func:`running_task`)."""
+    if _given_info is not None:
+        return _given_info
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -79,6 +101,13 @@ def take_task_metrics() -> dict[str, Any] | None:
     global _task_metrics
     record, _task_metrics = _task_metrics, None
     return record
+
+
+def keep_task_metrics(record: dict[str, Any] | None) -> None:
+    """Keep ``record`` for :func:`take_task_metrics`: the record of a task that a
+    state server ran for this worker, sent back with the task's output."""
+    global _task_metrics
+    _task_metrics = record
 
 
 @contextmanager
@@ -166,7 +195,8 @@ def partition_state(
             "batch": info.batch_id,
         }
     if version % backend.snapshot_interval == 0:
-        if os.environ.get("SPARK_REUSE_WORKER"):
+        # a reused worker and a state server outlive the task; others exit with it
+        if os.environ.get("SPARK_REUSE_WORKER") or _given_info is not None:
             service.maintain_later(key)
         else:  # this worker exits with the task (os._exit): a background upload would die
             provider.do_maintenance()

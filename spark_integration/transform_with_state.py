@@ -372,9 +372,7 @@ class _ProcessorTask:
         """The partition's initial state by key, in the query's first batch only."""
         if not self.initial or version != 0:
             return None
-        from pyspark import TaskContext
-
-        raw = self.initial.get(TaskContext.get().partitionId())
+        raw = self.initial.get(task_info().partition)
         if raw is None:
             return None
         table = pa.ipc.open_stream(raw).read_all()

@@ -26,18 +26,33 @@ import errno
 import logging
 import selectors
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RequestServer", "NO_REPLY"]
+__all__ = ["RequestServer", "NO_REPLY", "peer_credentials"]
 
 log = logging.getLogger(__name__)
 
 #: What ``answer`` returns to close a connection without a reply (a request it
 #: refuses, such as one without the right token).
 NO_REPLY = b""
+
+
+def peer_credentials(conn: socket.socket) -> tuple[int, int] | None:
+    """``(pid, uid)`` of the process at the other end of a Unix socket (Linux's
+    ``SO_PEERCRED``); None where the platform cannot tell (then the socket is a
+    file of ours, mode 0600, which only our user can reach)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return (0, -1)  # unknown: treated as another user's
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
 
 
 class _Client:

@@ -38,7 +38,6 @@ import logging
 import os
 import queue
 import socket
-import struct
 import sys
 import tempfile
 import threading
@@ -48,7 +47,7 @@ from contextlib import contextmanager
 
 from sessionstore.checkpoint.layout import owner_file
 from sessionstore.checkpoint.provider import StateStoreProvider
-from sessionstore.checkpoint.request_server import RequestServer
+from sessionstore.checkpoint.request_server import RequestServer, peer_credentials
 from sessionstore.errors import StateDBLockedError
 
 __all__ = ["StoreService"]
@@ -140,13 +139,10 @@ class _HandoverServer:
         return None if released is None else b"ok\n" if released else b"no\n"
 
     def _same_user(self, conn: socket.socket) -> bool:
-        if not hasattr(socket, "SO_PEERCRED"):
+        credentials = peer_credentials(conn)
+        if credentials is None:
             return True  # not Linux: no abstract socket; the socket file is ours, 0600
-        try:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            pid, uid, _ = struct.unpack("3i", creds)
-        except OSError:
-            return False
+        pid, uid = credentials
         if uid == os.geteuid():
             return True
         self._refused += 1

@@ -1,0 +1,298 @@
+"""State servers (spark_integration.state_server) without Spark: the exchange
+between a worker and its partition's server, placement, failures and lifetime.
+
+A sleeping child process stands for the executor's Python daemon, so that the
+servers the tests start end with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from spark_integration import runtime
+from spark_integration import state_server as ss
+from spark_integration.runtime import TaskInfo
+
+
+@dataclass
+class EchoTask:
+    """Yields its input doubled, then a table naming the process and the task it ran
+    as; leaves a metrics record; raises ``fail`` if given."""
+
+    fail: str | None = None
+    wait_for: str | None = None  # a file whose existence lets the task go on
+
+    def __call__(self, batches):
+        info = runtime.task_info()
+        rows = 0
+        for batch in batches:
+            rows += batch.num_rows
+            yield pa.record_batch([pa.compute.multiply(batch.column(0), 2)], names=["x2"])
+        if self.wait_for:
+            Path(self.wait_for + ".started").write_text(str(os.getpid()))
+            while not os.path.exists(self.wait_for):
+                time.sleep(0.01)
+        if self.fail:
+            raise ValueError(self.fail)
+        runtime.keep_task_metrics({"rows": rows, "partition": info.partition})
+        yield pa.table(
+            {"pid": [os.getpid()], "partition": [info.partition], "batch": [info.batch_id]}
+        )
+
+
+@pytest.fixture
+def daemon(monkeypatch):
+    """A stand-in for the executor's Python daemon; the servers started while it
+    lives end with it (checked)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    monkeypatch.setattr(ss, "_parent", lambda: sleeper.pid)
+    servers: set[int] = set()
+    yield sleeper, servers
+    sleeper.kill()
+    sleeper.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in servers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in servers if _alive(pid)], "state servers outlived their daemon"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _run(task, partition: int, count: int, rows=(1, 2, 3), batch: int = 7):
+    """Run ``task`` as partition ``partition`` through :class:`ServedTask`: its
+    output tables, and the metrics record it sent back."""
+    info = TaskInfo(partition, batch, 0, "run-1")
+    with runtime.running_task(info):  # what TaskContext says in a Spark worker
+        inputs = [pa.record_batch([pa.array(list(rows))], names=["x"])]
+        out = list(ss.ServedTask(task, count)(iter(inputs)))
+    return out, runtime.take_task_metrics()
+
+
+def _pid_of(out) -> int:
+    return pa.Table.from_batches([out[-1]]).column("pid")[0].as_py()
+
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+
+def test_a_task_runs_in_its_partitions_server_and_its_output_and_metrics_come_back(daemon):
+    _, servers = daemon
+    out, metrics = _run(EchoTask(), partition=5, count=4, rows=(1, 2, 3))
+    assert out[0].column(0).to_pylist() == [2, 4, 6]
+    last = pa.Table.from_batches([out[-1]]).to_pylist()
+    pid = last[0]["pid"]
+    servers.add(pid)
+    assert pid != os.getpid()
+    assert last == [{"pid": pid, "partition": 5, "batch": 7}]  # TaskInfo travelled
+    assert metrics == {"rows": 3, "partition": 5}
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert b"spark_integration.state_server" in f.read()
+
+    # placement: partition p always runs in server p mod count, and every slot's
+    # server was started with the first
+    same, _ = _run(EchoTask(), partition=1, count=4)
+    assert _pid_of(same) == pid
+    others = {_pid_of(_run(EchoTask(), partition=p, count=4)[0]) for p in (0, 2, 3)}
+    servers.update(others)
+    assert len(others) == 3 and pid not in others
+
+
+def test_a_tasks_error_is_raised_in_the_worker_with_its_type_and_message(daemon):
+    _, servers = daemon
+    with pytest.raises(ValueError, match="bad value 42") as caught:
+        _run(EchoTask(fail="bad value 42"), partition=0, count=1)
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "sessionstore state server" in notes and "partition 0 of micro-batch 7" in notes
+    assert "raise ValueError(self.fail)" in notes  # the server's traceback
+    # the server keeps serving
+    out, _ = _run(EchoTask(), partition=0, count=1)
+    servers.add(_pid_of(out))
+
+
+def test_a_server_killed_mid_task_fails_the_task_and_the_next_one_starts_another(
+    daemon, tmp_path
+):
+    _, servers = daemon
+    gate = str(tmp_path / "gate")
+    caught: list[BaseException] = []
+
+    def running():
+        try:
+            _run(EchoTask(wait_for=gate), partition=3, count=2, batch=9)
+        except BaseException as error:
+            caught.append(error)
+
+    thread = threading.Thread(target=running)
+    thread.start()
+    started = Path(gate + ".started")
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    victim = int(started.read_text())
+    os.kill(victim, signal.SIGKILL)
+    thread.join(30)
+    assert len(caught) == 1 and isinstance(caught[0], ss.StateServerLost)
+    assert f"state server {victim} (slot 1 of 2)" in str(caught[0])
+    assert "partition 3 of micro-batch 9 (attempt 0)" in str(caught[0])
+    out, metrics = _run(EchoTask(), partition=3, count=2)
+    pid = _pid_of(out)
+    servers.add(pid)
+    assert pid != victim and metrics == {"rows": 3, "partition": 3}
+
+
+def test_servers_end_with_their_daemon(daemon):
+    sleeper, servers = daemon
+    pids = {_pid_of(_run(EchoTask(), partition=p, count=2)[0]) for p in (0, 1)}
+    assert len(pids) == 2
+    servers.update(pids)
+    sleeper.kill()  # the fixture checks that both servers end within 10 s
+
+
+def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
+    _, servers = daemon
+    out, _ = _run(EchoTask(), partition=0, count=1)
+    pid = _pid_of(out)
+    servers.add(pid)
+    address = ss._address(ss._parent(), 1, 0)
+    for garbage in (b"", b"nonsense-nonsense-nonsense", ss._REQUEST.pack(b"SSV1", 1, 1 << 40)):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(address)
+            conn.sendall(garbage)
+    again, _ = _run(EchoTask(), partition=0, count=1)
+    assert _pid_of(again) == pid
+
+
+def test_an_idle_server_closes_its_listener_and_returns():
+    address = f"\0sessionstore-state-test-{os.getpid()}-idle"
+    listener = ss._bind(address)
+    assert listener is not None
+    assert ss._bind(address) is None  # the name is the lock
+    thread = threading.Thread(target=ss.serve, args=(listener, os.getpid(), 0.2))
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        with pytest.raises(ConnectionRefusedError):
+            conn.connect(address)
+
+
+class _Conf:
+    def __init__(self, values):
+        self._values = values
+
+    def get(self, key, default=None):
+        return self._values.get(key, default)
+
+
+class _Spark:
+    def __init__(self, master, session=None, context=None):
+        self.conf = _Conf(session or {})
+        conf = _Conf(context or {})
+        self.sparkContext = type(
+            "SC", (), {"master": master, "getConf": staticmethod(lambda: conf)}
+        )()
+
+
+@pytest.mark.parametrize(
+    ("master", "session", "context", "want"),
+    [
+        ("local[2]", {}, {}, 4),
+        ("local[2,3]", {}, {}, 4),
+        ("local", {}, {}, 2),
+        ("local[*]", {}, {}, 2 * (os.cpu_count() or 1)),
+        ("local-cluster[2, 3, 1024]", {}, {}, 6),
+        ("spark://h:7077", {}, {"spark.executor.cores": "4", "spark.task.cpus": "2"}, 4),
+        ("yarn", {}, {}, None),
+        ("local[2]", {ss.SERVERS_CONF: "off"}, {}, 0),
+        ("local[2]", {ss.SERVERS_CONF: "3"}, {}, 3),
+        ("local[2]", {ss.SERVERS_CONF: " Auto "}, {}, 4),
+    ],
+)
+def test_server_count(master, session, context, want):
+    assert ss.server_count(_Spark(master, session, context)) == want
+
+
+@pytest.mark.parametrize("bad", ["-1", "many", "2.5"])
+def test_a_bad_server_count_is_refused_naming_the_key_and_value(bad):
+    with pytest.raises(ValueError, match=rf"spark.sessionstore.stateServers .*{bad!r}"):
+        ss.server_count(_Spark("local[2]", {ss.SERVERS_CONF: bad}))
+
+
+@pytest.mark.slow
+def test_in_spark_partitions_stay_warm_in_their_servers_and_a_killed_server_loses_nothing(
+    spark, tmp_path
+):
+    """sessionize over 7 micro-batches at 4 partitions: every task after the first
+    batch finds its database open (in the partition's server, whichever Python
+    worker Spark picked); all servers killed with SIGKILL between batches 3 and 4,
+    the next tasks start new ones, which load the committed state, and the output
+    equals the offline model and the same query with servers off."""
+    from sessionstore.tools.reader import CheckpointSource
+    from spark_integration import StateBackend, sessionize
+    from tests.models import offline_sessions
+    from tests.spark.streams import json_source, run_stream, write_json
+    from tests.spark.test_sessionize import GAP_MS, SCHEMA, as_sessions, generated, rows_of
+
+    batches = generated(seed=21)
+    killed: list[int] = []
+
+    def kill_servers(local: Path) -> None:
+        for owner in local.rglob("owner"):
+            pid = int(owner.read_text())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                assert b"spark_integration.state_server" in f.read()  # held by a server
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    def run(mode: str) -> tuple[list[dict], str]:
+        spark.conf.set(ss.SERVERS_CONF, mode)
+        try:
+            uri, local = f"file://{tmp_path}/state-{mode}", tmp_path / f"local-{mode}"
+            out = sessionize(
+                json_source(spark, tmp_path / f"in-{mode}", SCHEMA), key="user", timestamp="ts",
+                gap=f"{GAP_MS} ms", aggregations={"n": "count"},
+                backend=StateBackend(uri, local_dir=str(local)), name="warm", num_partitions=4,
+            )  # fmt: skip
+        finally:
+            spark.conf.unset(ss.SERVERS_CONF)
+        steps = []
+        for i, rows in enumerate(batches):
+            if mode == "auto" and i == 3:
+                steps.append(lambda local=local: kill_servers(local))
+            steps.append(
+                lambda i=i, rows=rows, m=mode: write_json(tmp_path / f"in-{m}", i, rows_of(rows))
+            )
+        return run_stream(out, tmp_path / f"ck-{mode}", steps), uri
+
+    served, uri = run("auto")
+    events = [(u, None, ts) for rows in batches for u, ts, _ in rows if u != "zz-close"]
+    got = [s for s in as_sessions(served) if s[0] != "zz-close"]
+    assert got == offline_sessions(events, GAP_MS)
+    in_worker, _ = run("off")
+    assert sorted(map(sorted, (r.items() for r in served))) == sorted(
+        map(sorted, (r.items() for r in in_worker))
+    )
+    assert len(set(killed)) >= 2  # at least two servers held the 4 partitions
+    loads = [row["loads"] for row in CheckpointSource(uri, {}).batch_metrics("warm")]
+    assert len(loads) == len(batches)
+    for batch, kinds in enumerate(loads):
+        if batch in (0, 3):  # the first batch, and the first after the kill: a new process
+            assert kinds.get("warm", 0) == 0, (batch, kinds)
+        else:
+            assert kinds == {"warm": 4}, (batch, kinds)
