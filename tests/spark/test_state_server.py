@@ -125,9 +125,7 @@ def test_a_tasks_error_is_raised_in_the_worker_with_its_type_and_message(daemon)
     servers.add(_pid_of(out))
 
 
-def test_a_server_killed_mid_task_fails_the_task_and_the_next_one_starts_another(
-    daemon, tmp_path
-):
+def test_a_server_killed_mid_task_fails_the_task_and_the_next_one_starts_another(daemon, tmp_path):
     _, servers = daemon
     gate = str(tmp_path / "gate")
     caught: list[BaseException] = []
