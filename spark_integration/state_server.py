@@ -62,6 +62,7 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint.request_server import peer_credentials
+from sessionstore.engine.memory import DEFAULT_MEMORY_MAX_MB, memory_budget
 from spark_integration.backend import CONF_PREFIX
 
 __all__ = [
@@ -82,6 +83,8 @@ log = logging.getLogger(__name__)
 SERVERS_CONF = CONF_PREFIX + "stateServers"
 #: Servers per task slot by default (see the module doc: fewer waits for a server).
 SERVERS_PER_SLOT = 2
+#: A server's RocksDB memory budget when ``memory.maxMB`` is not set, in MiB.
+DEFAULT_SERVER_MEMORY_MB = DEFAULT_MEMORY_MAX_MB // SERVERS_PER_SLOT
 #: A server with no task for this long closes its databases and exits.
 IDLE_EXIT_S = 600.0
 #: How long a task waits for a server it started to listen.
@@ -479,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     listener = _bind("\0" + args.name)
     if listener is None:
         return 0  # another worker started it first
+    # without memory.maxMB, an executor's servers share what its workers had: a
+    # server gets the default over SERVERS_PER_SLOT (a given maxMB is per server)
+    memory_budget(DEFAULT_SERVER_MEMORY_MB)
     serve(listener, args.watch)
     return 0
 

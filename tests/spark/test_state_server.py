@@ -50,6 +50,18 @@ class EchoTask:
         )
 
 
+@dataclass
+class BudgetTask:
+    """Yields the RocksDB memory budget of the process it runs in."""
+
+    def __call__(self, batches):
+        from sessionstore.engine.memory import current_budget
+
+        list(batches)
+        budget = current_budget()
+        yield pa.table({"max_mb": [None if budget is None else budget.max_mb]})
+
+
 @pytest.fixture
 def daemon(monkeypatch):
     """A stand-in for the executor's Python daemon; the servers started while it
@@ -111,6 +123,13 @@ def test_a_task_runs_in_its_partitions_server_and_its_output_and_metrics_come_ba
     others = {_pid_of(_run(EchoTask(), partition=p, count=4)[0]) for p in (0, 2, 3)}
     servers.update(others)
     assert len(others) == 3 and pid not in others
+
+
+def test_a_servers_default_memory_budget_is_the_workers_over_servers_per_slot(daemon):
+    _, servers = daemon
+    out, _ = _run(BudgetTask(), partition=0, count=1)
+    assert out[0].column("max_mb").to_pylist() == [256 // ss.SERVERS_PER_SLOT]
+    servers.add(_pid_of(_run(EchoTask(), partition=0, count=1)[0]))
 
 
 def test_a_tasks_error_is_raised_in_the_worker_with_its_type_and_message(daemon):
