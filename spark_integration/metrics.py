@@ -112,20 +112,25 @@ def metrics_enabled(spark: Any) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
 
 
-def with_state_metrics(df: Any, task: Any, out_schema: Any, name: str) -> Any:
-    """``df.mapInArrow(task, out_schema)``, the task run in its partition's state
-    server (:mod:`spark_integration.state_server`); with :data:`METRICS_CONF` on, the tasks'
+def with_state_metrics(
+    df: Any,
+    task: Any,
+    out_schema: Any,
+    name: str,
+    outer: Callable[[Any], Any] | None = None,
+) -> Any:
+    """``df.mapInArrow(task, out_schema)``; with :data:`METRICS_CONF` on, the tasks'
     metrics are also observed as ``sessionstore.<name>`` (see the module doc), and
     the output has ``out_schema``'s columns, all nullable (the metrics rows travel
-    in the same batches)."""
+    in the same batches). ``task`` runs one state partition; ``outer``, if given,
+    makes the ``mapInArrow`` function of a Spark task from it (several state
+    partitions per Spark task: :mod:`spark_integration.placement`)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from spark_integration.state_server import served
-
-    task = served(df.sparkSession, task)  # in its partition's state server, if on
+    outer = outer or (lambda each: each)
     if not metrics_enabled(df.sparkSession):
-        return df.mapInArrow(task, out_schema)
+        return df.mapInArrow(outer(task), out_schema)
 
     fields = [T.StructField(f.name, f.dataType, True) for f in out_schema.fields]
     schema = T.StructType([*fields, T.StructField(METRICS_COLUMN, _spark_struct(), True)])
@@ -148,7 +153,7 @@ def with_state_metrics(df: Any, task: Any, out_schema: Any, name: str) -> Any:
     ]
     wrapped = _WithMetrics(task, schema.json())
     return (
-        df.mapInArrow(wrapped, schema)
+        df.mapInArrow(outer(wrapped), schema)
         .observe(f"{OBSERVATION_PREFIX}{name}", *aggregates)
         .where(m.isNull())
         .drop(METRICS_COLUMN)

@@ -28,8 +28,8 @@ from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
-from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
+from spark_integration.placement import state_map
 from spark_integration.planning import grace_ms, key_types, operator_coordinator, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
 
@@ -89,7 +89,7 @@ def sessionize(
         key_types=key_types(plan.selected, plan.keys),
         coordinator=coordinator,
     )
-    return with_state_metrics(plan.selected.repartition(n, *plan.keys), task, out_schema, name)
+    return state_map(plan.selected, plan.keys, n, task, out_schema, name)
 
 
 @dataclass

@@ -256,13 +256,17 @@ def _listening(address: str) -> bool:
             return False
 
 
+_ENTRY = "import sys; from spark_integration.state_server import main; sys.exit(main())"
+
+
 def _start(address: str, parent: int) -> subprocess.Popen:
     """Start the server for ``address``, ending with process ``parent``, with this
     worker's interpreter and imports."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return subprocess.Popen(
-        [sys.executable, "-m", "spark_integration.state_server", address[1:], str(parent)],
+        # not ``-m``: the package imports this module, which runpy would run twice
+        [sys.executable, "-c", _ENTRY, address[1:], str(parent)],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,  # a daemon worker's stdout is the JVM's channel
@@ -307,9 +311,7 @@ def _exchange(
         elif kind == _END:
             return
         elif kind == _ERROR:
-            error, text = pickle.loads(data)
-            if not isinstance(error, BaseException):
-                error = RuntimeError(text)
+            error, text = _error_of(data)
             error.add_note(f"(raised in sessionstore {where}, running {what})\n{text}")
             raise error
         else:
@@ -370,13 +372,32 @@ def _send_output(conn: socket.socket, out: Any) -> None:
 
 
 def _error_payload(error: BaseException) -> bytes:
+    """The error frame: the traceback's text, then the exception pickled (empty if it
+    cannot be)."""
     from pyspark import cloudpickle
 
-    text = "".join(traceback.format_exception(error))
+    text = "".join(traceback.format_exception(error)).encode()
     try:
-        return cloudpickle.dumps((error, text))
-    except Exception:  # an exception that cannot travel: its text does
-        return pickle.dumps((None, text))
+        pickled = cloudpickle.dumps(error)
+    except Exception:
+        pickled = b""
+    return struct.pack("<Q", len(text)) + text + pickled
+
+
+def _error_of(payload: bytes) -> tuple[BaseException, str]:
+    """The exception of an error frame and the server's traceback. An exception that
+    cannot be rebuilt here (some take keyword-only arguments) becomes a
+    RuntimeError with the original's last traceback line (its type and message)."""
+    (size,) = struct.unpack_from("<Q", payload)
+    text = payload[8 : 8 + size].decode(errors="replace")
+    try:
+        error = pickle.loads(payload[8 + size :])
+    except Exception:
+        error = None
+    if not isinstance(error, BaseException):
+        lines = text.strip().splitlines()
+        error = RuntimeError(lines[-1] if lines else "the task failed in a state server")
+    return error, text
 
 
 def serve_one(conn: socket.socket) -> None:
@@ -470,7 +491,7 @@ def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXI
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a state server process (started by :class:`ServedTask`)."""
-    parser = argparse.ArgumentParser(prog="python -m spark_integration.state_server")
+    parser = argparse.ArgumentParser(prog="spark_integration.state_server")
     parser.add_argument("name", help="the abstract socket name, without its NUL")
     parser.add_argument("watch", type=int, help="pid whose end ends this server")
     args = parser.parse_args(argv)

@@ -49,8 +49,8 @@ from sessionstore.operators.processors import (
 )
 from spark_integration.backend import StateBackend
 from spark_integration.coordinator import CoordinatorAddress
-from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema
+from spark_integration.placement import state_map
 from spark_integration.planning import (
     TS,
     WATERMARK_DELAY_KEY,
@@ -222,7 +222,7 @@ def _transform(
         key_types=key_types(df, keys),
         coordinator=coordinator,
     )
-    return with_state_metrics(df.select(*columns).repartition(n, *keys), task, out_schema, name)
+    return state_map(df.select(*columns), keys, n, task, out_schema, name)
 
 
 def _initial_by_partition(initial_state: Any, df: Any, keys: list[str], n: int) -> dict[int, bytes]:

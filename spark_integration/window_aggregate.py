@@ -20,8 +20,8 @@ from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
-from spark_integration.metrics import with_state_metrics
 from spark_integration.output import OperatorOutput
+from spark_integration.placement import state_map
 from spark_integration.planning import grace_ms, key_types, operator_coordinator, resolve
 from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
 
@@ -78,7 +78,7 @@ def window_aggregate(
     )
     # validate the emission settings on the driver, with a clear error
     WindowAggregator.check_settings(emit, task.early_every_ms)
-    return with_state_metrics(plan.selected.repartition(n, *plan.keys), task, out_schema, name)
+    return state_map(plan.selected, plan.keys, n, task, out_schema, name)
 
 
 @dataclass

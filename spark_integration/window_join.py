@@ -23,8 +23,8 @@ from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from spark_integration.backend import StateBackend
 from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
-from spark_integration.metrics import with_state_metrics
 from spark_integration.output import arrow_schema, record_batch
+from spark_integration.placement import state_map
 from spark_integration.planning import (
     SIDE,
     TS,
@@ -100,7 +100,7 @@ def window_join(
         key_types=key_types(combined, keys),
         coordinator=coordinator,
     )
-    return with_state_metrics(combined.repartition(n, *keys), task, out_schema, name)
+    return state_map(combined, keys, n, task, out_schema, name)
 
 
 @dataclass

@@ -50,6 +50,21 @@ class EchoTask:
         )
 
 
+class KeywordError(Exception):
+    """Pickles, but cannot be rebuilt from its args (like PySpark's own errors)."""
+
+    def __init__(self, *, message: str) -> None:
+        super().__init__(message)
+
+
+@dataclass
+class KeywordErrorTask:
+    def __call__(self, batches):
+        list(batches)
+        raise KeywordError(message="[SOME_CONDITION] keyword-only")
+        yield  # a generator, as every mapInArrow function
+
+
 @dataclass
 class BudgetTask:
     """Yields the RocksDB memory budget of the process it runs in."""
@@ -142,6 +157,13 @@ def test_a_tasks_error_is_raised_in_the_worker_with_its_type_and_message(daemon)
     # the server keeps serving
     out, _ = _run(EchoTask(), partition=0, count=1)
     servers.add(_pid_of(out))
+
+
+def test_an_error_that_cannot_be_rebuilt_arrives_as_its_type_and_message(daemon):
+    _, servers = daemon
+    with pytest.raises(RuntimeError, match=r"KeywordError: \[SOME_CONDITION\] keyword-only"):
+        _run(KeywordErrorTask(), partition=0, count=1)
+    servers.add(_pid_of(_run(EchoTask(), partition=0, count=1)[0]))
 
 
 def test_a_server_killed_mid_task_fails_the_task_and_the_next_one_starts_another(daemon, tmp_path):

@@ -1,0 +1,150 @@
+"""Where an operator's state partitions run: Spark tasks, shards and state servers.
+
+An operator's state is split into ``P`` partitions (its checkpoint's partition
+count: one RocksDB database, one changelog per micro-batch each). Spark charges a
+fixed cost for every task of every micro-batch, whatever it does (about 27 ms of a
+slot here; BENCHMARKS.md, "Spark at scale"): at 200 partitions those costs were
+the floor, 5x the work of the 1M-event stream. So the number of Spark tasks ``T``
+is decoupled from ``P``, as Flink's key groups decouple state shards from
+parallelism:
+
+* the input is hash-partitioned into ``T`` Spark partitions by the operator's
+  keys, with ``T`` dividing ``P``, and each row carries its state partition,
+  ``pmod(hash(keys), P)`` (Spark's own partitioning hash, so the state partition
+  of a key is the one ``repartition(P, keys)`` gives it, as the checkpoint and
+  ``sessionstore repartition`` assume). Because ``T`` divides ``P``, Spark task
+  ``t`` receives exactly the keys of state partitions ``t, t + T, t + 2T, ...``;
+* the task splits its rows by state partition and runs the operator for each of
+  them in turn, every one of its state partitions, with rows or without (event
+  time advances and sessions close in partitions that get no rows), each as its
+  own state partition: its own database, version, commit, changelog, metrics and
+  report to the coordinator. A retried Spark task runs all of them again; those
+  that committed load the same version and give the same output;
+* each state partition runs in its state server (:mod:`spark_integration.state_server`),
+  server ``p mod N``; with the default ``N = 2 × slots = T`` every state partition
+  of a Spark task lands in the same server.
+
+``T`` (:data:`TASKS_CONF`): ``auto`` (the default) keeps ``T = P`` when ``P`` is at
+most 2 tasks per core of the cluster, else the largest divisor of ``P`` up to that,
+if it gives every core a task, else ``P``; or a number dividing ``P``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_integration.backend import CONF_PREFIX
+from spark_integration.metrics import with_state_metrics
+from spark_integration.planning import PARTITIONS_PER_CORE
+from spark_integration.state_server import served
+
+__all__ = ["TASKS_CONF", "SHARD", "ShardedTask", "state_map", "task_count"]
+
+#: Spark conf key: Spark tasks per micro-batch of an operator (see the module doc).
+TASKS_CONF = CONF_PREFIX + "tasks"
+#: The column that carries each row's state partition to its Spark task.
+SHARD = "__ss_partition"
+
+
+def task_count(spark: Any, partitions: int) -> int:
+    """Spark tasks per micro-batch for an operator of ``partitions`` state
+    partitions (:data:`TASKS_CONF`, see the module doc)."""
+    value = spark.conf.get(TASKS_CONF, "auto")
+    text = str(value).strip().lower()
+    if text not in ("auto", ""):
+        tasks = int(text) if text.isdigit() else 0
+        if tasks < 1 or partitions % tasks:
+            raise ValueError(
+                f"{TASKS_CONF} must be 'auto' or a positive divisor of the operator's "
+                f"{partitions} partitions, got {value!r}"
+            )
+        return tasks
+    cores = max(1, int(spark.sparkContext.defaultParallelism))
+    most = PARTITIONS_PER_CORE * cores
+    if partitions <= most:
+        return partitions
+    divisor = max(d for d in range(1, most + 1) if partitions % d == 0)
+    return divisor if divisor >= cores else partitions
+
+
+def state_map(
+    df: Any,
+    keys: Sequence[str],
+    partitions: int,
+    task: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]],
+    out_schema: Any,
+    name: str,
+) -> Any:
+    """Run operator ``task`` over ``df`` hash-partitioned by ``keys`` into
+    ``partitions`` state partitions: in ``task_count`` Spark tasks, each state
+    partition in its state server (see the module doc); with the state metrics of
+    :func:`~spark_integration.metrics.with_state_metrics`."""
+    from pyspark.sql import functions as F
+
+    spark = df.sparkSession
+    tasks = task_count(spark, partitions)
+    one = served(spark, task)
+    if tasks == partitions:
+        return with_state_metrics(df.repartition(partitions, *keys), one, out_schema, name)
+    routed = df.withColumn(SHARD, F.pmod(F.hash(*keys), F.lit(partitions)))
+    return with_state_metrics(
+        routed.repartition(tasks, *keys),
+        one,
+        out_schema,
+        name,
+        outer=lambda each: ShardedTask(each, partitions, tasks),
+    )
+
+
+def _split(batches: Iterator[pa.RecordBatch]) -> dict[int, list[pa.RecordBatch]]:
+    """The rows of each state partition, without the :data:`SHARD` column."""
+    inputs = [b for b in batches if b.num_rows]
+    if not inputs:
+        return {}
+    table = pa.Table.from_batches(inputs)
+    order = pc.sort_indices(table.column(SHARD))
+    table = table.take(order)
+    shards = table.column(SHARD).to_numpy()
+    table = table.drop_columns([SHARD])
+    starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
+    ends = np.r_[starts[1:], len(shards)]
+    return {
+        int(shards[s]): table.slice(s, e - s).combine_chunks().to_batches()
+        for s, e in zip(starts, ends, strict=True)
+    }
+
+
+@dataclass
+class ShardedTask:
+    """A ``mapInArrow`` function for Spark task ``t`` of ``tasks``: runs ``each`` (the
+    operator task of one state partition) for state partitions ``t, t + tasks, ...``
+    below ``partitions``, each with its own rows (see the module doc)."""
+
+    each: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]]
+    partitions: int
+    tasks: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
+        from spark_integration.runtime import TaskInfo, running_task, task_info
+
+        info = task_info()
+        if info.partition >= self.tasks:
+            # see runtime.partition_state: a later child of a union is numbered after
+            # the earlier ones, so this task's number is not its partition
+            raise RuntimeError(
+                f"sessionstore: this task is partition {info.partition} of its stage but "
+                f"the operator runs {self.tasks} tasks; its output was combined with "
+                "other data in one stage (for example by union), which Spark numbers as "
+                "one. Run each sessionstore operator as its own query"
+            )
+        rows = _split(batches)
+        for partition in range(info.partition, self.partitions, self.tasks):
+            mine = TaskInfo(partition, info.batch_id, info.attempt, info.run)
+            with running_task(mine):
+                yield from self.each(iter(rows.pop(partition, [])))
