@@ -11,17 +11,25 @@ interleaved rounds (best of --rounds):
    and changelog checkpointing (``spark.sql.shuffle.partitions=P``);
 3. ``sessionize`` with a count, ``num_partitions=P``, its checkpoint on each store
    of --stores: ``file`` (a local folder) and ``s3`` (a moto S3 server on 127.0.0.1,
-   which shares the machine's cores).
+   which shares the machine's cores), with the defaults: state servers, and fewer
+   Spark tasks than partitions where P is over 2 per core;
+4. with --compare, on the first store: ``tasks``, one Spark task per partition (state
+   servers on), and ``workers``, one task per partition with the state in the Python
+   workers (``spark.sessionstore.stateServers=off``: how it ran before both).
+
+The warm-up runs the floor and one ``sessionize`` untimed (the JVM's first query,
+and the state servers' start, once per executor).
 
 For each ``sessionize`` run it also reports (from the best round):
 
-* object-store requests per task: the requests the S3 server received from the
-  query's start to its end, over partitions x micro-batches (needs
+* object-store requests per partition (per task before fewer tasks than
+  partitions): the requests the S3 server received from the query's start to its
+  end, over partitions x micro-batches (needs
   ``tests.object_stores.moto_s3_server(record=True)``; "n/a" without it, and on a
   local folder);
 * how tasks got their partition's database, per micro-batch after the first (from
   the changelog headers' ``load_kind``, as ``sessionstore stats`` shows them):
-  ``warm`` (open in the worker already) and ``reopened`` (the ``handover`` kind:
+  ``warm`` (open in its process already) and ``reopened`` (the ``handover`` kind:
   reopened from the local disk, after another worker held it or after this one
   parked it);
 * worker peak RSS: the largest peak resident set (``VmHWM``) of Spark's Python
@@ -30,7 +38,7 @@ For each ``sessionize`` run it also reports (from the best round):
   ran.
 
 Run: ``.venv/bin/python bench/spark_scale.py [--partitions 4,50,200] [--stores
-file,s3] [--rounds N] [--events N] [--keys N] [--batches N]``.
+file,s3] [--compare tasks,workers] [--rounds N] [--events N] [--keys N] [--batches N]``.
 """
 
 from __future__ import annotations
@@ -183,12 +191,14 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best counts")
     ap.add_argument(
-        "--servers", default="auto,off",
-        help="spark.sessionstore.stateServers values to run sessionize with; the first "
-        "on every store, the others on the first store only",
+        "--compare", default="tasks,workers",
+        help="sessionize variants to add on the first store: 'tasks' (one Spark task per "
+        "partition) and 'workers' (that, and state in the Python workers: no state servers)",
     )  # fmt: skip
     args = ap.parse_args(argv)
-    servers = args.servers.split(",")
+    compare = [c for c in args.compare.split(",") if c]
+    if not set(compare) <= {"tasks", "workers"}:
+        ap.error(f"--compare must name tasks and/or workers, got {args.compare!r}")
     counts = [int(p) for p in args.partitions.split(",")]
     stores = args.stores.split(",")
     if not counts or min(counts) < 1:
@@ -200,6 +210,7 @@ def main(argv: list[str] | None = None) -> str:
 
     from spark_integration import StateBackend, sessionize
     from spark_integration.local import local_spark
+    from spark_integration.placement import TASKS_CONF
     from spark_integration.state_server import SERVERS_CONF
 
     spark = local_spark(
@@ -250,8 +261,10 @@ def main(argv: list[str] | None = None) -> str:
 
         started: dict[str, tuple[str, dict[str, Any]]] = {}  # sessionize runs' checkpoints
 
-        def ours(store: str, servers: str, p: int, run: str) -> Any:
-            spark.conf.set(SERVERS_CONF, servers)  # read when the operator is built
+        def ours(store: str, variant: str, p: int, run: str) -> Any:
+            # read when the operator is built
+            spark.conf.set(SERVERS_CONF, "off" if variant == "workers" else "auto")
+            spark.conf.set(TASKS_CONF, "auto" if variant == "default" else str(p))
             options = dict(s3) if store == "s3" else {}
             uri = f"s3://{bucket}/{run}" if store == "s3" else f"file://{tmp}/state-{run}"
             backend = StateBackend(
@@ -266,16 +279,22 @@ def main(argv: list[str] | None = None) -> str:
             return noop(out, run)
 
         cases: list[tuple[str, Any]] = [("floor", floor), ("builtin", builtin)]
-        cases += [(f"sessionize {s}", functools.partial(ours, s, servers[0])) for s in stores]
+        cases += [(f"sessionize {s}", functools.partial(ours, s, "default")) for s in stores]
+        labels = {"tasks": "1 task/partition", "workers": "1 task/partition, in workers"}
         cases += [
-            (f"sessionize {stores[0]}, servers {v}", functools.partial(ours, stores[0], v))
-            for v in servers[1:]
+            (f"sessionize {stores[0]}, {labels[v]}", functools.partial(ours, stores[0], v))
+            for v in compare
         ]
         timed(lambda: floor(counts[0], "warm-up"))  # the JVM's first query, untimed
+        # and the executor's state servers' start (once per executor, about 0.5 s)
+        timed(lambda: ours(stores[0], "default", counts[0], "warm-up-ours"))
         for round_ in range(args.rounds):
             for p in counts:
                 for label, case in cases:
-                    run = f"{label.replace(', ', '-').replace(' ', '-')}-{p}-{round_}"
+                    run = (
+                        "-".join(label.replace(",", "").replace("/", "-").split())
+                        + f"-{p}-{round_}"
+                    )
                     counting = s3 if counted and label == "sessionize s3" else None
                     reset_requests(counting)
                     with worker_peaks() as peaks:
@@ -314,7 +333,7 @@ def main(argv: list[str] | None = None) -> str:
         f"Spark at scale, {args.events:,} events, {args.keys:,} Zipf keys, {args.batches} "
         f"micro-batches, local[2], best of {args.rounds} ({machine()})",
         [
-            "partitions", "pipeline", "time", "vs built-in", "vs floor", "requests/task",
+            "partitions", "pipeline", "time", "vs built-in", "vs floor", "requests/partition",
             "warm/batch", "reopened/batch", "worker peak RSS (workers)",
         ],
         rows,
