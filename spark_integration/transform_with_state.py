@@ -12,8 +12,9 @@ Times, as Spark defines them:
 
 * processing time is the micro-batch's timestamp (``current_timestamp()``, which
   Spark fixes per batch in its offset log, so a replayed batch sees the same
-  time). A partition without rows takes the wall clock once and records it in the
-  checkpoint, so a retried task uses the same time;
+  time). A partition without rows takes the wall clock; every commit records the
+  time in its changelog header (processing_time.py), which a task that may be a
+  replay of its batch reads back (:func:`_empty_partition_now`);
 * the event-time watermark of batch N is the largest event time of the batches
   before it, over all partitions, minus the ``withWatermark`` delay (never below
   0), shared through the checkpoint (``state_and_inputs(shared_event_time=True)``);
@@ -68,6 +69,9 @@ NOW = "__ss_now"
 #: The processor store of every transform_with_state operator.
 STORE = "processor"
 _WATERMARK_AUX = "watermark"
+#: The query run that committed the state (time modes only): a task of the same run
+#: loading it cannot be a replay of a batch whose output a sink kept.
+_RUN_AUX = "run"
 
 
 def transform_with_state_in_pandas(
@@ -297,6 +301,10 @@ class _ProcessorTask:
             groups, dropped = self._groups(store, table)
             initial = self._initial(handle.version)
             counts = runner.run_batch(groups, times, initial)
+            if self.time_mode != "None":
+                handle.note_processing_time(times.processing_ms)  # (processing_time.py)
+                if info.run is not None:
+                    store.write_aux(_RUN_AUX, info.run.encode())
             if event_time:
                 handle.note_event_time(max_event_time)  # the durable record (event_time.py)
                 store.write_aux(_WATERMARK_AUX, INT64.pack(times.watermark_ms))
@@ -317,7 +325,7 @@ class _ProcessorTask:
         if table is not None:
             now = pc.max(table.column(NOW)).as_py()
         else:
-            now = _empty_partition_now(provider, info)
+            now = _empty_partition_now(store, provider, info)
         if self.time_mode != "EventTime":
             return BatchTimes(now, -1), None, None
         watermark = 0 if shared is None else max(0, shared - self.delay_ms)
@@ -507,19 +515,20 @@ def _row_slices(data: pa.Table) -> Any:
     return make
 
 
-def _empty_partition_now(provider: Any, info: Any) -> int:
-    """Processing time of a partition without rows: the wall clock, recorded in the
-    checkpoint by the first attempt so that a retried task uses the same time."""
-    from sessionstore.checkpoint.layout import processing_time_name
+def _empty_partition_now(store: Any, provider: Any, info: Any) -> int:
+    """Processing time of a partition without rows: the wall clock, unless the
+    batch was committed here before, when the time that commit recorded.
 
-    storage = provider.operator_storage
-    name = processing_time_name(info.batch_id, info.partition)
-    try:  # one read, no existence check first (a request fewer on object stores)
-        return INT64.unpack(storage.read(name))[0]
-    except FileNotFoundError:
-        pass
-    now = int(time.time() * 1000)
-    storage.write_atomic(name, INT64.pack(now))
-    if info.batch_id >= 2:  # older batches are never retried
-        storage.delete(processing_time_name(info.batch_id - 2, info.partition))
-    return now
+    The first attempt of a batch in the run that committed the loaded state (the
+    run id the state carries) is not a replay: no request. Otherwise (a retried
+    task, the first batch of a restarted query) one ranged read of the header of
+    the changelog this task is about to write: present only when an earlier
+    attempt committed the batch, and then its time is the one the sink may have
+    kept. Tasks with rows need none of this: their time is in their input."""
+    from sessionstore.checkpoint.processing_time import recorded_processing_time
+
+    run = store.read_aux(_RUN_AUX)
+    if info.attempt == 0 and info.run is not None and run == info.run.encode():
+        return int(time.time() * 1000)
+    recorded = recorded_processing_time(provider.operator_storage, info.batch_id, info.partition)
+    return int(time.time() * 1000) if recorded is None else recorded

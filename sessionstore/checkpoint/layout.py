@@ -14,6 +14,10 @@ Remote, under the checkpoint URI (object storage)::
         event_time/<batch>/<partition>   int64: a partition's event time after a batch,
                                      written by earlier releases (now in the
                                      changelog header), still read: event_time.py
+        processing_time/<batch>/<partition>   int64: the processing time a partition
+                                     without rows took, written by earlier releases
+                                     (now in the changelog header), still read:
+                                     processing_time.py
         <partition>/                 a decimal partition number
           changelog/<G>/<N>.changelog  every write of version N (see changelog.py); its
                                      upload is the commit point of version N. G is
@@ -59,6 +63,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
+from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.filesystem import Storage
 from sessionstore.encoding.ints import INT64
 
@@ -82,6 +87,7 @@ __all__ = [
     "changelog_names",
     "changelog_group",
     "read_changelog_file",
+    "partition_changelog_header",
     "manifest_name",
     "content_name",
     "event_time_name",
@@ -160,8 +166,8 @@ def event_time_name(batch_id: int, partition: int | None = None) -> str:
 
 def processing_time_name(batch_id: int, partition: int) -> str:
     """``processing_time/<batch>/<partition>`` relative to an operator: the wall
-    clock a partition without rows used as the batch's processing time, kept so a
-    retried task uses the same."""
+    clock a partition without rows used as the batch's processing time, written by
+    releases before the changelog header held it (still read)."""
     return f"{PROCESSING_TIME_DIR}/{batch_id}/{partition}"
 
 
@@ -177,6 +183,18 @@ def read_changelog_file(read: Callable[[str], T], version: int) -> T:
             return read(flat)
         except FileNotFoundError:
             raise missing from None
+
+
+def partition_changelog_header(
+    operator_storage: Storage, partition: int, version: int
+) -> dict[str, Any]:
+    """The header of ``partition``'s changelog of ``version``, relative to an
+    operator (one ranged read, two for a large header); ``FileNotFoundError`` if
+    that version has no changelog."""
+    return read_changelog_file(
+        lambda name: read_changelog_header(operator_storage, f"{partition}/{name}", guess=2048),
+        version,
+    )
 
 
 def operators(root: Storage) -> list[str]:
