@@ -14,6 +14,10 @@ Remote, under the checkpoint URI (object storage)::
         event_time/<batch>/<partition>   int64: a partition's event time after a batch,
                                      written by earlier releases (now in the
                                      changelog header), still read: event_time.py
+        initial_state/<token>/<partition>   Arrow IPC: a transform_with_state
+                                     partition's initial state, written when the
+                                     query is planned (token: that planning), read
+                                     by the partition's task of the first batch
         processing_time/<batch>/<partition>   int64: the processing time a partition
                                      without rows took, written by earlier releases
                                      (now in the changelog header), still read:
@@ -75,6 +79,7 @@ __all__ = [
     "CHECKPOINT_ID_FIELD",
     "KEY_TYPES_FIELD",
     "EVENT_TIME_DIR",
+    "INITIAL_STATE_DIR",
     "PROCESSING_TIME_DIR",
     "CHANGELOG_DIR",
     "SNAPSHOT_DIR",
@@ -92,6 +97,7 @@ __all__ = [
     "content_name",
     "event_time_name",
     "processing_time_name",
+    "initial_state_name",
     "operators",
     "partitions",
     "read_metadata",
@@ -113,6 +119,8 @@ CHECKPOINT_ID_FIELD = "checkpoint_id"
 #: columns its input is hash-partitioned by, in order (``["string", "long"]``).
 KEY_TYPES_FIELD = "key_types"
 EVENT_TIME_DIR = "event_time"
+#: Initial state of transform_with_state, per planning and partition.
+INITIAL_STATE_DIR = "initial_state"
 #: Processing times that partitions without rows took (transform_with_state).
 PROCESSING_TIME_DIR = "processing_time"
 CHANGELOG_DIR = "changelog"
@@ -169,6 +177,12 @@ def processing_time_name(batch_id: int, partition: int) -> str:
     clock a partition without rows used as the batch's processing time, written by
     releases before the changelog header held it (still read)."""
     return f"{PROCESSING_TIME_DIR}/{batch_id}/{partition}"
+
+
+def initial_state_name(token: str, partition: int) -> str:
+    """``initial_state/<token>/<partition>`` relative to an operator: the initial
+    state of ``partition`` as the query's planning ``token`` wrote it."""
+    return f"{INITIAL_STATE_DIR}/{token}/{partition}"
 
 
 def read_changelog_file(read: Callable[[str], T], version: int) -> T:
