@@ -71,8 +71,8 @@ def _run(monkeypatch, task, info: TaskInfo, ids: list[str], now: int = 0) -> lis
     return sorted(r for b in out for r in zip(*b.to_pydict().values(), strict=True))
 
 
-@pytest.fixture
-def s3(tmp_path):
+@pytest.fixture(scope="module")
+def s3():
     with moto_s3_server(record=True) as options:
         yield options
 
