@@ -12,8 +12,9 @@ Times, as Spark defines them:
 
 * processing time is the micro-batch's timestamp (``current_timestamp()``, which
   Spark fixes per batch in its offset log, so a replayed batch sees the same
-  time). A partition without rows takes the wall clock once and records it in the
-  checkpoint, so a retried task uses the same time;
+  time). A partition without rows takes the wall clock; every commit records the
+  time in its changelog header (processing_time.py), which a task that may be a
+  replay of its batch reads back (:func:`_empty_partition_now`);
 * the event-time watermark of batch N is the largest event time of the batches
   before it, over all partitions, minus the ``withWatermark`` delay (never below
   0), shared through the checkpoint (``state_and_inputs(shared_event_time=True)``);
@@ -27,17 +28,22 @@ micro-batch the query runs.
 
 from __future__ import annotations
 
+import functools
 import io
-import itertools
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StoreSpec
+from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.layout import INITIAL_STATE_DIR, initial_state_name
 from sessionstore.encoding.ints import INT64
 from sessionstore.operators.arrow_io import epoch_millis_array
 from sessionstore.operators.processors import (
@@ -68,6 +74,9 @@ NOW = "__ss_now"
 #: The processor store of every transform_with_state operator.
 STORE = "processor"
 _WATERMARK_AUX = "watermark"
+#: The query run that committed the state (time modes only): a task of the same run
+#: loading it cannot be a replay of a batch whose output a sink kept.
+_RUN_AUX = "run"
 
 
 def transform_with_state_in_pandas(
@@ -205,7 +214,11 @@ def _transform(
         columns.append(F.unix_millis(F.current_timestamp()).alias(NOW))
     backend, n = resolve(df, backend, num_partitions, name)
     coordinator = operator_coordinator(df, backend, name, n)
-    initial = None if initial_state is None else _initial_by_partition(initial_state, df, keys, n)
+    initial = (
+        None
+        if initial_state is None
+        else _write_initial_state(initial_state, df, keys, n, backend, name)
+    )
     task = _ProcessorTask(
         backend=backend,
         name=name,
@@ -225,10 +238,17 @@ def _transform(
     return state_map(df.select(*columns), keys, n, task, out_schema, name)
 
 
-def _initial_by_partition(initial_state: Any, df: Any, keys: list[str], n: int) -> dict[int, bytes]:
-    """The initial state's rows for each partition (Arrow IPC), routed by Spark's
-    own ``repartition(n, *keys)`` on the stream's key types, so every key lands in
-    the partition its stream rows go to."""
+def _write_initial_state(
+    initial_state: Any, df: Any, keys: list[str], n: int, backend: StateBackend, name: str
+) -> str:
+    """Write the initial state's rows of each partition to the checkpoint
+    (``initial_state/<token>/<partition>``, Arrow IPC) and return the token.
+
+    Rows are routed by Spark's own ``repartition(n, *keys)`` on the stream's key
+    types, so every key lands in the partition its stream rows go to. Each task of
+    the first batch reads its own partition's rows (one read); the tasks' closure
+    carries only the token, where it carried every partition's rows to every task
+    of every batch. A planning replaces the copy of an earlier one."""
     from pyspark.sql import functions as F
 
     checked_fields(initial_state, keys, "the initial state")
@@ -241,16 +261,23 @@ def _initial_by_partition(initial_state: Any, df: Any, keys: list[str], n: int) 
     )
     routed = cast.repartition(n, *keys).withColumn("__ss_pid", F.spark_partition_id())
     table = routed.toArrow()
-    out: dict[int, bytes] = {}
     pids = table.column("__ss_pid")
     table = table.drop_columns(["__ss_pid"])
-    for pid in pc.unique(pids).to_pylist():  # one pass per partition over one array
+    operator = open_filesystem(backend.checkpoint_uri, backend.storage_options).child(name)
+    operator.delete_dir(INITIAL_STATE_DIR)
+    token = uuid.uuid4().hex
+
+    def write(pid: int) -> None:
         part = table.filter(pc.equal(pids, pid))
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, part.schema) as writer:
             writer.write_table(part)
-        out[pid] = sink.getvalue()
-    return out
+        operator.write_atomic(initial_state_name(token, pid), sink.getvalue())
+
+    partitions = pc.unique(pids).to_pylist()  # only partitions with rows get an object
+    with ThreadPoolExecutor(min(16, max(1, len(partitions)))) as pool:
+        list(pool.map(write, partitions))  # I/O bound: pyarrow releases the GIL
+    return token
 
 
 @dataclass
@@ -266,7 +293,8 @@ class _ProcessorTask:
     delay_ms: int | None
     out_schema_json: str
     extra_stores: dict[str, tuple[str, int]] = field(default_factory=dict)
-    initial: dict[int, bytes] | None = None
+    #: the token of the initial state in the checkpoint (``_write_initial_state``)
+    initial: str | None = None
     key_types: list[str] | None = None
     coordinator: CoordinatorAddress | None = None
 
@@ -295,8 +323,12 @@ class _ProcessorTask:
             )
             runner = ProcessorRunner(self.processor, handle_, self.time_mode)
             groups, dropped = self._groups(store, table)
-            initial = self._initial(handle.version)
+            initial = self._initial(handle.version, provider, info.partition)
             counts = runner.run_batch(groups, times, initial)
+            if self.time_mode != "None":
+                handle.note_processing_time(times.processing_ms)  # (processing_time.py)
+                if info.run is not None:
+                    store.write_aux(_RUN_AUX, info.run.encode())
             if event_time:
                 handle.note_event_time(max_event_time)  # the durable record (event_time.py)
                 store.write_aux(_WATERMARK_AUX, INT64.pack(times.watermark_ms))
@@ -317,7 +349,7 @@ class _ProcessorTask:
         if table is not None:
             now = pc.max(table.column(NOW)).as_py()
         else:
-            now = _empty_partition_now(provider, info)
+            now = _empty_partition_now(store, provider, info)
         if self.time_mode != "EventTime":
             return BatchTimes(now, -1), None, None
         watermark = 0 if shared is None else max(0, shared - self.delay_ms)
@@ -347,10 +379,12 @@ class _ProcessorTask:
         if dropped:
             table = table.filter(valid)
         table = deterministic_order(table, self.keys)
-        key_cols = [table.column(k).to_pylist() for k in self.keys]
+        bounds = _key_runs(table, self.keys)
+        # the key values of each run's first row only: per key, not per row
+        firsts = pa.array([start for start, _ in bounds], type=pa.int64())
+        key_cols = [table.column(k).take(firsts).to_pylist() for k in self.keys]
         key_list = key_cols[0] if len(self.keys) == 1 else list(zip(*key_cols, strict=True))
         data = table.select(self.input_columns)
-        bounds = _group_bounds(key_list)
         encode = store.encode_key
         single = len(self.keys) == 1
         if self.api == "pandas":
@@ -359,8 +393,7 @@ class _ProcessorTask:
         else:
             make = _row_slices(data)
         groups = []
-        for start, end in bounds:
-            stored = key_list[start]
+        for stored, (start, end) in zip(key_list, bounds, strict=True):
             key = (stored,) if single else stored
             groups.append((key, encode(stored), make(start, end)))
         # encoded-key order (the sort above is Arrow's: the same for str and int
@@ -368,12 +401,16 @@ class _ProcessorTask:
         groups.sort(key=lambda g: g[1])
         return groups, dropped
 
-    def _initial(self, version: int) -> dict[tuple, list[Any]] | None:
-        """The partition's initial state by key, in the query's first batch only."""
-        if not self.initial or version != 0:
+    def _initial(
+        self, version: int, provider: Any, partition: int
+    ) -> dict[tuple, list[Any]] | None:
+        """The partition's initial state by key, in the query's first batch only
+        (one read of what the planning wrote)."""
+        if self.initial is None or version != 0:
             return None
-        raw = self.initial.get(task_info().partition)
-        if raw is None:
+        try:
+            raw = provider.operator_storage.read(initial_state_name(self.initial, partition))
+        except FileNotFoundError:  # no initial rows for this partition
             return None
         table = pa.ipc.open_stream(raw).read_all()
         table = deterministic_order(table, self.keys)
@@ -385,15 +422,10 @@ class _ProcessorTask:
             for start, end in _group_bounds(key_list):
                 out[key_list[start]] = [_reindexed(frame.iloc[start:end])]
         else:
-            from pyspark.sql import Row
-
-            make = Row(*table.column_names)
+            make = _row_maker(table.column_names)
+            rows = list(zip(*[c.to_pylist() for c in table.columns], strict=True))
             for start, end in _group_bounds(key_list):
-                rows = zip(
-                    *[table.column(c).to_pylist()[start:end] for c in table.column_names],
-                    strict=True,
-                )
-                out[key_list[start]] = [make(*r) for r in rows]
+                out[key_list[start]] = [make(r) for r in rows[start:end]]
         return out
 
     # ---------------------------------------------------------------- output
@@ -455,6 +487,26 @@ def _group_bounds(keys: list[Any]) -> list[tuple[int, int]]:
     return bounds
 
 
+def _key_runs(table: pa.Table, keys: list[str]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of equal keys in ``table``, sorted by ``keys``
+    (which hold no nulls), found by Arrow over whole columns: no Python value per
+    row. Columns Arrow cannot compare go through :func:`_group_bounds`."""
+    n = table.num_rows
+    if n == 0:
+        return []
+    changed = np.zeros(n - 1, dtype=bool)
+    try:
+        for k in keys:
+            column = table.column(k)
+            differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
+            changed |= differs.to_numpy(zero_copy_only=False)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError):
+        cols = [table.column(k).to_pylist() for k in keys]
+        return _group_bounds(cols[0] if len(keys) == 1 else list(zip(*cols, strict=True)))
+    starts = [0, *(np.flatnonzero(changed) + 1).tolist()]
+    return list(zip(starts, [*starts[1:], n], strict=True))
+
+
 def _concat_columns(frames: list[Any], schema: pa.Schema) -> pa.Table | None:
     """The frames' rows as one table of ``schema``, column by column: each frame's
     column arrays joined with numpy, several times faster than ``pd.concat`` over
@@ -493,31 +545,60 @@ def _pandas_slices(frame: Any) -> Any:
     return make
 
 
-def _row_slices(data: pa.Table) -> Any:
+@functools.lru_cache(maxsize=64)
+def _row_class(names: tuple[str, ...]) -> type:
+    """A subclass of PySpark's ``Row`` with fields ``names``: the field names live
+    on the class and each field is a property, so a row is made by
+    ``tuple.__new__`` and read by attribute without ``Row``'s per-call work (its
+    ``Row(*names)(*values)`` builds every row through Python code, and its
+    ``row.name`` searches the field list). Everything else is ``Row``'s own:
+    ``isinstance(row, Row)``, ``asDict``, ``row["name"]``, repr, equality with
+    tuples, pickling (as a plain ``Row``). A name that is an attribute of ``Row``
+    (``count``, ``index``) stays that attribute, as with ``Row``."""
     from pyspark.sql import Row
 
-    factory = Row(*data.column_names)
+    get = tuple.__getitem__  # not Row's __getitem__, which is Python code
+
+    def field(i: int) -> property:
+        return property(lambda row: get(row, i))
+
+    attrs: dict[str, Any] = {"__fields__": list(names), "__module__": __name__}
+    for i, name in enumerate(names):
+        if not name.startswith("__") and not hasattr(Row, name) and names.index(name) == i:
+            attrs[name] = field(i)
+    return type("Row", (Row,), attrs)
+
+
+def _row_maker(names: Sequence[str]) -> Callable[[tuple], Any]:
+    """``make(values)``: a PySpark ``Row`` of the fields ``names`` holding the
+    tuple ``values`` (see :func:`_row_class`; one class per set of names)."""
+    return functools.partial(tuple.__new__, _row_class(tuple(names)))
+
+
+def _row_slices(data: pa.Table) -> Any:
+    make_row = _row_maker(data.column_names)
     tuples = list(zip(*[c.to_pylist() for c in data.columns], strict=True))
 
     def make(start: int, end: int) -> Any:
-        return lambda: itertools.starmap(factory, tuples[start:end])
+        return lambda: map(make_row, tuples[start:end])
 
     return make
 
 
-def _empty_partition_now(provider: Any, info: Any) -> int:
-    """Processing time of a partition without rows: the wall clock, recorded in the
-    checkpoint by the first attempt so that a retried task uses the same time."""
-    from sessionstore.checkpoint.layout import processing_time_name
+def _empty_partition_now(store: Any, provider: Any, info: Any) -> int:
+    """Processing time of a partition without rows: the wall clock, unless the
+    batch was committed here before, when the time that commit recorded.
 
-    storage = provider.operator_storage
-    name = processing_time_name(info.batch_id, info.partition)
-    try:  # one read, no existence check first (a request fewer on object stores)
-        return INT64.unpack(storage.read(name))[0]
-    except FileNotFoundError:
-        pass
-    now = int(time.time() * 1000)
-    storage.write_atomic(name, INT64.pack(now))
-    if info.batch_id >= 2:  # older batches are never retried
-        storage.delete(processing_time_name(info.batch_id - 2, info.partition))
-    return now
+    The first attempt of a batch in the run that committed the loaded state (the
+    run id the state carries) is not a replay: no request. Otherwise (a retried
+    task, the first batch of a restarted query) one ranged read of the header of
+    the changelog this task is about to write: present only when an earlier
+    attempt committed the batch, and then its time is the one the sink may have
+    kept. Tasks with rows need none of this: their time is in their input."""
+    from sessionstore.checkpoint.processing_time import recorded_processing_time
+
+    run = store.read_aux(_RUN_AUX)
+    if info.attempt == 0 and info.run is not None and run == info.run.encode():
+        return int(time.time() * 1000)
+    recorded = recorded_processing_time(provider.operator_storage, info.batch_id, info.partition)
+    return int(time.time() * 1000) if recorded is None else recorded

@@ -25,13 +25,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.filesystem import Storage
 from sessionstore.checkpoint.layout import (
     changelog_name,
     event_time_name,
     manifest_name,
-    read_changelog_file,
+    partition_changelog_header,
 )
 from sessionstore.encoding.ints import INT64 as _I64
 from sessionstore.errors import SessionStoreError
@@ -62,10 +61,7 @@ def partition_event_time(operator_storage: Storage, batch_id: int, partition: in
     file (None when that partition had none)."""
     rel = f"{partition}/{changelog_name(batch_id + 1)}"
     try:
-        header = read_changelog_file(
-            lambda name: read_changelog_header(operator_storage, f"{partition}/{name}", guess=2048),
-            batch_id + 1,
-        )
+        header = partition_changelog_header(operator_storage, partition, batch_id + 1)
     except FileNotFoundError:
         # a partition that starts from a snapshot of this version with no changelog
         # (a repartitioned checkpoint) has the legacy file, or had no event time

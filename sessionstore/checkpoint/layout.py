@@ -14,6 +14,14 @@ Remote, under the checkpoint URI (object storage)::
         event_time/<batch>/<partition>   int64: a partition's event time after a batch,
                                      written by earlier releases (now in the
                                      changelog header), still read: event_time.py
+        initial_state/<token>/<partition>   Arrow IPC: a transform_with_state
+                                     partition's initial state, written when the
+                                     query is planned (token: that planning), read
+                                     by the partition's task of the first batch
+        processing_time/<batch>/<partition>   int64: the processing time a partition
+                                     without rows took, written by earlier releases
+                                     (now in the changelog header), still read:
+                                     processing_time.py
         <partition>/                 a decimal partition number
           changelog/<G>/<N>.changelog  every write of version N (see changelog.py); its
                                      upload is the commit point of version N. G is
@@ -59,6 +67,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
+from sessionstore.checkpoint.changelog import read_changelog_header
 from sessionstore.checkpoint.filesystem import Storage
 from sessionstore.encoding.ints import INT64
 
@@ -70,6 +79,7 @@ __all__ = [
     "CHECKPOINT_ID_FIELD",
     "KEY_TYPES_FIELD",
     "EVENT_TIME_DIR",
+    "INITIAL_STATE_DIR",
     "PROCESSING_TIME_DIR",
     "CHANGELOG_DIR",
     "SNAPSHOT_DIR",
@@ -82,10 +92,12 @@ __all__ = [
     "changelog_names",
     "changelog_group",
     "read_changelog_file",
+    "partition_changelog_header",
     "manifest_name",
     "content_name",
     "event_time_name",
     "processing_time_name",
+    "initial_state_name",
     "operators",
     "partitions",
     "read_metadata",
@@ -107,6 +119,8 @@ CHECKPOINT_ID_FIELD = "checkpoint_id"
 #: columns its input is hash-partitioned by, in order (``["string", "long"]``).
 KEY_TYPES_FIELD = "key_types"
 EVENT_TIME_DIR = "event_time"
+#: Initial state of transform_with_state, per planning and partition.
+INITIAL_STATE_DIR = "initial_state"
 #: Processing times that partitions without rows took (transform_with_state).
 PROCESSING_TIME_DIR = "processing_time"
 CHANGELOG_DIR = "changelog"
@@ -160,9 +174,15 @@ def event_time_name(batch_id: int, partition: int | None = None) -> str:
 
 def processing_time_name(batch_id: int, partition: int) -> str:
     """``processing_time/<batch>/<partition>`` relative to an operator: the wall
-    clock a partition without rows used as the batch's processing time, kept so a
-    retried task uses the same."""
+    clock a partition without rows used as the batch's processing time, written by
+    releases before the changelog header held it (still read)."""
     return f"{PROCESSING_TIME_DIR}/{batch_id}/{partition}"
+
+
+def initial_state_name(token: str, partition: int) -> str:
+    """``initial_state/<token>/<partition>`` relative to an operator: the initial
+    state of ``partition`` as the query's planning ``token`` wrote it."""
+    return f"{INITIAL_STATE_DIR}/{token}/{partition}"
 
 
 def read_changelog_file(read: Callable[[str], T], version: int) -> T:
@@ -177,6 +197,18 @@ def read_changelog_file(read: Callable[[str], T], version: int) -> T:
             return read(flat)
         except FileNotFoundError:
             raise missing from None
+
+
+def partition_changelog_header(
+    operator_storage: Storage, partition: int, version: int
+) -> dict[str, Any]:
+    """The header of ``partition``'s changelog of ``version``, relative to an
+    operator (one ranged read, two for a large header); ``FileNotFoundError`` if
+    that version has no changelog."""
+    return read_changelog_file(
+        lambda name: read_changelog_header(operator_storage, f"{partition}/{name}", guess=2048),
+        version,
+    )
 
 
 def operators(root: Storage) -> list[str]:

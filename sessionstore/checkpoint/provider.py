@@ -73,6 +73,7 @@ from sessionstore.checkpoint.layout import (
     write_metadata,
 )
 from sessionstore.checkpoint.metrics import METRICS_FORMAT, millis, snapshot_lag
+from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
 from sessionstore.checkpoint.snapshot import (
     download_snapshot,
     read_manifest,
@@ -200,7 +201,8 @@ class StoreHandle:
         self._open = True
         #: what the caller tells the commit's metrics (see :meth:`note`)
         self.noted: dict[str, Any] = {"late_dropped": None, "emitted": None, "load_ms": None}
-        #: fields the commit writes into its changelog header (see :meth:`note_event_time`)
+        #: fields the commit writes into its changelog header (see :meth:`note_event_time`,
+        #: :meth:`note_processing_time`)
         self.header: dict[str, Any] = {}
 
     def note_event_time(self, event_time: int | None) -> None:
@@ -208,6 +210,11 @@ class StoreHandle:
         in the commit's changelog header: the durable record the operator's other
         partitions advance to before the next batch (see event_time.py)."""
         self.header[EVENT_TIME_FIELD] = event_time
+
+    def note_processing_time(self, processing_ms: int) -> None:
+        """Record the batch's processing time in the commit's changelog header: the
+        durable record a replay of the batch reads (see processing_time.py)."""
+        self.header[PROCESSING_TIME_FIELD] = processing_ms
 
     def note(
         self,

@@ -115,6 +115,11 @@ def test_value_list_map_state_and_initial_state_match_spark(spark, tmp_path, api
     assert sorted(ours) == sorted(theirs)
     assert ("a", 102, 2, "x,y") in ours  # the initial state seeded a's count
     assert len(ours) == 10
+    # the initial state went to the checkpoint, one object per partition with rows
+    # (the tasks' closure carries its token only)
+    [token] = (tmp_path / "state" / "transform_with_state" / "initial_state").iterdir()
+    where = _partitions(spark, ["a", "e", "z"], 3)
+    assert sorted(f.name for f in token.iterdir()) == sorted({str(p) for p in where.values()})
 
 
 def _partitions(spark, keys, n):

@@ -251,8 +251,13 @@ class ProcessorHandle:
             payload = scope.payloads.get(encoded)
             var = by_name.get(encoded)
             if var is not None and var.ttl_ms is not None:
-                payload = var.purge(payload)
-                old, new = scope.loaded_expiry.get(encoded), var.min_expiry(payload)
+                old = scope.loaded_expiry.get(encoded)
+                # items written in this batch expire after it (ttl > 0): only an
+                # item loaded with an expiry at or before the batch time can have
+                # expired, so a map or list without one is not copied to purge it
+                if old is not None and old <= self._batch_ts:
+                    payload = var.purge(payload)
+                new = var.min_expiry(payload)
                 if old != new:
                     if old is not None:
                         store.index_delete(store.ttl_cf, old, kb + encoded)

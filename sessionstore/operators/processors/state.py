@@ -75,7 +75,15 @@ def as_value(state: str, v: Any) -> tuple:
             "ILLEGAL_STATE_STORE_VALUE.NULL_VALUE",
             f"Cannot write null values to State Store for StateName {state}.",
         )
-    if not isinstance(v, (tuple, list)):
+    if type(v) is tuple:
+        # the common case (a state call per event): a plain tuple of Python
+        # scalars is already as stored, and immutable: no copy, no call per item
+        for x in v:
+            if type(x) not in _SCALARS:
+                break
+        else:
+            return v
+    elif not isinstance(v, (tuple, list)):
         raise StatefulProcessorError(
             "ILLEGAL_STATE_STORE_VALUE",
             f"state {state!r} takes a tuple or Row with one item per schema field, "

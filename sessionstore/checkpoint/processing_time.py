@@ -1,0 +1,48 @@
+"""The processing time of a batch in a partition without rows, recorded in the
+changelog header.
+
+A partition with rows takes the batch's processing time from its input (Spark's
+``current_timestamp()``, fixed per batch in the offset log, so a replay sees the
+same). A partition without rows has no such column and takes the wall clock; a
+replay of the batch (a restart after the sink took the batch's output but before
+Spark recorded the batch as done) must see the time of the first run, or timers
+and TTL would decide differently from the output the sink kept. So the commit
+records the time in its changelog header (:data:`PROCESSING_TIME_FIELD`): no
+request of its own, and never out of step with the state it describes. It is
+read back, with one ranged read, only by a task that may be such a replay.
+(Releases before this one wrote ``processing_time/<batch>/<partition>`` per
+empty partition and batch, and deleted the one of two batches back: about five
+requests a task. A changelog without the field is answered from that object.)
+"""
+
+from __future__ import annotations
+
+from sessionstore.checkpoint.filesystem import Storage
+from sessionstore.checkpoint.layout import partition_changelog_header, processing_time_name
+from sessionstore.encoding.ints import INT64
+
+__all__ = ["PROCESSING_TIME_FIELD", "recorded_processing_time"]
+
+#: The changelog header field holding the batch's processing time in ms.
+PROCESSING_TIME_FIELD = "processing_time"
+
+
+def recorded_processing_time(
+    operator_storage: Storage, batch_id: int, partition: int
+) -> int | None:
+    """The processing time ``partition`` used in ``batch_id``: the header field of
+    its changelog of version ``batch_id + 1`` (one ranged read), or for a changelog
+    written before the field existed the legacy ``processing_time`` object. None
+    when the batch was never committed there (nothing was recorded: the caller
+    takes the time)."""
+    try:
+        header = partition_changelog_header(operator_storage, partition, batch_id + 1)
+    except FileNotFoundError:
+        return None
+    if PROCESSING_TIME_FIELD in header:
+        value = header[PROCESSING_TIME_FIELD]
+        return None if value is None else int(value)
+    try:
+        return INT64.unpack(operator_storage.read(processing_time_name(batch_id, partition)))[0]
+    except FileNotFoundError:
+        return None

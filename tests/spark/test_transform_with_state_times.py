@@ -1,0 +1,131 @@
+"""The processing time of a partition without rows (transform_with_state), task by
+task without a Spark session: what it costs in object-store requests and what a
+retried or replayed task sees."""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.layout import partition_changelog_header
+from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
+from spark_integration import StateBackend
+from spark_integration.runtime import TaskInfo
+from tests.object_stores import (
+    moto_s3_server,
+    new_bucket,
+    reset_s3_request_counts,
+    s3_request_counts,
+)
+
+# the module (the package exports a function of the same name)
+tws = importlib.import_module("spark_integration.transform_with_state")
+
+SCHEMA = StructType([StructField("id", StringType()), StructField("now", LongType())])
+
+
+class ReportsTime(StatefulProcessor):
+    """A timer at the processing time of the key's rows; when it fires (the next
+    batch, rows or not), the processing time that batch saw."""
+
+    def init(self, handle):
+        self.handle = handle
+
+    def handleInputRows(self, key, rows, timerValues):
+        list(rows)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs())
+        return iter([])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield Row(id=key[0], now=timerValues.getCurrentProcessingTimeInMs())
+
+    def close(self):
+        pass
+
+
+def _task(backend: StateBackend) -> tws._ProcessorTask:
+    return tws._ProcessorTask(
+        backend=backend, name="times", num_partitions=1, keys=["id"],
+        input_columns=["id", "item"], processor=ReportsTime(), api="rows",
+        time_mode="ProcessingTime", delay_ms=None,
+        out_schema_json=SCHEMA.json(), key_types=["string"],
+    )  # fmt: skip
+
+
+def _run(monkeypatch, task, info: TaskInfo, ids: list[str], now: int = 0) -> list[tuple]:
+    """One task of ``info``'s batch over rows of ``ids`` (none: an empty partition),
+    their processing time ``now``."""
+    monkeypatch.setattr(tws, "task_info", lambda: info)
+    batch = pa.RecordBatch.from_pydict(
+        {"id": ids, "item": ["x"] * len(ids), tws.NOW: [now] * len(ids)},
+        schema=pa.schema([("id", pa.string()), ("item", pa.string()), (tws.NOW, pa.int64())]),
+    )
+    out = list(task(iter([batch])))
+    return sorted(r for b in out for r in zip(*b.to_pydict().values(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with moto_s3_server(record=True) as options:
+        yield options
+
+
+def test_an_empty_partition_records_its_time_in_the_commit_and_a_replay_reads_it(
+    tmp_path, monkeypatch, s3
+):
+    uri = f"s3://{new_bucket(s3)}/ck"
+    backend = StateBackend(
+        uri, local_dir=str(tmp_path / "local"), storage_options=s3, snapshot_interval=100
+    )
+    task = _task(backend)
+    assert _run(monkeypatch, task, TaskInfo(0, 0, 0, "run-1"), ["a", "b"], now=1_000) == []
+    reset_s3_request_counts(s3)
+    before = int(time.time() * 1000)
+    fired = _run(monkeypatch, task, TaskInfo(0, 1, 0, "run-1"), [])
+    # the first attempt of an empty partition's batch: the commit and nothing else
+    assert s3_request_counts(s3) == {"PUT": 1}
+    (_, now1), (_, also) = fired
+    assert now1 == also >= before
+    operator = open_filesystem(uri, s3).child("times")
+    assert partition_changelog_header(operator, 0, 2)[PROCESSING_TIME_FIELD] == now1
+    # the next empty batch of the same run: the commit alone again (no object
+    # written, none deleted)
+    reset_s3_request_counts(s3)
+    assert _run(monkeypatch, task, TaskInfo(0, 2, 0, "run-1"), []) == []
+    assert s3_request_counts(s3) == {"PUT": 1}
+
+    time.sleep(0.01)
+    # a retry of batch 1 after its commit, and a replay of it by a restarted query
+    # (another run): the time of the first attempt, not the wall clock
+    assert _run(monkeypatch, task, TaskInfo(0, 1, 1, "run-1"), []) == fired
+    assert _run(monkeypatch, task, TaskInfo(0, 1, 0, "run-2"), []) == fired
+    fresh = _task(
+        StateBackend(uri, local_dir=str(tmp_path / "fresh"), storage_options=s3,
+                     snapshot_interval=100)
+    )  # fmt: skip
+    assert _run(monkeypatch, fresh, TaskInfo(0, 1, 0, "run-3"), []) == fired
+
+
+def test_a_new_run_past_the_last_commit_takes_the_wall_clock(tmp_path, monkeypatch, s3):
+    """The first batch of a restarted query that is not a replay finds no commit of
+    its batch: one read more than the commit, and the wall clock."""
+    uri = f"s3://{new_bucket(s3)}/ck"
+    backend = StateBackend(
+        uri, local_dir=str(tmp_path / "local"), storage_options=s3, snapshot_interval=100
+    )
+    task = _task(backend)
+    _run(monkeypatch, task, TaskInfo(0, 0, 0, "run-1"), ["a"], now=1_000)
+    reset_s3_request_counts(s3)
+    before = int(time.time() * 1000)
+    [(_, now)] = _run(monkeypatch, task, TaskInfo(0, 1, 0, "run-2"), [])
+    assert now >= before
+    counts = s3_request_counts(s3)
+    assert counts.pop("PUT") == 1 and set(counts) <= {"GET", "HEAD"}, counts
+    assert sum(counts.values()) <= 2, counts  # the changelog's name, and an older release's
