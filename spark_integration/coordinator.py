@@ -413,12 +413,25 @@ def report(
     return bool(reply and reply.get("ok"))
 
 
+#: Answers this process was given, by (coordinator, run, batch): an answer is final
+#: (the event time after a committed batch never changes), and a Spark task that
+#: runs several partitions (spark_integration.placement) asks once for all of them.
+_answers: OrderedDict[tuple[Any, ...], int | None] = OrderedDict()
+_ANSWERS_KEPT = 64
+
+
 def ask(address: CoordinatorAddress, run: str | None, batch: int) -> tuple[bool, int | None]:
     """``(answered, event time)``: the operator's event time after ``batch``, or
     ``(False, None)`` when the coordinator did not answer."""
+    key = (address.host, address.port, address.token, run, batch)
+    if key in _answers:
+        return True, _answers[key]
     reply = _request(address, {"op": "ask", "run": run, "batch": batch})
     if reply is None or "event_time" not in reply:
         return False, None
+    _answers[key] = reply["event_time"]
+    while len(_answers) > _ANSWERS_KEPT:
+        _answers.popitem(last=False)
     return True, reply["event_time"]
 
 

@@ -26,8 +26,9 @@ def coordinator():
 
 @pytest.fixture(autouse=True)
 def _reachable_again(monkeypatch):
-    """Each test starts with no coordinator marked unreachable."""
+    """Each test starts with no coordinator marked unreachable, and no answer kept."""
     monkeypatch.setattr(coord, "_unreachable_until", {})
+    monkeypatch.setattr(coord, "_answers", coord.OrderedDict())
 
 
 def checkpoint(tmp_path, times_by_batch):
@@ -45,6 +46,9 @@ def test_it_answers_from_the_reports_of_every_partition(coordinator, tmp_path):
     assert ask(address, "run-1", -1) == (True, None)  # before the first batch
     state = coordinator.operator(address)
     assert state.stats == {"reports": 3, "answered_from_reports": 1, "durable_reads": 0}
+    # an answer is final: the partitions a task runs after the first do not ask again
+    assert [ask(address, "run-1", 0) for _ in range(3)] == [(True, 9)] * 3
+    assert state.stats["answered_from_reports"] == 1
     assert coordinator.batch_metrics("run-1", 0) == {
         "op": [{"rows_total": 0}, {"rows_total": 1}, {"rows_total": 2}]
     }
