@@ -10,20 +10,11 @@ import pytest
 from spark_integration import placement
 from spark_integration.placement import SHARD, ShardedTask, task_count
 from spark_integration.runtime import TaskInfo, running_task, task_info
+from tests.spark.fakes import fake_session
 
 
-class _Conf:
-    def __init__(self, values):
-        self._values = values
-
-    def get(self, key, default=None):
-        return self._values.get(key, default)
-
-
-class _Spark:
-    def __init__(self, cores, tasks=None):
-        self.conf = _Conf({} if tasks is None else {placement.TASKS_CONF: tasks})
-        self.sparkContext = type("SC", (), {"defaultParallelism": cores})()
+def _spark(cores, tasks=None):
+    return fake_session({} if tasks is None else {placement.TASKS_CONF: tasks}, cores=cores)
 
 
 @pytest.mark.parametrize(
@@ -32,15 +23,15 @@ class _Spark:
      (4, 36, 6), (3, 7, 7), (2, 64, 4)],
 )  # fmt: skip
 def test_auto_task_count(cores, partitions, want):
-    assert task_count(_Spark(cores), partitions) == want
+    assert task_count(_spark(cores), partitions) == want
 
 
 def test_a_given_task_count_must_divide_the_partitions():
-    assert task_count(_Spark(2, tasks="8"), 200) == 8
-    assert task_count(_Spark(2, tasks="200"), 200) == 200
+    assert task_count(_spark(2, tasks="8"), 200) == 8
+    assert task_count(_spark(2, tasks="200"), 200) == 200
     for bad in ("3", "0", "-4", "many"):
         with pytest.raises(ValueError, match=rf"spark.sessionstore.tasks .*200.*{bad!r}"):
-            task_count(_Spark(2, tasks=bad), 200)
+            task_count(_spark(2, tasks=bad), 200)
 
 
 def test_a_spark_task_runs_each_of_its_state_partitions_with_its_rows():

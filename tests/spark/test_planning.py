@@ -3,6 +3,8 @@ needed)."""
 
 from __future__ import annotations
 
+from tests.spark.fakes import fake_session
+
 
 def test_input_checks_name_the_missing_column_and_the_bad_time_type():
     from types import SimpleNamespace
@@ -50,17 +52,6 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     with pytest.warns(UserWarning, match="spark.python.unix.domain.socket.enabled is off"):
         assert planning.warn_tcp_workers(session("4.1.0", {UNIX_SOCKET_CONF: "false"}))
     assert not planning.warn_tcp_workers(session("4.3.0", {}))  # once per process
-
-
-def fake_session(conf=None, cores=2):
-    """Just what partition_count reads of a SparkSession."""
-    from types import SimpleNamespace
-
-    conf = dict(conf or {})
-    return SimpleNamespace(
-        conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default)),
-        sparkContext=SimpleNamespace(defaultParallelism=cores),
-    )
 
 
 def checkpoint_with(tmp_path, partitions):

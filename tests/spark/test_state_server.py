@@ -22,6 +22,7 @@ import pytest
 from spark_integration import runtime
 from spark_integration import state_server as ss
 from spark_integration.runtime import TaskInfo
+from tests.spark.fakes import fake_session
 
 
 @dataclass
@@ -231,23 +232,6 @@ def test_an_idle_server_closes_its_listener_and_returns():
             conn.connect(address)
 
 
-class _Conf:
-    def __init__(self, values):
-        self._values = values
-
-    def get(self, key, default=None):
-        return self._values.get(key, default)
-
-
-class _Spark:
-    def __init__(self, master, session=None, context=None):
-        self.conf = _Conf(session or {})
-        conf = _Conf(context or {})
-        self.sparkContext = type(
-            "SC", (), {"master": master, "getConf": staticmethod(lambda: conf)}
-        )()
-
-
 @pytest.mark.parametrize(
     ("master", "session", "context", "want"),
     [
@@ -264,13 +248,13 @@ class _Spark:
     ],
 )
 def test_server_count(master, session, context, want):
-    assert ss.server_count(_Spark(master, session, context)) == want
+    assert ss.server_count(fake_session(session, master=master, context_conf=context)) == want
 
 
 @pytest.mark.parametrize("bad", ["-1", "many", "2.5"])
 def test_a_bad_server_count_is_refused_naming_the_key_and_value(bad):
     with pytest.raises(ValueError, match=rf"spark.sessionstore.stateServers .*{bad!r}"):
-        ss.server_count(_Spark("local[2]", {ss.SERVERS_CONF: bad}))
+        ss.server_count(fake_session({ss.SERVERS_CONF: bad}))
 
 
 @pytest.mark.slow
