@@ -31,6 +31,7 @@ from sessionstore.checkpoint.layout import (
     event_time_name,
     manifest_name,
     partition_changelog_header,
+    recorded_time,
 )
 from sessionstore.encoding.ints import INT64 as _I64
 from sessionstore.errors import SessionStoreError
@@ -75,13 +76,9 @@ def partition_event_time(operator_storage: Storage, batch_id: int, partition: in
             f"record of its event time after batch {batch_id} (was the batch run, or "
             f"the changelog pruned?)"
         ) from None
-    if EVENT_TIME_FIELD in header:
-        value = header[EVENT_TIME_FIELD]
-        return None if value is None else int(value)
-    try:
-        return _I64.unpack(operator_storage.read(event_time_name(batch_id, partition)))[0]
-    except FileNotFoundError:
-        return None
+    return recorded_time(
+        operator_storage, header, EVENT_TIME_FIELD, event_time_name(batch_id, partition)
+    )
 
 
 def max_event_time(times: Any) -> int | None:

@@ -211,6 +211,21 @@ def partition_changelog_header(
     )
 
 
+def recorded_time(
+    operator_storage: Storage, header: dict[str, Any], field: str, legacy_name: str
+) -> int | None:
+    """A time a partition recorded in its changelog ``header`` as ``field``, or for
+    a changelog written before that field existed, the legacy per-partition object
+    ``legacy_name`` (an 8-byte big-endian int); None if neither holds one."""
+    if field in header:
+        value = header[field]
+        return None if value is None else int(value)
+    try:
+        return INT64.unpack(operator_storage.read(legacy_name))[0]
+    except FileNotFoundError:
+        return None
+
+
 def operators(root: Storage) -> list[str]:
     """Operators (directories with a ``_metadata`` file) under a checkpoint root."""
     return [d for d in root.list_dirs() if root.exists(f"{d}/{METADATA}")]

@@ -18,8 +18,11 @@ requests a task. A changelog without the field is answered from that object.)
 from __future__ import annotations
 
 from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.layout import partition_changelog_header, processing_time_name
-from sessionstore.encoding.ints import INT64
+from sessionstore.checkpoint.layout import (
+    partition_changelog_header,
+    processing_time_name,
+    recorded_time,
+)
 
 __all__ = ["PROCESSING_TIME_FIELD", "recorded_processing_time"]
 
@@ -39,10 +42,6 @@ def recorded_processing_time(
         header = partition_changelog_header(operator_storage, partition, batch_id + 1)
     except FileNotFoundError:
         return None
-    if PROCESSING_TIME_FIELD in header:
-        value = header[PROCESSING_TIME_FIELD]
-        return None if value is None else int(value)
-    try:
-        return INT64.unpack(operator_storage.read(processing_time_name(batch_id, partition)))[0]
-    except FileNotFoundError:
-        return None
+    return recorded_time(
+        operator_storage, header, PROCESSING_TIME_FIELD, processing_time_name(batch_id, partition)
+    )
