@@ -82,21 +82,31 @@ def _children() -> dict[int, list[int]]:
 WORKER_COMMANDS = (b"pyspark.daemon", b"pyspark.worker", b"spark_integration.state_server")
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def python_workers() -> list[int]:
-    """Pids of this driver's PySpark daemon, worker and state server processes (the
-    JVM's Python children and theirs)."""
+    """Pids of this driver's PySpark daemon and worker processes (the JVM's Python
+    children and theirs), and of the state servers that watch that daemon (a server
+    outlives the worker that started it, so it may no longer be in the tree)."""
     children, found, todo = _children(), [], [os.getpid()]
     while todo:
         pid = todo.pop()
         for child in children.get(pid, []):
             todo.append(child)
-            try:
-                with open(f"/proc/{child}/cmdline", "rb") as f:
-                    cmdline = f.read()
-            except OSError:
-                continue
-            if any(name in cmdline for name in WORKER_COMMANDS):
+            if any(name in _cmdline(child) for name in WORKER_COMMANDS):
                 found.append(child)
+    watched = {str(pid).encode() for pid in found}
+    for pids in children.values():
+        for pid in pids:
+            argv = _cmdline(pid).rstrip(b"\0").split(b"\0")
+            if WORKER_COMMANDS[-1] in _cmdline(pid) and argv[-1] in watched and pid not in found:
+                found.append(pid)
     return found
 
 
