@@ -21,12 +21,13 @@ parallelism:
   report to the coordinator. A retried Spark task runs all of them again; those
   that committed load the same version and give the same output;
 * each state partition runs in its state server (:mod:`spark_integration.state_server`),
-  server ``p mod N``; with the default ``N = 2 × slots = T`` every state partition
-  of a Spark task lands in the same server.
+  server ``p mod N``; with the defaults (``N = 2 × slots``, ``T`` = one per core)
+  the tasks that run at the same time never share a server.
 
-``T`` (:data:`TASKS_CONF`): ``auto`` (the default) keeps ``T = P`` when ``P`` is at
-most 2 tasks per core of the cluster, else the largest divisor of ``P`` up to that,
-if it gives every core a task, else ``P``; or a number dividing ``P``.
+``T`` (:data:`TASKS_CONF`): ``auto`` (the default) is ``P`` when ``P`` is at most
+the cluster's cores; else one task per core if that divides ``P``, else the
+largest divisor of ``P`` up to two per core if it gives every core a task, else
+``P``; or a number dividing ``P``.
 """
 
 from __future__ import annotations
@@ -66,10 +67,14 @@ def task_count(spark: Any, partitions: int) -> int:
             )
         return tasks
     cores = max(1, int(spark.sparkContext.defaultParallelism))
-    most = PARTITIONS_PER_CORE * cores
-    if partitions <= most:
+    if partitions <= cores:
         return partitions
-    divisor = max(d for d in range(1, most + 1) if partitions % d == 0)
+    # a task per core: every task costs Spark a fixed share of a slot (BENCHMARKS.md,
+    # "Eighth session": 4 partitions on 2 cores ran closer to the floor in 2 tasks
+    # than in 4)
+    if partitions % cores == 0:
+        return cores
+    divisor = max(d for d in range(1, PARTITIONS_PER_CORE * cores + 1) if partitions % d == 0)
     return divisor if divisor >= cores else partitions
 
 

@@ -19,8 +19,9 @@ def _spark(cores, tasks=None):
 
 @pytest.mark.parametrize(
     ("cores", "partitions", "want"),
-    [(2, 4, 4), (2, 3, 3), (2, 200, 4), (2, 50, 2), (2, 7, 7), (8, 200, 10), (8, 12, 12),
-     (4, 36, 6), (3, 7, 7), (2, 64, 4)],
+    [(2, 2, 2), (2, 1, 1), (2, 4, 2), (2, 3, 3), (2, 200, 2), (2, 50, 2), (2, 7, 7),
+     (8, 200, 8), (8, 12, 12), (8, 48, 8), (8, 120, 8), (4, 36, 4), (3, 7, 7), (3, 10, 5),
+     (2, 64, 2)],
 )  # fmt: skip
 def test_auto_task_count(cores, partitions, want):
     assert task_count(_spark(cores), partitions) == want
