@@ -146,8 +146,12 @@ def test_partition_count_from_the_conf_key_or_the_cores(spark, tmp_path):
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
 
     def planned(name, **kwargs):
+        """The operator's state partitions, as its first batch records them."""
+        from sessionstore.checkpoint.provider import recorded_partitions
+
         out = sessionize(df, "user", "ts", "1 second", backend=backend, name=name, **kwargs)
-        return out.rdd.getNumPartitions()
+        out.collect()
+        return recorded_partitions(backend.checkpoint_uri, name, {})
 
     assert spark.conf.get(PARTITIONS_CONF) == "2"  # conftest's
     assert planned("conf") == 2
@@ -159,6 +163,9 @@ def test_partition_count_from_the_conf_key_or_the_cores(spark, tmp_path):
         # local[2]: two partitions per core
         assert spark.sparkContext.defaultParallelism == 2
         assert planned("cores") == 4
+        # in one Spark task per core (spark_integration.placement)
+        cores = sessionize(df, "user", "ts", "1 second", backend=backend, name="cores")
+        assert cores.rdd.getNumPartitions() == 2
     finally:
         spark.conf.set(PARTITIONS_CONF, "2")
 
