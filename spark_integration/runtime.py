@@ -44,6 +44,7 @@ __all__ = [
     "take_task_metrics",
     "keep_task_metrics",
     "running_task",
+    "outlive_tasks",
 ]
 
 
@@ -63,6 +64,15 @@ RUN_PROPERTY = "spark.jobGroup.id"
 
 #: The task a state server runs for a Spark worker (see :func:`running_task`).
 _given_info: TaskInfo | None = None
+#: This process outlives its tasks (a state server): maintenance runs after them.
+_long_lived = False
+
+
+def outlive_tasks() -> None:
+    """Mark this process as one that outlives its tasks (a state server), so that
+    snapshot uploads run on its background thread after the commit."""
+    global _long_lived
+    _long_lived = True
 
 
 @contextmanager
@@ -196,7 +206,7 @@ def partition_state(
         }
     if version % backend.snapshot_interval == 0:
         # a reused worker and a state server outlive the task; others exit with it
-        if os.environ.get("SPARK_REUSE_WORKER") or _given_info is not None:
+        if os.environ.get("SPARK_REUSE_WORKER") or _long_lived:
             service.maintain_later(key)
         else:  # this worker exits with the task (os._exit): a background upload would die
             provider.do_maintenance()

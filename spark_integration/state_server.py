@@ -506,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     # without memory.maxMB, an executor's servers share what its workers had: a
     # server gets the default over SERVERS_PER_SLOT (a given maxMB is per server)
     memory_budget(DEFAULT_SERVER_MEMORY_MB)
+    from spark_integration.runtime import outlive_tasks
+
+    outlive_tasks()
     serve(listener, args.watch)
     return 0
 
