@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 
+import numpy as np
 from rocksdict import Options, Rdict
 
 
@@ -93,3 +94,15 @@ class Trace:
             else:
                 out["write"] += sum(len(e) for _, e in op[1])
         return out
+
+
+def zipf_users(rng: np.random.Generator, n: int, keys: int) -> np.ndarray:
+    """``n`` user names (``user-000123``) drawn from ``keys`` users with Zipf
+    frequencies (s=1.1), the key stream every Spark and operator benchmark uses.
+    Draws are rejected above ``keys``, so few keys reject most of them: it draws
+    until there are enough (the same draws, and so the same stream, for a seed)."""
+    ranks = np.empty(0, dtype=np.int64)
+    while len(ranks) < n:
+        drawn = rng.zipf(1.1, size=n * 2)
+        ranks = np.concatenate([ranks, drawn[drawn <= keys]])
+    return np.array([f"user-{i:06d}" for i in range(keys)], dtype=object)[ranks[:n] - 1]

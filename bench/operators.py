@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import Trace, machine, print_table, scratch_dir  # noqa: E402
+from bench.common import Trace, machine, print_table, scratch_dir, zipf_users  # noqa: E402
 from sessionstore import StateDB  # noqa: E402
 from sessionstore.operators import SessionWindowAggregator, SessionWindows  # noqa: E402
 
@@ -31,14 +31,12 @@ AGGS = {"n": "count", "spent": ("sum", None)}
 
 def workload(events: int, keys: int, seed: int = 1):
     rng = np.random.default_rng(seed)
-    ranks = rng.zipf(1.1, size=events * 2)
-    ranks = ranks[ranks <= keys][:events] - 1
-    names = np.array([f"user-{i:06d}" for i in range(keys)], dtype=object)
+    names = zipf_users(rng, events, keys)
     ts = np.cumsum(rng.integers(0, 20, size=events)) + 1_700_000_000_000
     late = rng.random(events) < 0.05
     ts[late] -= rng.integers(0, 30_000, size=int(late.sum()))
     values = rng.integers(1, 100, size=events)
-    return names[ranks].tolist(), ts.tolist(), values.tolist()
+    return names.tolist(), ts.tolist(), values.tolist()
 
 
 def aggregator(db, emit="update"):

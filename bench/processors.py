@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import machine, print_table, scratch_dir  # noqa: E402
+from bench.common import machine, print_table, scratch_dir, zipf_users  # noqa: E402
 from bench.spark_sessionize import count_rows  # noqa: E402
 
 PARTITIONS = 4
@@ -47,11 +47,7 @@ def write_input(folder: str, events: int, keys: int, batches: int) -> None:
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(7)
-    ranks = np.empty(0, dtype=np.int64)
-    while len(ranks) < events:
-        drawn = rng.zipf(1.1, size=events * 2)
-        ranks = np.concatenate([ranks, drawn[drawn <= keys]])
-    users = np.array([f"user-{i:06d}" for i in range(keys)], dtype=object)[ranks[:events] - 1]
+    users = zipf_users(rng, events, keys)
     items = np.array([f"item-{i:04d}" for i in range(1000)], dtype=object)[
         rng.integers(0, 1000, size=events)
     ]

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rocksdict import WriteBatch  # noqa: E402
 
-from bench.common import machine, print_table, scratch_dir  # noqa: E402
+from bench.common import machine, print_table, scratch_dir, zipf_users  # noqa: E402
 from sessionstore import StateDB  # noqa: E402
 from sessionstore.checkpoint.filesystem import open_filesystem  # noqa: E402
 from sessionstore.checkpoint.layout import FILES_DIR  # noqa: E402
@@ -58,11 +58,7 @@ DATA = "data"
 def events(n: int, keys: int) -> tuple[list[str], list[int]]:
     """The stream of bench/spark_sessionize.py (same seed and distribution)."""
     rng = np.random.default_rng(5)
-    ranks = np.empty(0, dtype=np.int64)
-    while len(ranks) < n:
-        drawn = rng.zipf(1.1, size=n * 2)
-        ranks = np.concatenate([ranks, drawn[drawn <= keys]])
-    names = np.array([f"user-{i:06d}" for i in range(keys)], dtype=object)[ranks[:n] - 1]
+    names = zipf_users(rng, n, keys)
     ts = 1_700_000_000_000 + np.cumsum(rng.integers(0, 20, size=n))
     return names.tolist(), ts.tolist()
 

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import machine, print_table, scratch_dir  # noqa: E402
+from bench.common import machine, print_table, scratch_dir, zipf_users  # noqa: E402
 
 PARTITIONS = 4
 
@@ -45,12 +45,7 @@ def write_input(folder, events, keys, batches):
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(5)
-    ranks = np.empty(0, dtype=np.int64)
-    while len(ranks) < events:  # few keys reject most draws: draw until there are enough
-        drawn = rng.zipf(1.1, size=events * 2)
-        ranks = np.concatenate([ranks, drawn[drawn <= keys]])
-    ranks = ranks[:events] - 1
-    names = np.array([f"user-{i:06d}" for i in range(keys)], dtype=object)[ranks]
+    names = zipf_users(rng, events, keys)
     ts = 1_700_000_000_000 + np.cumsum(rng.integers(0, 20, size=events))
     os.makedirs(folder, exist_ok=True)
     per = events // batches
