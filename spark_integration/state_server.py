@@ -165,6 +165,19 @@ class ServedTask:
     #: servers per executor; None: :data:`SERVERS_PER_SLOT` per core of the executor
     count: int | None
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_body"}
+
+    def _pickled(self) -> bytes:
+        """``task`` cloudpickled, once per Spark task: a Spark task that runs many
+        partitions (spark_integration.placement) sends the same task for each."""
+        body = self.__dict__.get("_body")
+        if body is None:
+            from pyspark import cloudpickle
+
+            body = self.__dict__["_body"] = cloudpickle.dumps(self.task)
+        return body
+
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from spark_integration.runtime import keep_task_metrics, task_info
 
@@ -175,7 +188,7 @@ class ServedTask:
         conn = None
         if sys.platform.startswith("linux"):
             try:
-                conn, pid = _accepted(slot, count, info, self.task)
+                conn, pid = _accepted(slot, count, info, self._pickled())
             except OSError as error:
                 if not _warned_unavailable:
                     _warned_unavailable = True
@@ -202,13 +215,10 @@ def _address(parent: int, count: int, slot: int) -> str:
     return f"\0sessionstore-state-{os.geteuid()}-{parent}-{count}-{slot}"
 
 
-def _accepted(slot: int, count: int, info: Any, task: Any) -> tuple[socket.socket, int]:
-    """A connection to the server of ``slot`` that has accepted ``task``, starting
-    the server if there is none: ``(connection, server pid)``."""
-    from pyspark import cloudpickle
-
+def _accepted(slot: int, count: int, info: Any, body: bytes) -> tuple[socket.socket, int]:
+    """A connection to the server of ``slot`` that has accepted the pickled task
+    ``body``, starting the server if there is none: ``(connection, server pid)``."""
     payload = pickle.dumps(tuple(vars(info).values()))
-    body = cloudpickle.dumps(task)
     parent = _parent()
     address = _address(parent, count, slot)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -319,3 +319,34 @@ def test_in_spark_partitions_stay_warm_in_their_servers_and_a_killed_server_lose
             assert kinds.get("warm", 0) == 0, (batch, kinds)
         else:
             assert kinds == {"warm": 4}, (batch, kinds)
+
+
+def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
+    daemon, monkeypatch
+):
+    """fewer Spark tasks than partitions: each partition is sent to the server, the
+    operator task is pickled once per Spark task, and the pickle on the executor
+    side does not carry that cache."""
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from spark_integration.placement import SHARD, ShardedTask
+
+    _, servers = daemon
+    calls = []
+    dumps = cloudpickle.dumps
+    monkeypatch.setattr(cloudpickle, "dumps", lambda obj, *a, **k: calls.append(obj) or dumps(obj))
+    served = ss.ServedTask(EchoTask(), 1)
+    schema = pa.schema([("x", pa.int64()), (SHARD, pa.int32())])
+    batch = pa.record_batch([[1, 2, 3], [0, 2, 2]], schema=schema)
+    with runtime.running_task(TaskInfo(0, 4, 0, "run")):
+        out = list(ShardedTask(served, 3, 1)(iter([batch])))
+    tables = [pa.Table.from_batches([b]).to_pylist() for b in out]
+    assert [t for t in tables if "x2" in t[0]] == [[{"x2": 2}], [{"x2": 4}, {"x2": 6}]]
+    ran = [t[0] for t in tables if "pid" in t[0]]
+    assert [(r["partition"], r["batch"]) for r in ran] == [(0, 4), (1, 4), (2, 4)]
+    servers.update(r["pid"] for r in ran)
+    assert len({r["pid"] for r in ran}) == 1
+    assert [type(c) for c in calls].count(EchoTask) == 1
+    assert "_body" not in pickle.loads(pickle.dumps(served)).__dict__
