@@ -557,10 +557,16 @@ def _row_class(names: tuple[str, ...]) -> type:
     (``count``, ``index``) stays that attribute, as with ``Row``."""
     from pyspark.sql import Row
 
-    get = tuple.__getitem__  # not Row's __getitem__, which is Python code
+    try:  # namedtuple's field descriptor: a C-level read of item i, no Python frame
+        from _collections import _tuplegetter
 
-    def field(i: int) -> property:
-        return property(lambda row: get(row, i))
+        def field(i: int) -> Any:
+            return _tuplegetter(i, None)
+    except ImportError:  # not CPython
+        get = tuple.__getitem__  # not Row's __getitem__, which is Python code
+
+        def field(i: int) -> Any:
+            return property(lambda row: get(row, i))
 
     attrs: dict[str, Any] = {"__fields__": list(names), "__module__": __name__}
     for i, name in enumerate(names):

@@ -5,6 +5,10 @@ cleanup; every row routable by its grouping key."""
 
 from __future__ import annotations
 
+import itertools
+from collections import namedtuple
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -205,6 +209,79 @@ def test_runner_equals_the_reference_model(tmp_path_factory, batches, ttl):
             expected = reference.run(groups, now)
             got = _run_ours(db, OpsProcessor(ttl), groups, now).outputs
             assert got == expected
+            if reopen:
+                db.close()
+                db = StateDB.open(path)
+    finally:
+        db.close()
+
+
+One = namedtuple("One", "x")
+#: How a processor may hand a value tuple to a state call; every shape stores and
+#: reads back as the same plain tuple of Python scalars (PySpark normalises too).
+SHAPES = {
+    "tuple": lambda t: t,
+    "numpy": lambda t: tuple(np.int64(x) if isinstance(x, int) else np.str_(x) for x in t),
+    "namedtuple": lambda t: One(*t),
+    "list": list,
+}
+
+
+class _Reshaping:
+    """A state variable whose tuple arguments arrive in the drawn shapes, in turn."""
+
+    def __init__(self, var, shapes):
+        self._var, self._shapes = var, shapes
+
+    def _reshape(self, arg):
+        if isinstance(arg, tuple):
+            return SHAPES[next(self._shapes)](arg)
+        if isinstance(arg, list):
+            return [self._reshape(x) for x in arg]
+        return arg
+
+    def __getattr__(self, name):
+        method = getattr(self._var, name)
+        return lambda *args: method(*[self._reshape(a) for a in args])
+
+
+class ShapedOpsProcessor(OpsProcessor):
+    def __init__(self, ttl, shapes):
+        super().__init__(ttl)
+        self.shapes = itertools.cycle(shapes)
+
+    def init(self, handle):
+        super().init(handle)
+        self.v, self.l, self.m = (_Reshaping(x, self.shapes) for x in (self.v, self.l, self.m))
+
+
+def _only_plain_values(obj) -> bool:
+    if type(obj) in (tuple, list):
+        return all(_only_plain_values(x) for x in obj)
+    return type(obj) in (int, str, bool, type(None))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batches=BATCHES,
+    ttl=st.sampled_from([None, TTL]),
+    shapes=st.lists(st.sampled_from(sorted(SHAPES)), min_size=1, max_size=4),
+)
+def test_values_in_any_shape_are_stored_as_plain_tuples(tmp_path_factory, batches, ttl, shapes):
+    # state calls take a fast path for plain tuples of scalars: numpy scalars,
+    # namedtuples (Rows) and lists must still be normalised, keys included
+    path = tmp_path_factory.mktemp("proc")
+    reference = Reference(ttl)
+    db = StateDB.open(path)
+    now = 0
+    try:
+        for step, rows, reopen in batches:
+            now += step
+            groups = _groups(rows)
+            expected = reference.run(groups, now)
+            got = _run_ours(db, ShapedOpsProcessor(ttl, shapes), groups, now).outputs
+            assert got == expected
+            assert _only_plain_values(got), got
             if reopen:
                 db.close()
                 db = StateDB.open(path)

@@ -67,6 +67,18 @@ def normalise(v: Any) -> Any:
     return v
 
 
+def _is_plain(v: Any) -> bool:
+    """Whether ``v`` is already as stored: a plain tuple (not a Row) of one or two
+    Python scalars, the shape of nearly every state call. Longer tuples and
+    everything else take :func:`as_value`, which checks and normalises."""
+    if type(v) is not tuple:
+        return False
+    n = len(v)
+    if n == 1:
+        return type(v[0]) in _SCALARS
+    return n == 2 and type(v[0]) in _SCALARS and type(v[1]) in _SCALARS
+
+
 def as_value(state: str, v: Any) -> tuple:
     """A state value as stored: a plain tuple of normalised items. None is refused
     with Spark's error (a value state is cleared with ``clear()``)."""
@@ -120,11 +132,22 @@ class _Variable:
         self.encoded = encode_key(name)
         self.ttl_ms = ttl_ms
 
+    # A state call is a few dict look-ups, so the calls around them are most of
+    # its cost: the hot methods read the current key's loaded payloads directly
+    # and fall back to the handle (which loads the key, or raises outside a key).
     def _payload(self) -> Any:
+        scope = self._handle._scope
+        if scope is not None and scope.loaded:
+            return scope.payloads[self.encoded]
         return self._handle._payload(self.encoded)
 
     def _set(self, payload: Any) -> None:
-        self._handle._set_payload(self.encoded, payload)
+        scope = self._handle._scope
+        if scope is not None and scope.loaded:
+            scope.payloads[self.encoded] = payload
+            scope.dirty.add(self.encoded)
+        else:
+            self._handle._set_payload(self.encoded, payload)
 
     def _now(self) -> int:
         return self._handle._batch_ts
@@ -153,16 +176,20 @@ class ValueState(_Variable):
     def exists(self) -> bool:
         """Whether the key has a (live) value."""
         p = self._payload()
-        return p is not None and self._live(p[1])
+        return p is not None and (p[1] is None or self._handle._batch_ts < p[1])
 
     def get(self) -> tuple | None:
         """The value, or None."""
         p = self._payload()
-        return p[0] if p is not None and self._live(p[1]) else None
+        if p is None or (p[1] is not None and self._handle._batch_ts >= p[1]):
+            return None
+        return p[0]
 
     def update(self, newValue: tuple) -> None:  # noqa: N803 - PySpark's name
         """Set the value (and restart its TTL)."""
-        self._set((as_value(self._name, newValue), self._expiry()))
+        value = newValue if _is_plain(newValue) else as_value(self._name, newValue)
+        ttl = self.ttl_ms
+        self._set((value, None if ttl is None else self._handle._batch_ts + ttl))
 
     def clear(self) -> None:
         """Remove the value."""
@@ -205,7 +232,7 @@ class ListState(_Variable):
                 f"Cannot write null values to State Store for StateName {state}.",
             )
         expiry = self._expiry()
-        return [(as_value(state, v), expiry) for v in values]
+        return [(v if _is_plain(v) else as_value(state, v), expiry) for v in values]
 
     def put(self, newState: list[tuple]) -> None:  # noqa: N803 - PySpark's name
         """Replace the list (an empty list is refused, as in Spark)."""
@@ -223,7 +250,8 @@ class ListState(_Variable):
         items = self._payload()
         if items is None:
             items = []
-        items.append((as_value(self._name, newState), self._expiry()))
+        value = newState if _is_plain(newState) else as_value(self._name, newState)
+        items.append((value, self._expiry()))
         self._set(items)
 
     def appendList(self, newState: list[tuple]) -> None:  # noqa: N802,N803 - PySpark's names
@@ -285,8 +313,12 @@ class MapState(_Variable):
         """The live ``(value, expiry)`` of one user key: a dict look-up, not a
         filtered copy of the map (dedup maps ask this per event)."""
         entries = self._payload()
-        item = None if entries is None else entries.get(self._user_key(key))
-        return item if item is not None and self._live(item[1]) else None
+        if entries is None:
+            return None
+        item = entries.get(key if _is_plain(key) else self._user_key(key))
+        if item is None or (item[1] is not None and self._handle._batch_ts >= item[1]):
+            return None
+        return item
 
     def getValue(self, key: tuple) -> tuple | None:  # noqa: N802 - PySpark's name
         """The value of user key ``key``, or None."""
@@ -302,7 +334,10 @@ class MapState(_Variable):
         entries = self._payload()  # this scope's own copy: update in place
         if entries is None:
             entries = {}
-        entries[self._user_key(key)] = (as_value(self._name, value), self._expiry())
+        user_key = key if _is_plain(key) else self._user_key(key)
+        stored = value if _is_plain(value) else as_value(self._name, value)
+        ttl = self.ttl_ms
+        entries[user_key] = (stored, None if ttl is None else self._handle._batch_ts + ttl)
         self._set(entries)
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
