@@ -37,6 +37,8 @@ bench: $(STAMP)
 	$(PY) bench/python_tasks.py
 	$(PY) bench/spark_sessionize.py --floor-parts
 	$(PY) bench/spark_scale.py
+	$(PY) bench/processors.py
+	$(PY) bench/processors.py --events 1200000 --apis rows
 
 lint: $(STAMP)
 	$(PY) -m ruff check sessionstore spark_integration tests bench

@@ -11,7 +11,9 @@ worker's RocksDB), for both APIs and two workloads:
 * ``lists``: per key a list that every event appends to (ListState), trimmed to
   its last 100 with ``put`` when it grows past 200; one row per key and batch.
 
-Input: --events events over --keys Zipf keys (s=1.1) and 1,000 items, written as
+Input: --events events (a comma-separated list runs each size in turn: the
+ratio to Spark grows with the events per batch, because a query's fixed costs,
+which every operator pays, are a smaller part of a larger batch) over --keys Zipf keys (s=1.1) and 1,000 items, written as
 --batches Parquet files read one per micro-batch, local[2] with 4 partitions,
 noop sink, and the floor (the same input, `repartition(4, "user")` and a
 `mapInArrow` that only counts) in the same rounds; each query runs until it has processed every file
@@ -19,7 +21,7 @@ noop sink, and the floor (the same input, `repartition(4, "user")` and a
 another batch, until its progress shows the last file done). Wall time from
 start, best of --rounds.
 
-Run: ``.venv/bin/python bench/processors.py [--events N] [--keys N] [--batches N]
+Run: ``.venv/bin/python bench/processors.py [--events N[,N...]] [--keys N] [--batches N]
 [--rounds N] [--workloads counter,lists] [--apis rows,pandas]``.
 """
 
@@ -130,7 +132,7 @@ def processors():
 
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=120_000)
+    ap.add_argument("--events", default="120000", help="events per run; a list runs each")
     ap.add_argument("--keys", type=int, default=5_000)
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=1)
@@ -154,9 +156,8 @@ def main(argv=None) -> str:
     classes = processors()
     rows = []
     with scratch_dir("bench-processors-") as tmp:
-        source = os.path.join(tmp, "in")
-        write_input(source, args.events, args.keys, args.batches)
         counter = 0
+        source = ""
 
         def run(make, endless=False) -> float:
             """Seconds until the query has processed every file. Spark's
@@ -196,49 +197,54 @@ def main(argv=None) -> str:
             return df.repartition(PARTITIONS, "user").mapInArrow(count_rows, "n long")
 
         first = True
-        for workload in args.workloads.split(","):
-            for api in args.apis.split(","):
-                cls = classes[(workload, api)]
-                mode = "ProcessingTime" if workload == "counter" else "None"
+        for workload, api, events in (
+            (w, a, int(e))
+            for e in args.events.split(",")
+            for w in args.workloads.split(",")
+            for a in args.apis.split(",")
+        ):
+            source = os.path.join(tmp, f"in-{events}")
+            if not os.path.exists(source):
+                write_input(source, events, args.keys, args.batches)
+            cls = classes[(workload, api)]
+            mode = "ProcessingTime" if workload == "counter" else "None"
 
-                def sparks(df, cls=cls, api=api, mode=mode):
-                    g = df.groupBy("user")
-                    method = (
-                        g.transformWithStateInPandas if api == "pandas" else g.transformWithState
-                    )
-                    return method(
-                        statefulProcessor=cls(), outputStructType=OUT, outputMode="Update",
-                        timeMode=mode,
-                    )  # fmt: skip
+            def sparks(df, cls=cls, api=api, mode=mode):
+                g = df.groupBy("user")
+                method = g.transformWithStateInPandas if api == "pandas" else g.transformWithState
+                return method(
+                    statefulProcessor=cls(), outputStructType=OUT, outputMode="Update",
+                    timeMode=mode,
+                )  # fmt: skip
 
-                def ours(df, cls=cls, api=api, mode=mode):
-                    nonlocal counter
-                    backend = StateBackend(
-                        f"file://{tmp}/state-{counter}", local_dir=os.path.join(tmp, f"l-{counter}")
-                    )
-                    fn = transform_with_state_in_pandas if api == "pandas" else transform_with_state
-                    return fn(df, "user", cls(), OUT, time_mode=mode, backend=backend,
-                              num_partitions=PARTITIONS)  # fmt: skip
+            def ours(df, cls=cls, api=api, mode=mode):
+                nonlocal counter
+                backend = StateBackend(
+                    f"file://{tmp}/state-{counter}", local_dir=os.path.join(tmp, f"l-{counter}")
+                )
+                fn = transform_with_state_in_pandas if api == "pandas" else transform_with_state
+                return fn(df, "user", cls(), OUT, time_mode=mode, backend=backend,
+                          num_partitions=PARTITIONS)  # fmt: skip
 
-                if first:  # untimed: the JVM's first queries, the state servers' start
-                    run(floor)
-                    run(ours)
-                    first = False
-                best_spark = best_ours = best_floor = float("inf")
-                for _ in range(args.rounds):  # interleaved
-                    best_spark = min(best_spark, run(sparks, endless=mode == "ProcessingTime"))
-                    best_ours = min(best_ours, run(ours))
-                    best_floor = min(best_floor, run(floor))
-                rows.append([
-                    workload, api, f"{best_spark:.1f}", f"{best_ours:.1f}",
-                    f"{best_floor:.1f}", f"{best_spark / best_ours:.1f}x",
-                    f"{best_ours / best_floor:.2f}x", f"{args.events / best_ours:,.0f}",
-                ])  # fmt: skip
+            if first:  # untimed: the JVM's first queries, the state servers' start
+                run(floor)
+                run(ours)
+                first = False
+            best_spark = best_ours = best_floor = float("inf")
+            for _ in range(args.rounds):  # interleaved
+                best_spark = min(best_spark, run(sparks, endless=mode == "ProcessingTime"))
+                best_ours = min(best_ours, run(ours))
+                best_floor = min(best_floor, run(floor))
+            rows.append([
+                f"{events:,}", workload, api, f"{best_spark:.1f}", f"{best_ours:.1f}",
+                f"{best_floor:.1f}", f"{best_spark / best_ours:.1f}x",
+                f"{best_ours / best_floor:.2f}x", f"{events / best_ours:,.0f}",
+            ])  # fmt: skip
     spark.stop()
     return print_table(
-        f"StatefulProcessor, {args.events:,} events, {args.keys:,} keys, {args.batches} "
-        f"batches ({machine()})",
+        f"StatefulProcessor, {args.keys:,} keys, {args.batches} batches ({machine()})",
         [
+            "events",
             "workload",
             "API",
             "Spark s",
