@@ -42,8 +42,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StoreSpec
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import INITIAL_STATE_DIR, initial_state_name
+from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.layout import (
+    INITIAL_STATE_DIR,
+    initial_state_complete_name,
+    initial_state_name,
+    initial_state_tokens,
+    newest_committed,
+)
 from sessionstore.encoding.ints import INT64
 from sessionstore.operators.arrow_io import epoch_millis_array
 from sessionstore.operators.processors import (
@@ -77,6 +83,11 @@ _WATERMARK_AUX = "watermark"
 #: The query run that committed the state (time modes only): a task of the same run
 #: loading it cannot be a replay of a batch whose output a sink kept.
 _RUN_AUX = "run"
+#: The partition of each routed initial-state row (:func:`_route_initial_state`).
+_PID = "__ss_pid"
+#: A partition that committed this version ran batch 1: batch 0 never runs again
+#: (:func:`_initial_state_token`).
+_PAST_BATCH_0 = 2
 
 
 def transform_with_state_in_pandas(
@@ -214,11 +225,13 @@ def _transform(
         columns.append(F.unix_millis(F.current_timestamp()).alias(NOW))
     backend, n = resolve(df, backend, num_partitions, name)
     coordinator = operator_coordinator(df, backend, name, n)
-    initial = (
-        None
-        if initial_state is None
-        else _write_initial_state(initial_state, df, keys, n, backend, name)
-    )
+    initial = None
+    if initial_state is not None:
+        checked_fields(initial_state, keys, "the initial state")
+        operator = open_filesystem(backend.checkpoint_uri, backend.storage_options).child(name)
+        initial = _initial_state_token(
+            operator, n, lambda: _route_initial_state(initial_state, df, keys, n)
+        )
     task = _ProcessorTask(
         backend=backend,
         name=name,
@@ -238,20 +251,54 @@ def _transform(
     return state_map(df.select(*columns), keys, n, task, out_schema, name)
 
 
-def _write_initial_state(
-    initial_state: Any, df: Any, keys: list[str], n: int, backend: StateBackend, name: str
-) -> str:
-    """Write the initial state's rows of each partition to the checkpoint
-    (``initial_state/<token>/<partition>``, Arrow IPC) and return the token.
+def _initial_state_token(
+    operator: Storage, num_partitions: int, route: Callable[[], pa.Table]
+) -> str | None:
+    """The token of the initial state's copy in the checkpoint
+    (``initial_state/<token>/<partition>``) that the tasks of batch 0 read, or None
+    when batch 0 can no longer run. ``route()`` is the Spark job that routes the
+    rows to partitions (:func:`_route_initial_state`), run only when a copy is
+    written.
+
+    A task reads the copy when it loads version 0, i.e. in batch 0: its first
+    attempt, a retry, or a replay by a restarted query. Spark replays a batch its
+    commit log lacks (the driver died after the tasks, a ``foreachBatch`` sink
+    failed), even when every partition committed version 1. So, by the newest
+    version any partition committed (:func:`newest_committed`):
+
+    * 2 or more: a partition ran batch 1, which Spark starts only once batch 0 is
+      in its commit log, so batch 0 never runs again: a copy left is deleted, no
+      job runs (Spark ignores the initial state of a query restarted with state).
+      Deleting it sooner, in a task of batch 1, would race with an attempt of
+      batch 0 still running (a speculative copy) and cost every partition a
+      request, for one copy of the initial state kept until the next planning;
+    * 1: batch 0 committed in some partitions, maybe not all: the copy it ran with
+      is reused as is (no job, no writes), so a partition that has not committed
+      batch 0, or a replay, finds the rows its peers saw. Only a whole copy (its
+      ``complete`` object written) counts; without one a copy is written as for 0;
+    * 0: a new copy replaces any earlier one, as the initial state the query is
+      started with is the one its first batch takes.
+    """
+    newest = newest_committed(operator, num_partitions, enough=_PAST_BATCH_0)
+    if newest >= _PAST_BATCH_0:
+        if operator.list_files(INITIAL_STATE_DIR):
+            operator.delete_dir(INITIAL_STATE_DIR)
+        return None
+    if newest >= 1:
+        tokens = initial_state_tokens(operator)
+        if len(tokens) == 1:  # a planning replaces the whole folder: never more than one
+            return tokens[0]
+    return _write_initial_state(operator, route())
+
+
+def _route_initial_state(initial_state: Any, df: Any, keys: list[str], n: int) -> pa.Table:
+    """The initial state's rows as one Arrow table, each row's partition in column
+    :data:`_PID` (one Spark job).
 
     Rows are routed by Spark's own ``repartition(n, *keys)`` on the stream's key
-    types, so every key lands in the partition its stream rows go to. Each task of
-    the first batch reads its own partition's rows (one read); the tasks' closure
-    carries only the token, where it carried every partition's rows to every task
-    of every batch. A planning replaces the copy of an earlier one."""
+    types, so every key lands in the partition its stream rows go to."""
     from pyspark.sql import functions as F
 
-    checked_fields(initial_state, keys, "the initial state")
     types = {f.name: f.dataType for f in df.schema.fields}
     cast = initial_state.select(
         *[
@@ -259,11 +306,19 @@ def _write_initial_state(
             for c in initial_state.columns
         ]
     )
-    routed = cast.repartition(n, *keys).withColumn("__ss_pid", F.spark_partition_id())
-    table = routed.toArrow()
-    pids = table.column("__ss_pid")
-    table = table.drop_columns(["__ss_pid"])
-    operator = open_filesystem(backend.checkpoint_uri, backend.storage_options).child(name)
+    return cast.repartition(n, *keys).withColumn(_PID, F.spark_partition_id()).toArrow()
+
+
+def _write_initial_state(operator: Storage, routed: pa.Table) -> str:
+    """Write the rows of each partition of ``routed`` (:func:`_route_initial_state`)
+    to ``initial_state/<token>/<partition>`` (Arrow IPC) under the operator, then
+    the copy's ``complete`` object, and return the new token.
+
+    Each task of the first batch reads its own partition's rows (one read); the
+    tasks' closure carries only the token, where it carried every partition's rows
+    to every task of every batch. The copy of an earlier planning is deleted."""
+    pids = routed.column(_PID)
+    table = routed.drop_columns([_PID])
     operator.delete_dir(INITIAL_STATE_DIR)
     token = uuid.uuid4().hex
 
@@ -277,6 +332,8 @@ def _write_initial_state(
     partitions = pc.unique(pids).to_pylist()  # only partitions with rows get an object
     with ThreadPoolExecutor(min(16, max(1, len(partitions)))) as pool:
         list(pool.map(write, partitions))  # I/O bound: pyarrow releases the GIL
+    # last: a later planning reuses only a whole copy (_initial_state_token)
+    operator.write_atomic(initial_state_complete_name(token), b"")
     return token
 
 
@@ -293,7 +350,7 @@ class _ProcessorTask:
     delay_ms: int | None
     out_schema_json: str
     extra_stores: dict[str, tuple[str, int]] = field(default_factory=dict)
-    #: the token of the initial state in the checkpoint (``_write_initial_state``)
+    #: the token of the initial state in the checkpoint (``_initial_state_token``)
     initial: str | None = None
     key_types: list[str] | None = None
     coordinator: CoordinatorAddress | None = None

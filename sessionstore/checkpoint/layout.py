@@ -16,8 +16,12 @@ Remote, under the checkpoint URI (object storage)::
                                      changelog header), still read: event_time.py
         initial_state/<token>/<partition>   Arrow IPC: a transform_with_state
                                      partition's initial state, written when the
-                                     query is planned (token: that planning), read
-                                     by the partition's task of the first batch
+                                     query is planned before any partition
+                                     committed (token: that planning), read by the
+                                     partition's task of the first batch, deleted
+                                     by the first planning after batch 1
+        initial_state/<token>/complete   empty, written after every partition's
+                                     object: that planning's copy is whole
         processing_time/<batch>/<partition>   int64: the processing time a partition
                                      without rows took, written by earlier releases
                                      (now in the changelog header), still read:
@@ -63,6 +67,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import msgpack
@@ -92,12 +97,15 @@ __all__ = [
     "changelog_names",
     "changelog_group",
     "read_changelog_file",
+    "newest_committed",
     "partition_changelog_header",
     "manifest_name",
     "content_name",
     "event_time_name",
     "processing_time_name",
     "initial_state_name",
+    "initial_state_complete_name",
+    "initial_state_tokens",
     "operators",
     "partitions",
     "read_metadata",
@@ -121,6 +129,8 @@ KEY_TYPES_FIELD = "key_types"
 EVENT_TIME_DIR = "event_time"
 #: Initial state of transform_with_state, per planning and partition.
 INITIAL_STATE_DIR = "initial_state"
+#: The object that marks a planning's initial state as whole (not a partition number).
+_INITIAL_STATE_COMPLETE = "complete"
 #: Processing times that partitions without rows took (transform_with_state).
 PROCESSING_TIME_DIR = "processing_time"
 CHANGELOG_DIR = "changelog"
@@ -183,6 +193,22 @@ def initial_state_name(token: str, partition: int) -> str:
     """``initial_state/<token>/<partition>`` relative to an operator: the initial
     state of ``partition`` as the query's planning ``token`` wrote it."""
     return f"{INITIAL_STATE_DIR}/{token}/{partition}"
+
+
+def initial_state_complete_name(token: str) -> str:
+    """``initial_state/<token>/complete`` relative to an operator: written once
+    every partition's object of planning ``token`` is, so the copy is whole."""
+    return f"{INITIAL_STATE_DIR}/{token}/{_INITIAL_STATE_COMPLETE}"
+
+
+def initial_state_tokens(operator_storage: Storage) -> list[str]:
+    """The tokens of the whole initial-state copies (with their ``complete``
+    object) under an operator: one recursive listing."""
+    return sorted(
+        name.split("/")[0]
+        for name in operator_storage.list_files(INITIAL_STATE_DIR)
+        if name.count("/") == 1 and name.endswith(f"/{_INITIAL_STATE_COMPLETE}")
+    )
 
 
 def read_changelog_file(read: Callable[[str], T], version: int) -> T:
@@ -309,6 +335,33 @@ class PartitionFiles:
                 self.storage.size(f"{folder}/{n}") for n in self.storage.list_files(folder)
             )
         return total
+
+
+#: Partitions listed side by side by :func:`newest_committed`.
+_LIST_THREADS = 16
+
+
+def newest_committed(
+    operator_storage: Storage, num_partitions: int, enough: int | None = None
+) -> int:
+    """The newest version any of an operator's ``num_partitions`` partitions
+    committed (0 when none did; :meth:`PartitionFiles.latest` of each).
+
+    An operator without ``_metadata`` has none, at the cost of one look-up: a
+    provider writes it before its first commit and refuses state without it.
+    Partition 0 is listed first, and when it has ``enough`` the others are not;
+    else they are listed side by side."""
+    if not operator_storage.exists(METADATA):
+        return 0
+
+    def latest(partition: int) -> int:
+        return PartitionFiles(operator_storage.child(str(partition))).latest()
+
+    first = latest(0)
+    if num_partitions <= 1 or (enough is not None and first >= enough):
+        return first
+    with ThreadPoolExecutor(min(_LIST_THREADS, num_partitions - 1)) as pool:
+        return max(first, *pool.map(latest, range(1, num_partitions)))
 
 
 # ---------------------------------------------------------------- meta keys

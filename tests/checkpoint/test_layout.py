@@ -17,6 +17,7 @@ from sessionstore.checkpoint.layout import (
     committed_version,
     content_name,
     manifest_name,
+    newest_committed,
     read_metadata,
 )
 from sessionstore.checkpoint.provider import CommitStep
@@ -109,3 +110,21 @@ def test_an_observer_that_raises_fails_the_commit_at_its_step(tmp_path, step, du
         assert [v for _, v in h["sessions"].fetch("k")] == list(range(durable))
         h.abort()
         again.close()
+
+
+def test_newest_committed_is_the_newest_version_of_any_partition(tmp_path):
+    uri, local = f"file://{tmp_path}/ck", tmp_path / "local"
+    operator = open_filesystem(uri).child("op")
+    assert newest_committed(operator, 3) == 0  # no checkpoint
+    providers = [StateStoreProvider(uri, "op", p, SPECS, local) for p in (0, 1)]
+    assert newest_committed(operator, 3) == 0  # _metadata, no commit yet
+    for provider, versions in zip(providers, (1, 3), strict=True):
+        for v in range(versions):
+            commit(provider, v)
+        provider.close()
+    # partition 2 never committed (it has no folder)
+    assert newest_committed(operator, 3) == 3
+    assert newest_committed(operator, 3, enough=2) == 3
+    # partition 0 has enough: the others are not listed
+    assert newest_committed(operator, 3, enough=1) == 1
+    assert newest_committed(operator, 1) == 1

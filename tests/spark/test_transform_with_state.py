@@ -116,10 +116,12 @@ def test_value_list_map_state_and_initial_state_match_spark(spark, tmp_path, api
     assert ("a", 102, 2, "x,y") in ours  # the initial state seeded a's count
     assert len(ours) == 10
     # the initial state went to the checkpoint, one object per partition with rows
-    # (the tasks' closure carries its token only)
+    # and one saying the copy is whole (the tasks' closure carries its token only)
     [token] = (tmp_path / "state" / "transform_with_state" / "initial_state").iterdir()
     where = _partitions(spark, ["a", "e", "z"], 3)
-    assert sorted(f.name for f in token.iterdir()) == sorted({str(p) for p in where.values()})
+    assert sorted(f.name for f in token.iterdir()) == sorted(
+        {str(p) for p in where.values()} | {"complete"}
+    )
 
 
 def _partitions(spark, keys, n):
@@ -267,3 +269,33 @@ def test_bad_schemas_and_misuse_fail_as_in_spark(spark, tmp_path, processor, con
     else:  # both queries fail with Spark's error condition in their message
         assert condition in str(theirs)
         assert condition in str(ours)
+
+
+def test_a_restart_keeps_the_initial_state_batch_0_ran_with_and_a_later_one_deletes_it(
+    spark, tmp_path
+):
+    initial = spark.createDataFrame([("a", 100), ("e", 7), ("z", 1)], "id string, start long")
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    src = tmp_path / "in"
+    folder = tmp_path / "state" / "transform_with_state" / "initial_state"
+
+    def run(i):  # a new query (a new planning) on the same checkpoints, for batch i
+        df = json_source(spark, src, SCHEMA)
+        out = _ours(df, "rows", P.RowTracker(), P.OUT_SCHEMA, backend, initial=initial)
+        return _run(out, tmp_path / "ck", [lambda: write_json(src, i, BATCHES[i])])
+
+    def copy():
+        return {str(f.relative_to(folder)): f.stat().st_mtime_ns for f in folder.rglob("*")}
+
+    rows = run(0)
+    written = copy()
+    assert [n for n in written if n.endswith("/complete")]  # one whole copy
+    rows += run(1)  # planned with batch 0 committed: the copy is neither rewritten nor gone
+    assert copy() == written
+    rows += run(2)  # planned after batch 1: gone
+    assert not folder.exists() or copy() == {}
+    assert sorted(rows) == [
+        ("a", 102, 2, "x,y"), ("a", 103, 2, "x,y,x"), ("a", 104, 3, "y,x,z"),
+        ("b", 1, 1, "x"), ("b", 3, 2, "x,w,w"), ("c", 1, 1, "z"), ("c", 2, 1, "z,z"),
+        ("d", 1, 1, "q"), ("d", 2, 2, "q,r"), ("e", 8, 1, "e"),
+    ]  # fmt: skip
