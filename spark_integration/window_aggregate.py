@@ -15,15 +15,13 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
-from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
+from sessionstore.operators import TimeWindows, WindowAggregator
 from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
-from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
-from spark_integration.output import OperatorOutput
 from spark_integration.placement import state_map
 from spark_integration.planning import grace_ms, key_types, operator_coordinator, resolve
-from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
+from spark_integration.runtime import AggregatorTask
 
 __all__ = ["window_aggregate"]
 
@@ -82,45 +80,26 @@ def window_aggregate(
 
 
 @dataclass
-class _WindowTask:
-    backend: StateBackend
-    name: str
-    num_partitions: int
-    value_cols: list[str]
+class _WindowTask(AggregatorTask):
     windows: TimeWindows
-    emit: str
     early_every_ms: int | None
-    aggregation: Aggregation
-    output: OperatorOutput
-    key_types: list[str]
-    coordinator: CoordinatorAddress | None = None
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        info = task_info()
+    def store_spec(self) -> StoreSpec:
         w = self.windows
-        spec = StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
-        task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
-        with state_and_inputs(
-            *task,
-            shared_event_time=True,
-            key_types=self.key_types,
-            coordinator=self.coordinator,
-        ) as (
-            handle,
-            provider,
-            inputs,
-            shared,
-        ):
-            agg = WindowAggregator(
-                handle["windows"],
-                w,
-                aggregations=self.aggregation,
-                emit=self.emit,
-                early_every_ms=self.early_every_ms,
-            )
-            updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols, shared, handle
-            )
+        return StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
+
+    def aggregator(self, store: Any) -> WindowAggregator:
+        return WindowAggregator(
+            store,
+            self.windows,
+            aggregations=self.aggregation,
+            emit=self.emit,
+            early_every_ms=self.early_every_ms,
+        )
+
+    def output_batches(
+        self, updates: list[Any], table: pa.Table | None
+    ) -> Iterator[pa.RecordBatch]:
         if updates:
             yield self.output.from_updates(updates, {"emission": [u.kind for u in updates]})
         if table is not None and table.num_rows:  # the columnar path: emit="final"
