@@ -27,8 +27,7 @@ from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
-from spark_integration.placement import state_map
-from spark_integration.planning import grace_ms, key_types, operator_coordinator, resolve
+from spark_integration.planning import grace_ms
 from spark_integration.runtime import AggregatorTask
 
 __all__ = ["sessionize", "SessionAggregation"]
@@ -72,22 +71,10 @@ def sessionize(
     if emit == "update":
         out_fields.append(T.StructField("change", T.StringType()))
     out_schema = T.StructType(out_fields)
-    backend, n = resolve(df, backend, num_partitions, name)
-    coordinator = operator_coordinator(df, backend, name, n)
-    task = _SessionizeTask(
-        backend=backend,
-        name=name,
-        num_partitions=n,
-        value_cols=plan.value_cols,
-        gap_ms=gap_ms,
-        grace_ms=grace,
-        emit=emit,
-        aggregation=plan.aggregation,
-        output=plan.output(out_schema),
-        key_types=key_types(plan.selected, plan.keys),
-        coordinator=coordinator,
+    settings = {"gap_ms": gap_ms, "grace_ms": grace, "emit": emit}
+    return plan.state_map(
+        df, _SessionizeTask, out_schema, backend, num_partitions, name, **settings
     )
-    return state_map(plan.selected, plan.keys, n, task, out_schema, name)
 
 
 @dataclass

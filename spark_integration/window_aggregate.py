@@ -19,8 +19,7 @@ from sessionstore.operators import TimeWindows, WindowAggregator
 from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
 from spark_integration.intervals import interval_ms
-from spark_integration.placement import state_map
-from spark_integration.planning import grace_ms, key_types, operator_coordinator, resolve
+from spark_integration.planning import grace_ms
 from spark_integration.runtime import AggregatorTask
 
 __all__ = ["window_aggregate"]
@@ -59,24 +58,11 @@ def window_aggregate(
     )
     plan = aggregate_input(df, key, timestamp, aggregations, "window_start", "window_end")
     out_schema = T.StructType([*plan.out_fields, T.StructField("emission", T.StringType())])
-    backend, n = resolve(df, backend, num_partitions, name)
-    coordinator = operator_coordinator(df, backend, name, n)
-    task = _WindowTask(
-        backend=backend,
-        name=name,
-        num_partitions=n,
-        value_cols=plan.value_cols,
-        windows=windows,
-        emit=emit,
-        early_every_ms=None if early_every is None else interval_ms(early_every, "early_every"),
-        aggregation=plan.aggregation,
-        output=plan.output(out_schema),
-        key_types=key_types(plan.selected, plan.keys),
-        coordinator=coordinator,
-    )
+    early_every_ms = None if early_every is None else interval_ms(early_every, "early_every")
     # validate the emission settings on the driver, with a clear error
-    WindowAggregator.check_settings(emit, task.early_every_ms)
-    return state_map(plan.selected, plan.keys, n, task, out_schema, name)
+    WindowAggregator.check_settings(emit, early_every_ms)
+    settings = {"windows": windows, "emit": emit, "early_every_ms": early_every_ms}
+    return plan.state_map(df, _WindowTask, out_schema, backend, num_partitions, name, **settings)
 
 
 @dataclass
