@@ -1,7 +1,8 @@
 """Aggregation specs of the Spark aggregate operators (``sessionize``,
 ``window_aggregate``): what users write, the engine-agnostic
 :class:`~sessionstore.operators.Aggregation` it becomes, the Spark types of its
-output columns, and the input columns an aggregate task needs."""
+output columns, the input columns an aggregate task needs, and the planning of an
+aggregate operator's run (:meth:`AggregateInput.state_map`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessionstore.operators import Aggregation, Aggregations
+from spark_integration.backend import StateBackend
 from spark_integration.output import OperatorOutput
-from spark_integration.planning import TS, checked_fields, time_column
+from spark_integration.placement import state_map
+from spark_integration.planning import (
+    TS,
+    checked_fields,
+    key_types,
+    operator_coordinator,
+    resolve,
+    time_column,
+)
+from spark_integration.runtime import AggregatorTask
 
 __all__ = ["SessionAggregation", "AggregateInput", "aggregate_input", "parse_aggregations"]
 
@@ -111,6 +122,34 @@ class AggregateInput:
         return OperatorOutput(
             schema.json(), self.keys, self.plan, self.time_is_timestamp, self.start, self.end
         )
+
+    def state_map(
+        self,
+        df: Any,
+        task_class: type[AggregatorTask],
+        out_schema: Any,
+        backend: StateBackend | None,
+        num_partitions: int | None,
+        name: str,
+        **settings: Any,
+    ) -> Any:
+        """The operator ``name`` over this input of ``df``, output rows of the Spark
+        ``out_schema``: its backend and partition count resolved, its coordinator
+        started, and tasks of ``task_class`` (the operator's own ``settings`` added to
+        the common fields) run by :func:`~spark_integration.placement.state_map`."""
+        backend, n = resolve(df, backend, num_partitions, name)
+        task = task_class(
+            backend=backend,
+            name=name,
+            num_partitions=n,
+            value_cols=self.value_cols,
+            aggregation=self.aggregation,
+            output=self.output(out_schema),
+            key_types=key_types(self.selected, self.keys),
+            coordinator=operator_coordinator(df, backend, name, n),
+            **settings,
+        )
+        return state_map(self.selected, self.keys, n, task, out_schema, name)
 
 
 def aggregate_input(

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,12 +32,17 @@ from spark_integration.coordinator import CoordinatorAddress, report
 from spark_integration.coordinator import shared_event_time as event_time_after
 from spark_integration.planning import TS
 
+if TYPE_CHECKING:
+    from sessionstore.operators import Aggregation
+    from spark_integration.output import OperatorOutput
+
 __all__ = [
     "TaskInfo",
     "task_info",
     "partition_state",
     "state_and_inputs",
     "run_aggregator",
+    "AggregatorTask",
     "deterministic_order",
     "key_values",
     "struct_values",
@@ -388,3 +393,53 @@ def run_aggregator(
     emitted = len(updates) + (0 if table_out is None else table_out.num_rows)
     handle.note(late_dropped=agg.dropped_records, emitted=emitted)
     return updates, table_out
+
+
+@dataclass(kw_only=True)
+class AggregatorTask:
+    """What each task of an event-time aggregating operator (``sessionize``,
+    ``window_aggregate``) runs: picklable, so it ships to the executors.
+
+    It takes its partition's one store (:meth:`store_spec`) with the operator's
+    shared event time, runs the operator's aggregator (:meth:`aggregator`) over the
+    task's rows with :func:`run_aggregator`, commits, and yields the output batches
+    (:meth:`output_batches`). An operator's subclass adds its own settings.
+    """
+
+    backend: StateBackend
+    name: str
+    num_partitions: int
+    value_cols: list[str]
+    emit: str
+    aggregation: Aggregation
+    output: OperatorOutput
+    key_types: list[str]
+    coordinator: CoordinatorAddress | None = None
+
+    def store_spec(self) -> StoreSpec:
+        """The spec of the operator's store."""
+        raise NotImplementedError
+
+    def aggregator(self, store: Any) -> Any:
+        """The operator's aggregator over ``store``, the partition's store."""
+        raise NotImplementedError
+
+    def output_batches(
+        self, updates: list[Any], table: pa.Table | None
+    ) -> Iterator[pa.RecordBatch]:
+        """The output rows of a batch's ``updates`` and of its columnar path's
+        ``table`` (None when the batch took the record path)."""
+        raise NotImplementedError
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        info = task_info()
+        spec = self.store_spec()
+        task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
+        with state_and_inputs(
+            *task, shared_event_time=True, key_types=self.key_types, coordinator=self.coordinator
+        ) as (handle, provider, inputs, shared):
+            agg = self.aggregator(handle[spec.name])
+            updates, table = run_aggregator(
+                agg, provider, info, inputs, self.output.keys, self.value_cols, shared, handle
+            )
+        yield from self.output_batches(updates, table)

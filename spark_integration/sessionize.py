@@ -23,15 +23,12 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
-from sessionstore.operators import Aggregation, SessionWindowAggregator, SessionWindows
+from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from spark_integration.aggregations import SessionAggregation, aggregate_input
 from spark_integration.backend import StateBackend
-from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
-from spark_integration.output import OperatorOutput
-from spark_integration.placement import state_map
-from spark_integration.planning import grace_ms, key_types, operator_coordinator, resolve
-from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
+from spark_integration.planning import grace_ms
+from spark_integration.runtime import AggregatorTask
 
 __all__ = ["sessionize", "SessionAggregation"]
 
@@ -74,64 +71,31 @@ def sessionize(
     if emit == "update":
         out_fields.append(T.StructField("change", T.StringType()))
     out_schema = T.StructType(out_fields)
-    backend, n = resolve(df, backend, num_partitions, name)
-    coordinator = operator_coordinator(df, backend, name, n)
-    task = _SessionizeTask(
-        backend=backend,
-        name=name,
-        num_partitions=n,
-        value_cols=plan.value_cols,
-        gap_ms=gap_ms,
-        grace_ms=grace,
-        emit=emit,
-        aggregation=plan.aggregation,
-        output=plan.output(out_schema),
-        key_types=key_types(plan.selected, plan.keys),
-        coordinator=coordinator,
+    settings = {"gap_ms": gap_ms, "grace_ms": grace, "emit": emit}
+    return plan.state_map(
+        df, _SessionizeTask, out_schema, backend, num_partitions, name, **settings
     )
-    return state_map(plan.selected, plan.keys, n, task, out_schema, name)
 
 
 @dataclass
-class _SessionizeTask:
+class _SessionizeTask(AggregatorTask):
     """What each task runs: picklable, so it ships to the executors."""
 
-    backend: StateBackend
-    name: str
-    num_partitions: int
-    value_cols: list[str]
     gap_ms: int
     grace_ms: int
-    emit: str
-    aggregation: Aggregation
-    output: OperatorOutput
-    key_types: list[str]
-    coordinator: CoordinatorAddress | None = None
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        info = task_info()
-        spec = StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
-        task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
-        with state_and_inputs(
-            *task,
-            shared_event_time=True,
-            key_types=self.key_types,
-            coordinator=self.coordinator,
-        ) as (
-            handle,
-            provider,
-            inputs,
-            shared,
-        ):
-            agg = SessionWindowAggregator(
-                handle["sessions"],
-                SessionWindows(self.gap_ms, self.grace_ms),
-                aggregations=self.aggregation,
-                emit=self.emit,
-            )
-            updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols, shared, handle
-            )
+    def store_spec(self) -> StoreSpec:
+        return StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
+
+    def aggregator(self, store: Any) -> SessionWindowAggregator:
+        windows = SessionWindows(self.gap_ms, self.grace_ms)
+        return SessionWindowAggregator(
+            store, windows, aggregations=self.aggregation, emit=self.emit
+        )
+
+    def output_batches(
+        self, updates: list[Any], table: pa.Table | None
+    ) -> Iterator[pa.RecordBatch]:
         if updates:
             extra = {}
             if self.emit == "update":

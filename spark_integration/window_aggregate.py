@@ -15,15 +15,12 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
-from sessionstore.operators import Aggregation, TimeWindows, WindowAggregator
+from sessionstore.operators import TimeWindows, WindowAggregator
 from spark_integration.aggregations import aggregate_input
 from spark_integration.backend import StateBackend
-from spark_integration.coordinator import CoordinatorAddress
 from spark_integration.intervals import interval_ms
-from spark_integration.output import OperatorOutput
-from spark_integration.placement import state_map
-from spark_integration.planning import grace_ms, key_types, operator_coordinator, resolve
-from spark_integration.runtime import run_aggregator, state_and_inputs, task_info
+from spark_integration.planning import grace_ms
+from spark_integration.runtime import AggregatorTask
 
 __all__ = ["window_aggregate"]
 
@@ -61,66 +58,34 @@ def window_aggregate(
     )
     plan = aggregate_input(df, key, timestamp, aggregations, "window_start", "window_end")
     out_schema = T.StructType([*plan.out_fields, T.StructField("emission", T.StringType())])
-    backend, n = resolve(df, backend, num_partitions, name)
-    coordinator = operator_coordinator(df, backend, name, n)
-    task = _WindowTask(
-        backend=backend,
-        name=name,
-        num_partitions=n,
-        value_cols=plan.value_cols,
-        windows=windows,
-        emit=emit,
-        early_every_ms=None if early_every is None else interval_ms(early_every, "early_every"),
-        aggregation=plan.aggregation,
-        output=plan.output(out_schema),
-        key_types=key_types(plan.selected, plan.keys),
-        coordinator=coordinator,
-    )
+    early_every_ms = None if early_every is None else interval_ms(early_every, "early_every")
     # validate the emission settings on the driver, with a clear error
-    WindowAggregator.check_settings(emit, task.early_every_ms)
-    return state_map(plan.selected, plan.keys, n, task, out_schema, name)
+    WindowAggregator.check_settings(emit, early_every_ms)
+    settings = {"windows": windows, "emit": emit, "early_every_ms": early_every_ms}
+    return plan.state_map(df, _WindowTask, out_schema, backend, num_partitions, name, **settings)
 
 
 @dataclass
-class _WindowTask:
-    backend: StateBackend
-    name: str
-    num_partitions: int
-    value_cols: list[str]
+class _WindowTask(AggregatorTask):
     windows: TimeWindows
-    emit: str
     early_every_ms: int | None
-    aggregation: Aggregation
-    output: OperatorOutput
-    key_types: list[str]
-    coordinator: CoordinatorAddress | None = None
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        info = task_info()
+    def store_spec(self) -> StoreSpec:
         w = self.windows
-        spec = StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
-        task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
-        with state_and_inputs(
-            *task,
-            shared_event_time=True,
-            key_types=self.key_types,
-            coordinator=self.coordinator,
-        ) as (
-            handle,
-            provider,
-            inputs,
-            shared,
-        ):
-            agg = WindowAggregator(
-                handle["windows"],
-                w,
-                aggregations=self.aggregation,
-                emit=self.emit,
-                early_every_ms=self.early_every_ms,
-            )
-            updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols, shared, handle
-            )
+        return StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
+
+    def aggregator(self, store: Any) -> WindowAggregator:
+        return WindowAggregator(
+            store,
+            self.windows,
+            aggregations=self.aggregation,
+            emit=self.emit,
+            early_every_ms=self.early_every_ms,
+        )
+
+    def output_batches(
+        self, updates: list[Any], table: pa.Table | None
+    ) -> Iterator[pa.RecordBatch]:
         if updates:
             yield self.output.from_updates(updates, {"emission": [u.kind for u in updates]})
         if table is not None and table.num_rows:  # the columnar path: emit="final"

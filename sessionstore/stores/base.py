@@ -13,17 +13,19 @@ This module owns the names a store leaves in a database:
 A store records its spec in the ``meta`` family when first opened, keeps its time
 segments as column families, and persists its observed stream time in the same
 write batch as the data it wrote. On rollback it reloads both from the database.
+A store without retention (:class:`UntimedStore`) keeps only its spec and rows.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from sessionstore.encoding.ints import INT64
-from sessionstore.encoding.keys import TS_MIN
+from sessionstore.encoding.keys import TS_MIN, key_range
 from sessionstore.encoding.serde import MsgpackSerde, key_codec, serde_name
 from sessionstore.engine.db import META_CF
 from sessionstore.errors import StoreSpecMismatchError
@@ -37,6 +39,7 @@ __all__ = [
     "DEFAULT_KEY_SERDE",
     "DEFAULT_VALUE_SERDE",
     "TimedStore",
+    "UntimedStore",
     "describe_store",
     "record_store_spec",
     "store_specs",
@@ -302,3 +305,83 @@ class DBStoreMixin(AuxMixin):
         self._first_live_segment = TS_MIN  # recomputed at the next advance
         self._load_stream_time()
         self._segments.reload()
+
+
+# ----------------------------------------------------------- no retention
+class UntimedStore(AuxMixin):
+    """A store without retention or segments (key-value, processor): rows keyed by
+    the encoded key first in ``<store>.kv``, and the other column families its kind
+    names in :attr:`families`.
+
+    It takes the arguments every store kind takes (see
+    :mod:`~sessionstore.stores.registry`) and ignores ``retention_ms`` and
+    ``segment_interval_ms``. Nothing is cached in memory, so a rollback or a replay
+    leaves nothing to re-read. A kind gives :meth:`_row`, the reader's row of a raw
+    row of ``<store>.kv``.
+    """
+
+    kind: str
+    #: Layout fields (fixed for the store's life) beyond the common arguments.
+    layout: tuple[str, ...] = ()
+    #: Time filters :meth:`read_rows` takes: none, these kinds keep no times.
+    row_filters: frozenset[str] = frozenset()
+    #: Suffixes of its column families ``<store>.<suffix>``, created in this order;
+    #: the first, ``kv``, holds the rows.
+    families: tuple[str, ...] = ("kv",)
+    #: The value serde when none is given.
+    default_value_serde: Callable[[], Any] = MsgpackSerde
+    #: Keys always use the ordered codec, whatever key serde is given.
+    codec_keys_only = False
+
+    def __init__(
+        self,
+        db: Database,
+        name: str,
+        retention_ms: int = 0,
+        segment_interval_ms: int | None = None,
+        key_serde: Any = None,
+        value_serde: Any = None,
+    ) -> None:
+        self._db = db
+        self.name = name
+        self.key_serde = None if self.codec_keys_only else key_serde
+        self.value_serde = value_serde if value_serde is not None else self.default_value_serde()
+        self._encode_key, self._decode_key = key_codec(self.key_serde)
+        self._families = [f"{name}.{suffix}" for suffix in self.families]
+        self._cf = self._families[0]
+        with db.batch():
+            record_store_spec(db, name, self.spec())
+        for family in self._families:
+            db.create_column_family(family)
+
+    def spec(self) -> dict[str, Any]:
+        """The recorded description of this store (no retention, no segments)."""
+        return describe_store(self.kind, 0, 0, self.key_serde, self.value_serde)
+
+    def reconfigure(self, retention_ms: int, segment_interval_ms: int | None) -> None:
+        """No retention or segments; nothing to change."""
+
+    def reload(self) -> None:
+        """Nothing is cached in memory; nothing to re-read."""
+
+    def _scan(self, key_from: Any, key_to: Any) -> Iterator[tuple[bytes, bytes]]:
+        """Raw ``(row key, value)`` rows of ``<store>.kv`` whose key is in
+        ``[key_from, key_to]`` (None is open), in key order, streamed."""
+        bounds = key_range(self._encode_key, key_from, key_to)
+        return iter(()) if bounds is None else self._db.scan(self._cf, *bounds)
+
+    def read_rows(
+        self, key: Any = None, key_from: Any = None, key_to: Any = None, **_times: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Rows as the reader shows them (:meth:`_row`), of ``key`` or of the keys in
+        ``[key_from, key_to]`` (None is open), in key order. The time filters
+        (``from_ts``, ``to_ts``, ``as_of``) do not apply to these kinds: the reader
+        refuses them (:attr:`row_filters`), and they are ignored here."""
+        if key is not None:  # the rows of one key: those its encoding prefixes
+            key_from = key_to = key
+        for raw, value in self._scan(key_from, key_to):
+            yield self._row(raw, value)
+
+    def _row(self, raw: bytes, value: bytes) -> dict[str, Any]:
+        """The reader's row of the raw row ``raw`` of ``<store>.kv``."""
+        raise NotImplementedError

@@ -24,21 +24,11 @@ Worked example, key ``"u1"``, variable ``"count"``::
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sessionstore.encoding.keys import (
-    decode_key,
-    encode_key,
-    encoded_length,
-    key_range,
-    prefix_upper_bound,
-)
-from sessionstore.encoding.serde import PickleSerde, key_codec
-from sessionstore.stores.base import AuxMixin, describe_store, record_store_spec
-
-if TYPE_CHECKING:
-    from sessionstore.engine.db import Database
+from sessionstore.encoding.keys import decode_key, encode_key, encoded_length
+from sessionstore.encoding.serde import PickleSerde
+from sessionstore.stores.base import UntimedStore
 
 __all__ = ["ProcessorStore", "TIMERS_VAR", "encode_time", "decode_time", "readable"]
 
@@ -74,7 +64,7 @@ def readable(payload: Any) -> Any:
     return payload  # timers: a list of ints
 
 
-class ProcessorStore(AuxMixin):
+class ProcessorStore(UntimedStore):
     """State of a StatefulProcessor in a StateDB: ``db.open_store("processor", name)``.
 
     The store moves bytes; :mod:`sessionstore.operators.processors` gives them
@@ -83,37 +73,25 @@ class ProcessorStore(AuxMixin):
     """
 
     kind = "processor"
-    layout: tuple[str, ...] = ()
-    row_filters: frozenset[str] = frozenset()
+    families = ("kv", "timers", "ttl")
+    default_value_serde = PickleSerde
+    # grouping keys always use the ordered codec
+    codec_keys_only = True
 
-    def __init__(
-        self,
-        db: Database,
-        name: str,
-        retention_ms: int = 0,
-        segment_interval_ms: int | None = None,
-        key_serde: Any = None,
-        value_serde: Any = None,
-    ) -> None:
-        self._db = db
-        self.name = name
-        self.key_serde = None  # grouping keys always use the ordered codec
-        self.value_serde = value_serde if value_serde is not None else PickleSerde()
-        self._encode_key, self._decode_key = key_codec(None)
-        self.kv_cf, self.timers_cf, self.ttl_cf = f"{name}.kv", f"{name}.timers", f"{name}.ttl"
-        with db.batch():
-            record_store_spec(db, name, self.spec())
-        for cf in (self.kv_cf, self.timers_cf, self.ttl_cf):
-            db.create_column_family(cf)
+    @property
+    def kv_cf(self) -> str:
+        """The variables' family, ``<store>.kv``."""
+        return self._families[0]
 
-    def spec(self) -> dict[str, Any]:
-        return describe_store(self.kind, 0, 0, None, self.value_serde)
+    @property
+    def timers_cf(self) -> str:
+        """The timer index, ``<store>.timers``."""
+        return self._families[1]
 
-    def reconfigure(self, retention_ms: int, segment_interval_ms: int | None) -> None:
-        """No retention or segments; nothing to change."""
-
-    def reload(self) -> None:
-        """Nothing is cached in memory; nothing to re-read."""
+    @property
+    def ttl_cf(self) -> str:
+        """The TTL index, ``<store>.ttl``."""
+        return self._families[2]
 
     def encode_key(self, key: Any) -> bytes:
         """The ordered encoding of a grouping key (the prefix of all its rows)."""
@@ -122,23 +100,23 @@ class ProcessorStore(AuxMixin):
     # ------------------------------------------------------------------ variables
     def load(self, key_bytes: bytes, variables: list[bytes]) -> list[Any]:
         """The payloads of ``variables`` (encoded names) of one key: one multi-get."""
-        raws = self._db.get_many(self.kv_cf, [key_bytes + v for v in variables])
+        raws = self._db.get_many(self._cf, [key_bytes + v for v in variables])
         loads = self.value_serde.loads
         return [None if raw is None else loads(raw) for raw in raws]
 
     def write(self, key_bytes: bytes, variable: bytes, payload: Any) -> None:
         """Set (None deletes) one variable of one key, in the current batch."""
         raw = None if payload is None else self.value_serde.dumps(payload)
-        self._db.put(self.kv_cf, key_bytes + variable, raw)
+        self._db.put(self._cf, key_bytes + variable, raw)
 
     def delete_variable(self, variable: bytes) -> int:
         """Delete ``variable`` of every key (``deleteIfExists``); returns rows removed.
 
         A full scan, but only when the processor asks for it (once, in ``init``)."""
         removed = 0
-        for raw, _ in self._db.scan_list(self.kv_cf):
+        for raw, _ in self._db.scan_list(self._cf):
             if raw.endswith(variable) and encoded_length(raw) == len(raw) - len(variable):
-                self._db.put(self.kv_cf, raw, None)
+                self._db.put(self._cf, raw, None)
                 removed += 1
         return removed
 
@@ -182,31 +160,14 @@ class ProcessorStore(AuxMixin):
         raise ValueError(f"{family!r} is not a family of a processor store")
 
     # ------------------------------------------------------------------ reading
-    def read_rows(
-        self,
-        key: Any = None,
-        key_from: Any = None,
-        key_to: Any = None,
-        from_ts: int | None = None,
-        to_ts: int | None = None,
-        as_of: int | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """Rows as the reader shows them, ``{key, state, value}``: one per variable
-        of each key (``state`` None for the key's timer list), values in shapes JSON
-        and Parquet take (see :func:`readable`)."""
-        if key is not None:
-            lo = self._encode_key(key)
-            bounds: tuple[bytes | None, bytes | None] | None = (lo, prefix_upper_bound(lo))
-        else:
-            bounds = key_range(self._encode_key, key_from, key_to)
-        if bounds is None:
-            return
-        loads = self.value_serde.loads
-        for raw, value in self._db.scan(self.kv_cf, *bounds):
-            n = encoded_length(raw)
-            variable = decode_key(raw[n:])
-            yield {
-                "key": decode_key(raw[:n]),
-                "state": None if variable == 0 else variable,
-                "value": readable(loads(value)),
-            }
+    def _row(self, raw: bytes, value: bytes) -> dict[str, Any]:
+        # rows as the reader shows them, {key, state, value}: one per variable of
+        # each key (state None for the key's timer list), values in shapes JSON and
+        # Parquet take (see readable)
+        n = encoded_length(raw)
+        variable = decode_key(raw[n:])
+        return {
+            "key": decode_key(raw[:n]),
+            "state": None if variable == 0 else variable,
+            "value": readable(self.value_serde.loads(value)),
+        }

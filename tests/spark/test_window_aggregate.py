@@ -86,3 +86,19 @@ def test_update_mode_emits_one_row_per_changed_window_per_batch(spark, tmp_path)
     got = sorted((*ident, *value) for ident, value in table.items() if ident[0] != "zz")
     assert got == brute_force(batches, 5_000)
     assert sum(map(len, per_batch)) < sum(map(len, batches))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"emit": "soon"}, "emit must be 'update', 'final' or 'on_time', got 'soon'"),
+        ({"emit": "update", "early_every": "1 second"}, "early_every_ms needs emit="),
+    ],
+)
+def test_bad_emission_settings_are_refused_on_the_driver(spark, tmp_path, settings, message):
+    df = spark.createDataFrame([("u", 1, 1)], "user string, ts long, amount int")
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    with pytest.raises(ValueError, match=message):
+        window_aggregate(df, key="user", timestamp="ts", size="10 seconds", backend=backend,
+                         **settings)  # fmt: skip
+    assert not (tmp_path / "state").exists()  # refused before the state is touched

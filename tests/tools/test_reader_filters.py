@@ -102,3 +102,66 @@ def test_versioned_rows_follow_the_history_retention_rule(tmp_path):
         assert rows(from_ts=0, to_ts=12) == [("vo_old", 1)]
         assert rows(as_of=12) == [("vo_old", 1)]
         assert rows() == [("vo_new", 300_012), ("vo_old", 1)]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    puts=st.dictionaries(KEYS, st.integers(0, 9), max_size=5),
+    key=st.one_of(st.none(), KEYS),
+    key_from=BOUND,
+    key_to=BOUND,
+)
+def test_key_value_filters(tmp_path_factory, puts, key, key_from, key_to):
+    assume(key is None or (key_from is None and key_to is None))  # refused: see test_cli
+    with StateDB.open(tmp_path_factory.mktemp("db") / "db") as db:
+        store = db.kv_store("k")
+        for k, value in puts.items():
+            store.put(k, value)
+        got = list(RowFilter(key=key, key_from=key_from, key_to=key_to).rows(store))
+    want = [
+        {"key": k, "value": puts[k]}
+        for k in sorted(puts, key=encode_key)
+        if (k == key if key is not None else _in_key_range(k, key_from, key_to))
+    ]
+    assert got == want
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    writes=st.dictionaries(
+        st.tuples(KEYS, st.one_of(st.just(0), st.sampled_from(["n", "m", "n\x00"]))),
+        st.integers(0, 9),
+        max_size=12,
+    ),
+    key=st.one_of(st.none(), KEYS),
+    key_from=BOUND,
+    key_to=BOUND,
+)
+def test_processor_filters(tmp_path_factory, writes, key, key_from, key_to):
+    # variable 0 is a key's timer list; a key is a tuple of its grouping columns
+    assume(key is None or (key_from is None and key_to is None))
+    with StateDB.open(tmp_path_factory.mktemp("db") / "db") as db:
+        store = db.processor_store("p")
+        with db.batch():
+            for (k, variable), n in writes.items():
+                payload = [n] if variable == 0 else ((n,), None)
+                store.write(store.encode_key((k,)), encode_key(variable), payload)
+        got = list(
+            RowFilter(
+                key=None if key is None else (key,),
+                key_from=None if key_from is None else (key_from,),
+                key_to=None if key_to is None else (key_to,),
+            ).rows(store)
+        )
+    order = sorted(writes, key=lambda kv: (encode_key((kv[0],)), encode_key(kv[1])))
+    want = [
+        {
+            "key": (k,),
+            "state": None if variable == 0 else variable,
+            "value": [n] if variable == 0 else {"value": [n], "expires_ms": None},
+        }
+        for k, variable in order
+        for n in [writes[(k, variable)]]
+        if (k == key if key is not None else _in_key_range(k, key_from, key_to))
+    ]
+    assert got == want
