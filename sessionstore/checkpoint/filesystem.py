@@ -315,7 +315,7 @@ class Storage:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            if "not found" not in str(exc).lower():
+            if not _says_missing(exc):
                 raise
 
     def delete_dir(self, rel: str) -> None:
@@ -328,10 +328,18 @@ class Storage:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            if "not found" not in str(exc).lower() and "does not exist" not in str(exc).lower():
+            if not _says_missing(exc):
                 raise
 
     def download(self, rel: str, local_path: str) -> None:
         data = self.read(rel)
         with open(local_path, "wb") as f:
             f.write(data)
+
+
+def _says_missing(exc: OSError) -> bool:
+    """Whether a backend's error means the object was not there: some pyarrow
+    filesystems raise a plain OSError worded "not found", others "does not exist"
+    (deleting what is already gone is not an error)."""
+    text = str(exc).lower()
+    return "not found" in text or "does not exist" in text
