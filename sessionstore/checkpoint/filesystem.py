@@ -340,6 +340,7 @@ class Storage:
 def _says_missing(exc: OSError) -> bool:
     """Whether a backend's error means the object was not there: some pyarrow
     filesystems raise a plain OSError worded "not found", others "does not exist"
-    (deleting what is already gone is not an error)."""
+    (deleting what is already gone is not an error). A missing bucket is a
+    configuration error, never ignored."""
     text = str(exc).lower()
-    return "not found" in text or "does not exist" in text
+    return ("not found" in text or "does not exist" in text) and "bucket" not in text

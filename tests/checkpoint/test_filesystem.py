@@ -109,3 +109,37 @@ def test_s3_small_objects_take_one_put_and_whole_reads_one_get(s3_counting_serve
     reset_s3_request_counts(options)
     explicit.write_atomic("op/0/changelog/2.changelog", b"x")
     assert s3_request_counts(options) == {"POST": 2, "PUT": 1}
+
+
+class _Raising:
+    """A pyarrow filesystem stand-in whose deletes fail with one message."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def delete_file(self, path: str) -> None:
+        raise OSError(self.message)
+
+    delete_dir = delete_file
+
+
+@pytest.mark.parametrize("method", ["delete", "delete_dir"])
+@pytest.mark.parametrize(
+    ("message", "ignored"),
+    [
+        ("Path does not exist 'b/op/x'", True),  # what some backends say of a missing object
+        ("GCS object not found: b/op/x", True),
+        ("The specified bucket does not exist", False),  # configuration: never swallowed
+        ("Access denied", False),
+    ],
+)
+def test_deleting_what_is_gone_is_no_error_but_other_failures_raise(
+    tmp_path, method, message, ignored
+):
+    storage = open_filesystem(f"file://{tmp_path}")
+    storage.fs = _Raising(message)
+    if ignored:
+        getattr(storage, method)("x")
+    else:
+        with pytest.raises(OSError):
+            getattr(storage, method)("x")
