@@ -605,7 +605,8 @@ def _pandas_slices(frame: Any) -> Any:
 @functools.lru_cache(maxsize=64)
 def _row_class(names: tuple[str, ...]) -> type:
     """A subclass of PySpark's ``Row`` with fields ``names``: the field names live
-    on the class and each field is a property, so a row is made by
+    on the class and each field is a descriptor that reads item i (namedtuple's C
+    one, or a property), so a row is made by
     ``tuple.__new__`` and read by attribute without ``Row``'s per-call work (its
     ``Row(*names)(*values)`` builds every row through Python code, and its
     ``row.name`` searches the field list). Everything else is ``Row``'s own:
