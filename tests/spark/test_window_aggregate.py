@@ -95,10 +95,26 @@ def test_update_mode_emits_one_row_per_changed_window_per_batch(spark, tmp_path)
         ({"emit": "update", "early_every": "1 second"}, "early_every_ms needs emit="),
     ],
 )
-def test_bad_emission_settings_are_refused_on_the_driver(spark, tmp_path, settings, message):
+def test_bad_emission_settings_are_refused_on_the_driver(
+    spark, tmp_path, monkeypatch, settings, message
+):
+    import importlib
+
+    resolved = []
+
+    def resolve(*args, **kwargs):
+        resolved.append(args)
+        raise AssertionError("the operator was planned before its settings were checked")
+
+    # the modules (the package's ``window_aggregate`` is the function), wherever
+    # the planning calls it
+    for name in ("spark_integration.aggregations", "spark_integration.window_aggregate"):
+        module = importlib.import_module(name)
+        monkeypatch.setattr(module, "resolve", resolve, raising=False)
     df = spark.createDataFrame([("u", 1, 1)], "user string, ts long, amount int")
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     with pytest.raises(ValueError, match=message):
         window_aggregate(df, key="user", timestamp="ts", size="10 seconds", backend=backend,
                          **settings)  # fmt: skip
-    assert not (tmp_path / "state").exists()  # refused before the state is touched
+    # refused before the checkpoint is read or a coordinator registers the operator
+    assert resolved == [] and not (tmp_path / "state").exists()
