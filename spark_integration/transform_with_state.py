@@ -641,10 +641,12 @@ def _row_maker(names: Sequence[str]) -> Callable[[tuple], Any]:
 
 def _row_slices(data: pa.Table) -> Any:
     make_row = _row_maker(data.column_names)
-    tuples = list(zip(*[c.to_pylist() for c in data.columns], strict=True))
+    columns = [c.to_pylist() for c in data.columns]
 
     def make(start: int, end: int) -> Any:
-        return lambda: map(make_row, tuples[start:end])
+        # rows made from the columns as the key is read: zip's tuple is reused
+        # once each Row has copied it, so a row costs one object, not two
+        return lambda: map(make_row, zip(*[c[start:end] for c in columns], strict=True))
 
     return make
 
