@@ -1,4 +1,5 @@
-"""A stand-in for a SparkSession where a test needs only what planning reads of it."""
+"""Stand-ins for what Spark gives: a SparkSession where a test needs only what
+planning reads of it, and a Spark task's call of an operator task."""
 
 from __future__ import annotations
 
@@ -25,3 +26,15 @@ def fake_session(
             getConf=lambda: SimpleNamespace(get=lambda k, d=None: context.get(k, d)),
         ),
     )
+
+
+def run_task(monkeypatch: Any, module: Any, task: Any, info: Any, columns: dict[str, Any],
+             schema: Any) -> list[tuple]:  # fmt: skip
+    """Run ``task`` (a ``mapInArrow`` function of ``module``) as the Spark task
+    ``info`` over one batch of ``columns`` (name -> values, Arrow ``schema``);
+    its output rows as sorted tuples."""
+    import pyarrow as pa
+
+    monkeypatch.setattr(module, "task_info", lambda: info)
+    out = list(task(iter([pa.RecordBatch.from_pydict(columns, schema=schema)])))
+    return sorted(r for b in out for r in zip(*b.to_pydict().values(), strict=True))

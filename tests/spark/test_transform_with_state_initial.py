@@ -21,6 +21,7 @@ from tests.object_stores import (
     s3_request_counts,
 )
 from tests.spark import processors as P
+from tests.spark.fakes import run_task
 
 # the module (the package exports a function of the same name)
 tws = importlib.import_module("spark_integration.transform_with_state")
@@ -77,13 +78,11 @@ def _task(backend: StateBackend, token: str | None) -> tws._ProcessorTask:
 
 def _run(monkeypatch, task, info: TaskInfo, rows: list[tuple[str, str]]) -> list[tuple]:
     """One task of ``info``'s batch and partition over ``(id, item)`` rows."""
-    monkeypatch.setattr(tws, "task_info", lambda: info)
-    batch = pa.RecordBatch.from_pydict(
+    return run_task(
+        monkeypatch, tws, task, info,
         {"id": [r[0] for r in rows], "item": [r[1] for r in rows]},
-        schema=pa.schema([("id", pa.string()), ("item", pa.string())]),
-    )
-    out = list(task(iter([batch])))
-    return sorted(r for b in out for r in zip(*b.to_pydict().values(), strict=True))
+        pa.schema([("id", pa.string()), ("item", pa.string())]),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

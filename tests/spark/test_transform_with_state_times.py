@@ -24,6 +24,7 @@ from tests.object_stores import (
     reset_s3_request_counts,
     s3_request_counts,
 )
+from tests.spark.fakes import run_task
 
 # the module (the package exports a function of the same name)
 tws = importlib.import_module("spark_integration.transform_with_state")
@@ -62,13 +63,11 @@ def _task(backend: StateBackend) -> tws._ProcessorTask:
 def _run(monkeypatch, task, info: TaskInfo, ids: list[str], now: int = 0) -> list[tuple]:
     """One task of ``info``'s batch over rows of ``ids`` (none: an empty partition),
     their processing time ``now``."""
-    monkeypatch.setattr(tws, "task_info", lambda: info)
-    batch = pa.RecordBatch.from_pydict(
+    return run_task(
+        monkeypatch, tws, task, info,
         {"id": ids, "item": ["x"] * len(ids), tws.NOW: [now] * len(ids)},
-        schema=pa.schema([("id", pa.string()), ("item", pa.string()), (tws.NOW, pa.int64())]),
-    )
-    out = list(task(iter([batch])))
-    return sorted(r for b in out for r in zip(*b.to_pydict().values(), strict=True))
+        pa.schema([("id", pa.string()), ("item", pa.string()), (tws.NOW, pa.int64())]),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
