@@ -68,15 +68,17 @@ def normalise(v: Any) -> Any:
 
 
 def _is_plain(v: Any) -> bool:
-    """Whether ``v`` is already as stored: a plain tuple (not a Row) of one or two
-    Python scalars, the shape of nearly every state call. Longer tuples and
-    everything else take :func:`as_value`, which checks and normalises."""
+    """Whether ``v`` is already as stored: a plain tuple (not a Row) of Python
+    scalars, the shape of nearly every state call. Hot paths test this before
+    calling :func:`as_value`, so that a plain value costs no call."""
     if type(v) is not tuple:
         return False
-    n = len(v)
-    if n == 1:
+    if len(v) == 1:  # the usual shape: no loop
         return type(v[0]) in _SCALARS
-    return n == 2 and type(v[0]) in _SCALARS and type(v[1]) in _SCALARS
+    for x in v:
+        if type(x) not in _SCALARS:
+            return False
+    return True
 
 
 def as_value(state: str, v: Any) -> tuple:
@@ -87,15 +89,9 @@ def as_value(state: str, v: Any) -> tuple:
             "ILLEGAL_STATE_STORE_VALUE.NULL_VALUE",
             f"Cannot write null values to State Store for StateName {state}.",
         )
-    if type(v) is tuple:
-        # the common case (a state call per event): a plain tuple of Python
-        # scalars is already as stored, and immutable: no copy, no call per item
-        for x in v:
-            if type(x) not in _SCALARS:
-                break
-        else:
-            return v
-    elif not isinstance(v, (tuple, list)):
+    if _is_plain(v):  # already as stored, and immutable: no copy
+        return v
+    if not isinstance(v, (tuple, list)):
         raise StatefulProcessorError(
             "ILLEGAL_STATE_STORE_VALUE",
             f"state {state!r} takes a tuple or Row with one item per schema field, "
@@ -176,20 +172,17 @@ class ValueState(_Variable):
     def exists(self) -> bool:
         """Whether the key has a (live) value."""
         p = self._payload()
-        return p is not None and (p[1] is None or self._handle._batch_ts < p[1])
+        return p is not None and self._live(p[1])
 
     def get(self) -> tuple | None:
         """The value, or None."""
         p = self._payload()
-        if p is None or (p[1] is not None and self._handle._batch_ts >= p[1]):
-            return None
-        return p[0]
+        return p[0] if p is not None and self._live(p[1]) else None
 
     def update(self, newValue: tuple) -> None:  # noqa: N803 - PySpark's name
         """Set the value (and restart its TTL)."""
         value = newValue if _is_plain(newValue) else as_value(self._name, newValue)
-        ttl = self.ttl_ms
-        self._set((value, None if ttl is None else self._handle._batch_ts + ttl))
+        self._set((value, self._expiry()))
 
     def clear(self) -> None:
         """Remove the value."""
@@ -316,6 +309,7 @@ class MapState(_Variable):
         if entries is None:
             return None
         item = entries.get(key if _is_plain(key) else self._user_key(key))
+        # _live inlined: dedup maps ask this per event
         if item is None or (item[1] is not None and self._handle._batch_ts >= item[1]):
             return None
         return item
@@ -336,8 +330,7 @@ class MapState(_Variable):
             entries = {}
         user_key = key if _is_plain(key) else self._user_key(key)
         stored = value if _is_plain(value) else as_value(self._name, value)
-        ttl = self.ttl_ms
-        entries[user_key] = (stored, None if ttl is None else self._handle._batch_ts + ttl)
+        entries[user_key] = (stored, self._expiry())
         self._set(entries)
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
