@@ -3,8 +3,8 @@
 An operator's state is split into ``P`` partitions (its checkpoint's partition
 count: one RocksDB database, one changelog per micro-batch each). Spark charges a
 fixed cost for every task of every micro-batch, whatever it does (about 27 ms of a
-slot here; BENCHMARKS.md, "Spark at scale"): at 200 partitions those costs were
-the floor, 5x the work of the 1M-event stream. So the number of Spark tasks ``T``
+slot; BENCHMARKS.md, "Spark at scale"): at 200 partitions those costs make a query
+with no state work at all 16 times slower than at 4. So the number of Spark tasks ``T``
 is decoupled from ``P``, as Flink's key groups decouple state shards from
 parallelism:
 
@@ -69,9 +69,9 @@ def task_count(spark: Any, partitions: int) -> int:
     cores = max(1, int(spark.sparkContext.defaultParallelism))
     if partitions <= cores:
         return partitions
-    # a task per core: every task costs Spark a fixed share of a slot (BENCHMARKS.md,
-    # "Eighth session": 4 partitions on 2 cores ran closer to the floor in 2 tasks
-    # than in 4)
+    # a task per core: every task costs Spark a fixed share of a slot, more than a
+    # second task per core gains (BENCHMARKS.md, "Spark at scale", "Tasks per core":
+    # 4 partitions on 2 cores run closer to the floor in 2 tasks than in 4)
     if partitions % cores == 0:
         return cores
     divisor = max(d for d in range(1, PARTITIONS_PER_CORE * cores + 1) if partitions % d == 0)

@@ -223,10 +223,10 @@ _helper: tuple[int, ThreadPoolExecutor] | None = None
 def _helper_thread() -> ThreadPoolExecutor:
     """This process's helper thread (one, kept for the life of the Python worker).
 
-    Starting a thread per task made every task wait: ``Thread.start`` waits until
-    the new thread runs, and then for the GIL, which the new thread holds through
-    the Python part of taking a database (measured in BENCHMARKS.md, "Figures
-    quoted in code"). A submit to a waiting thread returns at once. Recreated
+    Not a thread per task: ``Thread.start`` waits until the new thread runs, and
+    then for the GIL, which the new thread holds through the Python part of taking
+    a database, so every task would wait (~8 ms, BENCHMARKS.md, "Figures quoted in
+    code"). A submit to a waiting thread returns at once. Recreated
     after a fork (PySpark forks its workers).
     """
     global _helper
@@ -288,10 +288,9 @@ def state_and_inputs(
 
     The state is taken (database opened or handed over, version loaded) and the
     event time read on a helper thread while this thread receives the input from
-    the JVM: all of them wait on I/O, and a task used to pay for them one after the
-    other (a RocksDB open, about as long as a large input takes to arrive, and a
-    list and a read per partition in object storage for the event time; measured
-    in BENCHMARKS.md, "Figures quoted in code").
+    the JVM: all of them wait on I/O, and one after the other they would add up (a
+    RocksDB open, about as long as a large input takes to arrive, and reading the
+    event time; measured in BENCHMARKS.md, "Figures quoted in code").
     """
     then = None
     if shared_event_time:

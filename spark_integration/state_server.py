@@ -4,9 +4,9 @@ worker Spark gives its task to.
 Why. Spark runs a task in whichever Python worker of the executor is free, and
 RocksDB admits one process per database, so a partition's next task finds its
 database in the other worker about half the time, and at many partitions per
-worker almost always closed (BENCHMARKS.md, "Locality at 200 partitions": 194 of
-200 tasks per micro-batch reopened their database, 50-200 ms each, which was the
-whole gap to Spark's own floor). No setting of Spark pins a partition to a worker.
+worker almost always closed (BENCHMARKS.md, "State in the Python workers at 200
+partitions": 194 of 200 tasks per micro-batch reopen their database, 50-200 ms
+each, the whole gap to Spark's own floor). No setting of Spark pins a partition to a worker.
 
 How. Each executor runs ``count`` state servers (:data:`SERVERS_CONF`; by default
 :data:`SERVERS_PER_SLOT` per task slot) and partition ``p``'s tasks always run in
