@@ -731,11 +731,12 @@ def _zoned(arrow_type: pa.DataType) -> bool:
 
 def _localized(frame: Any, schema: pa.Schema, timezone: str | None) -> Any:
     """``frame`` with naive datetime columns for zoned timestamp fields read as the
-    wall clock of ``timezone`` (Spark's reading; Arrow's would be UTC)."""
+    wall clock of ``timezone`` (Spark's reading, an ambiguous hour as standard
+    time as Spark takes it; Arrow's would be UTC)."""
     if timezone is None:
         return frame
     changed = {
-        f.name: frame[f.name].dt.tz_localize(timezone)
+        f.name: frame[f.name].dt.tz_localize(timezone, ambiguous=False)
         for f in schema
         if _zoned(f.type)
         and frame[f.name].dtype.kind == "M"

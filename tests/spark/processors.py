@@ -407,10 +407,14 @@ class RowProfileEvolved(RowProfile):
     value_schema = "c long, b string, a long"
 
 
-class RowProfileNarrowed(RowProfile):
-    """Narrows ``a`` from int to short: Spark refuses the restart."""
+class RowProfileLong(RowProfile):
+    value_schema = "a long, b string"
 
-    value_schema = "a short, b string"
+
+class RowProfileNarrowed(RowProfile):
+    """Narrows ``a`` from long (:class:`RowProfileLong`) to int: Spark refuses."""
+
+    value_schema = "a int, b string"
 
 
 def _not_nullable() -> Any:

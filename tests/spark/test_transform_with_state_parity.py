@@ -9,7 +9,7 @@ import pytest
 
 from spark_integration import StateBackend, transform_with_state, transform_with_state_in_pandas
 from tests.spark import processors as P
-from tests.spark.streams import json_source, write_json
+from tests.spark.streams import json_source, run_stream_batches, write_json
 
 pytestmark = pytest.mark.slow
 
@@ -41,20 +41,11 @@ def conf(spark):
 def _batches(out, checkpoint, steps, mode="update"):
     """Each step's file through the query; the rows of every micro-batch that
     emitted any, in batch order, each batch's rows sorted."""
-    batches = []
-    query = (
-        out.writeStream.outputMode(mode)
-        .option("checkpointLocation", str(checkpoint))
-        .foreachBatch(lambda b, i: batches.append((i, sorted(tuple(r) for r in b.collect()))))
-        .start()
-    )
-    try:
-        for step in steps:
-            step()
-            query.processAllAvailable()
-    finally:
-        query.stop()
-    return [rows for _, rows in sorted(batches) if rows]
+    return [
+        sorted(tuple(row.values()) for row in rows)
+        for rows in run_stream_batches(out, checkpoint, steps, mode)
+        if rows
+    ]
 
 
 def _run(spark, tmp_path, tag, batches, make, prepare=None, mode="update"):
@@ -76,6 +67,19 @@ def _both(spark, tmp_path, batches, theirs, ours, prepare=None, mode="update"):
         _run(spark, tmp_path, "spark", batches, theirs, prepare, mode),
         _run(spark, tmp_path, "ours", batches, lambda df: ours(df, backend), prepare, mode),
     )
+
+
+def _same_processor(spark, tmp_path, batches, api, processor, schema=None, **kwargs):
+    """:func:`_both` for ``processor`` in ``api`` with output ``schema``
+    (``P.PARITY_SCHEMA``); ``time_mode`` and ``prepare`` as there."""
+    schema = schema or P.PARITY_SCHEMA
+    mode = kwargs.pop("time_mode", "None")
+    return _both(
+        spark, tmp_path, batches,
+        lambda df: _sparks(df, api, processor, schema, mode),
+        lambda df, b: _ours(df, api, processor, schema, b, mode),
+        **kwargs,
+    )  # fmt: skip
 
 
 def _sparks(df, api, processor, schema, time_mode="None", **kwargs):
@@ -120,12 +124,9 @@ def test_a_timer_due_when_registered_fires_in_the_same_batch(spark, tmp_path, co
         [{"id": "a", "item": "x", "ts": 12_000}],
         [{"id": "a", "item": "x", "ts": t} for t in (11_000, 13_000, 15_000)],
     ]
-    theirs, ours = _both(
-        spark, tmp_path, batches,
-        lambda df: _sparks(df, api, processor, P.PARITY_SCHEMA, "EventTime"),
-        lambda df, b: _ours(df, api, processor, P.PARITY_SCHEMA, b, "EventTime"),
-        prepare=_event_time,
-    )  # fmt: skip
+    theirs, ours = _same_processor(
+        spark, tmp_path, batches, api, processor, time_mode="EventTime", prepare=_event_time
+    )
     assert ours == theirs
     assert theirs == [
         [("a", "fired", 0), ("a", "seen", 20_000), ("b", "fired", 0), ("b", "seen", 20_000)],
@@ -147,12 +148,7 @@ def test_pandas_timestamps_arrive_as_sparks_naive_nanoseconds(spark, tmp_path, c
     def prepare(df):
         return df.withColumn("event", F.timestamp_millis("ts"))
 
-    theirs, ours = _both(
-        spark, tmp_path, batches,
-        lambda df: _sparks(df, "pandas", processor, P.PARITY_SCHEMA),
-        lambda df, b: _ours(df, "pandas", processor, P.PARITY_SCHEMA, b),
-        prepare=prepare,
-    )  # fmt: skip
+    theirs, ours = _same_processor(spark, tmp_path, batches, "pandas", processor, prepare=prepare)
     assert ours == theirs
     # 20 s after the epoch, as New York's wall clock (UTC-5) reads it
     wall = 20 - 5 * 3600
@@ -164,11 +160,7 @@ def test_pandas_timestamps_arrive_as_sparks_naive_nanoseconds(spark, tmp_path, c
 def test_a_deleted_state_variable_is_refused_as_in_spark(spark, tmp_path, conf, api):
     processor = P.PandasDeletedState() if api == "pandas" else P.RowDeletedState()
     batches = [_rows([("a", "x")]), _rows([("a", "y"), ("b", "y")])]
-    theirs, ours = _both(
-        spark, tmp_path, batches,
-        lambda df: _sparks(df, api, processor, P.PARITY_SCHEMA),
-        lambda df, b: _ours(df, api, processor, P.PARITY_SCHEMA, b),
-    )  # fmt: skip
+    theirs, ours = _same_processor(spark, tmp_path, batches, api, processor)
     assert ours == theirs
     assert ("a", "value.exists: PySparkRuntimeError: Error checking value state exists", 0) in (
         theirs[0]
@@ -183,11 +175,7 @@ def test_a_bare_string_map_key_is_taken_as_spark_takes_it(spark, tmp_path, conf,
     one-field schema (what processors written against Spark rely on)."""
     processor = P.PandasBareMapKey() if api == "pandas" else P.RowBareMapKey()
     batches = [_rows([("k", "a"), ("k", "b"), ("k", "a")]), _rows([("k", "b"), ("j", "b")])]
-    theirs, ours = _both(
-        spark, tmp_path, batches,
-        lambda df: _sparks(df, api, processor, P.PARITY_SCHEMA),
-        lambda df, b: _ours(df, api, processor, P.PARITY_SCHEMA, b),
-    )  # fmt: skip
+    theirs, ours = _same_processor(spark, tmp_path, batches, api, processor)
     assert ours == theirs
     assert theirs[1] == [
         ("j", "contains 'a'", 0), ("j", "contains 'b'", 1), ("j", "key ('b',)", 1),
@@ -272,11 +260,7 @@ def test_a_keys_rows_come_in_dataframes_of_sparks_arrow_batch_size(
     conf(key, value)
     processor = P.PandasFrameSizes()
     batches = [_rows([("a", str(i)) for i in range(5)] + [("b", "x")])]
-    theirs, ours = _both(
-        spark, tmp_path, batches,
-        lambda df: _sparks(df, "pandas", processor, P.PARITY_SCHEMA),
-        lambda df, b: _ours(df, "pandas", processor, P.PARITY_SCHEMA, b),
-    )  # fmt: skip
+    theirs, ours = _same_processor(spark, tmp_path, batches, "pandas", processor)
     assert ours == theirs == [[("a", sizes, 5), ("b", "1", 1)]]
 
 
@@ -288,11 +272,7 @@ def test_int_output_for_a_decimal_field_is_coerced_when_spark_coerces(spark, tmp
     processor = P.PandasIntForDecimal()
     schema = "id string, amount decimal(10,2)"
     batches = [_rows([("a", "x"), ("a", "y"), ("b", "z")])]
-    theirs, ours = _both(
-        spark, tmp_path, batches,
-        lambda df: _sparks(df, "pandas", processor, schema),
-        lambda df, b: _ours(df, "pandas", processor, schema, b),
-    )  # fmt: skip
+    theirs, ours = _same_processor(spark, tmp_path, batches, "pandas", processor, schema)
     assert ours == theirs == [[("a", Decimal("200.00")), ("b", Decimal("100.00"))]]
 
 
@@ -351,17 +331,17 @@ def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(spa
     reason="needs schema-recorded encoding", raises=NeedsSchemaRecordedEncoding, strict=True
 )
 @pytest.mark.parametrize(
-    "second, condition",
+    "first, second, condition",
     [
-        (P.RowProfileNarrowed(), "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION"),
-        (P.RowProfileNotNullable(), "TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE"),
+        (P.RowProfileLong(), P.RowProfileNarrowed(), "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION"),
+        (P.RowProfile(), P.RowProfileNotNullable(), "TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE"),
     ],
 )
 def test_a_restart_with_a_state_schema_spark_refuses_fails_as_in_spark(
-    spark, tmp_path, conf, second, condition
+    spark, tmp_path, conf, first, second, condition
 ):
     conf(ENCODING, "avro")
-    theirs, ours = _versions(spark, tmp_path, P.RowProfile(), second)
+    theirs, ours = _versions(spark, tmp_path, first, second)
     assert theirs[0] == [[("a", "None", 2)]]
     assert isinstance(theirs[1], str) and condition in theirs[1]
     if ours[0] != theirs[0] or not isinstance(ours[1], str) or condition not in ours[1]:
