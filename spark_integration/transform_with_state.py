@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -100,6 +101,7 @@ def transform_with_state_in_pandas(
     name: str = "transform_with_state",
     num_partitions: int | None = None,
     initial_state: Any = None,
+    event_time_column: str | None = None,
 ) -> Any:
     """Run a ``StatefulProcessor`` written for ``transformWithStateInPandas``:
     ``handleInputRows(key, rows, timerValues)`` gets an iterator of pandas
@@ -107,10 +109,19 @@ def transform_with_state_in_pandas(
     of ``output_schema`` (a ``StructType`` or DDL string). ``key`` names the
     grouping column(s); the key a handler gets is a tuple of their values.
     ``initial_state`` is a DataFrame with the same key columns, given to
-    ``handleInitialState`` in the first micro-batch."""
+    ``handleInitialState`` in the first micro-batch. ``event_time_column`` (Spark's
+    ``eventTimeColumnName``) names a timestamp column of the output that carries
+    event time on, so that a stateful operator can follow (see docs/operators.md).
+
+    As in Spark, a key's rows come in DataFrames of at most
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows and about
+    ``spark.sql.execution.arrow.maxBytesPerBatch`` bytes, timestamps are naive
+    ``datetime64[ns]`` in the session time zone, and with
+    ``spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled`` an integer
+    column returned for a decimal field is coerced."""
     return _transform(
         df, key, processor, output_schema, time_mode, backend, name, num_partitions,
-        initial_state, "pandas",
+        initial_state, "pandas", event_time_column,
     )  # fmt: skip
 
 
@@ -124,13 +135,14 @@ def transform_with_state(
     name: str = "transform_with_state",
     num_partitions: int | None = None,
     initial_state: Any = None,
+    event_time_column: str | None = None,
 ) -> Any:
     """Run a ``StatefulProcessor`` written for PySpark's row-based
     ``transformWithState``: rows are ``Row`` objects in and out. Parameters as in
     :func:`transform_with_state_in_pandas`."""
     return _transform(
         df, key, processor, output_schema, time_mode, backend, name, num_partitions,
-        initial_state, "rows",
+        initial_state, "rows", event_time_column,
     )  # fmt: skip
 
 
@@ -177,8 +189,10 @@ def _transform(
     num_partitions: int | None,
     initial_state: Any,
     api: str,
+    event_time_column: str | None = None,
 ) -> Any:
     from pyspark import cloudpickle
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import functions as F
 
     keys = [key] if isinstance(key, str) else list(key)
@@ -194,7 +208,10 @@ def _transform(
     # init on a copy, as Spark's driver does before the query runs: it checks the
     # schemas and names, and tells which extra stores the partitions need
     driver_copy = cloudpickle.loads(cloudpickle.dumps(processor))
-    planning = ProcessorHandle(None, mode, parse_schema=parse_schema, key_arity=len(keys))
+    planning = ProcessorHandle(
+        None, mode, parse_schema=parse_schema, key_arity=len(keys),
+        runtime_error=PySparkRuntimeError,
+    )  # fmt: skip
     driver_copy.init(planning)
     close = getattr(driver_copy, "close", None)
     if close is not None:
@@ -202,12 +219,14 @@ def _transform(
 
     columns = [F.col(c) for c in df.columns]
     delay = None
+    marked = [
+        (f.name, int(f.metadata[WATERMARK_DELAY_KEY]))
+        for f in df.schema.fields
+        if WATERMARK_DELAY_KEY in (f.metadata or {})
+    ]
+    if event_time_column is not None:
+        _check_event_time_column(event_time_column, out_schema, marked)
     if mode == "EventTime":
-        marked = [
-            (f.name, int(f.metadata[WATERMARK_DELAY_KEY]))
-            for f in df.schema.fields
-            if WATERMARK_DELAY_KEY in (f.metadata or {})
-        ]
         if not marked:
             raise ValueError(
                 "time_mode='EventTime' needs an input with a watermark: call "
@@ -247,8 +266,105 @@ def _transform(
         initial=initial,
         key_types=key_types(df, keys),
         coordinator=coordinator,
+        pandas=_pandas_conf(df.sparkSession) if api == "pandas" else None,
+        map_key_fields=dict(planning.map_key_fields),
+        event_time_column=event_time_column,
     )
-    return state_map(df.select(*columns), keys, n, task, out_schema, name)
+    out = state_map(df.select(*columns), keys, n, task, out_schema, name)
+    if event_time_column is None:
+        return out
+    # Spark's UpdateEventTimeWatermarkColumn: the column carries the input's
+    # watermark delay in its metadata, and the query's watermark (the input's
+    # withWatermark) drives the stateful operators that follow
+    metadata = {WATERMARK_DELAY_KEY: marked[0][1]}
+    return out.select(
+        *[
+            F.col(c).alias(c, metadata=metadata) if c == event_time_column else F.col(c)
+            for c in out.columns
+        ]
+    )
+
+
+def _check_event_time_column(column: str, out_schema: Any, marked: list) -> None:
+    """Spark's conditions on ``eventTimeColumnName``: a timestamp column of the
+    output, and a watermark on the input to carry on."""
+    from pyspark.sql.types import TimestampType
+
+    if column not in out_schema.names:
+        raise ValueError(
+            f"event_time_column {column!r} is not a column of the output schema "
+            f"(it has {out_schema.names})"
+        )
+    if not isinstance(out_schema[column].dataType, TimestampType):
+        raise ValueError(
+            f"event_time_column {column!r} must be a timestamp column of the output, "
+            f"got {out_schema[column].dataType.simpleString()}"
+        )
+    if not marked:
+        raise ValueError(
+            f"event_time_column {column!r} carries the input's watermark on, and the "
+            "input has none: call df.withWatermark(<event time column>, <delay>) first"
+        )
+
+
+#: Spark's default of ``spark.sql.execution.arrow.maxRecordsPerBatch``.
+_MAX_RECORDS = 10_000
+#: The Python worker's "no limit" on bytes per Arrow batch.
+_NO_BYTE_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class PandasConf:
+    """What a pandas processor's input and output depend on in Spark's conf, read
+    on the driver: the session time zone (timestamps), the rows and bytes of a
+    key's DataFrames, and the int-to-decimal coercion of outputs."""
+
+    timezone: str | None = None
+    max_records: int = _MAX_RECORDS
+    max_bytes: int = _NO_BYTE_LIMIT
+    int_to_decimal: bool = False
+
+    def chunk_rows(self, table: pa.Table) -> int:
+        """Rows per DataFrame of a key, as Spark's worker chunks them: at most
+        ``max_records``, and a chunk ends once its rows times the batch's average
+        Arrow row size reach ``max_bytes``."""
+        rows = self.max_records if self.max_records > 0 else _NO_BYTE_LIMIT
+        if self.max_bytes != _NO_BYTE_LIMIT and table.num_rows:
+            average = table.nbytes / table.num_rows
+            if average > 0:
+                rows = min(rows, max(1, math.ceil(self.max_bytes / average)))
+        return rows
+
+
+def _pandas_conf(spark: Any) -> PandasConf:
+    def get(key: str) -> str | None:
+        value = spark.conf.get(key, None)
+        return None if value is None or value == "" else value
+
+    # the keys Spark 4.3's Python worker chunks by (its jar also names
+    # ...arrow.transformWithStateInPandas.maxRecordsPerBatch, which changes nothing)
+    records = get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    max_bytes = get("spark.sql.execution.arrow.maxBytesPerBatch")
+    coercion = get("spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled")
+    return PandasConf(
+        timezone=get("spark.sql.session.timeZone"),
+        max_records=_MAX_RECORDS if records is None else int(records),
+        max_bytes=_NO_BYTE_LIMIT if max_bytes is None else _byte_size(max_bytes),
+        int_to_decimal=(coercion or "").lower() == "true",
+    )
+
+
+_BYTE_UNITS = {"b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+
+
+def _byte_size(value: str) -> int:
+    """A Spark byte-size conf value (``67108864b``, ``64m``, ``1024``) in bytes."""
+    text = value.strip().lower()
+    digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(digits) :] or "b"
+    if not digits.isdigit() or unit not in _BYTE_UNITS:
+        raise ValueError(f"not a byte size: {value!r} (e.g. 67108864b, 64m, 1g)")
+    return min(int(digits) * _BYTE_UNITS[unit], _NO_BYTE_LIMIT)
 
 
 def _initial_state_token(
@@ -354,6 +470,11 @@ class _ProcessorTask:
     initial: str | None = None
     key_types: list[str] | None = None
     coordinator: CoordinatorAddress | None = None
+    #: the pandas API's Spark conf (None for the row API)
+    pandas: PandasConf | None = None
+    event_time_column: str | None = None
+    #: the user-key fields of each map state, as the driver parsed its schema
+    map_key_fields: dict[str, int] = field(default_factory=dict)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
@@ -370,13 +491,18 @@ class _ProcessorTask:
             store = handle[STORE]
             table = pa.Table.from_batches(inputs) if inputs else None
             times, late, max_event_time = self._times(table, shared, store, provider, info)
+            late_watermark = self._late_watermark(store) if event_time else 0
             if table is not None and late is not None:
                 table = table.filter(pc.invert(late))
+            from pyspark.errors import PySparkRuntimeError
+
             handle_ = ProcessorHandle(
                 store,
                 self.time_mode,
                 open_store=lambda kind, store_name, retention: handle[store_name],
                 key_arity=len(self.keys),
+                runtime_error=PySparkRuntimeError,
+                map_key_fields=self.map_key_fields,
             )
             runner = ProcessorRunner(self.processor, handle_, self.time_mode)
             groups, dropped = self._groups(store, table)
@@ -390,6 +516,8 @@ class _ProcessorTask:
                 handle.note_event_time(max_event_time)  # the durable record (event_time.py)
                 store.write_aux(_WATERMARK_AUX, INT64.pack(times.watermark_ms))
             out = self._output(counts.outputs)
+            if self.event_time_column is not None and event_time:
+                _check_not_late(out, self.event_time_column, late_watermark)
             late_count = 0 if late is None else pc.sum(late).as_py() or 0
             handle.note(late_dropped=late_count + dropped, emitted=out.num_rows)
         if out.num_rows:
@@ -410,8 +538,7 @@ class _ProcessorTask:
         if self.time_mode != "EventTime":
             return BatchTimes(now, -1), None, None
         watermark = 0 if shared is None else max(0, shared - self.delay_ms)
-        raw = store.read_aux(_WATERMARK_AUX)
-        previous = 0 if raw is None else INT64.unpack(raw)[0]
+        previous = self._late_watermark(store)
         late = None
         event_time = shared
         if table is not None:
@@ -421,6 +548,12 @@ class _ProcessorTask:
                 top = int(ms[valid].max())
                 event_time = top if event_time is None else max(event_time, top)
         return BatchTimes(now, watermark), late, event_time
+
+    @staticmethod
+    def _late_watermark(store: Any) -> int:
+        """The watermark for late rows: the previous batch's (0 before any)."""
+        raw = store.read_aux(_WATERMARK_AUX)
+        return 0 if raw is None else INT64.unpack(raw)[0]
 
     # ---------------------------------------------------------------- input
     def _groups(self, store: Any, table: pa.Table | None) -> tuple[list, int]:
@@ -445,8 +578,10 @@ class _ProcessorTask:
         encode = store.encode_key
         single = len(self.keys) == 1
         if self.api == "pandas":
-            frame = data.to_pandas()  # one conversion per batch; keys take slices
-            make = _pandas_slices(frame)
+            conf = self.pandas or PandasConf()
+            # one conversion per batch; keys take slices
+            frame = _spark_pandas(data, conf.timezone)
+            make = _pandas_slices(frame, conf.chunk_rows(data))
         else:
             make = _row_slices(data)
         groups = []
@@ -475,7 +610,7 @@ class _ProcessorTask:
         key_list = list(zip(*key_cols, strict=True))
         out: dict[tuple, list[Any]] = {}
         if self.api == "pandas":
-            frame = table.to_pandas()
+            frame = _spark_pandas(table, (self.pandas or PandasConf()).timezone)
             for start, end in _group_bounds(key_list):
                 out[key_list[start]] = [_reindexed(frame.iloc[start:end])]
         else:
@@ -504,6 +639,8 @@ class _ProcessorTask:
                         "Invalid return type. Please make sure that the UDF returns a "
                         "pandas.DataFrame when the specified return type is StructType."
                     )
+            if self.pandas is not None and self.pandas.int_to_decimal:
+                frames = [_ints_as_decimals(f, schema) for f in frames]
             for f in frames:
                 missing = [n for n in schema.names if n not in f.columns]
                 if missing:
@@ -511,11 +648,14 @@ class _ProcessorTask:
                         f"a DataFrame the processor returned has no column {missing[0]!r} of "
                         f"the output schema (it has {list(f.columns)})"
                     )
+            timezone = None if self.pandas is None else self.pandas.timezone
+            # datetime columns are not numpy arrays: they take the pandas path
             table = _concat_columns(frames, schema)
             if table is not None:
                 return table
             frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-            return pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
+            frame = _localized(frame[schema.names], schema, timezone)
+            return pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
         names = schema.names
         tuples = []
         for row in outputs:
@@ -568,7 +708,8 @@ def _concat_columns(frames: list[Any], schema: pa.Schema) -> pa.Table | None:
     """The frames' rows as one table of ``schema``, column by column: each frame's
     column arrays joined with numpy, several times faster than ``pd.concat`` over
     thousands of one-row frames (one per key). None when a column is not a plain
-    numpy array (extension dtypes), and the caller concatenates with pandas."""
+    numpy array (extension dtypes, datetimes), and the caller concatenates with
+    pandas."""
     import numpy as np
 
     columns = []
@@ -584,6 +725,26 @@ def _concat_columns(frames: list[Any], schema: pa.Schema) -> pa.Table | None:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _zoned(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_timestamp(arrow_type) and arrow_type.tz is not None
+
+
+def _localized(frame: Any, schema: pa.Schema, timezone: str | None) -> Any:
+    """``frame`` with naive datetime columns for zoned timestamp fields read as the
+    wall clock of ``timezone`` (Spark's reading, an ambiguous hour as standard
+    time as Spark takes it; Arrow's would be UTC)."""
+    if timezone is None:
+        return frame
+    changed = {
+        f.name: frame[f.name].dt.tz_localize(timezone, ambiguous=False)
+        for f in schema
+        if _zoned(f.type)
+        and frame[f.name].dtype.kind == "M"
+        and getattr(frame[f.name].dtype, "tz", None) is None
+    }
+    return frame.assign(**changed) if changed else frame
+
+
 def _reindexed(frame: Any) -> Any:
     """A slice of the batch's frame indexed 0..n-1, as Spark builds each key's frame
     (a new index on a view: no copy)."""
@@ -593,13 +754,64 @@ def _reindexed(frame: Any) -> Any:
     return frame
 
 
-def _pandas_slices(frame: Any) -> Any:
+def _pandas_slices(frame: Any, chunk: int) -> Any:
     def make(start: int, end: int) -> Any:
         # a slice keeps the batch frame's row labels: re-indexing each key's slice
         # cost more than the slice itself (measured in BENCHMARKS.md)
-        return lambda: iter([frame.iloc[start:end]])
+        if end - start <= chunk:
+            return lambda: iter([frame.iloc[start:end]])
+        # a hot key's rows in Spark's chunks, each sliced as the processor asks
+        return lambda: (frame.iloc[s : min(s + chunk, end)] for s in range(start, end, chunk))
 
     return make
+
+
+def _spark_pandas(table: pa.Table, timezone: str | None) -> Any:
+    """``table`` as the pandas DataFrame Spark's worker makes of it: timestamps as
+    timezone-naive ``datetime64[ns]``, the wall clock of the session time zone
+    (Arrow converts them, once per batch; other columns as ``to_pandas`` gives)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_timestamp(f.type) and (f.type.tz is not None or f.type.unit != "ns"):
+            column = table.column(i)
+            if f.type.tz is not None:
+                zone = timezone or f.type.tz
+                column = pc.local_timestamp(column.cast(pa.timestamp(f.type.unit, tz=zone)))
+            table = table.set_column(i, f.name, column.cast(pa.timestamp("ns")))
+    return table.to_pandas()
+
+
+def _ints_as_decimals(frame: Any, schema: pa.Schema) -> Any:
+    """``frame`` with its integer columns for decimal fields as ``Decimal`` values
+    (Spark's ``intToDecimalCoercionEnabled``); other frames as they are."""
+    from decimal import Decimal
+
+    import pandas as pd
+
+    changed = {
+        f.name: frame[f.name].apply(lambda x: None if pd.isna(x) else Decimal(int(x)))
+        for f in schema
+        if pa.types.is_decimal(f.type)
+        and f.name in frame.columns
+        and pd.api.types.is_integer_dtype(frame[f.name])
+    }
+    return frame.assign(**changed) if changed else frame
+
+
+def _check_not_late(out: pa.Table, column: str, watermark: int) -> None:
+    """Spark's check on an output that carries event time: no row older than the
+    watermark for late rows (``EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED``)."""
+    if not out.num_rows or watermark <= 0:
+        return
+    ms, valid = epoch_millis_array(out.column(column))
+    if valid.any() and int(ms[valid].min()) < watermark:
+        from sessionstore.errors import StatefulProcessorError
+
+        raise StatefulProcessorError(
+            "EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED",
+            f"Previous node emitted a row with eventTime={int(ms[valid].min())} ms, "
+            f"which is older than current_watermark_value={watermark} ms (column "
+            f"{column!r} of the processor's output).",
+        )
 
 
 @functools.lru_cache(maxsize=64)

@@ -83,8 +83,9 @@ class OpsProcessor:
 
 class Reference:
     """PySpark's semantics with dicts: expiry = batch time + TTL; live while
-    batch time < expiry; timers due strictly before the batch time fire in
-    (time, key) order and are deleted after their handler."""
+    batch time < expiry; timers due at or before the batch time (those the
+    batch's input registered included) fire in (time, key) order and are deleted
+    after their handler."""
 
     def __init__(self, ttl: int | None = TTL) -> None:
         self.ttl = ttl
@@ -142,7 +143,7 @@ class Reference:
                     if args[0] in s["t"]:
                         s["t"].remove(args[0])
                 out.append(self._snapshot(key, name, now))
-        due = sorted((t, k) for k, s in self.state.items() for t in s["t"] if t < now)
+        due = sorted((t, k) for k, s in self.state.items() for t in s["t"] if t <= now)
         for t, key in due:
             out.append(("fired", key, t))
             out.append(self._snapshot(key, "after-fire", now))
@@ -503,3 +504,72 @@ def test_initial_state_comes_first_and_keys_without_rows_get_it_too(db):
     assert {r["key"]: r["value"]["value"] for r in store.read_rows()} == {
         "a": [10], "b": [1103], "c": [5]
     }  # fmt: skip
+
+
+class _DeletesAfterUse(_Base):
+    """Batch 1 writes ``v`` and ``m``; from batch 2 ``init`` deletes ``v`` after
+    defining it, and the handler tries to write it anyway."""
+
+    def __init__(self, delete: bool) -> None:
+        self.delete = delete
+
+    def init(self, handle):
+        self.v = handle.getValueState("v", "a long")
+        self.m = handle.getMapState("m", "k string", "a long")
+        if self.delete:
+            handle.deleteIfExists("v")
+
+    def handleInputRows(self, key, rows, tv):
+        out = []
+        for call in (lambda: self.v.update((2,)), self.v.get, self.v.exists):
+            try:
+                out.append(call())
+            except RuntimeError as e:
+                out.append(str(e).split(":")[0])
+        self.m.updateValue("x", (1,))  # a bare one-character key: ("x",)
+        out.append(sorted(self.m.keys()))
+        if not self.delete:
+            self.v.update((1,))
+        return iter([out])
+
+
+def test_a_deleted_variable_refuses_calls_and_is_never_written_back(db):
+    store = db.open_store("processor", "proc")
+
+    def run(delete):
+        runner = ProcessorRunner(_DeletesAfterUse(delete), ProcessorHandle(store, "None"))
+        with db.batch():
+            return runner.run_batch([(("a",), None, lambda: iter([1]))], BatchTimes()).outputs
+
+    assert run(False) == [[None, (2,), True, [("x",)]]]
+    assert store.load(encode_key("a"), [encode_key("v")]) == [((1,), None)]
+    # deleted in init: every call refuses (the update too), nothing is written
+    assert run(True) == [
+        ["Error updating value state", "Error getting value state",
+         "Error checking value state exists", [("x",)]],
+    ]  # fmt: skip
+    assert store.load(encode_key("a"), [encode_key("v")]) == [None]
+
+
+def test_a_longer_bare_string_map_key_is_refused_as_in_spark(db):
+    class LongKey(_Base):
+        def init(self, handle):
+            self.m = handle.getMapState("m", _OneField(), "a long")
+
+        def handleInputRows(self, key, rows, tv):
+            self.m.containsKey("ab")
+            return iter([])
+
+    store = db.open_store("processor", "proc")
+    handle = ProcessorHandle(store, "None", parse_schema=lambda schema: schema)
+    runner = ProcessorRunner(LongKey(), handle)
+    with pytest.raises(RuntimeError, match=r"^Error checking if map state contains key: "
+                       r"\[STRUCT_ARRAY_LENGTH_MISMATCH\].* 1 fields are required while 2"):  # fmt: skip
+        with db.batch():
+            runner.run_batch([(("a",), None, lambda: iter([1]))], BatchTimes())
+
+
+class _OneField:
+    """A parsed schema of one field, as the engine's parse_schema returns it."""
+
+    fields = ("k",)

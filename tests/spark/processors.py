@@ -164,3 +164,266 @@ class TimerWithoutTimeMode(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+# --------------------------------------------------------------------- parity
+# Processors of the parity tests (tests/spark/test_transform_with_state_parity.py):
+# each shows one behaviour of Spark's operator that a user's processor can see.
+
+PARITY_SCHEMA = "id string, kind string, value long"
+
+
+class _WatermarkTimer:
+    """Event time: each key's rows register a timer at the batch's watermark and
+    emit their latest event time; a firing timer emits its expiry. Spark fires a
+    timer that is already due in the batch that registers it."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.latest = handle.getValueState("latest", "ts long")
+
+    def _seen(self, key: tuple, ts: list[int], tv: Any) -> tuple:
+        latest = max([*ts, *(self.latest.get() or ())])
+        self.latest.update((latest,))
+        self.handle.registerTimer(tv.getCurrentWatermarkInMs())
+        return key[0], "seen", latest
+
+    def _fired(self, key: tuple, info: Any) -> tuple:
+        return key[0], "fired", info.getExpiryTimeInMs()
+
+    def close(self) -> None:
+        pass
+
+
+class PandasWatermarkTimer(_WatermarkTimer, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        ts = [int(x) for df in rows for x in df["ts"]]
+        yield _frame([self._seen(key, ts, timerValues)])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield _frame([self._fired(key, expiredTimerInfo)])
+
+
+class RowWatermarkTimer(_WatermarkTimer, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        yield Row(*_PARITY_NAMES)(*self._seen(key, [r.ts for r in rows], timerValues))
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield Row(*_PARITY_NAMES)(*self._fired(key, expiredTimerInfo))
+
+
+_PARITY_NAMES = ("id", "kind", "value")
+
+
+def _frame(rows: list[tuple]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(_PARITY_NAMES))
+
+
+class PandasTimestamps(StatefulProcessor):
+    """Reports the dtype of the timestamp column ``event`` and its seconds the way
+    Spark's examples compute them (``astype("int64") // 10**9``)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        pass
+
+    def handleInputRows(self, key, rows, timerValues):
+        for df in rows:
+            seconds = (df["event"].astype("int64") // 10**9).tolist()
+            yield _frame([(key[0], str(df["event"].dtype), s) for s in seconds])
+
+    def close(self) -> None:
+        pass
+
+
+class _DeletedState:
+    """Deletes its state variables in ``init`` (after defining them), then uses
+    them: Spark refuses each call but iterators, which come back empty."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "n long")
+        self.value = handle.getValueState("gone_value", "n long")
+        self.list = handle.getListState("gone_list", "n long")
+        self.map = handle.getMapState("gone_map", "k string", "n long")
+        for name in ("gone_value", "gone_list", "gone_map"):
+            handle.deleteIfExists(name)
+
+    def _calls(self, key: tuple) -> list[tuple]:
+        calls = {
+            "value.exists": self.value.exists,
+            "value.get": self.value.get,
+            "value.update": lambda: self.value.update((1,)),
+            "value.clear": self.value.clear,
+            "list.exists": self.list.exists,
+            "list.get": lambda: list(self.list.get()),
+            "list.appendValue": lambda: self.list.appendValue((1,)),
+            "list.clear": self.list.clear,
+            "map.exists": self.map.exists,
+            "map.getValue": lambda: self.map.getValue(("k",)),
+            "map.containsKey": lambda: self.map.containsKey(("k",)),
+            "map.updateValue": lambda: self.map.updateValue(("k",), (1,)),
+            "map.keys": lambda: list(self.map.keys()),
+            "map.removeKey": lambda: self.map.removeKey(("k",)),
+            "map.clear": self.map.clear,
+        }
+        out = []
+        for name, call in calls.items():
+            try:
+                result = call()
+            except Exception as e:  # what Spark raises is what the test compares
+                # the message's first words name the call; the rest is the JVM's
+                out.append((key[0], f"{name}: {type(e).__name__}: {str(e).split(':')[0]}", 0))
+            else:
+                out.append((key[0], f"{name}: {result!r}", 1))
+        n = (self.count.get() or (0,))[0] + 1
+        self.count.update((n,))
+        out.append((key[0], "count", n))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class PandasDeletedState(_DeletedState, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        list(rows)
+        yield _frame(self._calls(key))
+
+
+class RowDeletedState(_DeletedState, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        list(rows)
+        for r in self._calls(key):
+            yield Row(*_PARITY_NAMES)(*r)
+
+
+class _BareMapKey:
+    """Map state keyed by a one-field schema, called with bare strings (no tuple)
+    as Spark's own examples sometimes do."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.map = handle.getMapState("names", "name string", "n long")
+
+    def _calls(self, key: tuple, items: list[str]) -> list[tuple]:
+        for item in items:
+            n = (self.map.getValue(item) or (0,))[0] + 1
+            self.map.updateValue(item, (n,))
+        out = [(key[0], f"key {k!r}", v[0]) for k, v in sorted(self.map.iterator())]
+        out += [(key[0], f"contains {x!r}", int(self.map.containsKey(x))) for x in ("a", "b")]
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class PandasBareMapKey(_BareMapKey, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        yield _frame(self._calls(key, [x for df in rows for x in df["item"]]))
+
+
+class RowBareMapKey(_BareMapKey, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        for r in self._calls(key, [r.item for r in rows]):
+            yield Row(*_PARITY_NAMES)(*r)
+
+
+class PandasFrameSizes(StatefulProcessor):
+    """The sizes of the DataFrames a key's rows arrive in, in order."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        pass
+
+    def handleInputRows(self, key, rows, timerValues):
+        sizes = [len(df) for df in rows]
+        yield _frame([(key[0], ",".join(map(str, sizes)), sum(sizes))])
+
+    def close(self) -> None:
+        pass
+
+
+class PandasIntForDecimal(StatefulProcessor):
+    """Returns an int column for a ``decimal(10,2)`` field of the output."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        pass
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = sum(len(df) for df in rows)
+        yield pd.DataFrame({"id": [key[0]], "amount": [n * 100]})
+
+    def close(self) -> None:
+        pass
+
+
+class _FirstEventTime:
+    """Emits each key's first event time of the batch, as the output's event time."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PandasFirstEventTime(_FirstEventTime, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        first = min(t for df in rows for t in df["event"])
+        yield pd.DataFrame({"id": [key[0]], "out_time": [first]})
+
+
+class RowFirstEventTime(_FirstEventTime, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        yield Row(id=key[0], out_time=min(r.event for r in rows))
+
+
+class _Profile:
+    """A value state of the schema ``value_schema``: each batch's rows of a key
+    emit what the state held, then store ``(1, item)`` by field name."""
+
+    value_schema: Any = "a int, b string"
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.profile = handle.getValueState("profile", self.value_schema)
+
+    def _seen(self, key: tuple, item: str) -> tuple:
+        held = self.profile.get()
+        fields = getattr(self.value_schema, "names", None) or [
+            part.split()[0] for part in self.value_schema.split(",")
+        ]
+        self.profile.update(tuple(1 if f in ("a", "c") else item for f in fields))
+        return key[0], repr(None if held is None else tuple(held)), len(fields)
+
+    def close(self) -> None:
+        pass
+
+
+class RowProfile(_Profile, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        yield Row(*_PARITY_NAMES)(*self._seen(key, [r.item for r in rows][-1]))
+
+
+class RowProfileEvolved(RowProfile):
+    """Adds ``c``, reorders, and widens ``a`` from int to long."""
+
+    value_schema = "c long, b string, a long"
+
+
+class RowProfileLong(RowProfile):
+    value_schema = "a long, b string"
+
+
+class RowProfileNarrowed(RowProfile):
+    """Narrows ``a`` from long (:class:`RowProfileLong`) to int: Spark refuses."""
+
+    value_schema = "a int, b string"
+
+
+def _not_nullable() -> Any:
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    return StructType([StructField("a", IntegerType(), False), StructField("b", StringType())])
+
+
+class RowProfileNotNullable(RowProfile):
+    """A non-nullable field: Spark refuses it with the Avro state encoding."""
+
+    value_schema = _not_nullable()

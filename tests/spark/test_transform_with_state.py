@@ -165,8 +165,8 @@ def test_event_time_timers_fire_in_a_partition_without_data_as_in_spark(spark, t
 
 @pytest.mark.parametrize("api", ["rows"])
 def test_processing_time_timers_and_ttl_match_spark(spark, tmp_path, api):
-    """A timer at the batch's own processing time fires in a later batch; a
-    processing-time TTL of an hour keeps everything. The last key only moves our
+    """A timer at the batch's own processing time fires in that batch (Spark's
+    expiry test is inclusive); a processing-time TTL of an hour keeps everything. The last key only moves our
     time on (Spark fires its timers in no-data batches of its own)."""
     batches = [
         [{"id": "p", "item": "x", "ts": 0}, {"id": "q", "item": "x", "ts": 0}],

@@ -33,15 +33,15 @@ SCHEMA = StructType([StructField("id", StringType()), StructField("now", LongTyp
 
 
 class ReportsTime(StatefulProcessor):
-    """A timer at the processing time of the key's rows; when it fires (the next
-    batch, rows or not), the processing time that batch saw."""
+    """A timer just after the processing time of the key's rows; when it fires (the
+    next batch, rows or not), the processing time that batch saw."""
 
     def init(self, handle):
         self.handle = handle
 
     def handleInputRows(self, key, rows, timerValues):
         list(rows)
-        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs())
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 1)
         return iter([])
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):

@@ -70,8 +70,16 @@ class ProcessorHandle:
         parse_schema: Callable[[Any], Any] | None = None,
         open_store: Callable[[str, str, int], Any] | None = None,
         key_arity: int = 1,
+        runtime_error: Callable[[str], Exception] = RuntimeError,
+        map_key_fields: dict[str, int] | None = None,
     ) -> None:
         self._store = store
+        #: fields of each map state's user-key schema: what ``parse_schema`` found,
+        #: or what the engine passes (a task that does not parse schemas itself)
+        self.map_key_fields = dict(map_key_fields or {})
+        #: the exception Spark's state clients raise where the JVM refused a call
+        #: (the engine passes PySpark's ``PySparkRuntimeError``, a RuntimeError)
+        self.runtime_error = runtime_error
         self._time_mode = time_mode
         self._parse_schema = parse_schema or (lambda schema: schema)
         self._open_store = open_store
@@ -155,9 +163,13 @@ class ProcessorHandle:
     ) -> MapState:
         """A map state variable (call in ``init``)."""
         self._define("get_map_state", stateName, ttlDurationMs)
-        self._parse_schema(userKeySchema)
+        key_schema = self._parse_schema(userKeySchema)
         self._parse_schema(valueSchema)
         var = self._variables[stateName] = MapState(self, stateName, ttlDurationMs)
+        fields = getattr(key_schema, "fields", None)  # a StructType's; opaque otherwise
+        if fields is not None:
+            self.map_key_fields[stateName] = len(fields)
+        var.key_fields = self.map_key_fields.get(stateName)
         return var
 
     def getSessionState(self, stateName: str, retention_ms: int) -> SessionState:  # noqa: N802,N803
@@ -190,9 +202,14 @@ class ProcessorHandle:
 
     def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
         """Delete a state variable of every key (call in ``init``, for variables a
-        processor no longer defines)."""
+        processor no longer defines). A variable this ``init`` defined before is
+        gone too: its calls raise as Spark's do (its iterators are empty), and a
+        later ``get*State`` of the name defines it anew."""
         self._check_state("delete_if_exists", HandleState.CREATED)
         self.deleted.append(stateName)
+        var = self._variables.pop(stateName, None)
+        if var is not None:
+            var.mark_deleted(self.runtime_error)
         if self._store is not None:
             from sessionstore.encoding.keys import encode_key
 

@@ -9,9 +9,10 @@
    only), then ``handleInputRows`` when the key has rows. The handler's output is
    consumed while the key is current, because a generator changes state as it is
    iterated;
-3. ``handleExpiredTimer`` for every timer due strictly before the batch's time
-   (processing time, or the watermark in event-time mode), in (expiry, key)
-   order, each timer deleted after its handler, as PySpark does;
+3. ``handleExpiredTimer`` for every timer due at the batch's time (expiry at or
+   before the processing time, or the watermark in event-time mode), timers the
+   batch's input registered included, in (expiry, key) order, each timer deleted
+   after its handler, as PySpark does;
 4. the TTL pass (see :meth:`ProcessorHandle.clean_expired`), then ``close()``.
 
 The processor is duck-typed: any object with ``init`` and ``handleInputRows``
@@ -133,8 +134,9 @@ class ProcessorRunner:
         handle = self.handle
         store = handle._store
         fire = getattr(self.processor, "handleExpiredTimer", None)
-        # the due timers as of now: timers a handler registers are fired next batch
-        due = store.index_before(store.timers_cf, threshold)
+        # the due timers as of now (Spark's expiry test is inclusive), those the
+        # input registered included; timers a handler registers fire next batch
+        due = store.index_before(store.timers_cf, threshold + 1)
         for ts, key_bytes in due:
             key = handle._key_of(decode_key(key_bytes))
             handle.begin_key(key, key_bytes)

@@ -19,7 +19,8 @@ Spark.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -148,6 +149,27 @@ class _Variable:
     def _now(self) -> int:
         return self._handle._batch_ts
 
+    #: How PySpark's state client answers each call the JVM refuses (on a variable
+    #: ``deleteIfExists`` removed, say): the start of its error's message, or None
+    #: for an iterator, which it ends empty.
+    CALL_ERRORS: dict[str, str | None] = {}
+
+    def mark_deleted(self, error: Callable[[str], Exception]) -> None:
+        """Make every call refuse as Spark's does on a variable that
+        ``deleteIfExists`` removed (``error(message)`` is the exception to raise).
+        The refusals are instance attributes shadowing the methods, so a live
+        variable's calls cost nothing more."""
+        for method, message in self.CALL_ERRORS.items():
+            if message is None:
+                refusal = _empty_iterator
+            else:
+                text = (
+                    f"{message}: state variable {self._name!r} was deleted by "
+                    "deleteIfExists in init"
+                )
+                refusal = functools.partial(_refuse, error, text)
+            setattr(self, method, refusal)
+
     def _expiry(self) -> int | None:
         return None if self.ttl_ms is None else self._handle._batch_ts + self.ttl_ms
 
@@ -168,6 +190,12 @@ class ValueState(_Variable):
     """PySpark's ``ValueState``: one value (a tuple) per grouping key."""
 
     kind = "value"
+    CALL_ERRORS = {
+        "exists": "Error checking value state exists",
+        "get": "Error getting value state",
+        "update": "Error updating value state",
+        "clear": "Error clearing value state",
+    }
 
     def exists(self) -> bool:
         """Whether the key has a (live) value."""
@@ -201,6 +229,14 @@ class ListState(_Variable):
     element expires on its own."""
 
     kind = "list"
+    CALL_ERRORS = {
+        "exists": "Error checking value state exists",
+        "get": None,
+        "put": "Error updating value state",
+        "appendValue": "Error updating value state",
+        "appendList": "Error updating value state",
+        "clear": "Error clearing value state",
+    }
 
     def _items(self) -> list:
         p = self._payload()
@@ -281,6 +317,19 @@ class MapState(_Variable):
     grouping key; with a TTL each entry expires on its own."""
 
     kind = "map"
+    CALL_ERRORS = {
+        "exists": "Error checking map state exists",
+        "getValue": "Error getting value",
+        "containsKey": "Error checking if map state contains key",
+        "updateValue": "Error updating map state value",
+        "iterator": None,
+        "keys": None,
+        "values": None,
+        "removeKey": "Error removing key from map state",
+        "clear": "Error clearing map state",
+    }
+    #: fields of the user-key schema (set by the handle when it parses it)
+    key_fields: int | None = None
 
     def _map(self) -> dict:
         p = self._payload()
@@ -290,25 +339,43 @@ class MapState(_Variable):
             return p
         return {k: item for k, item in p.items() if self._live(item[1])}
 
-    def _user_key(self, key: Any) -> tuple:
+    def _user_key(self, key: Any, call: str) -> tuple:
         if key is None:
             raise StatefulProcessorError(
                 "ILLEGAL_STATE_STORE_VALUE.NULL_VALUE",
                 f"Cannot write null values to State Store for StateName {self._name}.",
             )
+        if type(key) is str:
+            return self._bare_str_key(key, call)
         return as_value(self._name, key)
+
+    def _bare_str_key(self, key: str, call: str) -> tuple:
+        """A bare str user key, as PySpark's serializer takes it: as the sequence of
+        its characters, so ``"0"`` is the key ``("0",)`` of a one-field schema and a
+        longer str does not fit one (Spark's ``STRUCT_ARRAY_LENGTH_MISMATCH``)."""
+        chars = tuple(key)
+        if self.key_fields is not None and len(chars) != self.key_fields:
+            raise self._handle.runtime_error(
+                f"{self.CALL_ERRORS[call]}: [STRUCT_ARRAY_LENGTH_MISMATCH] Input row doesn't "
+                f"have expected number of values required by the schema. {self.key_fields} "
+                f"fields are required while {len(chars)} values are provided (the bare str "
+                f"key {key!r} is taken as its characters, as PySpark does: pass a tuple, "
+                f"({key!r},))"
+            )
+        return chars
 
     def exists(self) -> bool:
         """Whether the map has a (live) entry."""
         return bool(self._map())
 
-    def _entry(self, key: tuple) -> tuple | None:
+    def _entry(self, key: tuple, call: str = "getValue") -> tuple | None:
         """The live ``(value, expiry)`` of one user key: a dict look-up, not a
         filtered copy of the map (dedup maps ask this per event)."""
+        user_key = key if _is_plain(key) else self._user_key(key, call)
         entries = self._payload()
         if entries is None:
             return None
-        item = entries.get(key if _is_plain(key) else self._user_key(key))
+        item = entries.get(user_key)
         # _live inlined: dedup maps ask this per event
         if item is None or (item[1] is not None and self._handle._batch_ts >= item[1]):
             return None
@@ -321,14 +388,14 @@ class MapState(_Variable):
 
     def containsKey(self, key: tuple) -> bool:  # noqa: N802 - PySpark's name
         """Whether user key ``key`` has a (live) value."""
-        return self._entry(key) is not None
+        return self._entry(key, "containsKey") is not None
 
     def updateValue(self, key: tuple, value: tuple) -> None:  # noqa: N802 - PySpark's name
         """Set the value of user key ``key`` (and restart its TTL)."""
         entries = self._payload()  # this scope's own copy: update in place
         if entries is None:
             entries = {}
-        user_key = key if _is_plain(key) else self._user_key(key)
+        user_key = key if _is_plain(key) else self._user_key(key, "updateValue")
         stored = value if _is_plain(value) else as_value(self._name, value)
         entries[user_key] = (stored, self._expiry())
         self._set(entries)
@@ -347,8 +414,8 @@ class MapState(_Variable):
 
     def removeKey(self, key: tuple) -> None:  # noqa: N802 - PySpark's name
         """Remove user key ``key`` (no-op if absent)."""
+        user_key = self._user_key(key, "removeKey")
         entries = self._payload()
-        user_key = self._user_key(key)
         if entries is not None and user_key in entries:
             del entries[user_key]
             self._set(entries or None)
@@ -369,6 +436,14 @@ class MapState(_Variable):
             return None
         expiries = [e for _, e in payload.values() if e is not None]
         return min(expiries) if expiries else None
+
+
+def _empty_iterator() -> Iterator[Any]:
+    return iter(())
+
+
+def _refuse(error: Callable[[str], Exception], message: str, *args: Any) -> Any:
+    raise error(message)
 
 
 class TimerList(_Variable):

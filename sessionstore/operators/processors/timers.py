@@ -4,9 +4,10 @@
 PySpark's (``getCurrentProcessingTimeInMs``, ``getCurrentWatermarkInMs``,
 ``getExpiryTimeInMs``), -1 where the time mode has no such time, as in Spark.
 
-Firing follows Spark: after the batch's input, every timer with expiry strictly
-before the batch time (processing time, or the watermark in event-time mode)
-fires in (expiry, grouping key) order, and is deleted after its handler returns.
+Firing follows Spark: after the batch's input, every timer with expiry at or
+before the batch time (processing time, or the watermark in event-time mode),
+including one the input registered in this batch, fires in (expiry, grouping key)
+order, and is deleted after its handler returns.
 The timers live in the processor store's index ``time ‖ enc(key)``, so finding
 them is one range read, never a scan of every key.
 """
