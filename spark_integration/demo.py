@@ -194,6 +194,10 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
             for user, plan_ts, plan in batch_changes:
                 f.write(json.dumps({"user": user, "plan_ts": plan_ts, "plan": plan}) + "\n")
         os.replace(staged, os.path.join(plans_source, os.path.basename(staged)))
+        # the join takes the plan changes in before the clicks they precede arrive:
+        # its two sources are listed independently, so otherwise a micro-batch may
+        # take a clicks file before the plans file written just ahead of it
+        queries[1].processAllAvailable()
         os.replace(path, os.path.join(source, os.path.basename(path)))
         for query in queries:
             query.processAllAvailable()
