@@ -1,7 +1,10 @@
-# Every target creates .venv and installs what it needs, so a fresh clone
-# with only Python 3.11 and Java 17 can run `make demo` and `make test`.
+# Every target creates a virtualenv and installs what it needs, so a fresh clone
+# with only Python (3.11, 3.12 or 3.13) and Java 17 can run `make demo` and `make test`.
+# PYTHON picks the interpreter; 3.11 uses .venv, any other version its own
+# .venv-X.Y (`PYTHON=python3.12 make test-fast` creates .venv-3.12).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV ?= $(if $(filter 3.11,$(PYTHON_VERSION)),.venv,.venv-$(PYTHON_VERSION))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
@@ -10,11 +13,12 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: venv demo test test-fast bench lint clean
+.PHONY: venv demo test test-fast dist cluster-test bench bench-cluster lint clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@test -n "$(PYTHON_VERSION)" || { echo "PYTHON=$(PYTHON) does not run: set PYTHON to a Python 3.11-3.13 interpreter" >&2; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -29,6 +33,17 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
+# An sdist and a wheel in dist/ (the wheel holds the two packages, the
+# `sessionstore` console script and their metadata; tests/test_dist.py checks it).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
+# A Spark standalone cluster (a master, two workers) on 127.0.0.1 runs the demo's
+# job from the wheel, shipped as a packed virtualenv; stops everything it started.
+cluster-test: dist
+	$(PY) -m tests.standalone.check --wheel dist/*.whl
+
 bench: $(STAMP)
 	$(PY) bench/stores.py
 	$(PY) bench/operators.py
@@ -40,8 +55,12 @@ bench: $(STAMP)
 	$(PY) bench/processors.py
 	$(PY) bench/processors.py --events 1200000 --apis rows
 
+# The demo's job on a standalone cluster against the same job in local[2].
+bench-cluster: dist
+	$(PY) bench/cluster.py --wheel dist/*.whl
+
 lint: $(STAMP)
 	$(PY) -m ruff check sessionstore spark_integration tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis demo-output demo-state bench-output
+	rm -rf .venv .venv-3.* .pytest_cache .hypothesis demo-output demo-state bench-output build dist

@@ -57,7 +57,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--users", type=int, default=300)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--dir", default="demo-state")
-    parser.add_argument("--master", default=None, help="Spark master (default local[2])")
+    parser.add_argument(
+        "--master", default=None,
+        help="Spark master (default: spark-submit's --master, else local[2])",
+    )  # fmt: skip
+    parser.add_argument(
+        "--interval", type=float, default=0.0, metavar="SECONDS",
+        help="pause between micro-batches, as a stream whose files arrive over time",
+    )  # fmt: skip
+    parser.add_argument(
+        "--output", default=None, metavar="FILE",
+        help="also write the emitted sessions, the sessions left in state and the joined "
+        "clicks (sorted) and the run's duration as JSON",
+    )  # fmt: skip
     parser.add_argument(
         "--conf",
         action="append",
@@ -75,15 +87,34 @@ def main(argv: list[str] | None = None) -> None:
         master=args.master,
         **{k.replace(".", "__"): v for k, v in conf.items()},
     )
+    master = spark.sparkContext.master
     try:
-        run(spark, args.clicks, args.users, args.batches, args.dir)
+        emitted, in_state, enriched, elapsed = run(
+            spark, args.clicks, args.users, args.batches, args.dir, args.interval
+        )
     finally:
         spark.stop()
+    if args.output:
+
+        def rows(items) -> list[str]:  # each as JSON text, sorted: comparable runs
+            return sorted(json.dumps(item, sort_keys=True, default=str) for item in items)
+
+        result = {
+            "master": master,
+            "clicks": args.clicks,
+            "seconds": elapsed,
+            "emitted": rows(emitted),
+            "in_state": rows([w.key, w.start, w.end, acc] for part in in_state for w, acc in part),
+            "enriched": rows(enriched),
+        }
+        with open(args.output, "w") as f:
+            json.dump(result, f)
 
 
-def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
-    """Run the demo queries on ``spark``; print and return ``(emitted sessions, sessions
-    in state per partition, clicks joined with their plan)``."""
+def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: float = 0.0):
+    """Run the demo queries on ``spark`` (``interval`` seconds between micro-batches);
+    print and return ``(emitted sessions, sessions in state per partition, clicks
+    joined with their plan, seconds the micro-batches took)``."""
     from spark_integration import StateBackend, sessionize, temporal_join
     from spark_integration.backend import CONF_PREFIX
     from spark_integration.metrics import log_state_metrics
@@ -152,15 +183,25 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     ends = [clicks[min(len(clicks), (n + 1) * per_batch) - 1][1] for n in range(len(files))]
     ends[-1] = max(ends[-1], changes[-1][1])
     for n, path in enumerate(files):  # one clicks file (and plan file) per micro-batch
+        if n and interval:
+            time.sleep(interval)
         lower = ends[n - 1] if n else None
         batch_changes = [c for c in changes if (lower is None or c[1] > lower) and c[1] <= ends[n]]
-        with open(os.path.join(plans_source, f"plans-{n:04d}.json"), "w") as f:
+        # written aside, then moved in: the running query must never list a file
+        # still being written (it would read it empty and never again)
+        staged = os.path.join(staging, f"plans-{n:04d}.json")
+        with open(staged, "w") as f:
             for user, plan_ts, plan in batch_changes:
                 f.write(json.dumps({"user": user, "plan_ts": plan_ts, "plan": plan}) + "\n")
+        os.replace(staged, os.path.join(plans_source, os.path.basename(staged)))
+        # the join takes the plan changes in before the clicks they precede arrive:
+        # its two sources are listed independently, so otherwise a micro-batch may
+        # take a clicks file before the plans file written just ahead of it
+        queries[1].processAllAvailable()
         os.replace(path, os.path.join(source, os.path.basename(path)))
         for query in queries:
             query.processAllAvailable()
-    elapsed = time.perf_counter() - started
+    elapsed = time.perf_counter() - started - interval * (len(files) - 1)
     for query in queries:
         query.stop()
     spark.streams.removeListener(listener)
@@ -219,17 +260,19 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str):
     ls_args = ["ls", backend.checkpoint_uri]
     ls_args += [f"--storage-option={k}={v}" for k, v in backend.storage_options.items()]
     cli_main(ls_args)
-    # the executors' live databases, read without stopping or locking them
-    print(f"\n$ sessionstore dump {backend.local_dir} --operator click_sessions "
-          "--store sessions --format table --limit 5")  # fmt: skip
-    cli_main(["dump", backend.local_dir, "--operator", "click_sessions", "--store", "sessions",
-              "--format", "table", "--limit", "5"])  # fmt: skip
+    # the executors' live databases, read without stopping or locking them (where
+    # they are on this machine: on a cluster each executor keeps its own)
+    if backend.local_dir and os.path.isdir(backend.local_dir):
+        print(f"\n$ sessionstore dump {backend.local_dir} --operator click_sessions "
+              "--store sessions --format table --limit 5")  # fmt: skip
+        cli_main(["dump", backend.local_dir, "--operator", "click_sessions", "--store",
+                  "sessions", "--format", "table", "--limit", "5"])  # fmt: skip
     # per micro-batch and operator, from the changelog headers the tasks wrote
     print(f"\n$ sessionstore stats {backend.checkpoint_uri}")
     stats_args = ["stats", backend.checkpoint_uri]
     stats_args += [f"--storage-option={k}={v}" for k, v in backend.storage_options.items()]
     cli_main(stats_args)
-    return emitted, in_state, enriched
+    return emitted, in_state, enriched, elapsed
 
 
 if __name__ == "__main__":

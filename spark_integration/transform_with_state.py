@@ -670,6 +670,15 @@ class _ProcessorTask:
             [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
         )
 
+    #: A batch's input as the processor gets it, and its output as the task yields it:
+    #: shared with :class:`spark_integration.testing.ProcessorTester` (one code path).
+    groups = _groups
+    output = _output
+
+
+#: The task each partition runs (``mapInArrow``); ProcessorTester runs its steps.
+ProcessorTask = _ProcessorTask
+
 
 def _group_bounds(keys: list[Any]) -> list[tuple[int, int]]:
     """``(start, end)`` of each run of equal keys in a sorted list."""

@@ -325,6 +325,9 @@ class UntimedStore(AuxMixin):
     layout: tuple[str, ...] = ()
     #: Time filters :meth:`read_rows` takes: none, these kinds keep no times.
     row_filters: frozenset[str] = frozenset()
+    #: Fields of :meth:`read_rows`' rows that are event times (epoch ms), which the
+    #: CLI shows as ISO-8601: none, these kinds keep no times.
+    time_columns: tuple[str, ...] = ()
     #: Suffixes of its column families ``<store>.<suffix>``, created in this order;
     #: the first, ``kv``, holds the rows.
     families: tuple[str, ...] = ("kv",)

@@ -23,6 +23,8 @@ class MessageStore(SessionStore):
     """Buffered messages per key. Create with ``db.message_store(name, retention_ms)``."""
 
     kind = "messages"
+    #: Fields of :meth:`read_rows`' rows that are event times (``offset`` is not).
+    time_columns: tuple[str, ...] = ("timestamp",)
 
     def _window(self, start: Any, end: Any) -> tuple[int, int]:
         # start is the offset here, not a time: no start <= end rule

@@ -57,6 +57,8 @@ class SessionStoreBase(TimedStore):
     layout: tuple[str, ...] = ()
     #: Time filters :meth:`read_rows` takes.
     row_filters: frozenset[str] = frozenset({"from_ts", "to_ts"})
+    #: Fields of :meth:`read_rows`' rows that are event times (epoch ms).
+    time_columns: tuple[str, ...] = ("start", "end")
 
     def __init__(
         self,

@@ -70,6 +70,8 @@ class VersionedStore(DBStoreMixin, TimedStore):
     layout: tuple[str, ...] = ()
     #: Time filters :meth:`read_rows` takes.
     row_filters: frozenset[str] = frozenset({"from_ts", "to_ts", "as_of"})
+    #: Fields of :meth:`read_rows`' rows that are event times (epoch ms).
+    time_columns: tuple[str, ...] = ("valid_from", "valid_to")
 
     def __init__(
         self,

@@ -40,12 +40,14 @@ import click
 from sessionstore.checkpoint.layout import LocalPartition
 from sessionstore.checkpoint.verify import verify_checkpoint
 from sessionstore.errors import SessionStoreError
+from sessionstore.stores.registry import store_class
 from sessionstore.tools.reader import (
     Aggregates,
     CheckpointSource,
     LocalSource,
     RowFilter,
     open_source,
+    store_kind,
     store_rows,
 )
 
@@ -111,6 +113,24 @@ def _iso(ms: int | None) -> str:
     except (OverflowError, OSError, ValueError):
         return str(ms)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+epoch_ms_option = click.option(
+    "--epoch-ms", is_flag=True,
+    help="table and csv: times as epoch milliseconds, not ISO-8601 UTC",
+)  # fmt: skip
+
+
+def _time_columns(source: CheckpointSource | LocalSource, operator: str, store: str) -> tuple:
+    """The fields of ``store``'s rows that are event times (epoch ms)."""
+    return store_class(store_kind(source, operator, store)).time_columns
+
+
+def _readable_times(rows: Iterator[dict], columns: tuple[str, ...]) -> Iterator[dict]:
+    """Rows with the event times in ``columns`` as ISO-8601 UTC text (table and csv
+    are read by people; jsonl and parquet keep the integers)."""
+    for row in rows:
+        yield {k: _iso(v) if k in columns and v is not None else v for k, v in row.items()}
 
 
 storage_option = click.option(
@@ -264,15 +284,17 @@ def _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of) -> RowFi
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="default: stdout")
 @click.option("--limit", type=int, default=None)
 @raw_option
+@epoch_ms_option
 @storage_option
 def dump(
     uri, operator, store_name, partition, version, key, key_from, key_to, key_json, from_ts,
-    to_ts, as_of, fmt, output, limit, raw, storage_options,
+    to_ts, as_of, fmt, output, limit, raw, epoch_ms, storage_options,
 ):  # fmt: skip
     """Rows of a store: key, window or validity, value (keys and values as JSON in
     csv and parquet). An aggregating operator's value is its aggregates by name: an
-    object in jsonl, one column per aggregate in table, csv and parquet. Times are
-    epoch ms or ISO-8601. Streams with flat memory."""
+    object in jsonl, one column per aggregate in table, csv and parquet. Filter
+    times are epoch ms or ISO-8601; table and csv show times as ISO-8601 UTC
+    (--epoch-ms: integers), jsonl and parquet as epoch ms. Streams with flat memory."""
     if fmt == "parquet" and output is None:
         raise CliError("--format parquet needs --output FILE")
     if limit is not None and limit < 1:
@@ -288,6 +310,8 @@ def dump(
         rows = _counted(rows, progress)
         first = next(rows, None)  # errors surface before an output file is created
         rows = _chain(first, rows)
+        if fmt in ("table", "csv") and not epoch_ms:
+            rows = _readable_times(rows, _time_columns(source, operator, store_name))
         out = (
             open(output, "w", encoding="utf-8", newline="") if output and fmt != "parquet" else None
         )
@@ -410,23 +434,32 @@ def _as_text(value: Any) -> str:
 @click.option("--key-json", is_flag=True)
 @click.option("--as-of", default=None)
 @click.option("--version", type=int, default=None)
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "table", "csv"]), default="jsonl"
+)
 @raw_option
+@epoch_ms_option
 @storage_option
-def get(uri, operator, store_name, key, key_json, as_of, version, raw, storage_options):
-    """The rows of one key, searched in every partition."""
-    found = False
+def get(
+    uri, operator, store_name, key, key_json, as_of, version, fmt, raw, epoch_ms,
+    storage_options,
+):  # fmt: skip
+    """The rows of one key, searched in every partition (table and csv show times
+    as ISO-8601 UTC, --epoch-ms as integers; jsonl keeps epoch ms)."""
     source = _source(uri, storage_options)
+    operator = _operator(source, operator)
     row_filter = RowFilter(key=_key(key, key_json), as_of=_time("--as-of", as_of))
     with _progress() as progress:
         rows = store_rows(
-            source, _operator(source, operator), store_name, None, version, row_filter, None,
-            progress, raw,
+            source, operator, store_name, None, version, row_filter, None, progress, raw,
         )  # fmt: skip
-        for row in rows:
-            click.echo(json.dumps({k: _jsonable(v) for k, v in row.items()}, default=str))
-            found = True
-    if not found:
-        raise CliError(f"key {key!r} not found in store {store_name!r}")
+        first = next(rows, None)
+        if first is None:
+            raise CliError(f"key {key!r} not found in store {store_name!r}")
+        rows = _chain(first, rows)
+        if fmt in ("table", "csv") and not epoch_ms:
+            rows = _readable_times(rows, _time_columns(source, operator, store_name))
+        _write_rows(rows, fmt, None, None)
 
 
 def _checkpoint_only(source: CheckpointSource | LocalSource, command: str) -> CheckpointSource:

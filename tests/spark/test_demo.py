@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_emits_and_keeps_exactly_the_sessions(spark, tmp_path, capsys):
-    emitted, in_state, enriched = run(spark, 3_000, 40, 3, str(tmp_path / "demo"))
+    emitted, in_state, enriched, _ = run(spark, 3_000, 40, 3, str(tmp_path / "demo"))
     out = capsys.readouterr().out
     assert "3,000 clicks from 40 users in 3 micro-batches" in out
     assert "State, read back from the checkpoint" in out

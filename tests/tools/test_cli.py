@@ -204,6 +204,12 @@ def test_dump_csv_and_parquet(checkpoint, tmp_path):
     out = run(*args, "--format", "csv")
     assert out.returncode == 0, out.stderr
     rows = list(csv.DictReader(out.stdout.splitlines()))
+    assert rows[0] == {
+        "partition": "0", "key": "u0", "start": "1970-01-01T00:00:00.000Z",
+        "end": "1970-01-01T00:00:00.005Z", "value": '{"n": 0}',
+    }  # fmt: skip
+    out = run(*args, "--format", "csv", "--epoch-ms")
+    rows = list(csv.DictReader(out.stdout.splitlines()))
     assert rows[0] == {"partition": "0", "key": "u0", "start": "0", "end": "5", "value": '{"n": 0}'}
     target = tmp_path / "sessions.parquet"
     out = run(*args, "--format", "parquet", "--output", str(target))
@@ -213,6 +219,46 @@ def test_dump_csv_and_parquet(checkpoint, tmp_path):
     }  # fmt: skip
     out = run(*args, "--format", "parquet")
     assert out.returncode == 2 and "--format parquet needs --output FILE" in out.stderr
+
+
+def test_table_and_csv_show_versioned_times_as_iso_utc_and_epoch_ms_keeps_integers(tmp_path):
+    import csv
+
+    uri = f"file://{tmp_path}/remote"
+    provider = StateStoreProvider(uri, "op", 0, SPECS, tmp_path / "local")
+    handle = provider.get_store(0)
+    handle["plans"].put("u", "free", 1_700_000_000_000)
+    handle["plans"].put("u", "pro", 1_700_000_060_123)
+    handle.commit()
+    provider.close()
+    base = [uri, "--store", "plans"]
+    out = run("dump", *base, "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    assert list(csv.reader(out.stdout.splitlines())) == [
+        ["partition", "key", "value", "valid_from", "valid_to"],
+        ["0", "u", "pro", "2023-11-14T22:14:20.123Z", ""],
+        ["0", "u", "free", "2023-11-14T22:13:20.000Z", "2023-11-14T22:14:20.123Z"],
+    ]
+    out = run("get", *base, "--key", "u", "--as-of", "1700000000001", "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    assert list(csv.reader(out.stdout.splitlines()))[1] == [
+        "0", "u", "free", "2023-11-14T22:13:20.000Z", "2023-11-14T22:14:20.123Z",
+    ]  # fmt: skip
+    out = run("get", *base, "--key", "u", "--format", "csv", "--epoch-ms")
+    assert list(csv.reader(out.stdout.splitlines()))[1] == [
+        "0", "u", "pro", "1700000060123", "",
+    ]  # fmt: skip
+    for command in (["dump", *base], ["get", *base, "--key", "u"]):
+        out = run(*command, "--format", "table")
+        assert out.returncode == 0, out.stderr
+        cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.stdout.splitlines()]
+        assert ["0", "u", "pro", "2023-11-14T22:14:20.123Z", "None"] in cells
+        out = run(*command, "--format", "table", "--epoch-ms")
+        cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.stdout.splitlines()]
+        assert ["0", "u", "pro", "1700000060123", "None"] in cells
+    # jsonl keeps the integers
+    out = run("get", *base, "--key", "u")
+    assert json.loads(out.stdout.splitlines()[0])["valid_from"] == 1_700_000_060_123
 
 
 def test_ls_shows_stream_time_and_key_estimates(checkpoint):

@@ -116,7 +116,7 @@ def test_session_dump_shows_the_aggregates_the_operator_emitted(tmp_path):
 def test_flat_formats_have_a_column_per_aggregate(tmp_path):
     uri = f"file://{tmp_path}/ck"
     write_sessions(uri, tmp_path / "local")
-    out = run("dump", uri, "--store", "sessions", "--format", "csv")
+    out = run("dump", uri, "--store", "sessions", "--format", "csv", "--epoch-ms")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "partition,key,start,end,clicks,entry,exit",
@@ -124,12 +124,12 @@ def test_flat_formats_have_a_column_per_aggregate(tmp_path):
         "0,u1,500,500,1,/d,/d",
         "0,u2,3,3,1,/x,/x",
     ]
-    out = run("dump", uri, "--store", "sessions", "--format", "csv", "--raw")
+    out = run("dump", uri, "--store", "sessions", "--format", "csv", "--raw", "--epoch-ms")
     assert list(csv.reader(io.StringIO(out.stdout)))[:2] == [
         ["partition", "key", "start", "end", "value"],
         ["0", "u1", "1", "9", '[3, [1, "/a"], [9, "/c"]]'],
     ]
-    out = run("dump", uri, "--store", "sessions", "--format", "table", "--limit", "1")
+    out = run("dump", uri, "--store", "sessions", "--format", "table", "--limit", "1", "--epoch-ms")
     assert out.returncode == 0, out.stderr
     table = [[c.strip() for c in line.split("│")[1:-1]] for line in out.stdout.splitlines()]
     assert [row for row in table if row] == [["0", "u1", "1", "9", "3", "/a", "/c"]]
