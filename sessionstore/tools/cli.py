@@ -27,6 +27,7 @@ recorded with its state), and ``--raw`` the stored accumulators.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import tempfile
@@ -38,6 +39,12 @@ from typing import Any
 import click
 
 from sessionstore.checkpoint.layout import LocalPartition
+from sessionstore.checkpoint.retry import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_SECONDS,
+    MAX_ATTEMPTS_OPTION,
+    MAX_SECONDS_OPTION,
+)
 from sessionstore.checkpoint.verify import verify_checkpoint
 from sessionstore.errors import SessionStoreError
 from sessionstore.tools.reader import (
@@ -113,10 +120,40 @@ def _iso(ms: int | None) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-storage_option = click.option(
-    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-    help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable)",
-)  # fmt: skip
+def storage_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--storage-option KEY=VALUE`` (repeatable) and the retry policy of object-store
+    requests, ``--retry-max-attempts`` and ``--retry-max-seconds``
+    (sessionstore/checkpoint/retry.py), which travel with the storage options."""
+
+    @functools.wraps(command)
+    def run(
+        *args: Any, retry_max_attempts: int | None, retry_max_seconds: float | None, **kw: Any
+    ) -> Any:
+        extra = tuple(
+            f"{key}={value}"
+            for key, value in ((MAX_ATTEMPTS_OPTION, retry_max_attempts),
+                               (MAX_SECONDS_OPTION, retry_max_seconds))
+            if value is not None
+        )  # fmt: skip
+        return command(*args, **{**kw, "storage_options": kw["storage_options"] + extra})
+
+    for option in (
+        click.option(
+            "--retry-max-seconds", type=click.FloatRange(min=0), default=None,
+            help=f"give up a failing object-store request after this long (default "
+            f"{DEFAULT_MAX_SECONDS:g})",
+        ),
+        click.option(
+            "--retry-max-attempts", type=click.IntRange(min=1), default=None,
+            help=f"attempts of a failing object-store request (default {DEFAULT_MAX_ATTEMPTS})",
+        ),
+        click.option(
+            "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+            help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable)",
+        ),
+    ):  # fmt: skip
+        run = option(run)
+    return run
 
 
 raw_option = click.option(
