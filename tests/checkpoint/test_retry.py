@@ -125,15 +125,18 @@ def test_a_throttling_store_loses_no_commit_and_restores_exactly(s3_throttling_s
     uri = f"s3://{bucket}/checkpoints"
     reset_s3_request_counts(options)
     p = provider(uri, options, tmp_path / "exec1", snapshot_interval=4, retain_versions=12)
+    counted = 0
     for v in range(40):
         h = p.get_store(v)
         h["sessions"].put("k", v, v, v)
         h["plans"].put("k", f"plan{v}", v)
         assert h.commit() == v + 1
+        counted += p.last_metrics["storage_retries"]  # in the changelog header too
         if v % 3 == 2:
             p.do_maintenance()
     p.do_maintenance()
     retried = p.operator_storage.retries
+    assert 0 < counted <= retried
     p.close()
     counts = s3_request_counts(options)
     assert counts["SlowDown"] > 20 and retried > 20, (counts, retried)
