@@ -524,6 +524,8 @@ def restore(uri, operator, partition, version, target, storage_options):
             with source.open(operator, partition, version, progress, workdir) as (restored, _):
                 pass  # closed on exit, so the directory can move
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        if os.path.isdir(target):
+            os.rmdir(target)  # empty (checked above): moving into it would nest the database
         shutil.move(LocalPartition(workdir, operator, partition).db, target)
     click.echo(f"restored {operator}/{partition} version {restored} to {target}")
 

@@ -162,7 +162,8 @@ def test_verify_passes_then_names_each_problem(checkpoint, checkpoint_location):
     root.delete(f"op/1/{changelog_name(1)}")
     out = run("verify", uri, *flags)
     assert out.returncode == 1
-    assert "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch" in out.stdout
+    # named by the path it is stored at
+    assert f"changelog op/0/{changelog_name(3)} (version 3) is corrupt: checksum" in out.stdout
     assert "op/1: changelog of version 1 is missing (gap after 0)" in out.stdout
     assert "2 problems" in out.stdout
 
@@ -192,6 +193,15 @@ def test_restore_materialises_a_local_database(checkpoint, tmp_path):
         assert [w.start for w, _ in store.fetch("u1")] == [0, 1]
     again = run("restore", uri, "--operator", "op", "--partition", "1", "--to", str(target), *flags)
     assert again.returncode == 2 and "not empty" in again.stderr
+    # an existing empty directory is the database's, as reported (not target/db)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = run("restore", uri, "--operator", "op", "--partition", "1", "--to", str(empty), *flags)
+    assert out.returncode == 0, out.stderr
+    assert f"to {empty}" in out.stdout and not (empty / "db").exists()
+    with StateDB.open(empty) as db:
+        store = db.session_store("sessions", 10**9)
+        assert [w.start for w, _ in store.fetch("u1")] == [0, 1, 2]
 
 
 def test_dump_csv_and_parquet(checkpoint, tmp_path):
