@@ -165,8 +165,10 @@ def open_filesystem(uri: str, storage_options: dict[str, Any] | None = None) -> 
         fs = _make(str(uri), pafs.S3FileSystem, defaults=defaults, **options)
         return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets, retry)
     if scheme in ("gs", "gcs"):
-        # pyarrow's default is to retry each call for 15 minutes; ours retries
-        defaults = {"retry_time_limit": timedelta(0)}
+        # pyarrow's default is to retry each call for 15 minutes; ours retries.
+        # One second, not zero: Google's client checks its limit before the first
+        # attempt too, and refuses every call at zero.
+        defaults = {"retry_time_limit": timedelta(seconds=1)}
         fs = _make(str(uri), pafs.GcsFileSystem, defaults=defaults, **options)
         return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets, retry)
     if scheme == "hdfs":

@@ -12,8 +12,9 @@ A permanent error (a missing object, a refused credential, a missing bucket, a b
 request) fails at once: retrying it only delays the message.
 
 pyarrow's clients retry on their own as well (S3: 3 attempts; GCS: for 15 minutes).
-:func:`~sessionstore.checkpoint.filesystem.open_filesystem` turns those off unless
-the storage options set them (``retry_strategy``, ``retry_time_limit``), so that one
+:func:`~sessionstore.checkpoint.filesystem.open_filesystem` turns those down to one
+attempt (GCS: one second) unless the storage options set them (``retry_strategy``,
+``retry_time_limit``), so that one
 failing request is never ``attempts x attempts`` requests and the total time stays
 bounded by ``max_seconds`` (plus the one attempt running when it passes: an
 attempt's own length is bounded by the client's timeouts, ``connect_timeout`` and

@@ -197,3 +197,29 @@ def test_large_transfers_stream_in_bounded_memory(s3_server, tmp_path):
     bucket = new_bucket(s3_server)
     growth = transfer_growth_mb(f"s3://{bucket}/x", dict(s3_server), 96 << 20, tmp_path)
     assert growth < 64
+
+
+def test_gcs_without_its_own_retry_limit_works_and_a_dead_endpoint_fails_in_time(
+    gcs_server, tmp_path
+):
+    """pyarrow's GCS retries (15 minutes by default) are down to a second; ours bound
+    the whole: a refused connection fails within about ``retry_max_seconds``, on one
+    line naming the URI and what was tried."""
+    import time
+
+    from tests.object_stores import new_gcs_bucket
+
+    options = {k: v for k, v in gcs_server.items() if k != "retry_time_limit"}
+    storage = open_filesystem(f"gs://{new_gcs_bucket(gcs_server)}/x", options)
+    (tmp_path / "f").write_bytes(b"x" * 100)
+    storage.upload_file(str(tmp_path / "f"), "a/f")
+    storage.download("a/f", str(tmp_path / "back"))
+    assert (tmp_path / "back").read_bytes() == b"x" * 100
+    dead = {**options, "endpoint_override": "127.0.0.1:1", "retry_max_seconds": "4"}
+    start = time.monotonic()
+    with pytest.raises(OSError) as err:
+        open_filesystem("gs://bucket/x", dead).read("a/f")
+    assert time.monotonic() - start < 10
+    message = str(err.value)
+    assert message.startswith("cannot read gs://bucket/x/a/f: ") and "\n" not in message
+    assert "tried " in message and "retry limits" in message
