@@ -112,16 +112,21 @@ def _contents(uri, operator, version):
     return out
 
 
+def file_steps(batches, folder, part):
+    """Steps of ``run_stream``: writing the files of the batches numbered in ``part``."""
+    return [
+        (lambda i=i, rows=rows: write_json(folder, i, rows))
+        for i, rows in enumerate(batches)
+        if i in part
+    ]
+
+
 @pytest.mark.parametrize("operator", ["sessions", "windows", "join"])
 def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, operator):
     batches = _batches()
 
     def steps(folder, part):
-        return [
-            (lambda i=i, rows=rows: write_json(folder, i, rows))
-            for i, rows in enumerate(batches)
-            if i in part
-        ]
+        return file_steps(batches, folder, part)
 
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
     query = _query(spark, tmp_path / "in1", whole, 4, operator)
@@ -214,11 +219,7 @@ def test_rescale_of_a_zipf_stream_is_exact(spark, tmp_path, case):
     mode = "update" if case.endswith("update") else "append"
 
     def steps(folder, part):
-        return [
-            (lambda i=i, rows=rows: write_json(folder, i, rows))
-            for i, rows in enumerate(batches)
-            if i in part
-        ]
+        return file_steps(batches, folder, part)
 
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
     query = _zipf_query(spark, tmp_path / "in1", whole, 4, case)
