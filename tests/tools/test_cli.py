@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -342,3 +343,22 @@ def test_commands_work_on_a_relative_path(tmp_path, spelling):
         ["op", "0", "3", "2..3", "2"],
         ["op", "1", "3", "2..3", "2"],
     ]
+
+
+def test_retry_options_bound_a_failing_store_and_the_error_says_what_was_tried():
+    """--retry-max-attempts and --retry-max-seconds (on every command): an endpoint
+    that refuses connections fails at once after that many attempts, on one line."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = [f"--storage-option={k}" for k in (
+        f"endpoint_override=127.0.0.1:{port}", "scheme=http", "region=us-east-1",
+        "access_key=testing", "secret_key=testing",
+    )]  # fmt: skip
+    out = run("ls", "s3://bucket/ck", *flags, "--retry-max-attempts", "2",
+              "--retry-max-seconds", "20")  # fmt: skip
+    assert out.returncode == 2
+    assert "cannot list s3://bucket/ck" in out.stderr and "tried 2 times" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = run("ls", "s3://bucket/ck", *flags, "--retry-max-attempts", "0")
+    assert out.returncode == 2 and "--retry-max-attempts" in out.stderr
