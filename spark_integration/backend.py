@@ -10,13 +10,17 @@ from typing import Any
 
 from sessionstore.checkpoint.filesystem import redact
 from sessionstore.checkpoint.provider import MIN_RETAIN_VERSIONS, CommitObserver
+from sessionstore.checkpoint.retry import MAX_ATTEMPTS_OPTION, MAX_SECONDS_OPTION, RetryPolicy
 from sessionstore.engine.memory import check_memory_max_mb
 
 __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
 
 CONF_PREFIX = "spark.sessionstore."
 #: Every key ``StateBackend.from_conf`` reads (besides ``storage.<option>``).
-CONF_KEYS = ("checkpointUri", "localDir", "snapshotInterval", "retainVersions", "memory.maxMB")
+CONF_KEYS = (
+    "checkpointUri", "localDir", "snapshotInterval", "retainVersions", "memory.maxMB",
+    "retry.maxAttempts", "retry.maxSeconds",
+)  # fmt: skip
 STORAGE_PREFIX = CONF_PREFIX + "storage."
 
 
@@ -36,6 +40,11 @@ class StateBackend:
     :data:`~sessionstore.checkpoint.provider.CommitObserver`), for metrics, tracing
     or fault injection; it travels to them pickled with the backend, so give a
     picklable object with a stable ``repr`` (warm providers are kept per setting).
+    ``retry_max_attempts``, ``retry_max_seconds``: the retry policy of object-store
+    requests (default 10 attempts within 120 s; sessionstore/checkpoint/retry.py),
+    applied in every process that opens the checkpoint: they travel in
+    ``storage_options`` (as ``retry_max_attempts`` and ``retry_max_seconds``, which
+    never reach ``pyarrow.fs``).
     """
 
     checkpoint_uri: str
@@ -45,6 +54,8 @@ class StateBackend:
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
     commit_observer: CommitObserver | None = None
     memory_max_mb: int | None = None
+    retry_max_attempts: int | None = None
+    retry_max_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_uri, str) or not self.checkpoint_uri:
@@ -61,6 +72,15 @@ class StateBackend:
                 f"got {self.retain_versions!r}"
             )
         check_memory_max_mb(self.memory_max_mb)
+        retry = {
+            MAX_ATTEMPTS_OPTION: self.retry_max_attempts,
+            MAX_SECONDS_OPTION: self.retry_max_seconds,
+        }
+        retry = {k: v for k, v in retry.items() if v is not None}
+        if retry:
+            # checked here, on the driver, rather than in the tasks
+            RetryPolicy(**{k.removeprefix("retry_"): v for k, v in retry.items()})
+            object.__setattr__(self, "storage_options", {**self.storage_options, **retry})
 
     def __repr__(self) -> str:
         return (
@@ -83,7 +103,8 @@ class StateBackend:
         """Build from ``spark.sessionstore.*`` keys of a SparkSession's conf:
 
         ``checkpointUri`` (required), ``localDir``, ``snapshotInterval``,
-        ``retainVersions``, ``memory.maxMB`` and ``storage.<option>`` (passed to ``pyarrow.fs``, for
+        ``retainVersions``, ``memory.maxMB``, ``retry.maxAttempts``,
+        ``retry.maxSeconds`` and ``storage.<option>`` (passed to ``pyarrow.fs``, for
         example ``spark.sessionstore.storage.endpoint_override``).
         """
         conf = spark.conf
@@ -103,6 +124,8 @@ class StateBackend:
             if key.startswith(STORAGE_PREFIX)
         }
         memory = conf.get(CONF_PREFIX + "memory.maxMB", None)
+        attempts = settings.get(CONF_PREFIX + "retry.maxAttempts")
+        seconds = settings.get(CONF_PREFIX + "retry.maxSeconds")
         return cls(
             checkpoint_uri=uri,
             local_dir=conf.get(CONF_PREFIX + "localDir", None),
@@ -110,6 +133,12 @@ class StateBackend:
             retain_versions=int(conf.get(CONF_PREFIX + "retainVersions", "100")),
             storage_options=options,
             memory_max_mb=None if memory is None else _positive_int("memory.maxMB", memory),
+            retry_max_attempts=None
+            if attempts is None
+            else _number("retry.maxAttempts", attempts, int),
+            retry_max_seconds=None
+            if seconds is None
+            else _number("retry.maxSeconds", seconds, float),
         )
 
 
@@ -122,3 +151,11 @@ def _positive_int(key: str, value: str) -> int:
     if number < 1:
         raise ValueError(f"{CONF_PREFIX}{key} must be a positive integer (MiB), got {value!r}")
     return number
+
+
+def _number(key: str, value: str, kind: type) -> Any:
+    """``value`` of conf key ``key`` as a ``kind``, or a ValueError naming both."""
+    try:
+        return kind(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{CONF_PREFIX}{key} must be a number, got {value!r}") from None

@@ -17,6 +17,11 @@ equals it:
 * otherwise (the driver restarted, a report was lost, a new run of the query) it
   reads the durable records once per batch (one ranged read per partition, on a
   thread of the driver, while its server keeps serving) and caches the answer;
+* when that read fails (a throttling store, after the retries of
+  sessionstore/checkpoint/retry.py), it says so, and the task asks again under the
+  same retry policy: each new ask starts one new read on the driver for all the
+  tasks. A task never reads the P records itself then: P tasks reading P records
+  each is P^2 requests, exactly when the store is throttling;
 * a task that cannot reach it (Spark Connect, where the planning process is not
   the driver; a firewall) reads the durable records itself, as before the
   coordinator existed, and stops trying for :data:`RETRY_AFTER_S`.
@@ -53,6 +58,7 @@ import msgpack
 from sessionstore.checkpoint.event_time import durable_event_time, max_event_time
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.request_server import NO_REPLY, RequestServer
+from sessionstore.errors import SessionStoreError
 
 __all__ = [
     "CoordinatorAddress",
@@ -62,6 +68,7 @@ __all__ = [
     "report",
     "ask",
     "shared_event_time",
+    "CoordinatorReadError",
     "ENABLED_CONF",
     "PORT_CONF",
 ]
@@ -95,6 +102,12 @@ KEEP_BATCHES = 4
 KEEP_RUNS = 4
 
 _LENGTH = struct.Struct(">I")
+
+
+class CoordinatorReadError(SessionStoreError, OSError):
+    """The coordinator could not read the durable event-time records (its message is
+    the driver's error: the retry policy tells a transient one from a permanent
+    one)."""
 
 
 @dataclass(frozen=True)
@@ -422,11 +435,17 @@ _ANSWERS_KEPT = 64
 
 def ask(address: CoordinatorAddress, run: str | None, batch: int) -> tuple[bool, int | None]:
     """``(answered, event time)``: the operator's event time after ``batch``, or
-    ``(False, None)`` when the coordinator did not answer."""
+    ``(False, None)`` when the coordinator did not answer. A coordinator whose read
+    of the durable records failed answers so: :class:`CoordinatorReadError`."""
     key = (address.host, address.port, address.token, run, batch)
     if key in _answers:
         return True, _answers[key]
     reply = _request(address, {"op": "ask", "run": run, "batch": batch})
+    if reply is not None and isinstance(reply.get("error"), str):
+        raise CoordinatorReadError(
+            f"the event-time coordinator at {address.host}:{address.port} could not read "
+            f"the event time after batch {batch}: {reply['error']}"
+        )
     if reply is None or "event_time" not in reply:
         return False, None
     _answers[key] = reply["event_time"]
@@ -443,11 +462,14 @@ def shared_event_time(
     num_partitions: int,
 ) -> int | None:
     """The operator's event time after ``batch``: the coordinator's answer, or the
-    durable records read by this task when there is no coordinator to ask."""
+    durable records read by this task when there is no coordinator to ask (turned
+    off, unreachable). When the coordinator's own read fails, the task asks it again
+    under ``operator_storage``'s retry policy and, once that gives up, fails with
+    the coordinator's error: it never reads the records itself then."""
     if batch < 0:
         return None
     if address is not None:
-        answered, value = ask(address, run, batch)
+        answered, value = operator_storage.retry.call(lambda: ask(address, run, batch))
         if answered:
             return value
     return durable_event_time(operator_storage, batch, num_partitions)

@@ -7,6 +7,14 @@ micro-batch the table rows are applied before the stream rows are looked up: the
 answer depends only on event times (the version valid at the stream row's time),
 not on how the two inputs interleave in the batch. A stream row older than the
 table's history retention is dropped rather than joined with a wrong version.
+
+"Older" is measured against the operator's event time after the previous batch
+(the largest table time of any partition, shared as sessionize shares its own,
+:mod:`sessionstore.checkpoint.event_time`), held through the batch
+(``VersionedStore.stream_time_held``): a row is dropped when its time is more than
+the history retention before that, in every partition alike. So the output does
+not depend on the partition count or on which keys share a partition, and a
+rescaled checkpoint continues as the uninterrupted query would (docs/rescale.md).
 """
 
 from __future__ import annotations
@@ -139,14 +147,25 @@ class _TemporalJoinTask:
             [spec],
             self.num_partitions,
             batches,
+            shared_event_time=True,
             key_types=self.key_types,
             coordinator=self.coordinator,
-        ) as (handle, _, inputs, _):
-            join = TemporalJoin(handle["table"], joiner=lambda s, t: (s, t), how=self.how)
+        ) as (handle, _, inputs, shared):
+            table = handle["table"]
+            # Every partition judges the batch by the operator's event time after
+            # the previous one (the largest table time any partition had), held
+            # through the batch: a row's fate then depends on its key's rows and
+            # that time only, never on which keys share its partition, so the
+            # output is the same at any partition count (and after a rescale).
+            if shared is not None:
+                table.advance_stream_time(shared)
+            join = TemporalJoin(table, joiner=lambda s, t: (s, t), how=self.how)
             if inputs:
-                joined = self._join(
-                    join, deterministic_order(pa.Table.from_batches(inputs), [SIDE, TS])
-                )
+                with table.stream_time_held():
+                    joined = self._join(
+                        join, deterministic_order(pa.Table.from_batches(inputs), [SIDE, TS])
+                    )
+            handle.note_event_time(table.observed_stream_time)
             handle.note(late_dropped=join.dropped_records, emitted=len(joined))
         if joined:
             columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}

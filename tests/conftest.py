@@ -70,6 +70,16 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def s3_throttling_server():
+    """A moto S3 endpoint answering 20% of requests with ``503 SlowDown`` (and
+    counting them, see ``tests.object_stores``), stopped after the session."""
+    from tests.object_stores import moto_s3_server
+
+    with moto_s3_server(throttle=0.2) as options:
+        yield options
+
+
+@pytest.fixture(scope="session")
 def s3_counting_server():
     """A moto S3 endpoint that counts the requests it receives (see
     ``tests.object_stores.s3_request_counts``), stopped after the session."""

@@ -10,6 +10,10 @@ options point pyarrow at it explicitly).
 method (:func:`s3_request_counts`, :func:`reset_s3_request_counts`): a small WSGI
 wrapper around moto's app in the server process. moto's own recorder would do it
 too, but it writes every request's body to a file, snapshot uploads included.
+
+``moto_s3_server(throttle=0.2)`` answers that share of the requests (drawn at random,
+seeded) with ``503 SlowDown``, as S3 does when a prefix gets more requests than it
+serves; the counts then hold the throttled ones as ``SlowDown``.
 """
 
 from __future__ import annotations
@@ -66,15 +70,20 @@ def _server(command: list[str], ready: Callable[[], bool], what: str) -> Iterato
 _COUNTS_PATH = "/_sessionstore_requests"
 
 #: The counting S3 server: moto's WSGI app behind a wrapper that counts requests by
-#: method, run as moto's own ``moto.server`` runs it (threaded werkzeug).
+#: method (and throttles a share of them), run as moto's own ``moto.server`` runs it
+#: (threaded werkzeug).
 _COUNTING_SERVER = f"""
-import collections, json, sys, threading
+import collections, json, random, sys, threading
 from werkzeug.serving import run_simple
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication, MotoRequestHandler, create_backend_app,
 )
 app = DomainDispatcherApplication(create_backend_app)
 counts, lock = collections.Counter(), threading.Lock()
+throttle, draw = float(sys.argv[3]), random.Random(27)
+SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+             b'<Message>Please reduce your request rate.</Message>'
+             b'<RequestId>0</RequestId></Error>')
 
 def counting(environ, start_response):
     if environ.get("PATH_INFO") == "{_COUNTS_PATH}":
@@ -85,7 +94,15 @@ def counting(environ, start_response):
         start_response("200 OK", [("Content-Type", "application/json")])
         return [body]
     with lock:
-        counts[environ["REQUEST_METHOD"]] += 1
+        throttled = draw.random() < throttle
+        counts["SlowDown" if throttled else environ["REQUEST_METHOD"]] += 1
+    if throttled:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        if length:  # the body is read, so the connection stays usable
+            environ["wsgi.input"].read(length)
+        start_response("503 Slow Down", [("Content-Type", "application/xml"),
+                                         ("Content-Length", str(len(SLOW_DOWN)))])
+        return [] if environ["REQUEST_METHOD"] == "HEAD" else [SLOW_DOWN]
     return app(environ, start_response)
 
 run_simple(sys.argv[1], int(sys.argv[2]), counting, threaded=True,
@@ -94,11 +111,13 @@ run_simple(sys.argv[1], int(sys.argv[2]), counting, threaded=True,
 
 
 @contextmanager
-def moto_s3_server(record: bool = False) -> Iterator[dict[str, Any]]:
+def moto_s3_server(record: bool = False, throttle: float = 0.0) -> Iterator[dict[str, Any]]:
     """Run a moto S3 server on 127.0.0.1; yield pyarrow ``S3FileSystem`` options.
 
     With ``record``, the server counts the requests it receives by HTTP method:
-    read them with :func:`s3_request_counts` (the options identify the server)."""
+    read them with :func:`s3_request_counts` (the options identify the server).
+    ``throttle``: the share of requests answered ``503 SlowDown`` (implies
+    ``record``)."""
     port = _free_port()
 
     def ready() -> bool:
@@ -108,8 +127,8 @@ def moto_s3_server(record: bool = False) -> Iterator[dict[str, Any]]:
         except OSError:
             return False
 
-    if record:
-        command = [sys.executable, "-c", _COUNTING_SERVER, "127.0.0.1", str(port)]
+    if record or throttle:
+        command = [sys.executable, "-c", _COUNTING_SERVER, "127.0.0.1", str(port), str(throttle)]
     else:
         command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     with _server(command, ready, "the moto S3 server"):

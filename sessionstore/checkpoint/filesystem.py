@@ -14,25 +14,39 @@ credentials. Options arrive as text from Spark's conf and the CLI, so
 :func:`open_filesystem` converts the ones ``pyarrow.fs`` wants typed (booleans,
 seconds). Credentials are never logged or shown: :func:`redact` masks them, and
 error messages never contain them.
+
+Requests to an object store are retried by the policy of
+:mod:`sessionstore.checkpoint.retry` (its options ``retry_max_attempts`` and
+``retry_max_seconds`` travel with the storage options and never reach
+``pyarrow.fs``), at one place, :meth:`Storage._call`, which every request goes
+through. Transfers stream in chunks of :data:`CHUNK_BYTES`: a file of any size
+costs that much memory, not its size.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from sessionstore.checkpoint.retry import RetryCounter, RetryPolicy, policy_from_options
 from sessionstore.errors import SessionStoreError
 
 __all__ = ["Storage", "open_filesystem", "redact", "UnknownSchemeError", "StorageOptionError"]
 
+T = TypeVar("T")
+
 _SECRET_WORDS = ("secret", "token", "password", "key")
+#: Bytes a transfer holds at once (one ranged GET each on S3 and GCS; a file below
+#: it costs the same requests as a whole read).
+CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class UnknownSchemeError(SessionStoreError, ValueError):
@@ -107,11 +121,14 @@ def _typed(uri: str, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _make(uri: str, cls: type, *args: Any, **options: Any) -> pafs.FileSystem:
-    """``cls(*args, **options)``; a bad option becomes a :class:`StorageOptionError`
-    naming the option (pyarrow's messages never show values, so no secret leaks)."""
+def _make(
+    uri: str, cls: type, *args: Any, defaults: dict[str, Any] | None = None, **options: Any
+) -> pafs.FileSystem:
+    """``cls(*args, **defaults, **options)``; a bad option becomes a
+    :class:`StorageOptionError` naming the options given (pyarrow's messages never
+    show values, so no secret leaks)."""
     try:
-        return cls(*args, **_typed(uri, options))
+        return cls(*args, **{**(defaults or {}), **_typed(uri, options)})
     except (TypeError, AttributeError) as exc:
         raise StorageOptionError(
             f"bad storage options for {uri} ({', '.join(sorted(options)) or 'none'}): {exc}"
@@ -119,29 +136,45 @@ def _make(uri: str, cls: type, *args: Any, **options: Any) -> pafs.FileSystem:
 
 
 def open_filesystem(uri: str, storage_options: dict[str, Any] | None = None) -> Storage:
-    """A :class:`Storage` rooted at ``uri``."""
+    """A :class:`Storage` rooted at ``uri``, with the retry policy the options give
+    (:func:`~sessionstore.checkpoint.retry.policy_from_options`)."""
     options = dict(storage_options or {})
+    try:
+        retry = policy_from_options(str(uri), options)
+    except ValueError as exc:
+        raise StorageOptionError(f"bad retry option: {exc}") from None
     parsed = urlparse(str(uri))
     scheme = parsed.scheme.lower()
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
         path = parsed.path if scheme == "file" else str(uri)
-        return Storage(pafs.LocalFileSystem(), os.path.abspath(path), uri)
+        return Storage(pafs.LocalFileSystem(), os.path.abspath(path), uri, retry=retry)
     secrets = tuple(str(v) for k, v in options.items() if _is_secret(k) and v)
     if scheme in ("s3", "s3a"):
         # Without delayed open, pyarrow's S3 writes every object as a multipart
         # upload: 3 requests (create, part, complete) for a changelog of a few KB.
         # With it, an object below the part size (10 MB) is one PutObject, as
         # atomic (apache/arrow#40557); larger ones are multipart still.
-        options.setdefault("allow_delayed_open", True)
-        fs = _make(str(uri), pafs.S3FileSystem, **options)
-        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets)
+        defaults: dict[str, Any] = {"allow_delayed_open": True}
+        # Background writes queue every part of a large upload in memory while it
+        # is sent (a 96 MB file took 126 MB); without them a part is sent as it is
+        # written, so an upload holds about one part (small objects are one PUT
+        # at close either way, and snapshots upload several files at once).
+        defaults["background_writes"] = False
+        # one attempt per call: ours retries (retry.py: never attempts squared)
+        defaults["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=1)
+        fs = _make(str(uri), pafs.S3FileSystem, defaults=defaults, **options)
+        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets, retry)
     if scheme in ("gs", "gcs"):
-        fs = _make(str(uri), pafs.GcsFileSystem, **options)
-        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets)
+        # pyarrow's default is to retry each call for 15 minutes; ours retries.
+        # One second, not zero: Google's client checks its limit before the first
+        # attempt too, and refuses every call at zero.
+        defaults = {"retry_time_limit": timedelta(seconds=1)}
+        fs = _make(str(uri), pafs.GcsFileSystem, defaults=defaults, **options)
+        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets, retry)
     if scheme == "hdfs":
         host = parsed.hostname or "default"
         fs = _make(str(uri), pafs.HadoopFileSystem, host, parsed.port or 8020, **options)
-        return Storage(fs, parsed.path.rstrip("/") or "/", uri, secrets)
+        return Storage(fs, parsed.path.rstrip("/") or "/", uri, secrets, retry)
     raise UnknownSchemeError(str(uri))
 
 
@@ -150,14 +183,30 @@ class Storage:
 
     Every failure is re-raised as the same ``OSError`` type with a message naming the
     file by its URI (``gs://bucket/object``: pyarrow's GCS errors name neither) and
-    with the values of secret options masked."""
+    with the values of secret options masked. On an object store, a transient
+    failure is first retried by ``retry`` (a local disk is not: its errors do not
+    pass); :attr:`retries` counts the retried attempts, children included."""
 
     def __init__(
-        self, fs: pafs.FileSystem, root: str, uri: str, secrets: tuple[str, ...] = ()
+        self,
+        fs: pafs.FileSystem,
+        root: str,
+        uri: str,
+        secrets: tuple[str, ...] = (),
+        retry: RetryPolicy | None = None,
+        counter: RetryCounter | None = None,
     ) -> None:
         self.fs, self.root, self.uri = fs, root.rstrip("/") or "/", str(uri)
         self._local = isinstance(fs, pafs.LocalFileSystem)
         self._secrets = secrets
+        self.retry = retry or RetryPolicy()
+        self._counter = counter or RetryCounter()
+
+    @property
+    def retries(self) -> int:
+        """Attempts that failed transiently and were tried again, by this storage and
+        every storage made from it by :meth:`child`."""
+        return self._counter.retries
 
     def __repr__(self) -> str:
         return f"Storage({self.uri!r})"
@@ -193,49 +242,89 @@ class Storage:
             message = self._clean(f"cannot {action} {self.where(rel)}: {exc}")
             raise type(exc)(message) from None
 
+    def _call(self, action: str, rel: str, fn: Callable[[], T]) -> T:
+        """``fn()``, one request (or a few that are retried together), under the
+        retry policy on an object store; its error names the file."""
+        if self._local:
+            with self._naming(action, rel):
+                return fn()
+
+        def attempt() -> T:
+            with self._naming(action, rel):
+                return fn()
+
+        return self.retry.call(attempt, self._counter)
+
     def child(self, rel: str) -> Storage:
         """The storage rooted at ``rel`` below this one."""
-        return Storage(self.fs, self.path(rel), f"{self.uri.rstrip('/')}/{rel}", self._secrets)
+        return Storage(
+            self.fs, self.path(rel), f"{self.uri.rstrip('/')}/{rel}", self._secrets,
+            self.retry, self._counter,
+        )  # fmt: skip
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Write ``data`` so that readers see the old file or the whole new one."""
+        self._call("write", rel, lambda: self._write(rel, lambda out: out.write(data)))
+
+    def _write(self, rel: str, fill: Callable[[Any], Any]) -> None:
+        """Create ``rel`` atomically with what ``fill(stream)`` writes."""
         target = self.path(rel)
         parent = target.rsplit("/", 1)[0]
-        with self._naming("write", rel):
-            if self._local:
-                # write then rename: rename is atomic on a local filesystem
-                self.fs.create_dir(parent, recursive=True)
-                tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+        if self._local:
+            # write then rename: rename is atomic on a local filesystem
+            self.fs.create_dir(parent, recursive=True)
+            tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+            try:
                 with self.fs.open_output_stream(tmp) as out:
-                    out.write(data)
+                    fill(out)
                 os.replace(tmp, target)
-            else:
-                # No rename on object stores (on GCS and S3 it is a copy and a
-                # delete, so not atomic): a single-object PUT is. S3 and GCS show
-                # an object only once its upload completes (on close), whole, and
-                # later reads and listings see it (docs/durability.md).
-                with self.fs.open_output_stream(target) as out:
-                    out.write(data)
+            except BaseException:
+                with suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        else:
+            # No rename on object stores (on GCS and S3 it is a copy and a
+            # delete, so not atomic): a single-object PUT is. S3 and GCS show
+            # an object only once its upload completes (on close), whole, and
+            # later reads and listings see it (docs/durability.md). A larger
+            # object is a multipart upload, completed on close: as atomic.
+            with self.fs.open_output_stream(target) as out:
+                fill(out)
 
     def upload_file(self, local_path: str, rel: str) -> None:
-        """Copy a local file to ``rel`` (atomically, as write_atomic)."""
-        with open(local_path, "rb") as f:
-            self.write_atomic(rel, f.read())
+        """Copy a local file to ``rel`` (atomically, as write_atomic), streamed:
+        :data:`CHUNK_BYTES` in memory at a time however large the file."""
+
+        def fill(out: Any) -> None:
+            with open(local_path, "rb") as f:
+                shutil.copyfileobj(f, out, CHUNK_BYTES)
+
+        self._call("write", rel, lambda: self._write(rel, fill))
 
     def read(self, rel: str, length: int | None = None) -> bytes:
         """The whole file, or its first ``length`` bytes (a ranged read on object
         stores); ``FileNotFoundError`` names the URI when it is missing."""
+
+        def attempt() -> bytes:
+            # A random-access file learns its size first (on S3 and GCS a HEAD:
+            # pyarrow's Python API takes no FileInfo that would spare it), then
+            # reads it in one GET; an input stream reads an object in chunks of
+            # 256 KB, one GET each.
+            with self.fs.open_input_file(self.path(rel)) as f:
+                size = f.size()
+                wanted = size if length is None else min(length, size)
+                # GCS answers a ranged read of nothing (an empty object) with 416
+                return f.read_at(wanted, 0) if wanted else b""
+
+        with self._missing(rel):
+            return self._call("read", rel, attempt)
+
+    @contextmanager
+    def _missing(self, rel: str) -> Iterator[None]:
+        """A missing file's error, whichever way the backend words it, as a
+        ``FileNotFoundError`` naming its URI."""
         try:
-            with self._naming("read", rel):
-                # A random-access file learns its size first (on S3 and GCS a HEAD:
-                # pyarrow's Python API takes no FileInfo that would spare it), then
-                # reads it in one GET; an input stream reads an object in chunks of
-                # 256 KB, one GET each.
-                with self.fs.open_input_file(self.path(rel)) as f:
-                    size = f.size()
-                    wanted = size if length is None else min(length, size)
-                    # GCS answers a ranged read of nothing (an empty object) with 416
-                    return f.read_at(wanted, 0) if wanted else b""
+            yield
         except OSError as exc:
             text = str(exc).lower()
             if isinstance(exc, FileNotFoundError) or "not found" in text or "no such" in text:
@@ -243,8 +332,10 @@ class Storage:
             raise
 
     def exists(self, rel: str) -> bool:
-        with self._naming("look up", rel):
-            return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+        return self._call(
+            "look up", rel,
+            lambda: self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound,
+        )  # fmt: skip
 
     def list(self, rel: str = "") -> list[str]:
         """Names of the files directly below ``rel`` (empty if it does not exist)."""
@@ -255,8 +346,7 @@ class Storage:
         ``rel``, from the same one listing as :meth:`list` (an object rewritten
         since shows another stamp)."""
         selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=False)
-        with self._naming("list", rel):
-            infos = self.fs.get_file_info(selector)
+        infos = self._call("list", rel, lambda: self.fs.get_file_info(selector))
         return {
             info.base_name: (info.size, info.mtime_ns)
             for info in infos
@@ -269,8 +359,7 @@ class Storage:
         :meth:`list`."""
         base = self.path(rel)
         selector = pafs.FileSelector(base, allow_not_found=True, recursive=True)
-        with self._naming("list", rel):
-            infos = self.fs.get_file_info(selector)
+        infos = self._call("list", rel, lambda: self.fs.get_file_info(selector))
         return sorted(
             info.path[len(base) :].strip("/")
             for info in infos
@@ -280,12 +369,15 @@ class Storage:
     def has_files(self, rel: str = "") -> bool:
         """Whether any file lies below ``rel``, at any depth (False if it does not
         exist; a file at ``rel`` itself counts)."""
-        with self._naming("list", rel):
+
+        def attempt() -> bool:
             info = self.fs.get_file_info(self.path(rel))
             if info.type == pafs.FileType.File:
                 return True
             selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=True)
             return any(i.type == pafs.FileType.File for i in self.fs.get_file_info(selector))
+
+        return self._call("list", rel, attempt)
 
     def list_dirs(self, rel: str = "") -> list[str]:
         """Names of the directories directly below ``rel``."""
@@ -295,8 +387,7 @@ class Storage:
         recursive = self.fs.type_name == "gcs"
         base = self.path(rel)
         selector = pafs.FileSelector(base, allow_not_found=True, recursive=recursive)
-        with self._naming("list", rel):
-            infos = self.fs.get_file_info(selector)
+        infos = self._call("list", rel, lambda: self.fs.get_file_info(selector))
         names = set()
         for info in infos:
             parts = info.path[len(base) :].strip("/").split("/")
@@ -305,13 +396,11 @@ class Storage:
         return sorted(names)
 
     def size(self, rel: str) -> int:
-        with self._naming("look up", rel):
-            return self.fs.get_file_info(self.path(rel)).size or 0
+        return self._call("look up", rel, lambda: self.fs.get_file_info(self.path(rel)).size or 0)
 
     def delete(self, rel: str) -> None:
         try:
-            with self._naming("delete", rel):
-                self.fs.delete_file(self.path(rel))
+            self._call("delete", rel, lambda: self.fs.delete_file(self.path(rel)))
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -323,8 +412,7 @@ class Storage:
         exist). On S3 a listing and one DeleteObjects per 1000 objects, where
         :meth:`delete` of each would cost a HEAD, a DELETE and a PUT apiece."""
         try:
-            with self._naming("delete", rel):
-                self.fs.delete_dir(self.path(rel))
+            self._call("delete", rel, lambda: self.fs.delete_dir(self.path(rel)))
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -332,9 +420,23 @@ class Storage:
                 raise
 
     def download(self, rel: str, local_path: str) -> None:
-        data = self.read(rel)
-        with open(local_path, "wb") as f:
-            f.write(data)
+        """Copy ``rel`` to the local file ``local_path``, streamed: at most
+        :data:`CHUNK_BYTES` in memory however large the file (on S3 and GCS a HEAD
+        and one ranged GET per chunk: a small file costs what :meth:`read` does). A
+        retried attempt starts the local file again."""
+
+        def attempt() -> None:
+            with self.fs.open_input_file(self.path(rel)) as f, open(local_path, "wb") as out:
+                size, offset = f.size(), 0
+                while offset < size:
+                    chunk = f.read_at(min(CHUNK_BYTES, size - offset), offset)
+                    if not chunk:
+                        raise OSError(f"the object ended at byte {offset} of {size}")
+                    out.write(chunk)
+                    offset += len(chunk)
+
+        with self._missing(rel):
+            self._call("read", rel, attempt)
 
 
 def _says_missing(exc: OSError) -> bool:

@@ -27,6 +27,9 @@ Header metrics (format 1), per task:
 * ``snapshot_lag``: versions since the newest snapshot that was uploaded;
 * ``memory_bytes``: native memory of the databases the process holds open: the
   usage of its shared block cache, which is charged with their memtables;
+* ``storage_retries``: object-store requests of the partition's storage that
+  failed transiently and were tried again (sessionstore/checkpoint/retry.py) since
+  its previous commit in this process, maintenance included;
 * ``previous``: ``{version, prepare_ms, upload_ms, apply_ms}`` of the commit before.
 """
 

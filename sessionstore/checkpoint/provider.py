@@ -348,6 +348,7 @@ class StateStoreProvider:
         self._load_kind, self._load_ms = "restore", 0.0
         self._opened_ms: float | None = None  # open_local's time since the last load
         self._snapshot_bytes = 0  # uploaded by maintenance since the last commit
+        self._retries_seen = 0  # the storage's retried requests at the last commit
         #: manifests read, by version, with the listing's stamp of the object read:
         #: maintenance reads each once instead of every retained one each time
         self._manifests: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -651,6 +652,8 @@ class StateStoreProvider:
         if last is not None and last.get("version") != version - 1:
             last = None  # a record of an older commit (the copy caught up by replay)
         uploaded, self._snapshot_bytes = self._snapshot_bytes, 0
+        retries = self._operator.retries
+        retried, self._retries_seen = retries - self._retries_seen, retries
         return {
             "format": METRICS_FORMAT,
             "rows_total": sum(s["keys"] for s in stats.values()),
@@ -668,6 +671,7 @@ class StateStoreProvider:
                 version, self.snapshot_interval, [*self._local.pending_snapshots(), version]
             ),
             "memory_bytes": process_native_memory(),
+            "storage_retries": retried,
             "previous": last,
         }
 

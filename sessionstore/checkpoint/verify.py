@@ -85,8 +85,8 @@ def verify_partition(
         if progress is not None:
             progress(f"{where} changelogs", i, len(changelogs))
         try:
-            data = read_changelog_file(files.storage.read, v)
-            decode_changelog(data, f"{where}/changelog/{v}", v)
+            name, data = read_changelog_file(lambda n: (n, files.storage.read(n)), v)
+            decode_changelog(data, f"{where}/{name}", v)  # named as it is stored
         except SessionStoreError as exc:
             problems.append(str(exc))
     for v in sorted(snapshots):

@@ -15,6 +15,12 @@ Rules (see README "Versioned stores"):
 * ``get(key, as_of)`` is inclusive. When ``as_of < stream_time - history_retention_ms``
   only the latest version may answer (``_grace_floor``). ``get_versions(key, a, b)``
   returns exactly the distinct versions ``get(key, t)`` returns for ``t`` in ``[a, b]``.
+* :meth:`VersionedStore.stream_time_held` judges the writes and reads of a block
+  against the stream time at its start, and moves it to the latest write at its
+  end. The temporal join holds it for a micro-batch: writes in time order then
+  meet the same rule as if each had moved it (a write at ``ts`` is refused when
+  ``ts < held - history_retention_ms`` either way), and reads between them see the
+  history the time order would have kept, whatever else the partition holds.
 
 Two places where we deliberately do better than Kafka 3.x:
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp, key_range
@@ -89,6 +96,9 @@ class VersionedStore(DBStoreMixin, TimedStore):
         db.create_column_family(self._latest)
         if self._stream_time is not None:
             self._segments.expire_below(self._min_live())
+        #: while :meth:`stream_time_held`: the latest timestamp written (else None)
+        self._holding = False
+        self._held_to: int | None = None
 
     @classmethod
     def row_key(cls, family: str, raw: bytes) -> bytes:
@@ -125,6 +135,36 @@ class VersionedStore(DBStoreMixin, TimedStore):
     def _expire(self, min_live: int) -> None:
         self._segments.expire_below(min_live)
 
+    def advance_stream_time(self, ts: int) -> None:
+        """Move the stream time forward to ``ts`` (never back), expiring history that
+        falls out of retention: the temporal join moves it to the operator's event
+        time, so every partition judges a batch by the same time."""
+        ts = check_timestamp("ts", ts)
+        if self._stream_time is None or ts > self._stream_time:
+            self._advance(ts)
+
+    @contextmanager
+    def stream_time_held(self) -> Iterator[None]:
+        """Writes and reads in the block are judged against the stream time at its
+        start (nothing expires); at its end the time moves to the latest timestamp
+        written, if later (see the module doc)."""
+        self._holding, self._held_to = True, None
+        try:
+            yield
+        finally:
+            self._holding, latest = False, self._held_to
+            self._held_to = None
+            if latest is not None:
+                self.advance_stream_time(latest)
+
+    def _later(self, ts: int) -> None:
+        """A write at ``ts``, later than the stream time: move it, or note it."""
+        if self._holding:
+            if self._held_to is None or ts > self._held_to:
+                self._held_to = ts
+        else:
+            self._advance(ts)
+
     # --------------------------------------------------------------------- writes
     def put(self, key: Any, value: Any, timestamp: int) -> int:
         """Add a version; ``None`` is a tombstone.
@@ -142,11 +182,11 @@ class VersionedStore(DBStoreMixin, TimedStore):
         st = self._stream_time
         if self._db.in_batch:  # skip the context manager on the hot path
             if st is None or ts > st:
-                self._advance(ts)
+                self._later(ts)
             return self._put(kb, vb, ts)
         with self._db.batch():
             if st is None or ts > st:
-                self._advance(ts)
+                self._later(ts)
             return self._put(kb, vb, ts)
 
     def delete(self, key: Any, timestamp: int) -> VersionedRecord | None:
@@ -159,7 +199,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
         with self._db.batch():
             prior = self.get(key, ts)
             if self._stream_time is None or ts > self._stream_time:
-                self._advance(ts)
+                self._later(ts)
             self._put(kb, None, ts)
         return prior
 

@@ -27,6 +27,7 @@ recorded with its state), and ``--raw`` the stored accumulators.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import tempfile
@@ -38,6 +39,12 @@ from typing import Any
 import click
 
 from sessionstore.checkpoint.layout import LocalPartition
+from sessionstore.checkpoint.retry import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_SECONDS,
+    MAX_ATTEMPTS_OPTION,
+    MAX_SECONDS_OPTION,
+)
 from sessionstore.checkpoint.verify import verify_checkpoint
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.registry import store_class
@@ -133,10 +140,40 @@ def _readable_times(rows: Iterator[dict], columns: tuple[str, ...]) -> Iterator[
         yield {k: _iso(v) if k in columns and v is not None else v for k, v in row.items()}
 
 
-storage_option = click.option(
-    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-    help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable)",
-)  # fmt: skip
+def storage_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--storage-option KEY=VALUE`` (repeatable) and the retry policy of object-store
+    requests, ``--retry-max-attempts`` and ``--retry-max-seconds``
+    (sessionstore/checkpoint/retry.py), which travel with the storage options."""
+
+    @functools.wraps(command)
+    def run(
+        *args: Any, retry_max_attempts: int | None, retry_max_seconds: float | None, **kw: Any
+    ) -> Any:
+        extra = tuple(
+            f"{key}={value}"
+            for key, value in ((MAX_ATTEMPTS_OPTION, retry_max_attempts),
+                               (MAX_SECONDS_OPTION, retry_max_seconds))
+            if value is not None
+        )  # fmt: skip
+        return command(*args, **{**kw, "storage_options": kw["storage_options"] + extra})
+
+    for option in (
+        click.option(
+            "--retry-max-seconds", type=click.FloatRange(min=0), default=None,
+            help=f"give up a failing object-store request after this long (default "
+            f"{DEFAULT_MAX_SECONDS:g})",
+        ),
+        click.option(
+            "--retry-max-attempts", type=click.IntRange(min=1), default=None,
+            help=f"attempts of a failing object-store request (default {DEFAULT_MAX_ATTEMPTS})",
+        ),
+        click.option(
+            "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+            help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable)",
+        ),
+    ):  # fmt: skip
+        run = option(run)
+    return run
 
 
 raw_option = click.option(
@@ -520,6 +557,8 @@ def restore(uri, operator, partition, version, target, storage_options):
             with source.open(operator, partition, version, progress, workdir) as (restored, _):
                 pass  # closed on exit, so the directory can move
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        if os.path.isdir(target):
+            os.rmdir(target)  # empty (checked above): moving into it would nest the database
         shutil.move(LocalPartition(workdir, operator, partition).db, target)
     click.echo(f"restored {operator}/{partition} version {restored} to {target}")
 

@@ -46,7 +46,8 @@ def test_each_damage_is_named_once(tmp_path):
     sha = read_manifest(storage, 2)["pack"]["sha256"]
     flip(root / "op/1" / content_name(sha), 0)
     assert verify_partition(uri, "op", 0) == [
-        "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch: the content was altered; "
+        f"changelog op/0/{changelog_name(3)} (version 3) is corrupt: checksum mismatch: the content "
+        "was altered; "
         "restore from an earlier snapshot or re-run the batch that wrote it"
     ]
     assert verify_partition(uri, "op", 1) == [
@@ -56,7 +57,8 @@ def test_each_damage_is_named_once(tmp_path):
     # without the snapshot, versions 1-3 need changelog 1
     os.remove(root / "op/1" / manifest_name(2))
     assert verify_checkpoint(uri).problems == [
-        "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch: the content was altered; "
+        f"changelog op/0/{changelog_name(3)} (version 3) is corrupt: checksum mismatch: the content "
+        "was altered; "
         "restore from an earlier snapshot or re-run the batch that wrote it",
         "op/1: changelog of version 1 is missing (gap after 0)",
     ]

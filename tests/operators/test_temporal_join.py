@@ -135,3 +135,60 @@ def test_stream_batches_read_per_key_but_equal_record_by_record(
             dropped.append(join.dropped_records)
     assert results[0] == results[1]
     assert dropped[0] == dropped[1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    earlier=st.lists(st.tuples(st.sampled_from(["x", "y"]), st.integers(0, 30)), max_size=6),
+    start=st.one_of(st.none(), st.integers(0, 40)),
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from([TABLE, STREAM]),
+            st.sampled_from(["x", "y", "z"]),
+            st.integers(0, 60),
+            st.one_of(st.none(), st.integers(0, 9)),
+        ),
+        max_size=25,
+    ),
+    retention=st.sampled_from([3, 10, 10**6]),
+)
+def test_a_held_batch_equals_its_rows_in_time_order(
+    tmp_path_factory, earlier, start, rows, retention
+):
+    """What the Spark operator does with a micro-batch (its table rows, then its
+    stream rows, with the stream time held at the operator's event time ``start``)
+    equals taking every row in time order, each moving the time: so a row's fate
+    depends on ``start`` and its key's rows only, never on the partition's other
+    keys (which is what makes the output independent of the partition count)."""
+    rows = sorted(rows, key=lambda r: (r[2], r[0] != TABLE))  # ties: the table first
+    results = []
+    for held in (True, False):
+        with StateDB.open(tmp_path_factory.mktemp("db")) as db:
+            store = db.versioned_store("t", retention)
+            join = TemporalJoin(store, how="left")
+            for key, ts in earlier:
+                join.process_table(key, ts, ts)
+            if start is not None:
+                store.advance_stream_time(start)
+            if held:
+                with store.stream_time_held():
+                    for side, key, ts, value in rows:
+                        if side == TABLE:
+                            join.process_table(key, value, ts)
+                    stream = [(k, v, t) for side, k, t, v in rows if side == STREAM]
+                    got = (
+                        join.process_streams(*map(list, zip(*stream, strict=True)))
+                        if stream
+                        else []
+                    )
+                out = [r for r in got if r is not None]
+            else:
+                out = (
+                    [r for r in join.process_rows(*map(list, zip(*rows, strict=True))) if r]
+                    if rows
+                    else []
+                )
+            results.append(
+                (out, join.dropped_records, store.dropped_records, store.observed_stream_time)
+            )
+    assert results[0] == results[1]

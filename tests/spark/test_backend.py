@@ -41,3 +41,25 @@ def test_bad_memory_conf_names_the_key_and_value(bad):
 def test_bad_memory_max_mb_is_refused(bad):
     with pytest.raises(ValueError, match=rf"memory_max_mb must be a positive int.*{bad!r}"):
         StateBackend("file:///tmp/ck", memory_max_mb=bad)
+
+
+def test_retry_settings_are_read_from_conf_and_reach_every_storage():
+    """spark.sessionstore.retry.* (not under .storage., whose keys go to pyarrow.fs)
+    travel in the backend's storage options, so every process applies them."""
+    from sessionstore.checkpoint.filesystem import open_filesystem
+
+    conf = {
+        "spark.sessionstore.checkpointUri": "s3://bucket/ck",
+        "spark.sessionstore.retry.maxAttempts": "4",
+        "spark.sessionstore.retry.maxSeconds": "7.5",
+        "spark.sessionstore.storage.region": "us-east-1",
+    }
+    backend = pickle.loads(pickle.dumps(StateBackend.from_conf(fake_spark(conf))))
+    assert (backend.retry_max_attempts, backend.retry_max_seconds) == (4, 7.5)
+    storage = open_filesystem(backend.checkpoint_uri, backend.storage_options)
+    assert (storage.retry.max_attempts, storage.retry.max_seconds) == (4, 7.5)
+    direct = StateBackend("s3://bucket/ck", retry_max_attempts=2, storage_options={"region": "x"})
+    assert direct.storage_options == {"region": "x", "retry_max_attempts": 2}
+    for key, bad in [("maxAttempts", "many"), ("maxAttempts", "0"), ("maxSeconds", "-1")]:
+        with pytest.raises(ValueError, match=rf"{bad}"):
+            StateBackend.from_conf(fake_spark({**conf, f"spark.sessionstore.retry.{key}": bad}))

@@ -13,7 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_integration import coordinator as coord
-from spark_integration.coordinator import Coordinator, CoordinatorAddress, ask, report
+from spark_integration.coordinator import (
+    Coordinator,
+    CoordinatorAddress,
+    CoordinatorReadError,
+    ask,
+    report,
+)
 from tests.checkpoint.test_event_time import commit_batches
 
 
@@ -76,9 +82,59 @@ def test_missing_reports_are_answered_from_the_durable_records_once(coordinator,
 def test_a_durable_read_that_fails_is_reported_and_tried_again(coordinator, tmp_path):
     uri = checkpoint(tmp_path, [[4, 9]])
     address = coordinator.register(uri, "op", 2)
-    assert ask(address, None, 5) == (False, None)  # no changelog of version 6
-    assert ask(address, None, 5) == (False, None)
+    for _ in range(2):  # no changelog of version 6
+        with pytest.raises(
+            CoordinatorReadError, match="could not read the event time after batch 5"
+        ):
+            ask(address, None, 5)
     assert coordinator.operator(address).stats["durable_reads"] == 2
+
+
+class _Throttled:
+    """A storage whose reads fail as a throttling store's do, ``failures`` times."""
+
+    def __init__(self, storage, failures):
+        self._storage, self.failures, self.reads = storage, failures, 0
+
+    def read(self, rel, length=None):
+        self.reads += 1
+        if self.failures:
+            self.failures -= 1
+            raise OSError(f"cannot read {rel}: AWS Error SLOW_DOWN during GetObject operation")
+        return self._storage.read(rel, length)
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+
+class _NeverRead:
+    """A task's operator storage that must not be read (only its retry policy is used)."""
+
+    def __init__(self, retry):
+        self.retry = retry
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the task read the durable records itself ({name})")
+
+
+def test_a_failed_durable_read_makes_tasks_ask_again_never_read_p_records(coordinator, tmp_path):
+    from sessionstore.checkpoint.retry import RetryPolicy
+
+    uri = checkpoint(tmp_path, [[4, 9, 30]])
+    address = coordinator.register(uri, "op", 3)
+    state = coordinator.operator(address)
+    # two of the three reads of the driver's first look fail: that look fails
+    state.storage = _Throttled(state.storage, failures=2)
+    task = _NeverRead(RetryPolicy(max_attempts=5, jitter=lambda bound: 0.01))
+    assert coord.shared_event_time(address, task, "run-1", 0, 3) == 30
+    # the task asked twice; each ask was one look on the driver: 3 reads each
+    assert (state.stats["durable_reads"], state.storage.reads) == (2, 6)
+    # the store keeps throttling: the task fails with the driver's error, still
+    # without a read of its own
+    state.storage = _Throttled(state.storage._storage, failures=10**6)
+    task = _NeverRead(RetryPolicy(max_attempts=3, jitter=lambda bound: 0.01))
+    with pytest.raises(CoordinatorReadError, match=r"SLOW_DOWN.*tried 3 times"):
+        coord.shared_event_time(address, task, "run-1", 1, 3)
 
 
 def _raw(address, payload, read=True):

@@ -112,16 +112,21 @@ def _contents(uri, operator, version):
     return out
 
 
+def file_steps(batches, folder, part):
+    """Steps of ``run_stream``: writing the files of the batches numbered in ``part``."""
+    return [
+        (lambda i=i, rows=rows: write_json(folder, i, rows))
+        for i, rows in enumerate(batches)
+        if i in part
+    ]
+
+
 @pytest.mark.parametrize("operator", ["sessions", "windows", "join"])
 def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, operator):
     batches = _batches()
 
     def steps(folder, part):
-        return [
-            (lambda i=i, rows=rows: write_json(folder, i, rows))
-            for i, rows in enumerate(batches)
-            if i in part
-        ]
+        return file_steps(batches, folder, part)
 
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
     query = _query(spark, tmp_path / "in1", whole, 4, operator)
@@ -149,3 +154,92 @@ def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, operator)
     missing = Counter(map(str, expected)) - Counter(map(str, got))
     extra = Counter(map(str, got)) - Counter(map(str, expected))
     assert (missing, extra) == (Counter(), Counter())
+
+
+def _zipf_batches(seed=27, files=6, events=4000):
+    """The stream of docs/rescale.md's test: ``files`` files of ``events`` events,
+    users drawn from a Zipf law, timestamps rising about 25 ms an event with up to
+    45 s of disorder (beyond a 30 s gap plus a 10 s grace for some: late rows)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out, t = [], 1_700_000_000_000
+    for _ in range(files):
+        users = np.minimum(rng.zipf(1.3, events), 5000)
+        steps = rng.integers(0, 50, events)
+        lag = rng.integers(0, 45_000, events) * (rng.random(events) < 0.1)
+        rows = []
+        for user, step, late in zip(users.tolist(), steps.tolist(), lag.tolist(), strict=True):
+            t += step
+            rows.append({"kind": "e", "user": f"u{user}", "uid": user, "ts": t - late,
+                         "amount": step % 7, "plan": None})  # fmt: skip
+            if step == 0:  # a table row now and then, for the temporal join
+                rows.append({"kind": "t", "user": f"u{user}", "uid": user, "ts": t,
+                             "amount": 0, "plan": f"p{t % 97}"})  # fmt: skip
+        out.append(rows)
+    # A final session or window is emitted when its partition's stream time passes
+    # it, which depends on the partition count: two far-future events close
+    # everything everywhere (the shared event time lags one batch).
+    for far in (t + 10**7, t + 10**7 + 1):
+        out.append([{"kind": "e", "user": "zz", "uid": 0, "ts": far, "amount": 0, "plan": None}])
+    return out
+
+
+def _zipf_query(spark, folder, backend, n, case):
+    src = json_source(spark, folder, SCHEMA)
+    events = src.filter("kind = 'e'").select("user", "uid", "ts", "amount")
+    common = {"backend": backend, "name": case, "num_partitions": n}
+    aggs = {"events": "count", "total": ("sum", "amount")}
+    if case.startswith("sessions"):
+        emit = case.split("_")[1]
+        return sessionize(events, "user", "ts", gap=30_000, grace=10_000, emit=emit,
+                          aggregations=aggs, **common)  # fmt: skip
+    if case.startswith("windows"):
+        emit = case.split("_")[1]
+        return window_aggregate(events, "user", "ts", size=20_000, grace=10_000, emit=emit,
+                                aggregations=aggs, **common)  # fmt: skip
+    from pyspark.sql import functions as F
+
+    table = src.filter("kind = 't'").select("uid", F.col("ts").alias("plan_ts"), "plan")
+    return temporal_join(events, table, "uid", "ts", "plan_ts", history_retention=60_000,
+                         how="left", **common)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case", ["sessions_final", "sessions_update", "windows_final", "windows_update", "join"]
+)
+def test_rescale_of_a_zipf_stream_is_exact(spark, tmp_path, case):
+    """3 micro-batches at 4 partitions, a repartition to 7, 3 more at 7 (and two that
+    close everything) write exactly what an uninterrupted run at 4 writes: batch by
+    batch where emission does not depend on the partition count (update mode, the
+    join), in all where it does (final mode)."""
+    from tests.spark.streams import run_stream_batches
+
+    batches = _zipf_batches()
+    mode = "update" if case.endswith("update") else "append"
+
+    def steps(folder, part):
+        return file_steps(batches, folder, part)
+
+    whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
+    query = _zipf_query(spark, tmp_path / "in1", whole, 4, case)
+    expected = run_stream_batches(query, tmp_path / "ck1", steps(tmp_path / "in1", range(8)), mode)
+    assert sum(map(len, expected)) > 100
+
+    first = StateBackend(f"file://{tmp_path}/four", local_dir=str(tmp_path / "l2"))
+    query = _zipf_query(spark, tmp_path / "in2", first, 4, case)
+    got = run_stream_batches(query, tmp_path / "ck2", steps(tmp_path / "in2", range(3)), mode)
+    seven = f"file://{tmp_path}/seven"
+    out = run("repartition", first.checkpoint_uri, "--operator", case,
+              "--partitions", "7", "--to", seven)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rescaled = StateBackend(seven, local_dir=str(tmp_path / "l3"))
+    query = _zipf_query(spark, tmp_path / "in2", rescaled, 7, case)
+    got += run_stream_batches(query, tmp_path / "ck2", steps(tmp_path / "in2", range(3, 8)), mode)
+    assert len(got) == len(expected) == 8
+    if mode == "append":
+        expected, got = [sum(expected, [])], [sum(got, [])]
+    for batch, (want, have) in enumerate(zip(expected, got, strict=True)):
+        missing = Counter(map(str, want)) - Counter(map(str, have))
+        extra = Counter(map(str, have)) - Counter(map(str, want))
+        assert (batch, missing, extra) == (batch, Counter(), Counter())

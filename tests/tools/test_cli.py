@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -162,7 +163,8 @@ def test_verify_passes_then_names_each_problem(checkpoint, checkpoint_location):
     root.delete(f"op/1/{changelog_name(1)}")
     out = run("verify", uri, *flags)
     assert out.returncode == 1
-    assert "changelog op/0/changelog/3 (version 3) is corrupt: checksum mismatch" in out.stdout
+    # named by the path it is stored at
+    assert f"changelog op/0/{changelog_name(3)} (version 3) is corrupt: checksum" in out.stdout
     assert "op/1: changelog of version 1 is missing (gap after 0)" in out.stdout
     assert "2 problems" in out.stdout
 
@@ -192,6 +194,15 @@ def test_restore_materialises_a_local_database(checkpoint, tmp_path):
         assert [w.start for w, _ in store.fetch("u1")] == [0, 1]
     again = run("restore", uri, "--operator", "op", "--partition", "1", "--to", str(target), *flags)
     assert again.returncode == 2 and "not empty" in again.stderr
+    # an existing empty directory is the database's, as reported (not target/db)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = run("restore", uri, "--operator", "op", "--partition", "1", "--to", str(empty), *flags)
+    assert out.returncode == 0, out.stderr
+    assert f"to {empty}" in out.stdout and not (empty / "db").exists()
+    with StateDB.open(empty) as db:
+        store = db.session_store("sessions", 10**9)
+        assert [w.start for w, _ in store.fetch("u1")] == [0, 1, 2]
 
 
 def test_dump_csv_and_parquet(checkpoint, tmp_path):
@@ -378,3 +389,22 @@ def test_commands_work_on_a_relative_path(tmp_path, spelling):
         ["op", "0", "3", "2..3", "2"],
         ["op", "1", "3", "2..3", "2"],
     ]
+
+
+def test_retry_options_bound_a_failing_store_and_the_error_says_what_was_tried():
+    """--retry-max-attempts and --retry-max-seconds (on every command): an endpoint
+    that refuses connections fails at once after that many attempts, on one line."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = [f"--storage-option={k}" for k in (
+        f"endpoint_override=127.0.0.1:{port}", "scheme=http", "region=us-east-1",
+        "access_key=testing", "secret_key=testing",
+    )]  # fmt: skip
+    out = run("ls", "s3://bucket/ck", *flags, "--retry-max-attempts", "2",
+              "--retry-max-seconds", "20")  # fmt: skip
+    assert out.returncode == 2
+    assert "cannot list s3://bucket/ck" in out.stderr and "tried 2 times" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = run("ls", "s3://bucket/ck", *flags, "--retry-max-attempts", "0")
+    assert out.returncode == 2 and "--retry-max-attempts" in out.stderr

@@ -1,0 +1,60 @@
+"""A Spark query against an S3 endpoint that throttles: 20% of its requests are
+answered ``503 SlowDown`` (tests/object_stores.py). The retry policy
+(sessionstore/checkpoint/retry.py) absorbs them: no task attempt fails and the
+output is the unthrottled run's."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_integration import StateBackend
+from tests.object_stores import new_bucket, s3_request_counts
+from tests.spark.test_sessionize import as_sessions, generated, run_query
+
+pytestmark = pytest.mark.slow
+
+
+def failed_task_attempts(spark) -> int:
+    """Failed task attempts of the stages this application has run (Spark's status
+    tracker; stage ids are numbered from 0, a few may be unknown to it)."""
+    tracker = spark.sparkContext.statusTracker()
+    total, stage, unknown = 0, 0, 0
+    while unknown < 200:
+        info = tracker.getStageInfo(stage)
+        stage += 1
+        if info is None:
+            unknown += 1
+            continue
+        unknown = 0
+        total += info.numFailedTasks
+    return total
+
+
+def test_sessionize_against_a_throttling_store_equals_an_unthrottled_run(
+    spark, tmp_path, s3_server, s3_throttling_server
+):
+    batches = generated(seed=11, batches=6, per_batch=50)
+    plain = StateBackend(
+        f"s3://{new_bucket(s3_server)}/ck", local_dir=str(tmp_path / "l1"),
+        storage_options=dict(s3_server), snapshot_interval=3,
+    )  # fmt: skip
+    expected = run_query(spark, tmp_path / "in1", tmp_path, "plain", plain, batches)
+    assert len(expected) > 10
+
+    options = dict(s3_throttling_server)
+    for _ in range(20):  # creating the bucket is the test's, not retried by the policy
+        try:
+            bucket = new_bucket(options)
+            break
+        except OSError:
+            continue
+    throttled = StateBackend(
+        f"s3://{bucket}/ck", local_dir=str(tmp_path / "l2"), storage_options=options,
+        snapshot_interval=3, retry_max_attempts=12, retry_max_seconds=60,
+    )  # fmt: skip
+    failed = failed_task_attempts(spark)
+    got = run_query(spark, tmp_path / "in2", tmp_path, "throttled", throttled, batches)
+    assert failed_task_attempts(spark) == failed  # every request retried within its task
+    assert s3_request_counts(options)["SlowDown"] > 5
+    assert as_sessions(got) == as_sessions(expected)
+    assert sorted(map(str, got)) == sorted(map(str, expected))
