@@ -73,6 +73,7 @@ from sessionstore.checkpoint.layout import (
     write_metadata,
 )
 from sessionstore.checkpoint.metrics import METRICS_FORMAT, millis, snapshot_lag
+from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
 from sessionstore.checkpoint.snapshot import (
     download_snapshot,
@@ -340,6 +341,7 @@ class StateStoreProvider:
         self._local = LocalPartition(local_dir, operator_id, partition_id)
         self._db_path = self._local.db
         self._db: StateDB | None = None
+        self._private = False  # the local folders were checked (private_dir)
         self._handle: StoreHandle | None = None
         #: ``progress(label, done, total)`` during restores (the CLI's progress bars)
         self._progress = progress or (lambda label, done, total: None)
@@ -513,6 +515,10 @@ class StateStoreProvider:
         Raises :class:`~sessionstore.errors.StateDBLockedError` while another process
         holds it: the store service uses this to hand a partition over.
         """
+        if not self._private:
+            # before anything is read from or written to it (see private_dir)
+            private_dir(self._local.root, base=self._local.base)
+            self._private = True
         if self._db is None and is_database(self._db_path):
             start = time.perf_counter()
             self._db = StateDB.open(self._db_path, memory_max_mb=self.memory_max_mb)
