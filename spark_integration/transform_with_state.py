@@ -244,6 +244,7 @@ def _transform(
         delay_ms=delay,
         out_schema_json=out_schema.json(),
         extra_stores=dict(planning.extra_stores),
+        schemas=dict(planning.schemas),
         initial=initial,
         key_types=key_types(df, keys),
         coordinator=coordinator,
@@ -354,6 +355,9 @@ class _ProcessorTask:
     initial: str | None = None
     key_types: list[str] | None = None
     coordinator: CoordinatorAddress | None = None
+    #: each state variable's schemas in Spark's JSON form, parsed on the driver
+    #: (executors cannot parse DDL): what the stored values are encoded from
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
@@ -377,6 +381,8 @@ class _ProcessorTask:
                 self.time_mode,
                 open_store=lambda kind, store_name, retention: handle[store_name],
                 key_arity=len(self.keys),
+                schemas=self.schemas,
+                make_struct=_row_maker,
             )
             runner = ProcessorRunner(self.processor, handle_, self.time_mode)
             groups, dropped = self._groups(store, table)

@@ -82,6 +82,7 @@ from sessionstore.checkpoint.snapshot import (
     upload_snapshot,
 )
 from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.encoding.serde import PickleSerde
 from sessionstore.engine.db import process_native_memory
 from sessionstore.engine.memory import check_memory_max_mb
 from sessionstore.engine.write_buffer import WriteBuffer
@@ -260,8 +261,13 @@ def _with_recorded_intervals(
     specs: list[StoreSpec], recorded: list[dict[str, Any]] | None
 ) -> list[StoreSpec] | None:
     """``specs`` with the checkpoint's segment intervals where either side leaves
-    the interval open (``segment_interval_ms`` None) and the specs differ in nothing
-    else, or None.
+    the interval open (``segment_interval_ms`` None), and with its ``pickle`` value
+    serde where a processor store's spec leaves the serde open, if the specs differ
+    in nothing else; or None.
+
+    A processor store recorded with ``pickle`` was written by a release that
+    pickled processor state: the job that wrote it keeps reading and writing it so
+    (a job trusts its own checkpoint; docs/security.md says how to rewrite it).
 
     An interval is fixed for a store's life. Checkpoints written before operators
     chose their stores' interval recorded None: a query restarted on a newer
@@ -275,6 +281,11 @@ def _with_recorded_intervals(
         interval = record.get("segment_interval_ms")
         if interval is None or spec.segment_interval_ms is None:
             spec = replace(spec, segment_interval_ms=interval)
+        if (
+            spec.kind == "processor" and spec.value_serde is None
+            and record.get("value_serde") == PickleSerde.name
+        ):  # fmt: skip
+            spec = replace(spec, value_serde=PickleSerde())
         if spec.describe() != record:
             return None
         adopted.append(spec)
