@@ -120,7 +120,25 @@ class PartitionInfo:
     stats: dict[str, dict[str, Any]] | None
 
 
-class CheckpointSource:
+class _PickleGuard:
+    """What both sources share: refusing pickled stores (docs/security.md)."""
+
+    uri: str
+    allow_pickle: bool
+    pickle_option: str
+
+    def store_records(self, operator: str) -> dict[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def check_pickle(self, operator: str) -> None:
+        """Refuse ``operator`` if a store of it is pickled and pickle is not allowed."""
+        refuse_pickle(
+            list(self.store_records(operator).values()), f"{self.uri}/{operator}",
+            self.allow_pickle, self.pickle_option,
+        )  # fmt: skip
+
+
+class CheckpointSource(_PickleGuard):
     """State in object storage, restored version by version into a temporary directory."""
 
     local = False
@@ -137,13 +155,6 @@ class CheckpointSource:
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
         #: read stores recorded with the pickle serde (see refuse_pickle)
         self.allow_pickle, self.pickle_option = allow_pickle, pickle_option
-
-    def check_pickle(self, operator: str) -> None:
-        """Refuse ``operator`` if a store of it is pickled and pickle is not allowed."""
-        refuse_pickle(
-            list(self.store_records(operator).values()), f"{self.uri}/{operator}",
-            self.allow_pickle, self.pickle_option,
-        )  # fmt: skip
 
     def operators(self) -> list[str]:
         return operators(self.root)
@@ -253,7 +264,7 @@ class CheckpointSource:
                 provider.close()
 
 
-class LocalSource:
+class LocalSource(_PickleGuard):
     """Live local databases (``<local_dir>/<operator>/<partition>/db``), read through
     RocksDB secondary instances: no lock, no writes, the job keeps running."""
 
@@ -268,13 +279,6 @@ class LocalSource:
         if not self._dbs:
             raise NotFoundError(f"no sessionstore database under {path}")
         self.allow_pickle, self.pickle_option = allow_pickle, pickle_option
-
-    def check_pickle(self, operator: str) -> None:
-        """Refuse ``operator`` if a store of it is pickled and pickle is not allowed."""
-        refuse_pickle(
-            list(self.store_records(operator).values()), f"{self.uri}/{operator}",
-            self.allow_pickle, self.pickle_option,
-        )  # fmt: skip
 
     def operators(self) -> list[str]:
         return sorted({op for op, _ in self._dbs})

@@ -399,7 +399,8 @@ def test_stored_values_of_every_type_are_msgpack_and_the_output_matches_spark(sp
             db.close()
     a, b = encode_key("a"), encode_key("b")
     assert rows[a + encode_key("last")] == (
-        (micros("2024-01-03T00:00:01"), "1.00", ("Rome", 100), None), None
+        (micros("2024-01-03T00:00:01"), "1.00", ("Rome", 100), None),
+        None,
     )
     assert rows[a + encode_key("history")] == (
         ((micros("2024-01-01T10:00:00"), "12.50"), None),
@@ -411,6 +412,7 @@ def test_stored_values_of_every_type_are_msgpack_and_the_output_matches_spark(sp
         (19725,): (("1.00", ("Rome", 100)), None),
     }
     assert rows[b + encode_key("last")] == (
-        (micros("2024-01-02T00:00:00"), "-3.00", ("Oslo", 150), None), None
+        (micros("2024-01-02T00:00:00"), "-3.00", ("Oslo", 150), None),
+        None,
     )
     assert len(rows) == 6
