@@ -290,13 +290,34 @@ class ValueCodec:
         self._make = None if make_struct is None else make_struct(self.names)
 
     def encode(self, value: tuple) -> tuple:
-        """``value`` as packed (a tuple; its converted fields replaced)."""
+        """``value`` as packed (a tuple; its converted fields replaced); a
+        ``TypeError`` naming the field for a value its schema cannot hold."""
         if not self._to:
             return value
         out = list(value)
-        for i, to in self._to:
-            out[i] = to(out[i])
+        try:
+            for i, to in self._to:
+                out[i] = to(out[i])
+        except (TypeError, AttributeError, ValueError, IndexError, OverflowError):
+            raise self._mismatch(value) from None
         return tuple(out)
+
+    def _mismatch(self, value: Any) -> TypeError:
+        fields = self.schema["fields"]
+        if len(value) != len(fields):
+            return TypeError(
+                f"a state value of {len(value)} fields for the schema's {len(fields)} "
+                f"({', '.join(self.names)}): {value!r:.200}"
+            )
+        for i, to in self._to:
+            try:
+                to(value[i])
+            except (TypeError, AttributeError, ValueError, IndexError, OverflowError):
+                return TypeError(
+                    f"state field {fields[i]['name']!r} of type {fields[i]['type']!r} cannot "
+                    f"hold {type(value[i]).__name__} {value[i]!r:.100}"
+                )
+        return TypeError(f"a state value its schema cannot hold: {value!r:.200}")
 
     def decode(self, stored: tuple) -> tuple:
         """A value as the processor gets it (a plain tuple) from its unpacked form."""

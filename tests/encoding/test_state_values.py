@@ -179,3 +179,12 @@ def test_every_value_reads_back_as_written(value, expiry):
         raw = dumps(payload)
         assert loads(raw) == payload
         _plain(raw)  # plain msgpack reads every payload
+
+
+def test_a_value_its_schema_cannot_hold_is_refused_naming_the_field():
+    dumps, _ = payload_codec("value", value_codec(TYPED))
+    bad = ("2024-01-01", *VALUE[1:])
+    with pytest.raises(TypeError, match=r"state field 'ts' of type 'timestamp' cannot hold str"):
+        dumps((bad, None))
+    with pytest.raises(TypeError, match=r"a state value of 2 fields for the schema's 9"):
+        dumps((VALUE[:2], None))
