@@ -8,6 +8,8 @@ __all__ = [
     "StateDBLockedError",
     "StateDBPathError",
     "StatefulProcessorError",
+    "UnsafeLocalDirError",
+    "PickleRefusedError",
 ]
 
 
@@ -58,3 +60,27 @@ class StatefulProcessorError(SessionStoreError):
     def __init__(self, error_class: str, message: str) -> None:
         self.error_class = error_class
         super().__init__(f"[{error_class}] {message}")
+
+
+class UnsafeLocalDirError(SessionStoreError, PermissionError):
+    """A local state directory another user owns or may write to: its contents
+    could be planted or read by that user, so it is not used."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path, self.problem = path, problem
+        super().__init__(
+            f"refusing local state directory {path!r}: {problem}; use a directory of "
+            "your own that only you can write to (mode 0700), or remove this one"
+        )
+
+
+class PickleRefusedError(SessionStoreError):
+    """A reader met a store whose recorded serde is pickle: reading it would run
+    whatever code the checkpoint's writer put there. ``option`` is how to opt in."""
+
+    def __init__(self, store: str, where: str, option: str) -> None:
+        self.store, self.where, self.option = store, where, option
+        super().__init__(
+            f"store {store!r} of {where} is pickled, and unpickling runs code from the "
+            f"checkpoint; pass {option} only if you trust every writer of this checkpoint"
+        )

@@ -30,7 +30,7 @@ class StateBackend:
 
     ``checkpoint_uri``: object storage for changelogs and snapshots (``file://``,
     a path, ``s3://``, ``gs://``, ``hdfs://``). ``local_dir``: where executors keep
-    their RocksDB databases (default: ``<tmp>/sessionstore-local/<hash of the
+    their RocksDB databases (default: ``<tmp>/sessionstore-local-<uid>/<hash of the
     checkpoint URI>``). A local database records which checkpoint it belongs to, so
     queries that share a ``local_dir`` never read each other's state.
     ``memory_max_mb``: the RocksDB memory budget of each Python worker, in MiB: one
@@ -96,7 +96,9 @@ class StateBackend:
         if self.local_dir:
             return self.local_dir
         digest = hashlib.sha256(self.checkpoint_uri.encode()).hexdigest()[:16]
-        return os.path.join(tempfile.gettempdir(), "sessionstore-local", digest)
+        # one folder per OS user: it is created 0700, and another user's would be
+        # refused (sessionstore.checkpoint.private_dir)
+        return os.path.join(tempfile.gettempdir(), f"sessionstore-local-{os.geteuid()}", digest)
 
     @classmethod
     def from_conf(cls, spark: Any) -> StateBackend:

@@ -30,17 +30,37 @@ One coordinator per driver process serves every operator of every query. It bind
 the driver's address (``spark.driver.bindAddress``, else ``spark.driver.host``;
 127.0.0.1 in local mode) on ``spark.sessionstore.coordinator.port`` (default: any
 free port). An operator is registered when it is planned and gets a random secret
-token, which travels to its tasks inside the ``mapInArrow`` closure; a request
-without a registered token is dropped unanswered. The server is a
-:class:`~sessionstore.checkpoint.request_server.RequestServer`: one selector
+token, which travels to its tasks inside the ``mapInArrow`` closure (with the rest
+of the task, over Spark's own RPC) and never on the coordinator's wire. The server
+is a :class:`~sessionstore.checkpoint.request_server.RequestServer`: one selector
 thread, requests of at most :data:`MAX_REQUEST_BYTES`, short timeouts, at most
 :data:`MAX_CLIENTS` connections.
 
-Wire format: a request is ``length u32 ‖ msgpack map``; so is a reply.
+Wire format (docs/security.md, "Coordinator"). A request is
+``length u32 ‖ msgpack [key id, body, mac]``:
+
+* ``key id``: 16 hex digits of SHA-256 of the operator's token (names the key,
+  reveals nothing of it);
+* ``body``: msgpack map of the request (``op``, ``run``, ``batch``, ...) with
+  ``ts`` (the sender's Unix time in ms) and ``nonce`` (16 random bytes);
+* ``mac``: HMAC-SHA256 of ``body`` keyed by the token.
+
+The coordinator drops, unanswered, a request whose mac is wrong, whose ``ts`` is
+more than :data:`MAX_CLOCK_SKEW_S` from its clock, or whose nonce it has seen (it
+remembers nonces as long as their timestamps are acceptable, at most
+:data:`MAX_NONCES`; when it forgets one early, no request as old is taken any
+more). A reply is ``length u32 ‖ msgpack [body, mac]`` with the mac over
+``b"reply" ‖ request nonce ‖ body``, so a task takes only the answer to its own
+request from the coordinator that holds the token. A report whose fields are out
+of range, or whose metrics record has unknown fields or is larger than
+:data:`MAX_METRICS_BYTES`, is dropped, and each kind of refusal is logged once.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -57,6 +77,7 @@ import msgpack
 
 from sessionstore.checkpoint.event_time import durable_event_time, max_event_time
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.metrics import TASK_FIELDS
 from sessionstore.checkpoint.request_server import NO_REPLY, RequestServer
 from sessionstore.errors import SessionStoreError
 
@@ -101,6 +122,18 @@ RETRY_AFTER_S = 60.0
 KEEP_BATCHES = 4
 KEEP_RUNS = 4
 
+#: How far a request's timestamp may be from the coordinator's clock, in seconds
+#: (executors' clocks differ a little; a captured request is refused after this).
+MAX_CLOCK_SKEW_S = 60.0
+#: Nonces remembered at most (a flood of valid requests cannot grow memory).
+MAX_NONCES = 200_000
+#: The largest metrics record a report may carry (msgpack bytes).
+MAX_METRICS_BYTES = 2048
+#: Reported event times and batch ids must lie within +-2^53 and [0, 2^53): an
+#: event time far outside would close every session of the query.
+MAX_INT = 2**53
+_NONCE_BYTES = 16
+
 _LENGTH = struct.Struct(">I")
 
 
@@ -123,14 +156,62 @@ class CoordinatorAddress:
         return f"CoordinatorAddress({self.host!r}, {self.port})"
 
 
-def _frame(message: dict[str, Any]) -> bytes:
+def _frame(message: Any) -> bytes:
     body = msgpack.packb(message, use_bin_type=True)
     return _LENGTH.pack(len(body)) + body
 
 
-def _parse(buffer: bytearray) -> dict[str, Any] | None:
-    """A whole request from ``buffer`` (None until it has arrived); ``ValueError``
-    for bytes that are not one."""
+@functools.lru_cache(maxsize=256)
+def key_id(token: str) -> str:
+    """The public name of ``token``'s key on the wire (see the module doc)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=256)
+def _keyed(token: str) -> Any:
+    """An HMAC-SHA256 keyed by ``token`` with nothing fed yet (copied per message:
+    the key's padding is hashed once, not per request)."""
+    return hmac.new(token.encode(), digestmod=hashlib.sha256)
+
+
+def _mac(token: str, *parts: bytes) -> bytes:
+    mac = _keyed(token).copy()
+    for part in parts:
+        mac.update(part)
+    return mac.digest()
+
+
+def signed_request(token: str, message: dict[str, Any]) -> tuple[bytes, bytes]:
+    """``(frame, nonce)``: ``message`` as a signed request (see the module doc)."""
+    nonce = os.urandom(_NONCE_BYTES)
+    body = msgpack.packb(
+        {**message, "ts": int(time.time() * 1000), "nonce": nonce}, use_bin_type=True
+    )
+    return _frame([key_id(token), body, _mac(token, body)]), nonce
+
+
+def _signed_reply(token: str, nonce: bytes, message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    return _frame([body, _mac(token, b"reply", nonce, body)])
+
+
+def _reply_of(token: str, nonce: bytes, data: bytes) -> dict[str, Any] | None:
+    """The reply in ``data`` (a whole frame) if the coordinator holding ``token``
+    signed it for the request ``nonce``; None otherwise."""
+    try:
+        body, mac = msgpack.unpackb(data[_LENGTH.size :], raw=False)
+        if not hmac.compare_digest(_mac(token, b"reply", nonce, body), mac):
+            return None
+        reply = msgpack.unpackb(body, raw=False)
+    except Exception:
+        return None
+    return reply if isinstance(reply, dict) else None
+
+
+def _parse(buffer: bytearray) -> Any:
+    """A whole request from ``buffer`` (None until it has arrived): the decoded
+    msgpack value, checked by the coordinator; ``ValueError`` for bytes that are
+    not one."""
     if len(buffer) < _LENGTH.size:
         return None
     (length,) = _LENGTH.unpack_from(buffer)
@@ -144,9 +225,34 @@ def _parse(buffer: bytearray) -> dict[str, Any] | None:
         request = msgpack.unpackb(bytes(buffer[_LENGTH.size :]), raw=False)
     except Exception as exc:
         raise ValueError(f"not msgpack: {exc}") from None
-    if not isinstance(request, dict):
-        raise ValueError("not a map")
     return request
+
+
+def _metrics_problem(metrics: Any) -> str | None:
+    """Why a report's metrics record is refused, or None if it is taken."""
+    if metrics is None:
+        return None
+    if not isinstance(metrics, dict):
+        return "a metrics record that is not a map"
+    unknown = set(metrics) - TASK_FIELDS
+    if unknown:
+        return f"a metrics record with unknown fields {sorted(map(str, unknown))[:5]}"
+    for value in metrics.values():
+        if not (value is None or type(value) in (int, float, str)):
+            return "a metrics record with a value that is not a number or a short text"
+    if len(msgpack.packb(metrics)) > MAX_METRICS_BYTES:
+        return f"a metrics record over {MAX_METRICS_BYTES} bytes"
+    return None
+
+
+def _report_problem(request: dict[str, Any], num_partitions: int) -> str | None:
+    """Why a report is refused, or None if it is taken."""
+    partition, event_time = request.get("partition"), request.get("event_time")
+    if type(partition) is not int or not 0 <= partition < num_partitions:
+        return f"a report for partition {partition!r} of {num_partitions}"
+    if not (event_time is None or (type(event_time) is int and -MAX_INT < event_time < MAX_INT)):
+        return f"a report of event time {event_time!r}"
+    return _metrics_problem(request.get("metrics"))
 
 
 class _Operator:
@@ -228,11 +334,21 @@ class Coordinator:
         self.port = listener.getsockname()[1]
         self._operators: dict[tuple[str, str], tuple[str, _Operator]] = {}
         self._by_token: dict[str, _Operator] = {}
+        #: key id -> (token, operator)
+        self._by_key: dict[str, tuple[str, _Operator]] = {}
+        #: nonces of accepted requests -> (arrival, request ts), oldest first; requests
+        #: not newer than ``_floor_ms`` are refused (their nonces may be forgotten)
+        self._nonces: OrderedDict[bytes, tuple[float, int]] = OrderedDict()
+        self._floor_ms = -1
+        #: kinds of refused requests logged already (each is logged once)
+        self._logged: set[str] = set()
+        #: refused requests, by reason (tests, logs)
+        self.refused: dict[str, int] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="sessionstore-coordinator-read")
         self._server = RequestServer(
             listener,
-            _parse,
+            self._verified,
             self._answer,
             name="sessionstore-coordinator",
             max_request_bytes=MAX_REQUEST_BYTES,
@@ -262,6 +378,7 @@ class Coordinator:
                 state = _Operator(storage, num_partitions)
                 self._operators[key] = (token, state)
                 self._by_token[token] = state
+                self._by_key[key_id(token)] = (token, state)
             token = self._operators[key][0]
         return CoordinatorAddress(self.host, self.port, token)
 
@@ -290,31 +407,91 @@ class Coordinator:
         self._server.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _answer(self, request: dict[str, Any]) -> bytes | None:
-        token = request.get("token")
-        state = self._by_token.get(token) if isinstance(token, str) else None
-        if state is None:
-            return NO_REPLY  # not one of our operators' tasks
-        batch, run = request.get("batch"), request.get("run")
-        if type(batch) is not int or not isinstance(run, str | None):
+    def _refuse(self, reason: str, detail: str = "") -> None:
+        """Count a refused request; log its kind the first time only (a flood must
+        not fill the driver's log). Raises ValueError: the request is dropped."""
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning(
+                "sessionstore coordinator: dropped a request (%s%s); further ones of this "
+                "kind are dropped silently", reason, f": {detail}" if detail else "",
+            )  # fmt: skip
+        raise ValueError(reason)
+
+    def _verified(self, buffer: bytearray) -> Any:
+        """The request in ``buffer`` once it has arrived whole and passed the checks
+        of the module doc (mac, time, nonce), as ``(token, operator, nonce, body
+        map)``; ``ValueError`` (dropped) otherwise. Runs once per request: a request
+        whose answer waits is asked again without being verified again."""
+        frame = _parse(buffer)
+        if frame is None:
+            return None
+        if not (
+            isinstance(frame, list) and len(frame) == 3 and isinstance(frame[0], str)
+            and isinstance(frame[1], bytes) and isinstance(frame[2], bytes)
+        ):  # fmt: skip
+            self._refuse("malformed request")
+        known = self._by_key.get(frame[0])
+        if known is None:
+            self._refuse("unknown key")
+        token, state = known
+        if not hmac.compare_digest(_mac(token, frame[1]), frame[2]):
+            self._refuse("wrong mac")
+        try:
+            body = msgpack.unpackb(frame[1], raw=False)
+        except Exception:
+            body = None
+        if not isinstance(body, dict):
+            self._refuse("malformed body")
+        ts, nonce = body.get("ts"), body.get("nonce")
+        if type(ts) is not int or not isinstance(nonce, bytes) or len(nonce) != _NONCE_BYTES:
+            self._refuse("malformed body")
+        now = time.time()
+        if abs(now * 1000 - ts) > MAX_CLOCK_SKEW_S * 1000 or ts <= self._floor_ms:
+            self._refuse("stale timestamp", f"{(now * 1000 - ts) / 1000:.1f} s old")
+        if nonce in self._nonces:
+            self._refuse("replayed request")
+        self._remember(nonce, now, ts)
+        return token, state, nonce, body
+
+    def _remember(self, nonce: bytes, now: float, ts: int) -> None:
+        """Keep ``nonce`` while a request of its time can still be accepted (the
+        server's thread only)."""
+        nonces = self._nonces
+        nonces[nonce] = (now, ts)
+        # a request accepted at ``arrival`` had ts >= arrival - skew, so its nonce
+        # matters until arrival + 2 * skew at most
+        while nonces and next(iter(nonces.values()))[0] < now - 2 * MAX_CLOCK_SKEW_S:
+            nonces.popitem(last=False)
+        while len(nonces) > MAX_NONCES:
+            _, (_, old_ts) = nonces.popitem(last=False)
+            self._floor_ms = max(self._floor_ms, old_ts)
+
+    def _answer(self, request: tuple[str, _Operator, bytes, dict[str, Any]]) -> bytes | None:
+        token, state, nonce, body = request
+        batch, run = body.get("batch"), body.get("run")
+        try:
+            if type(batch) is not int or not -1 <= batch < MAX_INT:  # -1: before the first
+                self._refuse("malformed request", f"batch {batch!r}")
+            if not (run is None or (isinstance(run, str) and len(run) <= 64)):
+                self._refuse("malformed request", f"run {str(run)[:80]!r}")
+            if body.get("op") == "report":
+                problem = _report_problem(body, state.num_partitions)
+                if problem is not None:
+                    self._refuse("invalid report", problem)
+                state.add_report(run, batch, body["partition"], body.get("event_time"),
+                                 body.get("metrics"))  # fmt: skip
+                return _signed_reply(token, nonce, {"ok": True})
+            if body.get("op") != "ask":
+                self._refuse("malformed request", f"op {str(body.get('op'))[:20]!r}")
+        except ValueError:
             return NO_REPLY
-        if request.get("op") == "report":
-            partition, event_time = request.get("partition"), request.get("event_time")
-            if (
-                type(partition) is not int
-                or not 0 <= partition < state.num_partitions
-                or not (event_time is None or type(event_time) is int)
-            ):
-                return NO_REPLY
-            state.add_report(run, batch, partition, event_time, request.get("metrics"))
-            return _frame({"ok": True})
-        if request.get("op") == "ask":
-            try:
-                answer = state.answer(run, batch, self._pool, self._server.wake)
-            except Exception as exc:  # the task reads the records itself, and fails there
-                return _frame({"error": f"{type(exc).__name__}: {exc}"})
-            return None if answer is None else _frame({"event_time": answer[0]})
-        return NO_REPLY
+        try:
+            answer = state.answer(run, batch, self._pool, self._server.wake)
+        except Exception as exc:  # the task reads the records itself, and fails there
+            return _signed_reply(token, nonce, {"error": f"{type(exc).__name__}: {exc}"})
+        return None if answer is None else _signed_reply(token, nonce, {"event_time": answer[0]})
 
 
 _coordinator: tuple[int, Coordinator] | None = None
@@ -386,7 +563,8 @@ def _request(address: CoordinatorAddress, message: dict[str, Any]) -> dict[str, 
     try:
         with socket.create_connection(where, timeout=CONNECT_TIMEOUT_S) as conn:
             conn.settimeout(ANSWER_TIMEOUT_S)
-            conn.sendall(_frame({**message, "token": address.token}))
+            request, nonce = signed_request(address.token, message)
+            conn.sendall(request)
             data = b""
             while (
                 len(data) < _LENGTH.size or len(data) < _LENGTH.size + _LENGTH.unpack_from(data)[0]
@@ -395,6 +573,8 @@ def _request(address: CoordinatorAddress, message: dict[str, Any]) -> dict[str, 
                 if not chunk:
                     return None  # dropped: a wrong token, or the coordinator is gone
                 data += chunk
+                if len(data) > MAX_REQUEST_BYTES:
+                    return None  # not a reply of ours: replies are small
     except OSError as exc:
         _unreachable_until[where] = time.monotonic() + RETRY_AFTER_S
         log.warning(
@@ -403,8 +583,7 @@ def _request(address: CoordinatorAddress, message: dict[str, Any]) -> dict[str, 
             address.host, address.port, exc, RETRY_AFTER_S,
         )  # fmt: skip
         return None
-    reply = msgpack.unpackb(data[_LENGTH.size :], raw=False)
-    return reply if isinstance(reply, dict) else None
+    return _reply_of(address.token, nonce, data)
 
 
 def report(

@@ -4,8 +4,11 @@ Options: ``path`` (a checkpoint root URI, or a job's local database directory),
 ``store`` (required); ``operator`` (required when there are several);
 ``batchId`` (the version to read: the state after that many batches; default the
 latest), ``partition``, ``key`` and ``asOf`` (versioned stores), ``keySchema`` and
-``valueSchema`` (DDL, see below), ``raw`` and ``storage.<option>`` for
-``pyarrow.fs``. One Spark partition reads one state partition (a checkpoint version
+``valueSchema`` (DDL, see below), ``raw``, ``allowPickle`` and
+``storage.<option>`` for ``pyarrow.fs``. A store whose checkpoint records the
+``pickle`` serde is refused (one line naming it and the option) unless
+``.option("allowPickle", "true")``: unpickling runs whatever code the writer of
+the checkpoint put there (docs/security.md). One Spark partition reads one state partition (a checkpoint version
 is restored into a temporary directory; a local database is opened as a RocksDB
 secondary).
 
@@ -145,6 +148,15 @@ def _fields(ddl: str) -> list[tuple[str, str]]:
     return out
 
 
+#: How a data source user opts in to reading pickled stores.
+PICKLE_OPTION = '.option("allowPickle", "true")'
+
+
+def _open(s: dict[str, Any]) -> Any:
+    """The source of the settings ``s``: pickled stores only with ``allowPickle``."""
+    return open_source(s["uri"], s["storage"], s["allow_pickle"], PICKLE_OPTION)
+
+
 class SessionStoreDataSource(DataSource):
     """Batch reads of sessionstore state."""
 
@@ -158,7 +170,8 @@ class SessionStoreDataSource(DataSource):
             if not opts.get(required):
                 raise ValueError(f"the sessionstore source needs .option({required!r}, ...)")
         storage = {k[len("storage.") :]: v for k, v in opts.items() if k.startswith("storage.")}
-        source = open_source(opts["path"], storage or None)
+        allow_pickle = _flag("allowPickle", opts.get("allowpickle"))
+        source = open_source(opts["path"], storage or None, allow_pickle, PICKLE_OPTION)
         operator = opts.get("operator")
         if not operator:
             known = source.operators()
@@ -167,6 +180,7 @@ class SessionStoreDataSource(DataSource):
                     f"{opts['path']} has operators {known}; pick one with .option('operator', ...)"
                 )
             operator = known[0]
+        source.check_pickle(operator)  # before any schema sampling or task
         return {
             "uri": opts["path"],
             "operator": operator,
@@ -179,11 +193,12 @@ class SessionStoreDataSource(DataSource):
             "value_schema": opts.get("valueschema"),
             "raw": _flag("raw", opts.get("raw")),
             "storage": storage or None,
+            "allow_pickle": allow_pickle,
         }
 
     def _sample(self, s: dict[str, Any]) -> list[dict[str, Any]]:
         rows = store_rows(
-            open_source(s["uri"], s["storage"]), s["operator"], s["store"],
+            _open(s), s["operator"], s["store"],
             None if s["partition"] is None else [s["partition"]], s["version"],
             RowFilter(key=s["key"], as_of=s["as_of"]), _SAMPLE, raw=s["raw"],
         )  # fmt: skip
@@ -191,7 +206,7 @@ class SessionStoreDataSource(DataSource):
 
     def schema(self) -> str:
         s = self._settings()
-        kind = store_kind(open_source(s["uri"], s["storage"]), s["operator"], s["store"])
+        kind = store_kind(_open(s), s["operator"], s["store"])
         if kind not in _TIME_COLUMNS:
             # a processor store mixes variables of different shapes in one store
             raise ValueError(
@@ -224,7 +239,7 @@ class SessionStoreDataSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         s = self._settings()
-        kind = store_kind(open_source(s["uri"], s["storage"]), s["operator"], s["store"])
+        kind = store_kind(_open(s), s["operator"], s["store"])
         names = [f.name for f in schema.fields]
         before_value = names[: names.index("value")] if "value" in names else names
         n = len(_COUNT_WINDOW_COLUMNS)
@@ -294,13 +309,13 @@ class _Reader(DataSourceReader):
         s = self.settings
         if s["partition"] is not None:
             return [InputPartition(s["partition"])]
-        source = open_source(s["uri"], s["storage"])
+        source = _open(s)
         return [InputPartition(p) for p in source.partitions(s["operator"])]
 
     def read(self, partition: InputPartition):
         s = self.settings
         rows = store_rows(
-            open_source(s["uri"], s["storage"]), s["operator"], s["store"], [partition.value],
+            _open(s), s["operator"], s["store"], [partition.value],
             s["version"], RowFilter(key=s["key"], as_of=s["as_of"]), raw=s["raw"],
         )  # fmt: skip
         names = self.columns

@@ -40,6 +40,7 @@ def repartition_state(
     key_types: list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     target_storage_options: dict[str, Any] | None = None,
+    allow_pickle: bool = False,
 ) -> dict[str, Any]:
     """Repartition version ``version`` (default: the latest) of ``operator``'s state
     at ``uri`` to ``partitions`` partitions, as a new checkpoint at ``to``, on the
@@ -49,7 +50,7 @@ def repartition_state(
     runs) names what is wrong."""
     plan = plan_repartition(
         uri, operator, partitions, to, version, key_types, storage_options,
-        target_storage_options,
+        target_storage_options, allow_pickle,
     )  # fmt: skip
     sources = spark.sparkContext.parallelize(range(plan.source_partitions), plan.source_partitions)
     rows = sources.mapPartitions(lambda ids: _route(plan, ids))

@@ -30,9 +30,23 @@ server ``p mod count``, where its database stays open from batch to batch:
   :data:`IDLE_EXIT_S` without tasks, once its databases are closed and its
   snapshot uploads done.
 
-Trust: as for handovers, only peers that run as our user (``SO_PEERCRED``) are
-served; a request is a pickle, so it is code, the same trust PySpark's own daemon
-gives its JVM. Failures: a server that dies mid-task ends the connection, the task
+Trust, in both directions (docs/security.md): the socket name is predictable and an
+abstract socket has no permissions, so anyone local could bind it first.
+
+* A server serves only peers that run as our user (``SO_PEERCRED``): a request
+  holds the cloudpickled task, which is code, the same trust PySpark's own daemon
+  gives its JVM.
+* A worker checks the server's credentials the same way right after it connects,
+  before it sends anything: a server of another user gets no byte (the task's
+  closure holds storage credentials and the coordinator's secret), the worker says
+  so in one line and runs the task itself.
+* Nothing a worker receives is unpickled: the task's metrics record is msgpack,
+  an error is msgpack ``[type name, message, traceback text]`` rebuilt only as a
+  type of :data:`REBUILT_ERRORS` (else a ``RuntimeError`` carrying the text), and
+  every frame's size is checked against its kind's cap before a byte of it is
+  read (:data:`MAX_FRAME_BYTES`).
+
+Failures: a server that dies mid-task ends the connection, the task
 fails with an error that names the server, Spark retries it, and the retry starts
 a new server, which loads the partition from its local database or the checkpoint
 like any new process (the commit protocol is unchanged, so nothing committed is
@@ -44,9 +58,9 @@ again. Linux only (abstract sockets, ``pidfd``); elsewhere, or with
 from __future__ import annotations
 
 import argparse
+import builtins
 import logging
 import os
-import pickle
 import re
 import selectors
 import socket
@@ -59,16 +73,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import pyarrow as pa
 
 from sessionstore.checkpoint.request_server import peer_credentials
 from sessionstore.engine.memory import DEFAULT_MEMORY_MAX_MB, memory_budget
+from sessionstore.errors import StatefulProcessorError
 from spark_integration.backend import CONF_PREFIX
 
 __all__ = [
     "SERVERS_CONF",
     "SERVERS_PER_SLOT",
     "StateServerLost",
+    "ForeignStateServer",
+    "REBUILT_ERRORS",
     "ServedTask",
     "served",
     "server_count",
@@ -102,10 +120,36 @@ _FRAME = struct.Struct("<cQ")  # kind, payload bytes
 #: Frames a server sends: accepted (its pid), output (an Arrow IPC stream), the
 #: task's metrics record, the end, an error.
 _ACCEPTED, _OUTPUT, _METRICS, _END, _ERROR = b"A", b"B", b"M", b"E", b"X"
+#: The largest frame of each kind a worker reads (checked before reading it): an
+#: output Arrow stream, a metrics record, an error (traceback text included).
+MAX_FRAME_BYTES = {
+    _ACCEPTED: 32, _OUTPUT: 1 << 31, _METRICS: 1 << 20, _END: 0, _ERROR: 1 << 20,
+}  # fmt: skip
+#: The longest traceback text an error frame carries (its end is kept).
+MAX_TRACEBACK_CHARS = 256 * 1024
+#: Exception types an error frame is rebuilt as (by name; any other type arrives as
+#: a RuntimeError carrying its name, message and traceback): built-in types whose
+#: constructor takes one message, and sessionstore's processor error.
+REBUILT_ERRORS: dict[str, Callable[[str], BaseException]] = {
+    name: getattr(builtins, name)
+    for name in (
+        "ValueError", "TypeError", "KeyError", "IndexError", "LookupError",
+        "RuntimeError", "NotImplementedError", "AssertionError", "AttributeError",
+        "ArithmeticError", "ZeroDivisionError", "OverflowError", "MemoryError",
+        "OSError", "FileNotFoundError", "FileExistsError", "PermissionError",
+        "TimeoutError", "ConnectionError", "UnicodeError", "RecursionError",
+    )
+}  # fmt: skip
 
 
 class StateServerLost(RuntimeError):
-    """The state server running a task ended before the task did."""
+    """The state server running a task ended before the task did, or broke the
+    protocol (a frame too large, of an unknown kind, or malformed)."""
+
+
+class ForeignStateServer(OSError):
+    """The socket of a state server is held by a process of another user: nothing
+    was sent to it (the worker runs its task itself)."""
 
 
 # ----------------------------------------------------------------- planning
@@ -215,10 +259,22 @@ def _address(parent: int, count: int, slot: int) -> str:
     return f"\0sessionstore-state-{os.geteuid()}-{parent}-{count}-{slot}"
 
 
+def _check_server(conn: socket.socket, address: str) -> None:
+    """Raise :class:`ForeignStateServer` unless the process listening at the other
+    end of ``conn`` runs as our user (checked before anything is sent)."""
+    credentials = peer_credentials(conn)
+    if credentials is not None and credentials[1] != os.geteuid():
+        pid, uid = credentials
+        raise ForeignStateServer(
+            f"the state server socket {address[1:]!r} is held by pid {pid} of uid {uid}, "
+            f"not uid {os.geteuid()}: nothing was sent to it"
+        )
+
+
 def _accepted(slot: int, count: int, info: Any, body: bytes) -> tuple[socket.socket, int]:
     """A connection to the server of ``slot`` that has accepted the pickled task
     ``body``, starting the server if there is none: ``(connection, server pid)``."""
-    payload = pickle.dumps(tuple(vars(info).values()))
+    payload = msgpack.packb(tuple(vars(info).values()))
     parent = _parent()
     address = _address(parent, count, slot)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -228,9 +284,10 @@ def _accepted(slot: int, count: int, info: Any, body: bytes) -> tuple[socket.soc
         try:
             conn.settimeout(IO_TIMEOUT_S)
             conn.connect(address)
+            _check_server(conn, address)
             conn.sendall(_REQUEST.pack(_MAGIC, len(payload), len(body)) + payload + body)
             kind, data = _read_frame(conn)
-            if kind == _ACCEPTED:
+            if kind == _ACCEPTED and data.isdigit():
                 return conn, int(data)
             raise StateServerLost(f"unexpected first frame {kind!r} from {address[1:]!r}")
         except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, EOFError):
@@ -317,7 +374,7 @@ def _exchange(
         if kind == _OUTPUT:
             yield from pa.ipc.open_stream(data)
         elif kind == _METRICS:
-            keep_metrics(pickle.loads(data))
+            keep_metrics(_metrics_of(data, where))
         elif kind == _END:
             return
         elif kind == _ERROR:
@@ -340,7 +397,15 @@ def _read_exact(conn: socket.socket, n: int) -> bytes:
 
 
 def _read_frame(conn: socket.socket) -> tuple[bytes, bytes]:
+    """One frame from a server: ``(kind, payload)``; :class:`StateServerLost` for an
+    unknown kind or a size over its kind's cap (nothing of it is read then)."""
     kind, size = _FRAME.unpack(_read_exact(conn, _FRAME.size))
+    cap = MAX_FRAME_BYTES.get(kind)
+    if cap is None or size > cap:
+        raise StateServerLost(
+            f"sessionstore: a state server sent a frame of kind {kind!r} claiming {size} "
+            f"bytes (at most {cap} for this kind); refused without reading it"
+        )
     return kind, _read_exact(conn, size)
 
 
@@ -381,33 +446,53 @@ def _send_output(conn: socket.socket, out: Any) -> None:
     _send(conn, _OUTPUT, sink.getvalue().to_pybytes())
 
 
-def _error_payload(error: BaseException) -> bytes:
-    """The error frame: the traceback's text, then the exception pickled (empty if it
-    cannot be)."""
-    from pyspark import cloudpickle
+_PROCESSOR_ERROR = f"{StatefulProcessorError.__module__}.{StatefulProcessorError.__qualname__}"
 
-    text = "".join(traceback.format_exception(error)).encode()
-    try:
-        pickled = cloudpickle.dumps(error)
-    except Exception:
-        pickled = b""
-    return struct.pack("<Q", len(text)) + text + pickled
+
+def _type_name(error: BaseException) -> str:
+    """``ValueError`` for built-in types, ``module.Qualname`` for the others."""
+    cls = type(error)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def _error_payload(error: BaseException) -> bytes:
+    """The error frame: msgpack ``[type name, message, traceback text]`` (data only,
+    see the module doc), within :data:`MAX_FRAME_BYTES`."""
+    text = "".join(traceback.format_exception(error))[-MAX_TRACEBACK_CHARS:]
+    message = str(error)[-MAX_TRACEBACK_CHARS:]
+    return msgpack.packb([_type_name(error), message, text])
 
 
 def _error_of(payload: bytes) -> tuple[BaseException, str]:
-    """The exception of an error frame and the server's traceback. An exception that
-    cannot be rebuilt here (some take keyword-only arguments) becomes a
-    RuntimeError with the original's last traceback line (its type and message)."""
-    (size,) = struct.unpack_from("<Q", payload)
-    text = payload[8 : 8 + size].decode(errors="replace")
+    """The exception of an error frame and the server's traceback: a type of
+    :data:`REBUILT_ERRORS` (or :class:`~sessionstore.errors.StatefulProcessorError`)
+    with its message, any other as a RuntimeError ``"<type>: <message>"``."""
     try:
-        error = pickle.loads(payload[8 + size :])
-    except Exception:
-        error = None
-    if not isinstance(error, BaseException):
-        lines = text.strip().splitlines()
-        error = RuntimeError(lines[-1] if lines else "the task failed in a state server")
-    return error, text
+        name, message, text = msgpack.unpackb(payload, raw=False)
+        if not (isinstance(name, str) and isinstance(message, str) and isinstance(text, str)):
+            raise TypeError("not three strings")
+    except Exception as exc:
+        return StateServerLost(f"sessionstore: a state server sent a malformed error ({exc})"), ""
+    if name == _PROCESSOR_ERROR and message.startswith("["):
+        error_class, _, rest = message[1:].partition("] ")
+        return StatefulProcessorError(error_class, rest), text
+    factory = REBUILT_ERRORS.get(name)
+    return (RuntimeError(f"{name}: {message}") if factory is None else factory(message)), text
+
+
+def _metrics_of(payload: bytes, where: str) -> Any:
+    """The task's metrics record of a metrics frame (msgpack: a map or nil)."""
+    try:
+        record = msgpack.unpackb(payload, raw=False)
+    except Exception as exc:
+        raise StateServerLost(
+            f"sessionstore: {where} sent a malformed metrics record ({exc})"
+        ) from None
+    if record is not None and not isinstance(record, dict):
+        raise StateServerLost(f"sessionstore: {where} sent a metrics record that is not a map")
+    return record
 
 
 def serve_one(conn: socket.socket) -> None:
@@ -434,7 +519,7 @@ def serve_one(conn: socket.socket) -> None:
     conn.settimeout(IO_TIMEOUT_S)
     _send(conn, _ACCEPTED, str(os.getpid()).encode())
     try:
-        info = TaskInfo(*pickle.loads(info_bytes))
+        info = TaskInfo(*msgpack.unpackb(info_bytes, raw=False))
         task = cloudpickle.loads(task_bytes)
         inputs = list(pa.ipc.open_stream(_SocketReader(conn)))
     except Exception as error:
@@ -452,7 +537,7 @@ def serve_one(conn: socket.socket) -> None:
         except Exception as error:
             _send(conn, _ERROR, _error_payload(error))
             return
-    _send(conn, _METRICS, pickle.dumps(take_task_metrics()))
+    _send(conn, _METRICS, msgpack.packb(take_task_metrics()))
     _send(conn, _END)
 
 

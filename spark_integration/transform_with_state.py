@@ -263,6 +263,7 @@ def _transform(
         delay_ms=delay,
         out_schema_json=out_schema.json(),
         extra_stores=dict(planning.extra_stores),
+        schemas=dict(planning.schemas),
         initial=initial,
         key_types=key_types(df, keys),
         coordinator=coordinator,
@@ -475,6 +476,9 @@ class _ProcessorTask:
     event_time_column: str | None = None
     #: the user-key fields of each map state, as the driver parsed its schema
     map_key_fields: dict[str, int] = field(default_factory=dict)
+    #: each state variable's schemas in Spark's JSON form, parsed on the driver
+    #: (executors cannot parse DDL): what the stored values are encoded from
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
@@ -503,6 +507,8 @@ class _ProcessorTask:
                 key_arity=len(self.keys),
                 runtime_error=PySparkRuntimeError,
                 map_key_fields=self.map_key_fields,
+                schemas=self.schemas,
+                make_struct=_row_maker,
             )
             runner = ProcessorRunner(self.processor, handle_, self.time_mode)
             groups, dropped = self._groups(store, table)

@@ -397,7 +397,9 @@ class LocalPartition:
     """The local paths of one operator partition under ``local_dir``."""
 
     def __init__(self, local_dir: str | os.PathLike[str], operator: str, partition: int) -> None:
-        self.root = os.path.join(os.fspath(local_dir), operator, str(partition))
+        #: the local_dir itself (the top of what must stay private)
+        self.base = os.fspath(local_dir)
+        self.root = os.path.join(self.base, operator, str(partition))
         self.db = database_in(self.root)
         self.maintenance_lock = os.path.join(self.root, "maintenance.lock")
         self.snapshots = os.path.join(self.root, "snapshots")

@@ -43,6 +43,7 @@ __all__ = [
     "METRICS_FORMAT",
     "LOAD_KINDS",
     "STATS_FIELDS",
+    "TASK_FIELDS",
     "snapshot_lag",
     "millis",
     "commit_ms",
@@ -62,6 +63,16 @@ STATS_FIELDS = (
     "late_dropped", "emitted", "load_ms_max", "loads", "commit_ms_p50", "commit_ms_max",
     "uploaded_bytes", "snapshot_lag_max", "memory_bytes_max",
 )  # fmt: skip
+
+
+#: The fields of a task's metrics record as a Spark task reports it (the header
+#: metrics above without ``previous``, the commit's own timings, and which
+#: partition and batch): a coordinator takes records with these fields only.
+TASK_FIELDS = frozenset({
+    "format", "rows_total", "rows_updated", "rows_removed", "late_dropped", "emitted",
+    "load_kind", "load_ms", "uploaded_bytes", "snapshot_lag", "memory_bytes",
+    "version", "prepare_ms", "upload_ms", "apply_ms", "commit_ms", "partition", "batch",
+})  # fmt: skip
 
 
 def snapshot_lag(version: int, interval: int, pending: Iterable[int]) -> int:

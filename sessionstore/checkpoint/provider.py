@@ -73,6 +73,7 @@ from sessionstore.checkpoint.layout import (
     write_metadata,
 )
 from sessionstore.checkpoint.metrics import METRICS_FORMAT, millis, snapshot_lag
+from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
 from sessionstore.checkpoint.snapshot import (
     download_snapshot,
@@ -81,6 +82,7 @@ from sessionstore.checkpoint.snapshot import (
     upload_snapshot,
 )
 from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.encoding.serde import PickleSerde
 from sessionstore.engine.db import process_native_memory
 from sessionstore.engine.memory import check_memory_max_mb
 from sessionstore.engine.write_buffer import WriteBuffer
@@ -259,8 +261,13 @@ def _with_recorded_intervals(
     specs: list[StoreSpec], recorded: list[dict[str, Any]] | None
 ) -> list[StoreSpec] | None:
     """``specs`` with the checkpoint's segment intervals where either side leaves
-    the interval open (``segment_interval_ms`` None) and the specs differ in nothing
-    else, or None.
+    the interval open (``segment_interval_ms`` None), and with its ``pickle`` value
+    serde where a processor store's spec leaves the serde open, if the specs differ
+    in nothing else; or None.
+
+    A processor store recorded with ``pickle`` was written by a release that
+    pickled processor state: the job that wrote it keeps reading and writing it so
+    (a job trusts its own checkpoint; docs/security.md says how to rewrite it).
 
     An interval is fixed for a store's life. Checkpoints written before operators
     chose their stores' interval recorded None: a query restarted on a newer
@@ -274,6 +281,11 @@ def _with_recorded_intervals(
         interval = record.get("segment_interval_ms")
         if interval is None or spec.segment_interval_ms is None:
             spec = replace(spec, segment_interval_ms=interval)
+        if (
+            spec.kind == "processor" and spec.value_serde is None
+            and record.get("value_serde") == PickleSerde.name
+        ):  # fmt: skip
+            spec = replace(spec, value_serde=PickleSerde())
         if spec.describe() != record:
             return None
         adopted.append(spec)
@@ -340,6 +352,7 @@ class StateStoreProvider:
         self._local = LocalPartition(local_dir, operator_id, partition_id)
         self._db_path = self._local.db
         self._db: StateDB | None = None
+        self._private = False  # the local folders were checked (private_dir)
         self._handle: StoreHandle | None = None
         #: ``progress(label, done, total)`` during restores (the CLI's progress bars)
         self._progress = progress or (lambda label, done, total: None)
@@ -514,6 +527,10 @@ class StateStoreProvider:
         Raises :class:`~sessionstore.errors.StateDBLockedError` while another process
         holds it: the store service uses this to hand a partition over.
         """
+        if not self._private:
+            # before anything is read from or written to it (see private_dir)
+            private_dir(self._local.root, base=self._local.base)
+            self._private = True
         if self._db is None and is_database(self._db_path):
             start = time.perf_counter()
             self._db = StateDB.open(self._db_path, memory_max_mb=self.memory_max_mb)

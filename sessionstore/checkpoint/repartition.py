@@ -61,7 +61,7 @@ from sessionstore.checkpoint.layout import (
 )
 from sessionstore.checkpoint.provider import FORMAT, StateStoreProvider
 from sessionstore.checkpoint.snapshot import upload_snapshot
-from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.checkpoint.spec import StoreSpec, refuse_pickle
 from sessionstore.encoding.ints import INT64
 from sessionstore.encoding.keys import decode_key
 from sessionstore.encoding.spark_hash import check_key_types, partition_ids
@@ -123,6 +123,8 @@ class RepartitionPlan:
     metadata: dict[str, Any]
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
     target_storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    #: the user trusts the source's pickled stores (see refuse_pickle)
+    allow_pickle: bool = False
 
     def source(self) -> Storage:
         """The source operator's directory."""
@@ -142,6 +144,7 @@ def plan_repartition(
     key_types: list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     target_storage_options: dict[str, Any] | None = None,
+    allow_pickle: bool = False,
 ) -> RepartitionPlan:
     """Check a repartition of ``operator`` at ``uri`` to ``partitions`` partitions at
     ``to`` (version ``version``, default the latest every partition has) and return
@@ -150,7 +153,8 @@ def plan_repartition(
     ``key_types`` (Spark type names of the key columns, in order) are needed only
     for checkpoints that do not record them (written before they were recorded);
     given for one that does, they must agree. ``target_storage_options`` default to
-    ``storage_options``.
+    ``storage_options``. A source with a pickled store is refused unless
+    ``allow_pickle`` (:func:`~sessionstore.checkpoint.spec.refuse_pickle`).
     """
     if type(partitions) is not int or partitions < 1:
         raise RepartitionError(f"the partition count must be a positive int, got {partitions!r}")
@@ -167,6 +171,7 @@ def plan_repartition(
             f"{uri}/{operator} has checkpoint format {metadata.get('format')}; this "
             f"sessionstore repartitions format {FORMAT}"
         )
+    refuse_pickle(metadata.get("stores") or [], f"{uri}/{operator}", allow_pickle)
     types = _key_types(metadata.get(KEY_TYPES_FIELD), key_types, f"{uri}/{operator}")
     count = metadata.get("num_partitions")
     if count is None:  # written by a provider that was not told the count
@@ -186,7 +191,7 @@ def plan_repartition(
         )
     return RepartitionPlan(
         uri, operator, version, count, to, partitions, types, metadata,
-        storage_options, target_storage_options,
+        storage_options, target_storage_options, allow_pickle,
     )  # fmt: skip
 
 
@@ -271,7 +276,7 @@ def routed_rows(
     ``plan.version`` of source ``partition`` (restored under ``workdir``); its meta
     entries as one row (a msgpack list of pairs) for every target partition."""
     records = {r["name"]: r for r in plan.metadata["stores"]}
-    specs = [StoreSpec.from_record(r) for r in plan.metadata["stores"]]
+    specs = [StoreSpec.from_record(r, plan.allow_pickle) for r in plan.metadata["stores"]]
     where = f"{plan.source_uri}/{plan.operator}/{partition}"
     provider = StateStoreProvider(
         plan.source_uri, plan.operator, partition, specs, workdir,
@@ -466,6 +471,7 @@ def repartition_checkpoint(
     storage_options: dict[str, Any] | None = None,
     target_storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    allow_pickle: bool = False,
 ) -> dict[str, Any]:
     """Repartition in this process (``sessionstore repartition``): see
     :func:`plan_repartition` for the arguments. Source partitions are read one at
@@ -475,7 +481,7 @@ def repartition_checkpoint(
     "event_time", "checkpoint_id"}``."""
     plan = plan_repartition(
         uri, operator, partitions, to, version, key_types, storage_options,
-        target_storage_options,
+        target_storage_options, allow_pickle,
     )  # fmt: skip
     report = progress or (lambda label, done, total: None)
     with tempfile.TemporaryDirectory(prefix="sessionstore-repartition-") as workdir:

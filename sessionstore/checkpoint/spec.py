@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sessionstore.encoding.serde import serde_from_name
+from sessionstore.encoding.serde import PickleSerde, serde_from_name
+from sessionstore.errors import PickleRefusedError
 from sessionstore.stores.base import DEFAULT_KEY_SERDE, DEFAULT_VALUE_SERDE, describe_store
 from sessionstore.stores.registry import kinds_with, store_class
 
-__all__ = ["StoreSpec"]
+__all__ = ["StoreSpec", "refuse_pickle"]
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,32 @@ class StoreSpec:
         return {"name": self.name, **record, "window_size_ms": self.window_size_ms}
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> StoreSpec:
-        """Rebuild a spec recorded with built-in serdes (the CLI reads stores this way)."""
+    def from_record(
+        cls, record: dict[str, Any], allow_pickle: bool = False, where: str = "a checkpoint"
+    ) -> StoreSpec:
+        """Rebuild a spec recorded with built-in serdes (the CLI reads stores this way).
+
+        A recorded ``pickle`` serde is refused (:class:`~sessionstore.errors.PickleRefusedError`
+        naming the store and ``where``) unless ``allow_pickle``: whoever can write
+        the checkpoint chose it, and unpickling runs their code."""
+        refuse_pickle([record], where, allow_pickle)
         fields = dict(record)
         defaults = (None, DEFAULT_KEY_SERDE, DEFAULT_VALUE_SERDE)
         for side in ("key_serde", "value_serde"):
             name = fields.get(side)
             fields[side] = None if name in defaults else serde_from_name(name)
         return cls(**fields)
+
+
+def refuse_pickle(
+    records: list[dict[str, Any]], where: str, allow_pickle: bool = False,
+    option: str = "--allow-pickle",
+) -> None:  # fmt: skip
+    """Raise :class:`~sessionstore.errors.PickleRefusedError` for the first store
+    record of ``where`` with a ``pickle`` key or value serde, unless ``allow_pickle``
+    (``option`` is how the user opts in)."""
+    if allow_pickle:
+        return
+    for record in records:
+        if PickleSerde.name in (record.get("key_serde"), record.get("value_serde")):
+            raise PickleRefusedError(str(record.get("name")), where, option)

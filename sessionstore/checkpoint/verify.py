@@ -24,7 +24,7 @@ from sessionstore.checkpoint.layout import (
 )
 from sessionstore.checkpoint.provider import StateStoreProvider
 from sessionstore.checkpoint.snapshot import download_snapshot
-from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.checkpoint.spec import StoreSpec, refuse_pickle
 from sessionstore.errors import SessionStoreError
 
 __all__ = ["Verification", "verify_checkpoint", "verify_partition"]
@@ -47,16 +47,26 @@ def verify_checkpoint(
     operator_ids: list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    allow_pickle: bool = False,
 ) -> Verification:
     """Check every partition of ``operator_ids`` (default: every operator) of the
-    checkpoint at ``checkpoint_uri``."""
+    checkpoint at ``checkpoint_uri``. An operator with a pickled store is refused
+    before anything is read unless ``allow_pickle``
+    (:func:`~sessionstore.checkpoint.spec.refuse_pickle`): the replay opens its stores."""
     root = open_filesystem(checkpoint_uri, storage_options)
     result = Verification(operators(root) if operator_ids is None else list(operator_ids))
     for operator in result.operators:
+        try:
+            stores = read_metadata(root.child(operator))["stores"]
+        except FileNotFoundError:
+            continue  # reported by the partitions' checks
+        refuse_pickle(stores, f"{checkpoint_uri}/{operator}", allow_pickle)
+    for operator in result.operators:
         for partition in partitions(root, operator):
             result.problems += verify_partition(
-                checkpoint_uri, operator, partition, storage_options, progress, root
-            )
+                checkpoint_uri, operator, partition, storage_options, progress, root,
+                allow_pickle=True,  # checked above
+            )  # fmt: skip
             result.partitions += 1
     return result
 
@@ -68,9 +78,11 @@ def verify_partition(
     storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
     root: Storage | None = None,
+    allow_pickle: bool = False,
 ) -> list[str]:
     """Everything wrong with one partition's checkpoint (empty when it is sound),
-    one sentence per problem, naming the partition as ``<operator>/<partition>``."""
+    one sentence per problem, naming the partition as ``<operator>/<partition>``.
+    A pickled store is refused unless ``allow_pickle`` (see verify_checkpoint)."""
     root = root or open_filesystem(checkpoint_uri, storage_options)
     where = f"{operator}/{partition}"
     files = PartitionFiles(root.child(where))
@@ -97,7 +109,10 @@ def verify_partition(
                 problems.append(str(exc))
     if not problems and latest:
         try:
-            _load(checkpoint_uri, root, operator, partition, latest, storage_options, progress)
+            _load(
+                checkpoint_uri, root, operator, partition, latest, storage_options, progress,
+                allow_pickle,
+            )  # fmt: skip
         except (SessionStoreError, FileNotFoundError) as exc:
             problems.append(f"{where}: replay to version {latest} failed: {exc}")
     return problems
@@ -111,10 +126,14 @@ def _load(
     version: int,
     storage_options: dict[str, Any] | None,
     progress: Progress | None,
+    allow_pickle: bool,
 ) -> None:
     """Load ``version`` of a partition, with the stores its metadata records, into a
     temporary directory (a restore and replay, as a new executor would do)."""
-    specs = [StoreSpec.from_record(r) for r in read_metadata(root.child(operator))["stores"]]
+    records = read_metadata(root.child(operator))["stores"]
+    specs = [
+        StoreSpec.from_record(r, allow_pickle, f"{checkpoint_uri}/{operator}") for r in records
+    ]
     with tempfile.TemporaryDirectory(prefix="sessionstore-verify-") as workdir:
         provider = StateStoreProvider(
             checkpoint_uri, operator, partition, specs, workdir,

@@ -3,7 +3,7 @@
 Three column families, every row routable by its grouping key (the rescale tool
 asks :meth:`ProcessorStore.grouping_key_of`)::
 
-    <store>.kv      enc(grouping key) ‖ enc(variable)  ->  pickled variable payload
+    <store>.kv      enc(grouping key) ‖ enc(variable)  ->  the variable's payload
                     enc(grouping key) ‖ enc(0)         ->  the key's timers (sorted list)
     <store>.timers  time ‖ enc(grouping key)           ->  b""   (timer index)
     <store>.ttl     time ‖ enc(grouping key) ‖ enc(variable) -> b""  (TTL index)
@@ -19,23 +19,44 @@ Worked example, key ``"u1"``, variable ``"count"``::
 
     .kv row    02 75 31 00 01 | 02 63 6F 75 6E 74 00 01
     .timers    80 00 00 00 00 00 03 E8 | 02 75 31 00 01      (timer at 1000)
+
+Payloads are data: msgpack shaped by the schema the processor declared for the
+variable (:mod:`sessionstore.encoding.state_values` gives the format). Each
+variable's declaration is recorded in the ``meta`` family, in the same batch as
+the state it describes, under ``aux:<store>:state:<variable>``: msgpack
+``{"format": 1, "kind": "value"|"list"|"map", "value_schema": <Spark JSON struct
+or nil>, "key_schema": <same, map state only>}``, so a reader (or a later schema
+change) decodes the rows without the processor. A store recorded with the
+``pickle`` value serde (written by releases before this format) keeps pickled
+payloads: only the job that wrote it opens it so (it trusts its own checkpoint);
+readers refuse it unless told to trust it (docs/security.md).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
-from sessionstore.encoding.keys import decode_key, encode_key, encoded_length
-from sessionstore.encoding.serde import PickleSerde
-from sessionstore.stores.base import UntimedStore
+import msgpack
 
-__all__ = ["ProcessorStore", "TIMERS_VAR", "encode_time", "decode_time", "readable"]
+from sessionstore.encoding.keys import decode_key, encode_key, encoded_length
+from sessionstore.encoding.serde import MsgpackSerde, PickleSerde
+from sessionstore.encoding.state_values import payload_codec, value_codec
+from sessionstore.engine.db import META_CF
+from sessionstore.stores.base import UntimedStore, aux_key
+
+__all__ = [
+    "ProcessorStore", "TIMERS_VAR", "STATE_FORMAT", "encode_time", "decode_time", "readable",
+]  # fmt: skip
 
 _TIME = struct.Struct(">Q")
 _SIGN = 2**63
 #: The encoded variable tag of a key's timer list (an int: no str name can equal it).
 TIMERS_VAR = encode_key(0)
+#: The format of the payloads and of the recorded declarations (see the module doc).
+STATE_FORMAT = 1
+_DECLARED = "state:"  # aux name prefix of a variable's recorded declaration
 
 
 def encode_time(ts: int) -> bytes:
@@ -74,9 +95,61 @@ class ProcessorStore(UntimedStore):
 
     kind = "processor"
     families = ("kv", "timers", "ttl")
-    default_value_serde = PickleSerde
+    # payloads are msgpack; their shape comes from each variable's declaration
+    default_value_serde = MsgpackSerde
     # grouping keys always use the ordered codec
     codec_keys_only = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: a store written before payloads were data: every payload pickled
+        self.pickled = isinstance(self.value_serde, PickleSerde)
+        timers = payload_codec("timers", None)
+        #: encoded variable -> (dumps, loads) of its payloads
+        self._codecs: dict[bytes, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
+            TIMERS_VAR: timers
+        }
+        #: variable name -> its recorded declaration (see the module doc)
+        self.declarations: dict[str, dict[str, Any]] = {}
+        prefix = aux_key(self.name, _DECLARED)
+        for key, raw in self._db.scan_list(META_CF, prefix, prefix[:-1] + b";"):
+            self.declarations[key[len(prefix) :].decode()] = msgpack.unpackb(raw)
+
+    def declare(
+        self,
+        variable: str,
+        kind: str,
+        value_schema: dict[str, Any] | None,
+        key_schema: dict[str, Any] | None = None,
+        make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
+    ) -> None:
+        """Declare a state variable of kind ``value``, ``list`` or ``map`` with its
+        schemas in Spark's JSON form (None: the generic form): its payloads are
+        encoded from them, and the declaration is recorded in the current batch if
+        it is new or changed. ``make_struct(names)`` builds nested structs on reading."""
+        record = {
+            "format": STATE_FORMAT, "kind": kind,
+            "value_schema": value_schema, "key_schema": key_schema,
+        }  # fmt: skip
+        if self.declarations.get(variable) != record:
+            self._db.put_meta(aux_key(self.name, _DECLARED + variable), msgpack.packb(record))
+            self.declarations[variable] = record
+        self._codecs[encode_key(variable)] = payload_codec(
+            kind, value_codec(value_schema, make_struct), value_codec(key_schema, make_struct)
+        )
+
+    def _codec(self, variable: bytes) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+        """The codec of an encoded variable: declared in this process, else as
+        recorded (a reader), else the generic form."""
+        codec = self._codecs.get(variable)
+        if codec is None:
+            record = self.declarations.get(decode_key(variable)) or {}
+            codec = self._codecs[variable] = payload_codec(
+                record.get("kind", "value"),
+                value_codec(record.get("value_schema")),
+                value_codec(record.get("key_schema")),
+            )
+        return codec
 
     @property
     def kv_cf(self) -> str:
@@ -101,12 +174,23 @@ class ProcessorStore(UntimedStore):
     def load(self, key_bytes: bytes, variables: list[bytes]) -> list[Any]:
         """The payloads of ``variables`` (encoded names) of one key: one multi-get."""
         raws = self._db.get_many(self._cf, [key_bytes + v for v in variables])
-        loads = self.value_serde.loads
-        return [None if raw is None else loads(raw) for raw in raws]
+        if self.pickled:
+            loads = self.value_serde.loads
+            return [None if raw is None else loads(raw) for raw in raws]
+        codecs = self._codecs
+        return [
+            None if raw is None else (codecs.get(v) or self._codec(v))[1](raw)
+            for v, raw in zip(variables, raws, strict=True)
+        ]
 
     def write(self, key_bytes: bytes, variable: bytes, payload: Any) -> None:
         """Set (None deletes) one variable of one key, in the current batch."""
-        raw = None if payload is None else self.value_serde.dumps(payload)
+        if payload is None:
+            raw = None
+        elif self.pickled:
+            raw = self.value_serde.dumps(payload)
+        else:
+            raw = (self._codecs.get(variable) or self._codec(variable))[0](payload)
         self._db.put(self._cf, key_bytes + variable, raw)
 
     def delete_variable(self, variable: bytes) -> int:
@@ -166,8 +250,9 @@ class ProcessorStore(UntimedStore):
         # Parquet take (see readable)
         n = encoded_length(raw)
         variable = decode_key(raw[n:])
+        loads = self.value_serde.loads if self.pickled else self._codec(raw[n:])[1]
         return {
             "key": decode_key(raw[:n]),
             "state": None if variable == 0 else variable,
-            "value": readable(self.value_serde.loads(value)),
+            "value": readable(loads(value)),
         }

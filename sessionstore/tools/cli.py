@@ -20,6 +20,11 @@ a job's lock or writes into its directories: checkpoints are restored into a
 temporary directory, local databases are opened as RocksDB secondary instances.
 Progress bars show on a terminal only. Errors print one line and exit with status 2.
 
+A store whose checkpoint records the ``pickle`` serde is refused (one line, exit
+status 2) by ``dump``, ``get``, ``verify``, ``restore``, ``repartition`` and
+``stats`` unless ``--allow-pickle`` is given: unpickling runs whatever code the
+writer of the checkpoint put there (docs/security.md).
+
 Stores of aggregating operators hold accumulators; ``dump`` and ``get`` show the
 operator's output instead (the aggregates by name, from the plan the operator
 recorded with its state), and ``--raw`` the stored accumulators.
@@ -182,8 +187,17 @@ raw_option = click.option(
 )  # fmt: skip
 
 
-def _source(uri: str, storage_options: tuple[str, ...]) -> CheckpointSource | LocalSource:
-    return open_source(uri, _options(storage_options))
+allow_pickle_option = click.option(
+    "--allow-pickle", is_flag=True,
+    help="read stores recorded with the pickle serde (runs code from the checkpoint: "
+    "only if you trust every writer of it)",
+)  # fmt: skip
+
+
+def _source(
+    uri: str, storage_options: tuple[str, ...], allow_pickle: bool = False
+) -> CheckpointSource | LocalSource:
+    return open_source(uri, _options(storage_options), allow_pickle)
 
 
 def _operator(source: CheckpointSource | LocalSource, operator: str | None) -> str:
@@ -323,9 +337,10 @@ def _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of) -> RowFi
 @raw_option
 @epoch_ms_option
 @storage_option
+@allow_pickle_option
 def dump(
     uri, operator, store_name, partition, version, key, key_from, key_to, key_json, from_ts,
-    to_ts, as_of, fmt, output, limit, raw, epoch_ms, storage_options,
+    to_ts, as_of, fmt, output, limit, raw, epoch_ms, storage_options, allow_pickle,
 ):  # fmt: skip
     """Rows of a store: key, window or validity, value (keys and values as JSON in
     csv and parquet). An aggregating operator's value is its aggregates by name: an
@@ -337,7 +352,7 @@ def dump(
     if limit is not None and limit < 1:
         raise CliError(f"--limit must be at least 1, got {limit}")
     row_filter = _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of)
-    source = _source(uri, storage_options)
+    source = _source(uri, storage_options, allow_pickle)
     operator = _operator(source, operator)
     with _progress() as progress:
         rows = store_rows(
@@ -477,13 +492,14 @@ def _as_text(value: Any) -> str:
 @raw_option
 @epoch_ms_option
 @storage_option
+@allow_pickle_option
 def get(
     uri, operator, store_name, key, key_json, as_of, version, fmt, raw, epoch_ms,
-    storage_options,
+    storage_options, allow_pickle,
 ):  # fmt: skip
     """The rows of one key, searched in every partition (table and csv show times
     as ISO-8601 UTC, --epoch-ms as integers; jsonl keeps epoch ms)."""
-    source = _source(uri, storage_options)
+    source = _source(uri, storage_options, allow_pickle)
     operator = _operator(source, operator)
     row_filter = RowFilter(key=_key(key, key_json), as_of=_time("--as-of", as_of))
     with _progress() as progress:
@@ -512,7 +528,8 @@ def _checkpoint_only(source: CheckpointSource | LocalSource, command: str) -> Ch
 @click.argument("uri")
 @click.option("--operator", default=None, help="default: every operator")
 @storage_option
-def verify(uri, operator, storage_options):
+@allow_pickle_option
+def verify(uri, operator, storage_options, allow_pickle):
     """Check every retained version: checksums, changelog continuity, snapshot
     files and hashes, and a replay to the latest version. Exit 1 on problems."""
     source = _checkpoint_only(_source(uri, storage_options), "verify")
@@ -520,7 +537,7 @@ def verify(uri, operator, storage_options):
     if not operators:
         raise CliError(f"no sessionstore checkpoint under {uri}")
     with _progress() as progress:
-        result = verify_checkpoint(uri, operators, source.storage_options, progress)
+        result = verify_checkpoint(uri, operators, source.storage_options, progress, allow_pickle)
     for problem in result.problems:
         click.echo(f"PROBLEM {problem}")
     click.echo(
@@ -538,14 +555,15 @@ def verify(uri, operator, storage_options):
 @click.option("--version", type=int, default=None, help="default: the latest")
 @click.option("--to", "target", required=True, type=click.Path(file_okay=False))
 @storage_option
-def restore(uri, operator, partition, version, target, storage_options):
+@allow_pickle_option
+def restore(uri, operator, partition, version, target, storage_options, allow_pickle):
     """Materialise a version of a partition as a local RocksDB directory."""
     import os
     import shutil
 
     if os.path.exists(target) and os.listdir(target):
         raise CliError(f"{target} exists and is not empty; restore into a new directory")
-    source = _checkpoint_only(_source(uri, storage_options), "restore")
+    source = _checkpoint_only(_source(uri, storage_options, allow_pickle), "restore")
     operator = _operator(source, operator)
     if partition not in source.partitions(operator):
         raise CliError(
@@ -575,7 +593,8 @@ def restore(uri, operator, partition, version, target, storage_options):
     "that do not record them)",
 )  # fmt: skip
 @storage_option
-def repartition(uri, operator, count, target, version, key_types, storage_options):
+@allow_pickle_option
+def repartition(uri, operator, count, target, version, key_types, storage_options, allow_pickle):
     """Rescale an operator's checkpoint to N partitions: version V of every
     partition, each row moved where repartition(N, *key columns) sends its key,
     written as a new checkpoint at URI2 that a query restarted with
@@ -587,7 +606,7 @@ def repartition(uri, operator, count, target, version, key_types, storage_option
     with _progress() as progress:
         done = repartition_checkpoint(
             uri, operator, count, target, version, types, source.storage_options,
-            progress=progress,
+            progress=progress, allow_pickle=allow_pickle,
         )  # fmt: skip
     click.echo(
         f"repartitioned {operator} version {done['version']} from {done['from_partitions']} "
@@ -678,15 +697,18 @@ def _stats_table(uri: str, rows: list[dict[str, Any]]) -> None:
     help="json: one JSON object per line",
 )  # fmt: skip
 @storage_option
-def stats(uri, operator, last, fmt, storage_options):
+@allow_pickle_option
+def stats(uri, operator, last, fmt, storage_options, allow_pickle):
     """State metrics per operator and micro-batch, over its partitions: rows,
     late drops, output, loads, commit times, uploads, snapshot lag, memory."""
     from sessionstore.checkpoint.metrics import STATS_FIELDS
 
-    source = _checkpoint_only(_source(uri, storage_options), "stats")
+    source = _checkpoint_only(_source(uri, storage_options, allow_pickle), "stats")
     operators = [_operator(source, operator)] if operator else source.operators()
     if not operators:
         raise CliError(f"no sessionstore checkpoint under {uri}")
+    for op in operators:  # stats reads only headers, but is a reader like the others
+        source.check_pickle(op)
     rows = [row for op in operators for row in source.batch_metrics(op, last)]
     if fmt == "json":
         for row in rows:

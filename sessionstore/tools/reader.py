@@ -44,12 +44,15 @@ from sessionstore.checkpoint.layout import (
 )
 from sessionstore.checkpoint.metrics import summarize_batch, task_records
 from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
-from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.checkpoint.spec import StoreSpec, refuse_pickle
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.operators.aggregations import recorded_output
 from sessionstore.stores.registry import kinds_with, store_class
 from sessionstore.stores.state_db import StateDB
+
+#: How a CLI user opts in to reading pickled stores (the data source names its own).
+PICKLE_OPTION = "--allow-pickle"
 
 __all__ = [
     "Aggregates",
@@ -117,15 +120,41 @@ class PartitionInfo:
     stats: dict[str, dict[str, Any]] | None
 
 
-class CheckpointSource:
+class _PickleGuard:
+    """What both sources share: refusing pickled stores (docs/security.md)."""
+
+    uri: str
+    allow_pickle: bool
+    pickle_option: str
+
+    def store_records(self, operator: str) -> dict[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def check_pickle(self, operator: str) -> None:
+        """Refuse ``operator`` if a store of it is pickled and pickle is not allowed."""
+        refuse_pickle(
+            list(self.store_records(operator).values()), f"{self.uri}/{operator}",
+            self.allow_pickle, self.pickle_option,
+        )  # fmt: skip
+
+
+class CheckpointSource(_PickleGuard):
     """State in object storage, restored version by version into a temporary directory."""
 
     local = False
 
-    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        storage_options: dict[str, Any] | None = None,
+        allow_pickle: bool = False,
+        pickle_option: str = PICKLE_OPTION,
+    ) -> None:
         self.uri, self.storage_options = uri, storage_options
         self.root = open_filesystem(uri, storage_options)
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
+        #: read stores recorded with the pickle serde (see refuse_pickle)
+        self.allow_pickle, self.pickle_option = allow_pickle, pickle_option
 
     def operators(self) -> list[str]:
         return operators(self.root)
@@ -215,7 +244,11 @@ class CheckpointSource:
         """``(version, stores by name)`` of one partition (default: the latest
         version), restored under ``workdir`` (default: a temporary directory, removed
         after) as ``<workdir>/<operator>/<partition>/db``; nothing is written back."""
-        specs = [StoreSpec.from_record(r) for r in self.store_records(operator).values()]
+        self.check_pickle(operator)
+        specs = [
+            StoreSpec.from_record(r, allow_pickle=True)  # checked above
+            for r in self.store_records(operator).values()
+        ]
         place = nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="ss-read-")
         with place as workdir:
             provider = StateStoreProvider(
@@ -231,18 +264,21 @@ class CheckpointSource:
                 provider.close()
 
 
-class LocalSource:
+class LocalSource(_PickleGuard):
     """Live local databases (``<local_dir>/<operator>/<partition>/db``), read through
     RocksDB secondary instances: no lock, no writes, the job keeps running."""
 
     local = True
 
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self, path: str, allow_pickle: bool = False, pickle_option: str = PICKLE_OPTION
+    ) -> None:
         self.uri = path
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
         self._dbs = local_databases(path)
         if not self._dbs:
             raise NotFoundError(f"no sessionstore database under {path}")
+        self.allow_pickle, self.pickle_option = allow_pickle, pickle_option
 
     def operators(self) -> list[str]:
         return sorted({op for op, _ in self._dbs})
@@ -290,7 +326,10 @@ class LocalSource:
         progress: Progress | None = None,
     ) -> Iterator[tuple[int, dict[str, Any]]]:
         """``(version, stores by name)`` as the database is now."""
-        with self._secondary(operator, partition) as db, _stores_of(db) as (local, stores):
+        with (
+            self._secondary(operator, partition) as db,
+            _stores_of(db, self.allow_pickle, self.pickle_option) as (local, stores),
+        ):
             if version is not None and version != local:
                 raise NotFoundError(
                     f"the local database of {operator}/{partition} is at version {local}, "
@@ -299,7 +338,10 @@ class LocalSource:
             yield local, stores
 
     def info(self, operator: str, partition: int) -> PartitionInfo:
-        with self._secondary(operator, partition) as db, _stores_of(db) as (version, stores):
+        with (
+            self._secondary(operator, partition) as db,
+            _stores_of(db, self.allow_pickle, self.pickle_option) as (version, stores),
+        ):
             stats = store_stats(db, stores, WriteBuffer())
         path = self._dbs[(operator, partition)]
         size = sum(
@@ -309,13 +351,18 @@ class LocalSource:
 
 
 @contextmanager
-def _stores_of(db: StateDB) -> Iterator[tuple[int, dict[str, Any]]]:
+def _stores_of(
+    db: StateDB, allow_pickle: bool = False, pickle_option: str = "--allow-pickle"
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(committed version, stores)`` of a read-only database, opened inside a batch
-    that is rolled back (opening may expire segments; that must not be written)."""
+    that is rolled back (opening may expire segments; that must not be written).
+    A pickled store is refused unless ``allow_pickle``."""
     version = committed_version(db)
+    records = [{"name": n, **r} for n, r in db.store_specs().items()]
+    refuse_pickle(records, db.path, allow_pickle, pickle_option)
     db.begin()
     try:
-        specs = [StoreSpec.from_record({"name": n, **r}) for n, r in db.store_specs().items()]
+        specs = [StoreSpec.from_record(r, allow_pickle=True) for r in records]
         yield version, {spec.name: spec.open(db) for spec in specs}
     finally:
         db.rollback()
@@ -331,17 +378,22 @@ def _local_path(uri: str) -> str | None:
 
 
 def open_source(
-    uri: str, storage_options: dict[str, Any] | None = None
+    uri: str,
+    storage_options: dict[str, Any] | None = None,
+    allow_pickle: bool = False,
+    pickle_option: str = PICKLE_OPTION,
 ) -> CheckpointSource | LocalSource:
     """The source at ``uri``: local databases if the path holds RocksDB databases,
-    otherwise a checkpoint root (object storage or a local folder)."""
+    otherwise a checkpoint root (object storage or a local folder). Stores recorded
+    with the pickle serde are read only with ``allow_pickle`` (``pickle_option``
+    names how the user says so, in the refusal)."""
     path = _local_path(uri)
     if path is not None:
         if not os.path.exists(path):
             raise NotFoundError(f"{uri} does not exist")
         if local_databases(path):
-            return LocalSource(path)
-    return CheckpointSource(uri, storage_options)
+            return LocalSource(path, allow_pickle, pickle_option)
+    return CheckpointSource(uri, storage_options, allow_pickle, pickle_option)
 
 
 # ---------------------------------------------------------------------- rows
@@ -413,6 +465,7 @@ def store_rows(
     Where an operator recorded its output plan in the store, a row's ``value`` is
     :class:`Aggregates` (and count windows add ``window`` and ``count`` before it);
     ``raw`` keeps the stored value (the accumulator)."""
+    source.check_pickle(operator)  # before anything is read
     kind = _kind_of(source.store_records(operator), operator, store)
     row_filter.check(kind, store)  # clear errors before any restore
     known = source.partitions(operator)

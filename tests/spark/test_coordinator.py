@@ -248,3 +248,131 @@ def test_batch_metrics_gives_each_operators_records_of_one_run_and_batch(coordin
     assert found["joins"] == [{"emitted": 2}]
     assert coordinator.batch_metrics("run-2", 3) == {"joins": [{"emitted": 9}]}
     assert coordinator.batch_metrics("run-1", 5) == {}
+
+
+# ------------------------------------------------------------- trust (issue 28)
+@pytest.fixture
+def recorded(monkeypatch):
+    """Every request a task sends to a coordinator, as the bytes on the wire."""
+    sent: list[bytes] = []
+    real = socket.create_connection
+
+    class Recording:
+        def __init__(self, conn):
+            self._conn = conn
+
+        def sendall(self, data):
+            sent.append(bytes(data))
+            return self._conn.sendall(data)
+
+        def __getattr__(self, name):
+            return getattr(self._conn, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._conn.close()
+
+    monkeypatch.setattr(coord.socket, "create_connection", lambda *a, **k: Recording(real(*a, **k)))
+    return sent
+
+
+def test_the_token_never_goes_on_the_wire_and_a_captured_request_cannot_be_replayed(
+    coordinator, tmp_path, recorded
+):
+    uri = checkpoint(tmp_path, [[4, 9]])
+    address = coordinator.register(uri, "op", 2)
+    assert report(address, "run-1", 0, 0, 4)
+    assert ask(address, "run-1", 0) == (True, 9)
+    assert len(recorded) == 2
+    for request in recorded:
+        assert address.token.encode() not in request
+        assert bytes.fromhex(address.token) not in request
+    # someone who saw the report on the network sends it again
+    assert _raw(address, recorded[0]) == b""
+    assert coordinator.operator(address).stats["reports"] == 1
+    assert coordinator.refused == {"replayed request": 1}
+
+
+def test_a_request_with_a_wrong_mac_is_refused_and_changes_nothing(coordinator, tmp_path):
+    uri = checkpoint(tmp_path, [[4, 9]])
+    address = coordinator.register(uri, "op", 2)
+    message = {"op": "report", "run": None, "batch": 0, "partition": 0, "event_time": 2**52}
+    frame, _ = coord.signed_request("0" * 32, message)  # a guessed key
+    key, body, mac = msgpack.unpackb(frame[4:])
+    forged = _frame([coord.key_id(address.token), body, mac])  # under the real key's id
+    assert _raw(address, forged) == b""
+    tampered = _frame([coord.key_id(address.token), body + b"\x00", mac])
+    assert _raw(address, tampered) == b""
+    assert coordinator.refused == {"wrong mac": 2}
+    assert coordinator.operator(address).stats["reports"] == 0
+    assert ask(address, None, 0) == (True, 9)  # what decides the output is unchanged
+
+
+def test_a_request_with_a_stale_or_future_timestamp_is_refused(coordinator, tmp_path, monkeypatch):
+    uri = checkpoint(tmp_path, [[4, 9]])
+    address = coordinator.register(uri, "op", 2)
+    now = time.time()
+    for skew in (-coord.MAX_CLOCK_SKEW_S - 5, coord.MAX_CLOCK_SKEW_S + 5):
+        monkeypatch.setattr(coord.time, "time", lambda skew=skew: now + skew)
+        frame, _ = coord.signed_request(address.token, {"op": "report", "run": None,
+                                                        "batch": 0, "partition": 0,
+                                                        "event_time": 2**52})  # fmt: skip
+        monkeypatch.undo()
+        assert _raw(address, frame) == b""
+    assert coordinator.refused == {"stale timestamp": 2}
+    assert coordinator.operator(address).stats["reports"] == 0
+    assert ask(address, None, 0) == (True, 9)
+
+
+@pytest.mark.parametrize(
+    ("event_time", "metrics"),
+    [
+        (2**62, None),  # would close every session of the query
+        (-(2**62), None),
+        (5, {"rows_total": 1, "password": "x"}),  # an unknown field
+        (5, {"rows_total": "x" * 5000}),  # too large
+        (5, {"rows_total": [1] * 10}),  # not a number
+        (5, [1, 2, 3]),  # not a map
+    ],
+)
+def test_an_out_of_range_report_or_a_bad_metrics_record_is_refused(
+    coordinator, tmp_path, caplog, event_time, metrics
+):
+    uri = checkpoint(tmp_path, [[4, 9]])
+    address = coordinator.register(uri, "op", 2)
+    with caplog.at_level("WARNING", logger=coord.__name__):
+        assert not report(address, "r", 0, 0, event_time, metrics)
+        assert not report(address, "r", 0, 0, event_time, metrics)
+    assert coordinator.refused == {"invalid report": 2}
+    assert len([r for r in caplog.records if "invalid report" in r.getMessage()]) == 1  # once
+    assert coordinator.operator(address).stats["reports"] == 0
+    assert coordinator.batch_metrics("r", 0) == {}
+    report(address, "r", 0, 1, 9, {"rows_total": 3, "load_kind": "warm"})
+    assert ask(address, "r", 0) == (True, 9)
+
+
+def test_a_reply_not_signed_by_the_coordinator_is_ignored(tmp_path):
+    """A fake coordinator (it does not hold the token) answers an ask with an event
+    time of 2^62: the task ignores it and reads the durable records."""
+    import threading
+
+    from sessionstore.checkpoint.filesystem import open_filesystem
+
+    uri = checkpoint(tmp_path, [[4, 9]])
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def fake():
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(_frame({"event_time": 2**62}))
+
+    thread = threading.Thread(target=fake, daemon=True)
+    thread.start()
+    address = CoordinatorAddress("127.0.0.1", port, "ab" * 16)
+    assert coord.shared_event_time(address, open_filesystem(uri).child("op"), None, 0, 2) == 9
+    thread.join(5)

@@ -147,3 +147,22 @@ def test_sessionize_state_reads_as_named_aggregates(spark, tmp_path):
     ]  # fmt: skip
     with pytest.raises(Exception, match="option 'raw' must be 'true' or 'false', got 'yes'"):
         read.option("raw", "yes").load()
+
+
+def test_a_pickled_store_is_refused_unless_allow_pickle(spark, tmp_path):
+    """A checkpoint whose _metadata names the pickle serde: the data source refuses
+    it with one line naming the store and the option, before sampling anything
+    (no unpickling); with .option("allowPickle", "true") it reads."""
+    from tests.tools.test_cli_pickle import _pickled_checkpoint
+
+    uri, marker = _pickled_checkpoint(tmp_path)
+    register(spark)
+    read = spark.read.format("sessionstore").option("path", uri).option("store", "s")
+    with pytest.raises(Exception) as caught:
+        read.load().collect()
+    message = str(caught.value)
+    assert f"store 's' of {uri}/op is pickled" in message
+    assert '.option("allowPickle", "true")' in message
+    assert not marker.exists()
+    rows = read.option("allowPickle", "true").option("key", "k1").load().collect()
+    assert [r.value for r in rows] == ["hello"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -16,12 +17,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgpack
 import pyarrow as pa
 import pytest
 
+from sessionstore.errors import StatefulProcessorError
 from spark_integration import runtime
 from spark_integration import state_server as ss
 from spark_integration.runtime import TaskInfo
+from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
 
 
@@ -350,3 +354,127 @@ def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
     assert len({r["pid"] for r in ran}) == 1
     assert [type(c) for c in calls].count(EchoTask) == 1
     assert "_body" not in pickle.loads(pickle.dumps(served)).__dict__
+
+
+# ------------------------------------------------------------- trust (issue 28)
+@needs_root
+def test_a_server_of_another_user_that_holds_the_name_is_sent_nothing(daemon, caplog, monkeypatch):
+    """A process of ``nobody`` binds the slot's name first: the worker checks its
+    credentials after connecting, sends it no byte, says why in one line, and runs
+    the task itself."""
+    monkeypatch.setattr(ss, "_warned_unavailable", False)
+    address = ss._address(ss._parent(), 1, 0)
+
+    def fake_server(ready):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(8)
+        listener.settimeout(30)
+        ready()
+        connections = received = 0
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                return connections, received
+            listener.settimeout(2)  # the worker's connections come at once
+            connections += 1
+            conn.settimeout(2)
+            try:
+                while chunk := conn.recv(1 << 16):
+                    received += len(chunk)
+            except TimeoutError:
+                pass
+            conn.close()
+
+    fake = AsNobody(fake_server)
+    fake.wait_ready()
+    with caplog.at_level("WARNING", logger=ss.__name__):
+        out, metrics = _run(EchoTask(), partition=0, count=1)
+    assert out[-1].column("pid").to_pylist() == [os.getpid()]  # ran in the worker
+    assert metrics == {"rows": 3, "partition": 0}
+    connections, received = fake.result()
+    assert connections >= 1 and received == 0
+    lines = [r.getMessage() for r in caplog.records if "uid 65534" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert f"held by pid {fake.pid} of uid 65534, not uid 0: nothing was sent" in lines[0]
+
+
+class _Marker:
+    """Unpickling this creates the file ``path`` (stands for any code a pickle runs)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _hostile_server(address: str, frames: list[bytes]) -> threading.Thread:
+    """A server of our own user that accepts one task and answers with ``frames``."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(1)
+
+    def serve():
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                _, info, task = ss._REQUEST.unpack(ss._read_exact(conn, ss._REQUEST.size))
+                ss._read_exact(conn, info + task)
+                ss._send(conn, ss._ACCEPTED, b"4242")
+                conn.sendall(b"".join(frames))
+                time.sleep(0.5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("kind", ["metrics", "error"])
+def test_a_pickle_in_a_servers_frame_is_never_unpickled(daemon, tmp_path, kind):
+    import pickle
+
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(_Marker(str(marker)))
+    if kind == "metrics":
+        frame = ss._FRAME.pack(ss._METRICS, len(payload)) + payload
+    else:  # text, then a pickled exception: the layout a worker used to unpickle
+        text = b"Traceback: ValueError: boom"
+        body = struct.pack("<Q", len(text)) + text + payload
+        frame = ss._FRAME.pack(ss._ERROR, len(body)) + body
+    thread = _hostile_server(ss._address(ss._parent(), 1, 0), [frame])
+    with pytest.raises(
+        ss.StateServerLost, match=f"malformed {'metrics' if kind == 'metrics' else 'error'}"
+    ):
+        _run(EchoTask(), partition=0, count=1)
+    thread.join(5)
+    assert not marker.exists()
+
+
+def test_a_frame_claiming_two_to_the_40_bytes_is_refused_without_allocating_it(daemon):
+    import tracemalloc
+
+    frame = ss._FRAME.pack(ss._OUTPUT, 2**40)
+    thread = _hostile_server(ss._address(ss._parent(), 1, 0), [frame])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ss.StateServerLost, match=f"claiming {2**40} bytes"):
+            _run(EchoTask(), partition=0, count=1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    thread.join(5)
+    assert peak < 16 << 20
+
+
+def test_an_error_of_a_type_outside_the_allow_list_arrives_as_a_runtime_error_with_its_text():
+    payload = msgpack.packb(["os.system", "rm -rf /", "Traceback ...\nos.system: rm -rf /"])
+    error, text = ss._error_of(payload)
+    assert type(error) is RuntimeError and str(error) == "os.system: rm -rf /"
+    assert text.endswith("os.system: rm -rf /")
+    error, _ = ss._error_of(msgpack.packb(["KeyError", "'k'", "..."]))
+    assert type(error) is KeyError
+    error, _ = ss._error_of(ss._error_payload(StatefulProcessorError("SOME_CLASS", "what")))
+    assert type(error) is StatefulProcessorError and error.error_class == "SOME_CLASS"
+    assert str(error) == "[SOME_CLASS] what"

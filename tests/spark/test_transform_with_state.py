@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import time
+from decimal import Decimal
 
 import pytest
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
 
 from spark_integration import StateBackend, transform_with_state, transform_with_state_in_pandas
 from tests.faults import FailOnceAfterCommit
@@ -299,3 +302,117 @@ def test_a_restart_keeps_the_initial_state_batch_0_ran_with_and_a_later_one_dele
         ("b", 1, 1, "x"), ("b", 3, 2, "x,w,w"), ("c", 1, 1, "z"), ("c", 2, 1, "z,z"),
         ("d", 1, 1, "q"), ("d", 2, 2, "q,r"), ("e", 8, 1, "e"),
     ]  # fmt: skip
+
+
+# ------------------------------------------------------------- trust (issue 28)
+class TypedKeeper(StatefulProcessor):
+    """Value, list and map state of timestamps, decimals, nested structs, dates and
+    nulls (row API)."""
+
+    def init(self, handle) -> None:
+        self.last = handle.getValueState(
+            "last", "ts timestamp, amount decimal(10,2), place struct<city: string, zip: int>, "
+            "note string",
+        )  # fmt: skip
+        self.history = handle.getListState("history", "ts timestamp, amount decimal(10,2)")
+        self.by_day = handle.getMapState(
+            "by_day", "day date", "total decimal(12,2), place struct<city: string, zip: int>"
+        )
+
+    def handleInputRows(self, key, rows, timerValues):
+        for r in sorted(rows, key=lambda r: r.ts):
+            self.last.update((r.ts, r.amount, (r.city, r.zip), None))
+            self.history.appendValue((r.ts, r.amount))
+            day = r.ts.date()
+            now = self.by_day.getValue((day,))
+            total = (now[0] if now is not None else Decimal("0")) + r.amount
+            self.by_day.updateValue((day,), (total, (r.city, r.zip)))
+        last = self.last.get()
+        yield Row(
+            id=key[0], last_ts=last[0], amount=last[1], city=last[2][0], zip=last[2][1],
+            n=len(list(self.history.get())), days=len(list(self.by_day.keys())),
+            day_total=sum((v[0] for v in self.by_day.values()), Decimal("0")), note=last[3],
+        )  # fmt: skip
+
+    def close(self) -> None:
+        pass
+
+
+TYPED_OUT = (
+    "id string, last_ts timestamp, amount decimal(10,2), city string, zip int, n long, "
+    "days long, day_total decimal(12,2), note string"
+)
+TYPED_IN = "id string, ts timestamp, amount decimal(10,2), city string, zip int"
+TYPED_BATCHES = [
+    [
+        {"id": "a", "ts": "2024-01-01T10:00:00", "amount": "12.50", "city": "Paris", "zip": 75001},
+        {"id": "a", "ts": "2024-01-01T11:00:00", "amount": "0.25", "city": None, "zip": None},
+        {"id": "b", "ts": "2024-01-02T00:00:00", "amount": "-3.00", "city": "Oslo", "zip": 150},
+    ],
+    [{"id": "a", "ts": "2024-01-03T00:00:01", "amount": "1.00", "city": "Rome", "zip": 100}],
+]
+
+
+def test_stored_values_of_every_type_are_msgpack_and_the_output_matches_spark(spark, tmp_path):
+    """The same processor under Spark and ours gives the same output, and each
+    stored value, list and map decodes with plain msgpack to the declared types'
+    encodings (sessionstore.encoding.state_values): no pickle in the checkpoint."""
+    import calendar
+    from datetime import datetime
+
+    import msgpack
+
+    from sessionstore.encoding.keys import encode_key
+    from sessionstore.stores.state_db import StateDB
+    from sessionstore.tools.reader import CheckpointSource
+    from spark_integration.transform_with_state import STORE
+
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+
+    def run(tag, make):
+        src = tmp_path / f"in-{tag}"
+        df = json_source(spark, src, TYPED_IN)
+        steps = [lambda i=i, b=b: write_json(src, i, b) for i, b in enumerate(TYPED_BATCHES)]
+        return _run(make(df), tmp_path / f"ck-{tag}", steps)
+
+    uri = f"file://{tmp_path}/state"
+    backend = StateBackend(uri, local_dir=str(tmp_path / "local"))
+    processor = TypedKeeper()
+    theirs = run("spark", lambda df: _sparks(df, "rows", processor, TYPED_OUT))
+    ours = run("ours", lambda df: _ours(df, "rows", processor, TYPED_OUT, backend, n=2))
+    assert sorted(ours, key=repr) == sorted(theirs, key=repr) and len(ours) == 3
+
+    def micros(text):
+        return calendar.timegm(datetime.fromisoformat(text).timetuple()) * 1_000_000
+
+    rows = {}
+    source = CheckpointSource(uri)
+    for partition in source.partitions("transform_with_state"):
+        restored = tmp_path / f"restored-{partition}"
+        with source.open("transform_with_state", partition, None, None, str(restored)):
+            pass
+        db = StateDB.open(str(restored / "transform_with_state" / str(partition) / "db"))
+        try:
+            for raw_key, raw in db.scan(f"{STORE}.kv"):
+                rows[raw_key] = msgpack.unpackb(raw, use_list=False, strict_map_key=False)
+        finally:
+            db.close()
+    a, b = encode_key("a"), encode_key("b")
+    assert rows[a + encode_key("last")] == (
+        (micros("2024-01-03T00:00:01"), "1.00", ("Rome", 100), None),
+        None,
+    )
+    assert rows[a + encode_key("history")] == (
+        ((micros("2024-01-01T10:00:00"), "12.50"), None),
+        ((micros("2024-01-01T11:00:00"), "0.25"), None),
+        ((micros("2024-01-03T00:00:01"), "1.00"), None),
+    )
+    assert rows[a + encode_key("by_day")] == {
+        (19723,): (("12.75", (None, None)), None),  # 2024-01-01: days since 1970-01-01
+        (19725,): (("1.00", ("Rome", 100)), None),
+    }
+    assert rows[b + encode_key("last")] == (
+        (micros("2024-01-02T00:00:00"), "-3.00", ("Oslo", 150), None),
+        None,
+    )
+    assert len(rows) == 6

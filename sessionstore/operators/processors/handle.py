@@ -10,7 +10,11 @@ keys are processed) with Spark's error conditions.
 
 Schemas are opaque here (no pyspark): the engine that runs the processor passes a
 ``parse_schema`` callable that checks a schema (a ``StructType`` or DDL string)
-and raises its own error for a bad one.
+and raises its own error for a bad one. A parsed schema with ``jsonValue()``
+(PySpark's ``StructType``) is what each variable's values are encoded from
+(:mod:`sessionstore.encoding.state_values`); the engine may instead pass the
+declarations it parsed when it planned the query (``schemas``, from
+:attr:`ProcessorHandle.schemas`), as executors cannot parse DDL strings.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class ProcessorHandle:
         key_arity: int = 1,
         runtime_error: Callable[[str], Exception] = RuntimeError,
         map_key_fields: dict[str, int] | None = None,
+        schemas: dict[str, dict[str, Any]] | None = None,
+        make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
     ) -> None:
         self._store = store
         #: fields of each map state's user-key schema: what ``parse_schema`` found,
@@ -80,6 +86,11 @@ class ProcessorHandle:
         #: the exception Spark's state clients raise where the JVM refused a call
         #: (the engine passes PySpark's ``PySparkRuntimeError``, a RuntimeError)
         self.runtime_error = runtime_error
+        self._given_schemas = schemas or {}
+        self._make_struct = make_struct
+        #: variable -> {"kind", "value_schema", "key_schema"}: each variable's
+        #: schemas in Spark's JSON form (None where the engine gave none)
+        self.schemas: dict[str, dict[str, Any]] = {}
         self._time_mode = time_mode
         self._parse_schema = parse_schema or (lambda schema: schema)
         self._open_store = open_store
@@ -138,7 +149,7 @@ class ProcessorHandle:
     ) -> ValueState:
         """A value state variable (call in ``init``)."""
         self._define("get_value_state", stateName, ttlDurationMs)
-        self._parse_schema(schema)
+        self._declare(stateName, "value", schema)
         var = self._variables[stateName] = ValueState(self, stateName, ttlDurationMs)
         return var
 
@@ -150,7 +161,7 @@ class ProcessorHandle:
     ) -> ListState:
         """A list state variable (call in ``init``)."""
         self._define("get_list_state", stateName, ttlDurationMs)
-        self._parse_schema(schema)
+        self._declare(stateName, "list", schema)
         var = self._variables[stateName] = ListState(self, stateName, ttlDurationMs)
         return var
 
@@ -164,13 +175,26 @@ class ProcessorHandle:
         """A map state variable (call in ``init``)."""
         self._define("get_map_state", stateName, ttlDurationMs)
         key_schema = self._parse_schema(userKeySchema)
-        self._parse_schema(valueSchema)
+        self._declare(stateName, "map", valueSchema, userKeySchema)
         var = self._variables[stateName] = MapState(self, stateName, ttlDurationMs)
         fields = getattr(key_schema, "fields", None)  # a StructType's; opaque otherwise
         if fields is not None:
             self.map_key_fields[stateName] = len(fields)
         var.key_fields = self.map_key_fields.get(stateName)
         return var
+
+    def _declare(self, name: str, kind: str, schema: Any, key_schema: Any = None) -> None:
+        """Check the schemas and declare the variable to the store (its encoding)."""
+        value_json = _schema_json(self._parse_schema(schema))
+        key_json = None if kind != "map" else _schema_json(self._parse_schema(key_schema))
+        declared = self._given_schemas.get(name)
+        if declared is None or declared.get("kind") != kind:
+            declared = {"kind": kind, "value_schema": value_json, "key_schema": key_json}
+        self.schemas[name] = declared
+        if self._store is not None:
+            self._store.declare(
+                name, kind, declared["value_schema"], declared["key_schema"], self._make_struct
+            )
 
     def getSessionState(self, stateName: str, retention_ms: int) -> SessionState:  # noqa: N802,N803
         """sessionstore's session store for each key (call in ``init``): sessions
@@ -346,6 +370,16 @@ class ProcessorHandle:
             self._set_payload(encoded, self._payload(encoded))  # purged on write-back
             self.end_key()
         return len(due)
+
+
+def _schema_json(parsed: Any) -> dict[str, Any] | None:
+    """A parsed schema in Spark's JSON form (a struct), or None if it has none."""
+    to_json = getattr(parsed, "jsonValue", None)
+    if callable(to_json):
+        parsed = to_json()
+    if isinstance(parsed, dict) and parsed.get("type") == "struct":
+        return parsed
+    return None
 
 
 def _timestamp(value: Any) -> int:

@@ -1,0 +1,402 @@
+"""State values of a StatefulProcessor as data: msgpack, shaped by the schema the
+processor declares for each variable, never pickle.
+
+A schema is Spark's JSON form of a ``StructType`` (what ``StructType.jsonValue()``
+returns: ``{"type": "struct", "fields": [{"name", "type", "nullable", "metadata"}]}``);
+the engine that runs the processor turns a ``StructType`` or DDL string into it
+(this package never imports pyspark). A value (a tuple with one item per field)
+is stored as a msgpack array with one item per field, each field as its declared
+type says:
+
+=============================  =================================================
+Spark type                     stored as (msgpack)
+=============================  =================================================
+byte, short, integer, long     int
+float, double                  float 64
+boolean, string, binary, null  bool, str, bin, nil
+timestamp                      int: microseconds since the epoch (the instant;
+                               a naive datetime is local time, as PySpark's
+                               ``TimestampType.toInternal``); read back as a
+                               naive local datetime, as PySpark does
+timestamp_ntz                  int: microseconds since 1970-01-01 of the wall
+                               clock; read back as a naive datetime
+date                           int: days since 1970-01-01
+decimal(p,s)                   str: the decimal's exact text (``"12.30"``)
+interval day to second, ...    int: microseconds (a ``timedelta``)
+array<T>                       array of T
+map<K,V>                       map K -> V
+struct<...>                    array, one item per field (nested values)
+=============================  =================================================
+
+Null is nil for every type. Any other type (a UDT, a variant) and a variable
+declared without a parsed schema use the *generic* form: msgpack with extension
+types for the few Python types msgpack lacks (see :data:`EXT_DATETIME` and
+below), still data only.
+
+A variable's payload (what one row of the processor store holds) wraps its values
+with their TTL expiry (ms, or nil without a TTL):
+
+* value state: ``[value, expiry]``;
+* list state: ``[[value, expiry], ...]``;
+* map state: a msgpack map ``{user key: [value, expiry]}`` whose keys are arrays
+  (decode with ``use_list=False`` so that they are hashable, and
+  ``strict_map_key=False``);
+* a key's timers: ``[time, ...]`` (ms, ascending).
+
+Worked example: ``ValueState("last", "ts timestamp, amount decimal(10,2)")`` holding
+``(datetime(2024, 1, 1), Decimal("12.30"))`` (in a UTC session) with no TTL is
+stored as ``92 92 cf 00 06 0d d7 10 21 20 00 a5 31 32 2e 33 30 c0``: a 2-array of
+the value (a 2-array of the uint 1704067200000000 and the str ``"12.30"``) and nil.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections.abc import Callable
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from functools import partial
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "ValueCodec",
+    "value_codec",
+    "payload_codec",
+    "generic_packb",
+    "generic_unpackb",
+    "EXT_DATETIME",
+    "EXT_AWARE_DATETIME",
+    "EXT_DATE",
+    "EXT_DECIMAL",
+    "EXT_TIMEDELTA",
+]
+
+#: Extension types of the generic form: a naive datetime (int64 microseconds of the
+#: wall clock since 1970-01-01, big-endian), an aware one (msgpack [microseconds
+#: since the epoch in UTC, UTC offset in seconds]), a date (int64 days since
+#: 1970-01-01), a Decimal (its text, UTF-8) and a timedelta (int64 microseconds).
+EXT_DATETIME, EXT_AWARE_DATETIME, EXT_DATE, EXT_DECIMAL, EXT_TIMEDELTA = 1, 2, 3, 4, 5
+
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_ORDINAL = _EPOCH.toordinal()
+_US = timedelta(microseconds=1)
+
+#: A converter turns one field's Python value into what is packed (or back).
+Convert = Callable[[Any], Any]
+
+
+# ------------------------------------------------------------------ generic form
+def _micros(delta: timedelta) -> int:
+    return delta // _US
+
+
+def _ext_default(obj: Any) -> Any:
+    if isinstance(obj, datetime):
+        if obj.tzinfo is None:
+            return msgpack.ExtType(
+                EXT_DATETIME, _micros(obj - _EPOCH).to_bytes(8, "big", signed=True)
+            )
+        offset = obj.utcoffset() or timedelta(0)
+        utc = obj.replace(tzinfo=None) - offset
+        return msgpack.ExtType(
+            EXT_AWARE_DATETIME,
+            msgpack.packb([_micros(utc - _EPOCH), offset // timedelta(seconds=1)]),
+        )
+    if isinstance(obj, date):
+        return msgpack.ExtType(
+            EXT_DATE, (obj.toordinal() - _EPOCH_ORDINAL).to_bytes(8, "big", signed=True)
+        )
+    if isinstance(obj, Decimal):
+        return msgpack.ExtType(EXT_DECIMAL, str(obj).encode())
+    if isinstance(obj, timedelta):
+        return msgpack.ExtType(EXT_TIMEDELTA, _micros(obj).to_bytes(8, "big", signed=True))
+    raise TypeError(
+        f"cannot store {type(obj).__name__} {obj!r} in state: not a value of a Spark type"
+    )
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_DATETIME:
+        return _EPOCH + timedelta(microseconds=int.from_bytes(data, "big", signed=True))
+    if code == EXT_AWARE_DATETIME:
+        micros, offset = msgpack.unpackb(data)
+        tz = timezone(timedelta(seconds=offset))
+        return (_EPOCH + timedelta(microseconds=micros + offset * 1_000_000)).replace(tzinfo=tz)
+    if code == EXT_DATE:
+        return date.fromordinal(_EPOCH_ORDINAL + int.from_bytes(data, "big", signed=True))
+    if code == EXT_DECIMAL:
+        return Decimal(data.decode())
+    if code == EXT_TIMEDELTA:
+        return timedelta(microseconds=int.from_bytes(data, "big", signed=True))
+    return msgpack.ExtType(code, data)  # unknown: kept as data
+
+
+#: ``packb``/``unpackb`` of the generic form (tuples and arrays read back as tuples).
+generic_packb: Callable[[Any], bytes] = msgpack.Packer(default=_ext_default, use_bin_type=True).pack
+generic_unpackb: Callable[[bytes], Any] = partial(
+    msgpack.unpackb, raw=False, use_list=False, strict_map_key=False, ext_hook=_ext_hook
+)
+
+
+# ------------------------------------------------------------- typed converters
+def _timestamp_in(v: Any) -> Any:
+    if v is None or type(v) is int:
+        return v
+    seconds = calendar.timegm(v.utctimetuple()) if v.tzinfo else time.mktime(v.timetuple())
+    return int(seconds) * 1_000_000 + v.microsecond
+
+
+def _timestamp_out(v: Any) -> Any:
+    if v is None:
+        return None
+    return datetime.fromtimestamp(v // 1_000_000).replace(microsecond=v % 1_000_000)
+
+
+def _ntz_in(v: Any) -> Any:
+    if v is None or type(v) is int:
+        return v
+    return calendar.timegm(v.timetuple()) * 1_000_000 + v.microsecond
+
+
+def _ntz_out(v: Any) -> Any:
+    return None if v is None else _EPOCH + timedelta(microseconds=v)
+
+
+def _date_in(v: Any) -> Any:
+    return v if v is None or type(v) is int else v.toordinal() - _EPOCH_ORDINAL
+
+
+def _date_out(v: Any) -> Any:
+    return None if v is None else date.fromordinal(v + _EPOCH_ORDINAL)
+
+
+def _decimal_in(v: Any) -> Any:
+    return None if v is None else str(v)
+
+
+def _decimal_out(v: Any) -> Any:
+    return None if v is None else Decimal(v)
+
+
+def _interval_in(v: Any) -> Any:
+    return v if v is None or type(v) is int else _micros(v)
+
+
+def _interval_out(v: Any) -> Any:
+    return None if v is None else timedelta(microseconds=v)
+
+
+_NATIVE = frozenset(
+    {"byte", "short", "integer", "long", "float", "double", "boolean", "string", "binary",
+     "null", "void", "char", "varchar"}
+)  # fmt: skip
+_SIMPLE: dict[str, tuple[Convert, Convert]] = {
+    "timestamp": (_timestamp_in, _timestamp_out),
+    "timestamp_ntz": (_ntz_in, _ntz_out),
+    "date": (_date_in, _date_out),
+}
+_GENERIC = "generic"
+
+
+def _converters(
+    dtype: Any, make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None
+) -> tuple[Convert, Convert] | None | str:
+    """``(to stored, from stored)`` for one Spark type in JSON form; None when the
+    value is stored as it is; :data:`_GENERIC` for a type this module does not know."""
+    if isinstance(dtype, str):
+        name = dtype.split("(", 1)[0]
+        if name in _NATIVE:
+            return None
+        if name in _SIMPLE:
+            return _SIMPLE[name]
+        if name == "decimal":
+            return _decimal_in, _decimal_out
+        if re.fullmatch(r"interval (day|hour|minute|second)( to (day|hour|minute|second))?", dtype):
+            return _interval_in, _interval_out
+        if re.fullmatch(r"interval (year|month)( to (year|month))?", dtype):
+            return None  # PySpark keeps year-month intervals as ints
+        return _GENERIC
+    if not isinstance(dtype, dict):
+        return _GENERIC
+    kind = dtype.get("type")
+    if kind == "struct":
+        codec = ValueCodec(dtype, make_struct)
+        if codec.native and make_struct is None:
+            return _tuple_of, _tuple_of
+        return codec.encode_item, codec.decode_item
+    if kind == "array":
+        inner = _converters(dtype.get("elementType"), make_struct)
+        if inner == _GENERIC:
+            return _GENERIC
+        if inner is None:
+            return _list_of, _list_of
+        to, back = inner
+        return (
+            lambda v: None if v is None else [to(x) for x in v],
+            lambda v: None if v is None else [back(x) for x in v],
+        )
+    if kind == "map":
+        keys = _converters(dtype.get("keyType"), make_struct)
+        values = _converters(dtype.get("valueType"), make_struct)
+        if _GENERIC in (keys, values):
+            return _GENERIC
+        kto, kback = keys or (_same, _same)
+        vto, vback = values or (_same, _same)
+        return (
+            lambda v: None if v is None else {kto(k): vto(x) for k, x in v.items()},
+            lambda v: None if v is None else {kback(k): vback(x) for k, x in v.items()},
+        )
+    return _GENERIC
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _tuple_of(v: Any) -> Any:
+    return None if v is None else tuple(v)
+
+
+def _list_of(v: Any) -> Any:
+    return None if v is None else list(v)
+
+
+class ValueCodec:
+    """Encodes values (tuples, one item per field) of one struct schema to what is
+    packed, and decodes unpacked ones (see the module doc). ``native``: every field
+    is stored as it is, so a value needs no conversion at all (the hot path)."""
+
+    def __init__(
+        self,
+        schema: dict[str, Any],
+        make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
+    ) -> None:
+        fields = schema.get("fields")
+        if schema.get("type") != "struct" or not isinstance(fields, list):
+            raise ValueError(
+                f"a state schema is a struct type in Spark's JSON form, got {schema!r}"
+            )
+        self.schema = schema
+        self.names = [f["name"] for f in fields]
+        converters = [_converters(f["type"], make_struct) for f in fields]
+        self.generic = _GENERIC in converters
+        self.native = not self.generic and all(c is None for c in converters)
+        self._to = [(i, c[0]) for i, c in enumerate(converters) if isinstance(c, tuple)]
+        self._back = [(i, c[1]) for i, c in enumerate(converters) if isinstance(c, tuple)]
+        self._make = None if make_struct is None else make_struct(self.names)
+
+    def encode(self, value: tuple) -> tuple:
+        """``value`` as packed (a tuple; its converted fields replaced); a
+        ``TypeError`` naming the field for a value its schema cannot hold."""
+        if not self._to:
+            return value
+        out = list(value)
+        try:
+            for i, to in self._to:
+                out[i] = to(out[i])
+        except (TypeError, AttributeError, ValueError, IndexError, OverflowError):
+            raise self._mismatch(value) from None
+        return tuple(out)
+
+    def _mismatch(self, value: Any) -> TypeError:
+        fields = self.schema["fields"]
+        if len(value) != len(fields):
+            return TypeError(
+                f"a state value of {len(value)} fields for the schema's {len(fields)} "
+                f"({', '.join(self.names)}): {value!r:.200}"
+            )
+        for i, to in self._to:
+            try:
+                to(value[i])
+            except (TypeError, AttributeError, ValueError, IndexError, OverflowError):
+                return TypeError(
+                    f"state field {fields[i]['name']!r} of type {fields[i]['type']!r} cannot "
+                    f"hold {type(value[i]).__name__} {value[i]!r:.100}"
+                )
+        return TypeError(f"a state value its schema cannot hold: {value!r:.200}")
+
+    def decode(self, stored: tuple) -> tuple:
+        """A value as the processor gets it (a plain tuple) from its unpacked form."""
+        if not self._back:
+            return stored
+        out = list(stored)
+        for i, back in self._back:
+            out[i] = back(out[i])
+        return tuple(out)
+
+    # a nested struct: None stays None, and a Row-like maker may build it
+    def encode_item(self, value: Any) -> Any:
+        return None if value is None else self.encode(tuple(value))
+
+    def decode_item(self, stored: Any) -> Any:
+        if stored is None:
+            return None
+        value = self.decode(tuple(stored))
+        return value if self._make is None else self._make(value)
+
+
+def value_codec(
+    schema: dict[str, Any] | None,
+    make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
+) -> ValueCodec | None:
+    """The codec of values of ``schema`` (Spark's JSON form of a struct), or None
+    when values use the generic form (no schema, or a type this module does not
+    know). ``make_struct(names)`` builds nested structs on reading (PySpark's
+    ``Row``); by default they are tuples."""
+    if schema is None:
+        return None
+    codec = ValueCodec(schema, make_struct)
+    return None if codec.generic else codec
+
+
+# ------------------------------------------------------------------- payloads
+_packb: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+_unpackb: Callable[[bytes], Any] = partial(
+    msgpack.unpackb, raw=False, use_list=False, strict_map_key=False
+)
+
+
+def payload_codec(
+    kind: str, value: ValueCodec | None, key: ValueCodec | None = None
+) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """``(dumps, loads)`` of one variable's payload (the module doc's shapes):
+    ``kind`` is ``value``, ``list``, ``map`` or ``timers``; ``value`` and ``key``
+    the codecs of its values and (for a map) user keys, None for the generic form.
+
+    Payloads in memory are what :mod:`sessionstore.operators.processors.state`
+    works on: ``(value, expiry)``, a list of those, a dict of user key to those,
+    a list of times."""
+    if kind == "timers":
+        return _packb, lambda raw: list(_unpackb(raw))
+    generic = value is None or (kind == "map" and key is None)
+    packb, unpackb = (generic_packb, generic_unpackb) if generic else (_packb, _unpackb)
+    enc = _same if value is None or not value._to else value.encode
+    dec = _same if value is None or not value._back else value.decode
+    if kind == "value":
+        if enc is _same and dec is _same:
+            return packb, unpackb
+        return (
+            lambda p: packb((enc(p[0]), p[1])),
+            lambda raw: (lambda s: (dec(s[0]), s[1]))(unpackb(raw)),
+        )
+    if kind == "list":
+        if enc is _same and dec is _same:
+            return packb, lambda raw: list(unpackb(raw))
+        return (
+            lambda p: packb([(enc(v), e) for v, e in p]),
+            lambda raw: [(dec(v), e) for v, e in unpackb(raw)],
+        )
+    if kind == "map":
+        kenc = _same if key is None or not key._to else key.encode
+        kdec = _same if key is None or not key._back else key.decode
+        if enc is _same and dec is _same and kenc is _same and kdec is _same:
+            return packb, unpackb
+        return (
+            lambda p: packb({kenc(k): (enc(v), e) for k, (v, e) in p.items()}),
+            lambda raw: {kdec(k): (dec(v), e) for k, (v, e) in unpackb(raw).items()},
+        )
+    raise ValueError(f"unknown state variable kind {kind!r}")
