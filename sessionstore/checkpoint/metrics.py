@@ -70,7 +70,7 @@ STATS_FIELDS = (
 #: partition and batch): a coordinator takes records with these fields only.
 TASK_FIELDS = frozenset({
     "format", "rows_total", "rows_updated", "rows_removed", "late_dropped", "emitted",
-    "load_kind", "load_ms", "uploaded_bytes", "snapshot_lag", "memory_bytes",
+    "load_kind", "load_ms", "uploaded_bytes", "snapshot_lag", "memory_bytes", "storage_retries",
     "version", "prepare_ms", "upload_ms", "apply_ms", "commit_ms", "partition", "batch",
 })  # fmt: skip
 
