@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sessionstore.operators.aggregations import BUILTINS
+from sessionstore.operators.aggregate_functions import MERGES
 
 __all__ = ["VECTORISED_FUNCTIONS", "INT_LIMIT", "SUM_LIMIT", "FAR_PAST"]
 __all__ += ["built_in_functions", "merge_slot"]
@@ -24,9 +24,6 @@ INT_LIMIT = 2**53  # ints that numpy holds exactly
 SUM_LIMIT = 2**62  # a bound on |sum| that keeps int64 arithmetic exact
 #: The batch paths' time of a dropped row: below any real time, far from overflow.
 FAR_PAST = -(2**62)
-
-_MERGES = {fn: parts[2] for fn, parts in BUILTINS.items()}
-
 
 def built_in_functions(aggregation: Any) -> list[str] | None:
     """The aggregation's functions when all are built-in count, sum, min, max, first
@@ -41,4 +38,4 @@ def merge_slot(fn: str, older: Any, newer: Any) -> Any:
     """Slot ``fn`` of an older session (or window value) combined with a newer one's,
     as the record path merges them: the older keeps ``first`` on a tie, the newer
     takes ``last``."""
-    return _MERGES[fn](older, newer)
+    return MERGES[fn](older, newer)
