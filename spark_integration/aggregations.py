@@ -100,8 +100,7 @@ def _check_type(out_name: str, how: Any, fn: str, column: str, dtype: Any) -> No
         why = f"{fn} does not take decimals here: cast the column to double or string"
     if why is not None:
         raise ValueError(
-            f"aggregation {out_name!r} = {how!r}: {why}, and {column!r} is "
-            f"{dtype.simpleString()}"
+            f"aggregation {out_name!r} = {how!r}: {why}, and {column!r} is {dtype.simpleString()}"
         )
 
 
@@ -234,10 +233,7 @@ def aggregate_input(
     selected = df.select(
         *[F.col(k) for k in keys],
         ts_col.alias(TS),
-        *[
-            _time_as_number(c, fields[c].dataType) if as_numbers else F.col(c)
-            for c in value_cols
-        ],
+        *[_time_as_number(c, fields[c].dataType) if as_numbers else F.col(c) for c in value_cols],
     )
     return AggregateInput(
         keys, selected, out_fields, aggregation, value_cols, plan,

@@ -454,7 +454,14 @@ class AggregatorTask:
         ) as (handle, provider, inputs, shared):
             agg = self.aggregator(handle[spec.name])
             updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols, shared, handle,
+                agg,
+                provider,
+                info,
+                inputs,
+                self.output.keys,
+                self.value_cols,
+                shared,
+                handle,
                 self.bounded,
             )
         yield from self.output_batches(updates, table)

@@ -266,7 +266,9 @@ def test_every_function_on_a_stream_equals_spark(spark, tmp_path):
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
 
     def run(folder, build):
-        out = build(_timed(json_source(spark, tmp_path / folder, SCHEMA)).withWatermark("t", "1 minute"))
+        out = build(
+            _timed(json_source(spark, tmp_path / folder, SCHEMA)).withWatermark("t", "1 minute")
+        )
         steps = [
             (lambda i=i, rows=rows: write_json(tmp_path / folder, i, rows))
             for i, rows in enumerate(evs)
