@@ -5,6 +5,7 @@ merge of three sessions), with nulls and time ties."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from decimal import Decimal
@@ -327,3 +328,62 @@ def test_bad_specs_fail_when_the_operator_is_built(spark, tmp_path, how, message
         with pytest.raises(ValueError) as info:
             build(df, "user", "ts", aggregations={"bad": how}, **extra)
         assert "'bad'" in str(info.value) and message in str(info.value)
+
+
+def test_a_restart_and_a_rescale_mid_session_keep_every_accumulator(spark, tmp_path):
+    """A streaming sessionize with every function, stopped while sessions are open
+    (after batch 1), restarted, stopped again (after batch 2), rescaled from 2 to 3
+    partitions and continued: the same rows as an uninterrupted run. ``dump`` and
+    the data source show the open sessions' aggregates by name."""
+    from spark_integration.datasource import register
+    from tests.tools.test_cli import run as cli
+
+    evs = events()
+
+    def run(folder, backend, n, part):
+        out = sessionize(
+            _timed(json_source(spark, tmp_path / folder, SCHEMA)).drop("t"), key="user",
+            timestamp="ts", gap=f"{GAP_MS} ms", grace="1 minute", aggregations=OURS,
+            backend=backend, name="s", num_partitions=n,
+        )  # fmt: skip
+        steps = [
+            (lambda i=i, rows=rows: write_json(tmp_path / folder, i, rows))
+            for i, rows in enumerate(evs)
+            if i in part
+        ]
+        return run_stream(out, tmp_path / f"ck-{folder}", steps)
+
+    def state(name):
+        return StateBackend(f"file://{tmp_path}/{name}", local_dir=str(tmp_path / f"l-{name}"))
+
+    whole = state("whole")
+    expected = run("a", whole, 2, range(len(evs)))
+
+    two = state("two")
+    got = run("b", two, 2, [0])
+    got += run("b", two, 2, [1])  # a restart of the query, sessions open
+    dumped = cli("dump", two.checkpoint_uri, "--operator", "s", "--store", "sessions")
+    assert dumped.returncode == 0, dumped.stderr
+    rows = [json.loads(line) for line in dumped.stdout.splitlines()]
+    merged = [r for r in rows if r["key"] == "m"]
+    assert len(merged) == 1 and set(merged[0]["value"]) == set(OURS)
+    assert merged[0]["value"]["n"] == 5 and isinstance(merged[0]["value"]["acd"], int)
+    register(spark)
+    source = spark.read.format("sessionstore").option("path", two.checkpoint_uri)
+    shown = source.option("operator", "s").option("store", "sessions").load()
+    assert set(shown.schema["value"].dataType.names) == set(OURS)
+
+    three = state("three")
+    out = cli("repartition", two.checkpoint_uri, "--operator", "s", "--partitions", "3",
+              "--to", three.checkpoint_uri)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got += run("b", three, 3, range(2, len(evs)))
+
+    def canonical(rows):
+        return sorted(
+            str({k: sorted(v) if k in SETS and v is not None else v for k, v in r.items()})
+            for r in rows
+        )
+
+    assert len(expected) > 8
+    assert canonical(got) == canonical(expected)
