@@ -46,7 +46,7 @@ from sessionstore.operators import sketches
 
 __all__ = [
     "AggregateSpec", "Slot", "FUNCTIONS", "MERGES", "parse_spec", "bind",
-    "MOMENTS", "ONE_COLUMN",
+    "MOMENTS", "ONE_COLUMN", "FOLDED",
 ]  # fmt: skip
 
 #: Functions of one column (``(fn, c)``); count takes a column or none.
@@ -55,6 +55,11 @@ ONE_COLUMN = frozenset({
     "count_distinct", "stddev_samp", "stddev_pop", "var_samp", "var_pop",
 })  # fmt: skip
 MOMENTS = frozenset({"stddev_samp", "stddev_pop", "var_samp", "var_pop"})
+#: Functions whose slot holds values (lists, sets, sketches): the columnar paths
+#: fold each group's values with the slot's own ``add``.
+FOLDED = frozenset(
+    {"collect_list", "collect_set", "count_distinct", "approx_count_distinct", "percentile_approx"}
+)
 _ALIASES = {"mean": "avg", "stddev": "stddev_samp", "variance": "var_samp"}
 #: Every function name a spec may use.
 FUNCTIONS = frozenset(

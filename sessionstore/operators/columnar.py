@@ -3,12 +3,15 @@ aggregate input columns, key group codes, and the shape of their output tables.
 
 A columnar path (:mod:`.sessions.columns`, :mod:`.windows.columns`) takes built-in
 count/sum/min/max/first/last aggregates, and count(c), avg, the moments and
-min_by/max_by over numeric columns (nulls allowed, doubles finite); sums, minima
+min_by/max_by over numeric columns (nulls allowed, doubles finite), and the lists,
+sets and sketches (each group's values folded in order by the record path's own
+slot functions); sums, minima
 and maxima read integer columns without nulls whose total cannot overflow int64
 (float sums depend on the order of addition; exact ints do not). Output tables
 have the key columns, ``start``, ``end``, a ``value`` struct (int64 counts, sums,
-minima and maxima; doubles for avg and the moments; ``first``, ``last``,
-``min_by`` and ``max_by`` keep their column's type) and ``timestamp``.
+minima and maxima, counts of distinct values; doubles for avg, the moments and
+percentiles; lists of the column's type; ``first``, ``last``, ``min_by`` and
+``max_by`` keep their column's type) and ``timestamp``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessionstore.operators.aggregate_functions import MOMENTS
+from sessionstore.operators.aggregate_functions import FOLDED, MOMENTS, bind
 from sessionstore.operators.arrow_io import epoch_millis_array
 from sessionstore.operators.vectorised import SUM_LIMIT, columnar_functions
 
@@ -49,6 +52,9 @@ class Slot:
     numbers: np.ndarray | None = None
     valid: np.ndarray | None = None
     order: pa.Array | None = None
+    #: lists, sets and sketches: the record path's slot functions, which fold
+    #: each group's values
+    bound: Any = None
 
 
 @dataclass
@@ -136,6 +142,9 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[Slot] | None:
             return None
         arr = _array(table, name)
         ints = None
+        if fn in FOLDED:
+            slots.append(Slot(fn, arr, None, bound=bind(spec)))
+            continue
         if fn == "count":  # of a column: its validity is all it reads
             valid = arr.is_valid().to_numpy(zero_copy_only=False)
             slots.append(Slot(fn, arr, None, np.zeros(n), valid))
@@ -234,7 +243,9 @@ class GroupAggregates:
         self.first_ts, self.last_ts = times[self.a], times[self.b - 1]
         self.reduced: list[Any] = []
         for slot in slots:
-            if slot.numbers is not None:
+            if slot.bound is not None:
+                self.reduced.append(self._folded(slot, rows))
+            elif slot.numbers is not None:
                 self.reduced.append(self._numeric(slot, rows, m))
             elif slot.fn not in ("sum", "min", "max"):
                 self.reduced.append(None)
@@ -243,6 +254,18 @@ class GroupAggregates:
             else:
                 ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[slot.fn]
                 self.reduced.append(ufunc.reduceat(slot.ints[rows], self.a))
+
+    def _folded(self, slot: Slot, rows: np.ndarray) -> list[Any]:
+        """Each group's slot: its values, in order, added as the record path adds them."""
+        values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
+        init, add = slot.bound.init, slot.bound.add
+        out = []
+        for a, b in zip(self.a.tolist(), self.b.tolist(), strict=True):
+            acc = init()
+            for v in values[a:b]:
+                acc = add(acc, v, 0)  # these slots ignore the time
+            out.append(acc)
+        return out
 
     def _numeric(self, slot: Slot, rows: np.ndarray, m: int) -> Any:
         """count(c), avg and the moments: ``(n, sum, mean, m2)`` per group; min_by and
@@ -276,6 +299,9 @@ class GroupAggregates:
         slot = self.slots[j]
         if slot.fn == "count" and slot.column is None:
             return self.count[idx].tolist()
+        if slot.bound is not None:
+            folded = self.reduced[j]
+            return [folded[i] for i in np.arange(len(folded))[idx].tolist()]
         if slot.fn in _NUMERIC:
             n, total, mean, m2 = (part[idx].tolist() for part in self.reduced[j])
             if slot.fn == "count":
@@ -313,6 +339,9 @@ class GroupAggregates:
         if fn in ("first", "last"):
             at = self.first_row if fn == "first" else self.last_row
             return slot.column.take(pa.array(at[idx], pa.int64()))
+        if slot.bound is not None:
+            result = slot.bound.result
+            return pa.array([result(acc) for acc in self.slot_values(j, idx)], out_type)
         if fn in _BY:
             at = self.reduced[j][idx]
             taken = slot.column.take(pa.array(np.maximum(at, 0), pa.int64()))
@@ -340,14 +369,19 @@ def value_struct_type(aggregation: Any, slots: list[Slot]) -> pa.StructType:
     and moments; ``first``, ``last``, ``min_by`` and ``max_by`` keep their column's
     type."""
     fields = []
-    for name, slot in zip(aggregation.names, slots, strict=True):
+    for spec, slot in zip(aggregation.specs, slots, strict=True):
         if slot.fn in ("first", "last", *_BY):
             t = slot.column.type
         elif slot.fn == "avg" or slot.fn in MOMENTS:
             t = pa.float64()
+        elif slot.fn in ("collect_list", "collect_set"):
+            t = pa.list_(slot.column.type)
+        elif slot.fn == "percentile_approx":
+            many = isinstance(spec.extra[0], tuple)
+            t = pa.list_(pa.float64()) if many else pa.float64()
         else:
             t = pa.int64()
-        fields.append(pa.field(name, t))
+        fields.append(pa.field(spec.name, t))
     return pa.struct(fields)
 
 

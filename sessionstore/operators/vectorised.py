@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sessionstore.operators.aggregate_functions import MERGES, MOMENTS
+from sessionstore.operators.aggregate_functions import FOLDED, MERGES, MOMENTS
 
 __all__ = ["VECTORISED_FUNCTIONS", "INT_LIMIT", "SUM_LIMIT", "FAR_PAST"]
 __all__ += ["COLUMNAR_FUNCTIONS", "built_in_functions", "columnar_functions", "merge_slot"]
@@ -26,6 +26,9 @@ VECTORISED_FUNCTIONS = frozenset({"count", "sum", "min", "max", "first", "last"}
 #: What the columnar paths compute besides: over numeric columns, nulls allowed
 #: (``count`` of a column counts its non-null values there).
 COLUMNAR_FUNCTIONS = VECTORISED_FUNCTIONS | MOMENTS | {"avg", "min_by", "max_by"}
+#: ... and, folding each group's values in order with the record path's own slot
+#: functions (a Python step per value, no replay), lists, sets and sketches.
+COLUMNAR_FUNCTIONS |= FOLDED
 INT_LIMIT = 2**53  # ints that numpy holds exactly
 SUM_LIMIT = 2**62  # a bound on |sum| that keeps int64 arithmetic exact
 #: The batch paths' time of a dropped row: below any real time, far from overflow.
