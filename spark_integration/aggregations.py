@@ -64,6 +64,16 @@ def parse_aggregations(
     type the function does not take."""
     if not isinstance(aggregations, Mapping) or not aggregations:
         raise ValueError(f"aggregations must be a non-empty dict, got {aggregations!r}")
+    if len(aggregations) == 1:
+        ((out_name, how),) = aggregations.items()
+        if isinstance(how, SessionAggregation):
+            # alone, its accumulator is the stored value itself, as checkpoints
+            # written before custom aggregations could sit beside others hold it
+            finish = how.finish or (lambda acc: acc)
+            aggregation = Aggregation(
+                how.initializer, how.aggregator, how.merger, lambda acc: {out_name: finish(acc)}
+            )
+            return aggregation, list(columns), [(out_name, "custom", None)]
     spec: dict[str, Any] = {}
     needed: list[str] = []
     plan = []

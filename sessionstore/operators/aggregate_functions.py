@@ -194,8 +194,10 @@ def _sum_add(slot, value, ts):
     if value is None:
         return slot
     if slot is None:
-        return str(value) if isinstance(value, Decimal) else value
-    return _add_numbers(slot, value)
+        return str(value) if type(value) is Decimal else value
+    if type(slot) is str or type(value) is Decimal:
+        return str(Decimal(slot) + value)
+    return slot + value
 
 
 def _sum_merge(a, b):

@@ -394,3 +394,18 @@ def test_a_restart_and_a_rescale_mid_session_keep_every_accumulator(spark, tmp_p
 
     assert len(expected) > 8
     assert canonical(got) == canonical(expected)
+
+
+def test_a_lone_session_aggregation_keeps_its_stored_layout():
+    """Alone, a SessionAggregation's accumulator is the stored value (the layout of
+    checkpoints written before custom aggregates could sit beside others); beside
+    another aggregate it is one slot of the list."""
+    from spark_integration.aggregations import parse_aggregations
+
+    double = SessionAggregation(lambda: 1, lambda k, v, a: a * 2, lambda k, a, b: a * b, "bigint")
+    alone, columns, plan = parse_aggregations({"p": double}, ["v"])
+    acc = alone.add("k", {"v": 1}, 0, alone.initializer())
+    assert (acc, alone.finish(acc), columns, plan) == (2, {"p": 2}, ["v"], [("p", "custom", None)])
+    both, _, _ = parse_aggregations({"p": double, "n": "count"}, ["v"])
+    acc = both.add("k", {"v": 1}, 0, both.initializer())
+    assert (acc, both.finish(acc)) == ([2, 1], {"p": 2, "n": 1})
