@@ -371,9 +371,9 @@ def run_aggregator(
     in column ``TS``), and record this partition's event time in ``handle``'s
     commit (the durable record the next batch's tasks advance to).
 
-    ``bounded`` (a batch DataFrame: no later row can come) then moves event time
-    past every session and window, so all of them are emitted, as Spark's batch
-    ``session_window`` and Flink's final watermark do.
+    ``bounded`` (a batch DataFrame: no later row can come) then emits every
+    session and window still open (the aggregator's ``finish_input``), as Spark's
+    batch ``session_window`` and Flink's final watermark do.
 
     Returns the updates as objects, and as a table those of the aggregator's columnar
     path (``process_table``) when the batch qualifies (else None)."""
@@ -394,17 +394,12 @@ def run_aggregator(
                 # update mode: one row per changed session or window per micro-batch
                 updates += agg.process_rows(k, times, values, net=True)
     if bounded:
-        updates += agg.advance_to(END_OF_INPUT)
+        updates += agg.finish_input()
     handle.note_event_time(agg.stream_time)
     # the commit's metrics: late rows and emitted rows
     emitted = len(updates) + (0 if table_out is None else table_out.num_rows)
     handle.note(late_dropped=agg.dropped_records, emitted=emitted)
     return updates, table_out
-
-
-#: The event time a bounded input ends at: past every session and window, far
-#: from int64 overflow.
-END_OF_INPUT = 2**62
 
 
 @dataclass(kw_only=True)

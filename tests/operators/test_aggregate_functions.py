@@ -348,3 +348,36 @@ def test_non_finite_doubles_and_collect_stay_on_the_record_path():
     )
     assert agg.process_table(pa.table({"user": ["a"], "ts": [1], "f": [1.0]}), "user", "ts",
                              ["f"]) is None  # fmt: skip
+
+
+def test_finish_input_emits_every_open_session_and_window_and_keeps_them_stored():
+    """The end of a bounded input: every open session (final mode) and pending
+    window is emitted once, stream time stays, the state stays stored, and update
+    mode (which emitted every change already) emits nothing more."""
+
+    def rows(updates):
+        return sorted((u.key, u.start, u.end, u.value["n"]) for u in updates)
+
+    store = InMemorySessionStore("s", 100)
+    agg = SessionWindowAggregator(store, SessionWindows(5), aggregations={"n": "count"},
+                                  emit="final")  # fmt: skip
+    closed = agg.process_rows(["a", "b", "a", "a"], [1, 2, 3, 20], [None] * 4)
+    assert rows(closed) == [("a", 1, 3, 2), ("b", 2, 2, 1)]  # stream time 20 closed them
+    assert rows(agg.finish_input()) == [("a", 20, 20, 1)]  # nothing else would
+    assert agg.stream_time == 20 and len(list(store.fetch_range(None, None))) == 3
+    assert agg.finish_input() == []  # once
+    update = SessionWindowAggregator(InMemorySessionStore("u", 100), SessionWindows(5),
+                                     aggregations={"n": "count"})  # fmt: skip
+    update.process_rows(["a"], [1], [None])
+    assert update.finish_input() == []
+
+    with tempfile.TemporaryDirectory() as tmp, StateDB.open(tmp) as db:
+        windows = WindowAggregator(db.window_store("w", 10, window_size_ms=10), TimeWindows(10),
+                                   aggregations={"n": "count"}, emit="final")  # fmt: skip
+        fired = windows.process_rows(["a", "a", "b"], [1, 12, 25], [None] * 3)
+        assert [(u.key, u.start) for u in fired] == [("a", 0), ("a", 10)]
+        rest = windows.finish_input()
+        assert [(u.key, u.start, u.end, u.value, u.kind) for u in rest] == [
+            ("b", 20, 30, {"n": 1}, "final")
+        ]
+        assert windows.stream_time == 25 and windows.finish_input() == []
