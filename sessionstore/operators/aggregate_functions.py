@@ -19,8 +19,8 @@ spec                                           slot (msgpack data)
 c)``                                           first)
 ``("stddev"|"stddev_samp"|"stddev_pop"|        ``[n, mean, m2]`` (Welford; Chan's
 "variance"|"var_samp"|"var_pop", c)``          merge)
-``("min_by"|"max_by", c, o)``                  None or ``[o, c]`` at the least /
-                                               greatest non-null ``o``
+``("min_by"|"max_by", c, o)``                  None or ``[o, c, time]`` at the least
+                                               / greatest non-null ``o``
 ``("approx_count_distinct", c[, rsd])``        HLL: ``[lg_k, bytes, pending]``
 ``("percentile_approx", c, p[, accuracy])``    KLL: ``[k, bytes, pending]``
 =============================================  =====================================
@@ -28,8 +28,8 @@ c)``                                           first)
 Nulls are skipped as Spark skips them, and a function over no non-null value
 gives what Spark gives: null, except the counts (0). ``first``, ``last`` and
 ``collect`` keep the meaning they always had here (event time order, nulls kept).
-Ties: ``min_by``/``max_by`` keep the value seen first (by event time, then
-arrival), as ``first`` does, and a merge keeps the older session's on a tie.
+Ties: ``min_by``/``max_by`` keep the value of the earliest event time (then the
+first arrival, and in a merge the older session's), as ``first`` does.
 The slot layouts of count(*), sum, min, max, first, last and collect are those of
 the checkpoints written before the others existed.
 """
@@ -346,26 +346,33 @@ _MOMENT_RESULTS = {
 
 
 # -- min_by, max_by ----------------------------------------------------------------
+# A slot is [order, value, time]: a tie on the order goes to the earlier time, and
+# on the same time to the value seen first (the older session's in a merge), so
+# the result does not depend on the order records arrive in.
 def _min_by_add(slot, pair, ts):
     value, order = pair
-    if order is None or (slot is not None and not order < slot[0]):
+    if order is None:
         return slot
-    return [order, value]
+    if slot is None or order < slot[0] or (order == slot[0] and ts < slot[2]):
+        return [order, value, ts]
+    return slot
 
 
 def _max_by_add(slot, pair, ts):
     value, order = pair
-    if order is None or (slot is not None and not order > slot[0]):
+    if order is None:
         return slot
-    return [order, value]
+    if slot is None or order > slot[0] or (order == slot[0] and ts < slot[2]):
+        return [order, value, ts]
+    return slot
 
 
 def _min_by_merge(a, b):
-    return a if b is None else _min_by_add(a, (b[1], b[0]), 0)
+    return a if b is None else _min_by_add(a, (b[1], b[0]), b[2])
 
 
 def _max_by_merge(a, b):
-    return a if b is None else _max_by_add(a, (b[1], b[0]), 0)
+    return a if b is None else _max_by_add(a, (b[1], b[0]), b[2])
 
 
 def _by_result(slot):

@@ -246,7 +246,7 @@ class GroupAggregates:
             if slot.bound is not None:
                 self.reduced.append(self._folded(slot, rows))
             elif slot.numbers is not None:
-                self.reduced.append(self._numeric(slot, rows, m))
+                self.reduced.append(self._numeric(slot, rows, times, m))
             elif slot.fn not in ("sum", "min", "max"):
                 self.reduced.append(None)
             elif not m:  # reduceat refuses empty input
@@ -267,13 +267,16 @@ class GroupAggregates:
             out.append(acc)
         return out
 
-    def _numeric(self, slot: Slot, rows: np.ndarray, m: int) -> Any:
+    def _numeric(self, slot: Slot, rows: np.ndarray, times: np.ndarray, m: int) -> Any:
         """count(c), avg and the moments: ``(n, sum, mean, m2)`` per group; min_by and
-        max_by: the row of each group's extreme ordering value (-1 for none)."""
+        max_by: the row of each group's extreme ordering value (-1 for none) and its
+        time."""
         groups = len(self.a)
         if not m:
             zeros = np.zeros(groups)
-            return np.zeros(groups, dtype=np.int64) if slot.fn in _BY else (zeros,) * 4
+            if slot.fn in _BY:
+                return np.zeros(groups, dtype=np.int64), np.zeros(groups, dtype=np.int64)
+            return (zeros,) * 4
         x, ok = slot.numbers[rows], slot.valid[rows]
         n = np.add.reduceat(ok.astype(np.int64), self.a)
         if slot.fn in _BY:
@@ -286,8 +289,8 @@ class GroupAggregates:
             owner = np.repeat(np.arange(groups), self.count)
             # the first row (by time, then arrival) holding the extreme keeps it
             hit = ok & (keyed == best[owner])
-            first = np.minimum.reduceat(np.where(hit, np.arange(m), m), self.a)
-            return np.where(n > 0, rows[np.minimum(first, m - 1)], -1)
+            first = np.minimum(np.minimum.reduceat(np.where(hit, np.arange(m), m), self.a), m - 1)
+            return np.where(n > 0, rows[first], -1), times[first]
         total = np.add.reduceat(np.where(ok, x, 0.0), self.a)
         mean = np.divide(total, n, out=np.zeros(groups), where=n > 0)
         owner = np.repeat(np.arange(groups), self.count)
@@ -310,13 +313,13 @@ class GroupAggregates:
                 return [[c, s] for c, s in zip(n, total, strict=True)]
             return [[c, mu, q] for c, mu, q in zip(n, mean, m2, strict=True)]
         if slot.fn in _BY:
-            at = self.reduced[j][idx]
+            at, when = self.reduced[j][0][idx], self.reduced[j][1][idx]
             picked = pa.array(np.maximum(at, 0), pa.int64())
             orders = slot.order.take(picked).to_pylist()
             values = slot.column.take(picked).to_pylist()
             return [
-                None if r < 0 else [o, v]
-                for r, o, v in zip(at.tolist(), orders, values, strict=True)
+                None if r < 0 else [o, v, t]
+                for r, o, v, t in zip(at.tolist(), orders, values, when.tolist(), strict=True)
             ]
         if slot.fn in ("sum", "min", "max"):
             return self.reduced[j][idx].tolist()
@@ -343,7 +346,7 @@ class GroupAggregates:
             result = slot.bound.result
             return pa.array([result(acc) for acc in self.slot_values(j, idx)], out_type)
         if fn in _BY:
-            at = self.reduced[j][idx]
+            at = self.reduced[j][0][idx]
             taken = slot.column.take(pa.array(np.maximum(at, 0), pa.int64()))
             return pc.if_else(pa.array(at >= 0), taken, pa.nulls(len(at), out_type))
         n, total, mean, m2 = (part[idx] for part in self.reduced[j])
