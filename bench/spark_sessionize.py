@@ -18,9 +18,14 @@ to show what in the floor could be lowered. With ``--s3`` it also runs
 the machine's 2 cores). With ``--update`` it also runs ``sessionize(emit="update")``
 in update output mode (Spark's ``session_window`` has no update mode) and prints the
 rows it emits per input event (the sink's ``numOutputRows`` in the query progress).
+With ``--aggregates`` the input also has an ``amount`` (double) and a ``page``
+(string, 50 values) column, and both paths also run the aggregates Spark users
+write, in the same run: ``{"n": "count", "avg": ("avg", "amount"), "sd":
+("stddev", "amount"), "users": ("approx_count_distinct", "page")}`` against
+``count("*"), avg, stddev, approx_count_distinct`` on the built-in path.
 
 Run: ``.venv/bin/python bench/spark_sessionize.py [--events N] [--keys N] [--batches N]
-[--rounds N] [--floor-parts] [--s3] [--update]``.
+[--rounds N] [--floor-parts] [--s3] [--update] [--aggregates]``.
 """
 
 from __future__ import annotations
@@ -40,13 +45,25 @@ from bench.common import machine, print_table, scratch_dir, zipf_users  # noqa: 
 PARTITIONS = 4
 
 
-def write_input(folder, events, keys, batches):
+#: The aggregates of ``--aggregates``, as sessionize spells them.
+AGGREGATES = {
+    "n": "count",
+    "avg": ("avg", "amount"),
+    "sd": ("stddev", "amount"),
+    "users": ("approx_count_distinct", "page"),
+}
+
+
+def write_input(folder, events, keys, batches, values=False):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(5)
     names = zipf_users(rng, events, keys)
     ts = 1_700_000_000_000 + np.cumsum(rng.integers(0, 20, size=events))
+    if values:
+        amounts = np.round(rng.gamma(2.0, 20.0, size=events), 2)
+        pages = rng.integers(0, 50, size=events)
     os.makedirs(folder, exist_ok=True)
     per = events // batches
     for b in range(batches):
@@ -57,6 +74,11 @@ def write_input(folder, events, keys, batches):
                 "ts": pa.array(ts[sl] * 1000, pa.timestamp("us")),
             }
         )
+        if values:
+            table = table.append_column("amount", pa.array(amounts[sl], pa.float64()))
+            table = table.append_column(
+                "page", pa.array([f"/p{p}" for p in pages[sl].tolist()], pa.string())
+            )
         path = os.path.join(folder, f"part-{b:04d}.parquet")
         pq.write_table(table, path)
         os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))
@@ -86,6 +108,9 @@ def main(argv=None) -> str:
     ap.add_argument("--floor-parts", action="store_true", help="also split the floor's cost")
     ap.add_argument("--s3", action="store_true", help="also checkpoint sessionize to S3 (moto)")
     ap.add_argument("--update", action="store_true", help="also run both in update mode")
+    ap.add_argument(
+        "--aggregates", action="store_true", help="also avg, stddev, approx_count_distinct"
+    )
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best counts")
     args = ap.parse_args(argv)
     from pyspark.sql import functions as F
@@ -103,8 +128,10 @@ def main(argv=None) -> str:
             s3 = stack.enter_context(moto_s3_server())
             bucket = new_bucket(s3)
         source = os.path.join(tmp, "in")
-        write_input(source, args.events, args.keys, args.batches)
+        write_input(source, args.events, args.keys, args.batches, args.aggregates)
         schema = "user string, ts timestamp"
+        if args.aggregates:
+            schema += ", amount double, page string"
 
         def stream():
             return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(source)
@@ -116,7 +143,7 @@ def main(argv=None) -> str:
                 .trigger(availableNow=True).start()
             )  # fmt: skip
 
-        def builtin(run):
+        def builtin(run, aggregates=False):
             spark.conf.set(
                 "spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -124,19 +151,26 @@ def main(argv=None) -> str:
             spark.conf.set(
                 "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true"
             )
-            out = (
+            grouped = (
                 stream()
                 .withWatermark("ts", "60 seconds")
                 .groupBy(F.session_window("ts", "60 seconds"), "user")
-                .count()
             )
-            return noop(out, f"builtin-{run}")
+            if not aggregates:
+                return noop(grouped.count(), f"builtin-{run}")
+            out = grouped.agg(
+                F.count("*").alias("n"), F.avg("amount").alias("avg"),
+                F.stddev("amount").alias("sd"), F.approx_count_distinct("page").alias("users"),
+            )  # fmt: skip
+            return noop(out, f"builtin-aggs-{run}")
 
-        def ours(run, on_s3=False, emit="final"):
+        def ours(run, on_s3=False, emit="final", aggregates=False):
             if on_s3:
                 run = f"s3-{run}"
             if emit == "update":
                 run = f"update-{run}"
+            if aggregates:
+                run = f"aggs-{run}"
             backend = StateBackend(
                 f"s3://{bucket}/state-{run}" if on_s3 else f"file://{tmp}/state-{run}",
                 local_dir=os.path.join(tmp, f"local-{run}"),
@@ -144,7 +178,8 @@ def main(argv=None) -> str:
             )
             out = sessionize(
                 stream(), key="user", timestamp="ts", gap="60 seconds",
-                aggregations={"count": "count"}, emit=emit, backend=backend,
+                aggregations=AGGREGATES if aggregates else {"count": "count"}, emit=emit,
+                backend=backend,
                 num_partitions=PARTITIONS,
             )  # fmt: skip
             return noop(out, f"ours-{run}", "update" if emit == "update" else "append")
@@ -165,6 +200,9 @@ def main(argv=None) -> str:
             cases.append(("ours_s3", lambda r: ours(r, on_s3=True)))
         if args.update:
             cases.append(("ours_update", lambda r: ours(r, emit="update")))
+        if args.aggregates:
+            cases.append(("builtin_aggs", lambda r: builtin(r, aggregates=True)))
+            cases.append(("ours_aggs", lambda r: ours(r, aggregates=True)))
         if args.floor_parts:
             cases += [
                 ("read", lambda r: noop(stream(), f"read-{r}")),
@@ -220,6 +258,21 @@ def main(argv=None) -> str:
                 for label, t, extra in parts
             ],
         )
+    if args.aggregates:
+        print_table(
+            f"count, avg, stddev and approx_count_distinct per session, same run ({n:,} "
+            f"events, {PARTITIONS} partitions)",
+            ["pipeline", "time", "events/s", "speed vs built-in"],
+            [
+                [label, f"{times[name]:.1f} s", f"{n / times[name]:,.0f}",
+                 f"{times['builtin_aggs'] / times[name]:.2f}x"]
+                for label, name in [
+                    ("Spark session_window + the same aggregates (RocksDB provider)",
+                     "builtin_aggs"),
+                    ("sessionize with the same aggregates", "ours_aggs"),
+                ]
+            ],
+        )  # fmt: skip
     if args.update:
         print_table(
             f"Rows emitted per input event in update mode, same run ({n:,} events)",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessionstore.operators import Aggregation, Aggregations
+from sessionstore.operators.aggregate_functions import parse_spec
 from spark_integration.backend import StateBackend
 from spark_integration.output import OperatorOutput
 from spark_integration.placement import state_map
@@ -26,14 +27,19 @@ from spark_integration.runtime import AggregatorTask
 
 __all__ = ["SessionAggregation", "AggregateInput", "aggregate_input", "parse_aggregations"]
 
-_BUILTIN = {"count", "sum", "min", "max", "first", "last", "collect"}
+#: Functions whose input must be numeric (Spark casts strings; say so instead).
+_NUMERIC = {"sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop", "percentile_approx"}
+#: Functions that keep a decimal's value in their slot (as text or as a double).
+_DECIMAL_OK = {"sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop",
+               "percentile_approx", "count", "approx_count_distinct"}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SessionAggregation:
     """A custom aggregation producing one output column of Spark type ``output_type``
     (a DDL string such as ``"bigint"`` or a DataType). ``value`` is a dict of the
-    input's non-key, non-timestamp columns."""
+    input's non-key, non-timestamp columns. Several may sit beside built-in
+    aggregates in one ``aggregations`` dict."""
 
     initializer: Callable[[], Any]
     aggregator: Callable[[Any, Any, Any], Any]
@@ -41,62 +47,109 @@ class SessionAggregation:
     output_type: Any
     finish: Callable[[Any], Any] | None = None
 
+    def as_aggregation(self) -> Aggregation:
+        """The engine-agnostic :class:`~sessionstore.operators.Aggregation`."""
+        finish = self.finish or (lambda acc: acc)
+        return Aggregation(self.initializer, self.aggregator, self.merger, finish)
 
-def parse_aggregations(aggregations: Mapping[str, Any], columns: Sequence[str]):
-    """``(Aggregation, value columns, [(output name, function, input column)])``."""
+
+def parse_aggregations(
+    aggregations: Mapping[str, Any], columns: Sequence[str], fields: Mapping[str, Any] | None = None
+):
+    """``(Aggregation, value columns, [(output name, function, input column)])``.
+
+    Every bad spec fails here, on the driver, with one message naming the
+    aggregate: an unknown function, a wrong arity, an argument out of range, a
+    column the input lacks (``columns``) or, given the input's ``fields``, of a
+    type the function does not take."""
     if not isinstance(aggregations, Mapping) or not aggregations:
         raise ValueError(f"aggregations must be a non-empty dict, got {aggregations!r}")
-    custom = {k: v for k, v in aggregations.items() if isinstance(v, SessionAggregation)}
-    if custom:
-        if len(aggregations) != 1:
-            raise ValueError(
-                "a SessionAggregation must be the only aggregation (it produces one column); "
-                f"got {sorted(aggregations)}"
+    if len(aggregations) == 1:
+        ((out_name, how),) = aggregations.items()
+        if isinstance(how, SessionAggregation):
+            # alone, its accumulator is the stored value itself, as checkpoints
+            # written before custom aggregations could sit beside others hold it
+            finish = how.finish or (lambda acc: acc)
+            aggregation = Aggregation(
+                how.initializer, how.aggregator, how.merger, lambda acc: {out_name: finish(acc)}
             )
-        ((out_name, agg),) = custom.items()
-        finish = agg.finish or (lambda acc: acc)
-        aggregation = Aggregation(
-            agg.initializer, agg.aggregator, agg.merger, lambda acc: {out_name: finish(acc)}
-        )
-        return aggregation, list(columns), [(out_name, "custom", None)]
-    plan, spec, needed = [], {}, []
+            return aggregation, list(columns), [(out_name, "custom", None)]
+    spec: dict[str, Any] = {}
+    needed: list[str] = []
+    plan = []
     for out_name, how in aggregations.items():
-        if how == "count":
-            fn, column = "count", None
-        elif isinstance(how, (tuple, list)) and len(how) == 2 and how[0] in _BUILTIN - {"count"}:
-            fn, column = how
+        if isinstance(how, SessionAggregation):
+            spec[out_name] = how.as_aggregation()
+            plan.append((out_name, "custom", None))
+            continue
+        parsed = parse_spec(out_name, how)
+        for column in parsed.columns:
             if column not in columns:
                 raise ValueError(
-                    f"aggregation {out_name!r} reads column {column!r}, which the input does not "
-                    f"have (it has {sorted(columns)})"
+                    f"aggregation {out_name!r} = {how!r} reads column {column!r}, which the "
+                    f"input does not have (it has {sorted(columns)})"
                 )
+            if fields is not None:
+                _check_type(out_name, how, parsed.fn, column, fields[column].dataType)
             if column not in needed:
                 needed.append(column)
-        else:
-            raise ValueError(
-                f"aggregation {out_name!r}: expected 'count', (function, column) with function in "
-                f"{sorted(_BUILTIN - {'count'})}, or a SessionAggregation; got {how!r}"
-            )
-        spec[out_name] = "count" if fn == "count" else (fn, column)
-        plan.append((out_name, fn, column))
+        spec[out_name] = "count" if parsed.fn == "count" and parsed.column is None else how
+        plan.append((out_name, parsed.fn, parsed.column))
+    if any(fn == "custom" for _, fn, _ in plan):
+        needed = list(columns)  # a custom aggregate sees every value column
     return Aggregations(spec), needed, plan
 
 
-def value_type(fn: str, column: str | None, fields: dict[str, Any], aggregations: Any) -> Any:
-    """The Spark type of an aggregate's output column."""
+def _check_type(out_name: str, how: Any, fn: str, column: str, dtype: Any) -> None:
     from pyspark.sql import types as T
 
-    if fn == "count":
+    why = None
+    if fn in _NUMERIC and not isinstance(dtype, T.NumericType):
+        why = f"{fn} needs a numeric column"
+    elif isinstance(dtype, T.DecimalType) and fn not in _DECIMAL_OK:
+        why = f"{fn} does not take decimals here: cast the column to double or string"
+    if why is not None:
+        raise ValueError(
+            f"aggregation {out_name!r} = {how!r}: {why}, and {column!r} is {dtype.simpleString()}"
+        )
+
+
+def value_type(fn: str, column: str | None, fields: dict[str, Any], custom: Any = None) -> Any:
+    """The Spark type of an aggregate's output column (Spark's own result types;
+    ``custom``: the :class:`SessionAggregation` of a custom one)."""
+    from pyspark.sql import types as T
+
+    if fn in ("count", "count_distinct", "approx_count_distinct"):
         return T.LongType()
     if fn == "custom":
-        dtype = next(iter(aggregations.values())).output_type
+        dtype = custom.output_type
         return T._parse_datatype_string(dtype) if isinstance(dtype, str) else dtype
+    if fn in ("avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop"):
+        return T.DoubleType()
     source = fields[column].dataType
     if fn == "sum":
-        return T.LongType() if isinstance(source, T.IntegralType) else T.DoubleType()
-    if fn == "collect":
+        if isinstance(source, T.IntegralType):
+            return T.LongType()
+        if isinstance(source, T.DecimalType):
+            return T.DecimalType(min(38, source.precision + 10), source.scale)
+        return T.DoubleType()
+    if fn in ("collect", "collect_list", "collect_set"):
         return T.ArrayType(source)
-    return source
+    return source  # min, max, first, last, min_by, max_by, percentile_approx (one p)
+
+
+def _time_as_number(column: str, dtype: Any) -> Any:
+    """The value column as the operators read it: a timestamp as epoch microseconds
+    and a date as epoch days (numbers that order, and that msgpack stores), else
+    itself. Outputs turn them back (Arrow casts the numbers to the Spark type)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.TimestampType):
+        return F.unix_micros(F.col(column)).alias(column)
+    if isinstance(dtype, T.DateType):
+        return F.unix_date(F.col(column)).alias(column)
+    return F.col(column)
 
 
 @dataclass
@@ -115,6 +168,8 @@ class AggregateInput:
     #: the names of the start and end time columns
     start: str
     end: str
+    #: a batch (bounded) input: every session and window is emitted at its end
+    bounded: bool = False
 
     def output(self, schema: Any) -> OperatorOutput:
         """What tasks need to build output rows of the Spark ``schema`` (which
@@ -147,6 +202,7 @@ class AggregateInput:
             output=self.output(out_schema),
             key_types=key_types(self.selected, self.keys),
             coordinator=operator_coordinator(df, backend, name, n),
+            bounded=self.bounded,
             **settings,
         )
         return state_map(self.selected, self.keys, n, task, out_schema, name)
@@ -172,17 +228,24 @@ def aggregate_input(
     ts_col, time_type = time_column(fields, timestamp)
     others = [c for c in fields if c not in keys and c != timestamp]
     aggregations = aggregations or {"count": "count"}
-    aggregation, value_cols, plan = parse_aggregations(aggregations, others)
+    aggregation, value_cols, plan = parse_aggregations(aggregations, others, fields)
     out_fields = [fields[k] for k in keys]
     out_fields += [T.StructField(start, time_type), T.StructField(end, time_type)]
-    out_fields += [
-        T.StructField(out_name, value_type(fn, column, fields, aggregations))
-        for out_name, fn, column in plan
-    ]
+    for out_name, fn, column in plan:
+        how = aggregations[out_name]
+        dtype = value_type(fn, column, fields, how)
+        if fn == "percentile_approx" and isinstance(how[2], (list, tuple)):
+            dtype = T.ArrayType(dtype)
+        out_fields.append(T.StructField(out_name, dtype))
+    # a custom aggregate sees its columns as Spark gives them; built-ins read times
+    # as numbers
+    as_numbers = not any(fn == "custom" for _, fn, _ in plan)
     selected = df.select(
-        *[F.col(k) for k in keys], ts_col.alias(TS), *[F.col(c) for c in value_cols]
+        *[F.col(k) for k in keys],
+        ts_col.alias(TS),
+        *[_time_as_number(c, fields[c].dataType) if as_numbers else F.col(c) for c in value_cols],
     )
     return AggregateInput(
         keys, selected, out_fields, aggregation, value_cols, plan,
-        isinstance(time_type, T.TimestampType), start, end,
+        isinstance(time_type, T.TimestampType), start, end, not df.isStreaming,
     )  # fmt: skip

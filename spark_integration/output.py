@@ -58,7 +58,7 @@ class OperatorOutput:
             columns[out_name] = pc.struct_field(value, out_name)
         columns.update(extra or {})
         schema = arrow_schema(self.schema_json)
-        return pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
+        return pa.table([_cast(columns[f.name], f.type) for f in schema], schema=schema)
 
 
 @functools.lru_cache(maxsize=64)
@@ -70,6 +70,14 @@ def arrow_schema(spark_schema_json: str) -> pa.Schema:
 
     # timestamps travel as UTC instants; Spark converts them to its session zone
     return to_arrow_schema(StructType.fromJson(json.loads(spark_schema_json)), timezone="UTC")
+
+
+def _cast(column: Any, to: pa.DataType) -> Any:
+    # dates travel as epoch days in an int64 column, which Arrow casts to date32
+    # only from int32
+    if pa.types.is_date32(to) and pa.types.is_int64(column.type):
+        column = column.cast(pa.int32())
+    return column.cast(to)
 
 
 def record_batch(schema: pa.Schema, columns: dict[str, list[Any]]) -> pa.RecordBatch:

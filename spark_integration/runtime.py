@@ -362,12 +362,17 @@ def run_aggregator(
     value_cols: list[str],
     shared: int | None,
     handle: StoreHandle,
+    bounded: bool = False,
 ) -> tuple[list[Any], pa.Table | None]:
     """One batch of an event-time aggregator (session or window): advance to
     ``shared``, the operator's event time after the previous batch (from
     :func:`state_and_inputs`), process the rows in deterministic order (event time
     in column ``TS``), and record this partition's event time in ``handle``'s
     commit (the durable record the next batch's tasks advance to).
+
+    ``bounded`` (a batch DataFrame: no later row can come) then emits every
+    session and window still open (the aggregator's ``finish_input``), as Spark's
+    batch ``session_window`` and Flink's final watermark do.
 
     Returns the updates as objects, and as a table those of the aggregator's columnar
     path (``process_table``) when the batch qualifies (else None)."""
@@ -387,6 +392,8 @@ def run_aggregator(
                 k, times, values = columns_of(table, key, TS, value)
                 # update mode: one row per changed session or window per micro-batch
                 updates += agg.process_rows(k, times, values, net=True)
+    if bounded:
+        updates += agg.finish_input()
     handle.note_event_time(agg.stream_time)
     # the commit's metrics: late rows and emitted rows
     emitted = len(updates) + (0 if table_out is None else table_out.num_rows)
@@ -414,6 +421,8 @@ class AggregatorTask:
     output: OperatorOutput
     key_types: list[str]
     coordinator: CoordinatorAddress | None = None
+    #: the input is a batch DataFrame: emit everything at its end
+    bounded: bool = False
 
     def store_spec(self) -> StoreSpec:
         """The spec of the operator's store."""
@@ -439,6 +448,14 @@ class AggregatorTask:
         ) as (handle, provider, inputs, shared):
             agg = self.aggregator(handle[spec.name])
             updates, table = run_aggregator(
-                agg, provider, info, inputs, self.output.keys, self.value_cols, shared, handle
+                agg,
+                provider,
+                info,
+                inputs,
+                self.output.keys,
+                self.value_cols,
+                shared,
+                handle,
+                self.bounded,
             )
         yield from self.output_batches(updates, table)

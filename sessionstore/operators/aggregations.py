@@ -1,12 +1,14 @@
 """Aggregations for window operators: an initializer, an aggregator and a merger.
 
-A custom aggregation is any :class:`Aggregation`; the built-ins (count, sum, min,
-max, first, last, collect) combine into named outputs over value columns::
+A custom aggregation is any :class:`Aggregation`; the built-ins (Spark's aggregate
+functions, :mod:`~sessionstore.operators.aggregate_functions`) and custom ones
+combine into named outputs over value columns::
 
-    Aggregations({"clicks": "count", "revenue": ("sum", "amount"), "pages": ("collect", "page")})
+    Aggregations({"clicks": "count", "avg": ("avg", "amount"), "pages": ("collect_set", "page")})
 
 The accumulator of a combination is a list with one slot per output, so it
-serialises with msgpack. ``finish`` turns it into a ``{name: result}`` dict.
+serialises with msgpack (sketches as their bytes). ``finish`` turns it into a
+``{name: result}`` dict.
 
 ``first`` and ``last`` are by event time (ties: first arrival wins for ``first``,
 last arrival for ``last``), so they do not depend on the order records arrive in.
@@ -28,6 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
+from sessionstore.operators.aggregate_functions import (
+    ONE_COLUMN,
+    AggregateSpec,
+    Slot,
+    bind,
+    parse_spec,
+)
 
 __all__ = [
     "Aggregation",
@@ -66,124 +76,94 @@ class Aggregation:
         return self.aggregator(key, value, acc)
 
 
-# Each built-in: (initial slot, add(slot, value, ts) -> slot, merge(slot, slot) -> slot,
-# result(slot)). Slots are msgpack-friendly (numbers, lists, None).
-def _count_add(slot, value, ts):
-    return slot + 1
-
-
-def _sum_add(slot, value, ts):
-    return slot if value is None else slot + value
-
-
-def _min_add(slot, value, ts):
-    return value if slot is None or (value is not None and value < slot) else slot
-
-
-def _max_add(slot, value, ts):
-    return value if slot is None or (value is not None and value > slot) else slot
-
-
-def _first_add(slot, value, ts):
-    return [ts, value] if slot is None or ts < slot[0] else slot
-
-
-def _last_add(slot, value, ts):
-    return [ts, value] if slot is None or ts >= slot[0] else slot
-
-
-def _collect_add(slot, value, ts):
-    slot.append(value)
-    return slot
-
-
-def _min_merge(a, b):
-    return _min_add(a, b, 0) if b is not None else a
-
-
-def _max_merge(a, b):
-    return _max_add(a, b, 0) if b is not None else a
-
-
-def _first_merge(a, b):
-    # a holds older sessions than b, so on a tie a's value came first
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return b if b[0] < a[0] else a
-
-
-def _last_merge(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return b if b[0] >= a[0] else a
-
-
-def _stamped_value(slot):
-    return None if slot is None else slot[1]
-
-
+#: Each built-in function's parts as ``(initial slot, add(slot, value, ts),
+#: merge(older, newer), result(slot))``, for functions without arguments.
 BUILTINS: dict[str, tuple[Callable[[], Any], Callable, Callable, Callable]] = {
-    "count": (lambda: 0, _count_add, lambda a, b: a + b, _identity),
-    "sum": (lambda: 0, _sum_add, lambda a, b: a + b, _identity),
-    "min": (lambda: None, _min_add, _min_merge, _identity),
-    "max": (lambda: None, _max_add, _max_merge, _identity),
-    "first": (lambda: None, _first_add, _first_merge, _stamped_value),
-    "last": (lambda: None, _last_add, _last_merge, _stamped_value),
-    "collect": (list, _collect_add, lambda a, b: a + b, _identity),
+    fn: (s.init, s.add, s.merge, s.result)
+    for fn, s in ((fn, bind(AggregateSpec("", fn, None))) for fn in sorted(ONE_COLUMN | {"count"}))
 }
+
+# How a part reads its input from a record's value
+_WHOLE, _FIELD, _PAIR, _CUSTOM = range(4)
 
 
 class Aggregations(Aggregation):
-    """Several named built-in aggregates over value columns, as one Aggregation.
+    """Several named aggregates as one Aggregation: built-in functions over value
+    columns, and custom :class:`Aggregation` objects beside them.
 
-    ``spec`` maps an output name to ``"count"`` or to ``(function, column)``, where
-    function is one of sum, min, max, first, last or collect. A column of ``None``
-    aggregates the whole value; otherwise values must be mappings (rows).
+    ``spec`` maps an output name to a spec of
+    :mod:`~sessionstore.operators.aggregate_functions` (``"count"``, ``("avg",
+    "amount")``, ``("min_by", "page", "ts")``, ...) or to an :class:`Aggregation`,
+    which sees the whole value. A column of ``None`` aggregates the whole value;
+    otherwise values must be mappings (rows). A bad spec raises ``ValueError``
+    naming the aggregate.
     """
 
-    def __init__(self, spec: Mapping[str, str | tuple[str, str | None]]) -> None:
+    def __init__(self, spec: Mapping[str, Any]) -> None:
         if not isinstance(spec, Mapping) or not spec:
             raise ValueError(f"aggregations must be a non-empty dict, got {spec!r}")
-        names, parts = [], []
+        specs: list[AggregateSpec] = []
+        slots: list[Slot] = []
+        customs: list[Aggregation | None] = []
         for name, how in spec.items():
-            if how == "count" or how == ("count", None):
-                fn, column = "count", None
-            elif isinstance(how, tuple) and len(how) == 2 and how[0] in BUILTINS:
-                fn, column = how
-            else:
-                raise ValueError(
-                    f"aggregation {name!r}: expected 'count' or (function, column) with "
-                    f"function in {sorted(set(BUILTINS) - {'count'})}, got {how!r}"
-                )
-            names.append(name)
-            parts.append((fn, column) + BUILTINS[fn])
+            if isinstance(how, Aggregation):
+                specs.append(AggregateSpec(name, "custom", None))
+                slots.append(Slot(how.initializer, _no_add, _no_merge, how.finish))
+                customs.append(how)
+                continue
+            if how == ("count", None) or how == ["count", None]:
+                how = "count"
+            parsed = parse_spec(name, how)
+            specs.append(parsed)
+            slots.append(bind(parsed))
+            customs.append(None)
         self.spec = dict(spec)
-        self.names = names
-        self.columns = [column for _, column, *_ in parts]
-        self.functions = [fn for fn, *_ in parts]
-        inits = [p[2] for p in parts]
-        adds = [p[3] for p in parts]
-        merges = [p[4] for p in parts]
-        results = [p[5] for p in parts]
-        columns = self.columns
-        width = range(len(parts))
+        #: every aggregate, parsed (``fn`` "custom" for an Aggregation)
+        self.specs = specs
+        self.names = [s.name for s in specs]
+        self.columns = [s.column for s in specs]
+        self.functions = [s.fn for s in specs]
+        inits = [s.init for s in slots]
+        adds = [s.add for s in slots]
+        merges = [s.merge for s in slots]
+        results = [s.result for s in slots]
+        kinds, reads = [], []
+        for s, custom in zip(specs, customs, strict=True):
+            if custom is not None:
+                kinds.append(_CUSTOM)
+                reads.append(None)
+            elif s.fn in ("min_by", "max_by"):
+                kinds.append(_PAIR)
+                reads.append((s.column, s.extra[0]))
+            else:
+                kinds.append(_WHOLE if s.column is None else _FIELD)
+                reads.append(s.column)
+        names = self.names
+        width = range(len(specs))
+        parts = list(zip(width, kinds, reads, adds, strict=True))
 
         def initializer() -> list:
             return [init() for init in inits]
 
         def aggregator_ts(key: Any, value: Any, ts: int, acc: list) -> list:
-            for i in width:
-                column = columns[i]
-                v = value if column is None else (None if value is None else value[column])
-                acc[i] = adds[i](acc[i], v, ts)
+            for i, kind, read, add in parts:
+                if kind == _FIELD:
+                    v = None if value is None else value[read]
+                elif kind == _WHOLE:
+                    v = value
+                elif kind == _PAIR:
+                    v = (None, None) if value is None else (value[read[0]], value[read[1]])
+                else:
+                    acc[i] = customs[i].add(key, value, ts, acc[i])
+                    continue
+                acc[i] = add(acc[i], v, ts)
             return acc
 
         def merger(key: Any, a: list, b: list) -> list:
-            return [merges[i](a[i], b[i]) for i in width]
+            return [
+                merges[i](a[i], b[i]) if customs[i] is None else customs[i].merger(key, a[i], b[i])
+                for i in width
+            ]
 
         def finish(acc: list) -> dict[str, Any]:
             return {names[i]: results[i](acc[i]) for i in width}
@@ -199,6 +179,14 @@ class Aggregations(Aggregation):
 
     def __repr__(self) -> str:
         return f"Aggregations({self.spec!r})"
+
+
+def _no_add(slot: Any, value: Any, ts: int) -> Any:
+    raise AssertionError("a custom aggregate adds through its Aggregation")
+
+
+def _no_merge(a: Any, b: Any) -> Any:
+    raise AssertionError("a custom aggregate merges through its Aggregation")
 
 
 def make_aggregation(
@@ -239,16 +227,22 @@ _LAYOUTS: dict[str, Callable[[Any], tuple[dict[str, Any], Any]]] = {
 }
 
 
+#: A custom aggregate as a reader sees it: its accumulator, shown as stored.
+_RAW = Aggregation(lambda: None, lambda key, value, acc: acc, lambda key, a, b: a)
+
+
 def output_plan(aggregation: Aggregation, layout: str) -> dict[str, Any] | None:
     """The record of how to finish stored values of ``aggregation`` wrapped as
     ``layout`` (see ``_LAYOUTS``), or None when the aggregation is custom code,
-    which cannot be recorded (its stored values are then read raw)."""
+    which cannot be recorded (its stored values are then read raw). Each aggregate
+    is ``[name, function, column, *arguments]``; a custom one of
+    :class:`Aggregations` is recorded as function "custom" and read as its
+    accumulator."""
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
     if not isinstance(aggregation, Aggregations):
         return None
-    aggregates = zip(aggregation.names, aggregation.functions, aggregation.columns, strict=True)
-    return {"layout": layout, "aggregates": [list(a) for a in aggregates]}
+    return {"layout": layout, "aggregates": [s.recorded() for s in aggregation.specs]}
 
 
 def record_output_plan(store: Any, aggregation: Aggregation, layout: str) -> None:
@@ -276,7 +270,10 @@ def recorded_output(store: Any) -> Callable[[Any], tuple[dict[str, Any], dict[st
     if unwrap is None:
         return None
     try:
-        spec = {name: (fn, column) for name, fn, column in plan["aggregates"]}
+        spec = {
+            name: _RAW if fn == "custom" else (fn, column, *extra)
+            for name, fn, column, *extra in plan["aggregates"]
+        }
         finish = Aggregations(spec).finish
     except ValueError:  # a function of a newer release
         return None

@@ -2,11 +2,16 @@
 aggregate input columns, key group codes, and the shape of their output tables.
 
 A columnar path (:mod:`.sessions.columns`, :mod:`.windows.columns`) takes built-in
-count/sum/min/max/first/last aggregates; sums, minima and maxima read integer
-columns without nulls whose total cannot overflow int64 (float sums depend on the
-order of addition; exact ints do not). Output tables have the key columns,
-``start``, ``end``, a ``value`` struct (int64 counts, sums, minima and maxima;
-``first`` and ``last`` keep their column's type) and ``timestamp``.
+count/sum/min/max/first/last aggregates, and count(c), avg, the moments and
+min_by/max_by over numeric columns (nulls allowed, doubles finite), and the lists,
+sets and sketches (each group's values folded in order by the record path's own
+slot functions); sums, minima
+and maxima read integer columns without nulls whose total cannot overflow int64
+(float sums depend on the order of addition; exact ints do not). Output tables
+have the key columns, ``start``, ``end``, a ``value`` struct (int64 counts, sums,
+minima and maxima, counts of distinct values; doubles for avg, the moments and
+percentiles; lists of the column's type; ``first``, ``last``, ``min_by`` and
+``max_by`` keep their column's type) and ``timestamp``.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessionstore.operators.aggregate_functions import FOLDED, MOMENTS, bind
 from sessionstore.operators.arrow_io import epoch_millis_array
-from sessionstore.operators.vectorised import SUM_LIMIT, built_in_functions
+from sessionstore.operators.vectorised import SUM_LIMIT, columnar_functions
 
 __all__ = [
     "Slot", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",
@@ -27,14 +33,28 @@ __all__ = [
 ]  # fmt: skip
 
 
+#: Functions over a numeric column with nulls: its values and validity as numpy.
+_NUMERIC = MOMENTS | {"avg", "count"}
+_BY = ("min_by", "max_by")
+
+
 @dataclass
 class Slot:
-    """One aggregate's input: its function and, unless a count, its Arrow column
-    (with the int64 values for sum, min and max)."""
+    """One aggregate's input: its function and, unless a count of rows, its Arrow
+    column, with as numpy: the int64 values for sum, min and max; for count(c),
+    avg and the moments the values as doubles (``numbers``) and their validity;
+    for min_by/max_by the ordering column's values (``numbers``, int64 or doubles)
+    and validity, and the ordering column itself (``order``)."""
 
     fn: str
     column: pa.Array | None
     ints: np.ndarray | None
+    numbers: np.ndarray | None = None
+    valid: np.ndarray | None = None
+    order: pa.Array | None = None
+    #: lists, sets and sketches: the record path's slot functions, which fold
+    #: each group's values
+    bound: Any = None
 
 
 @dataclass
@@ -59,7 +79,7 @@ def prepare(
 ) -> Prepared | None:
     """The batch's columnar input, or None when it does not qualify (then the
     record-exact path runs, and raises the error that names a bad input)."""
-    if built_in_functions(aggregation) is None:
+    if columnar_functions(aggregation) is None:
         return None
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     key_names = [key] if isinstance(key, str) else list(key)
@@ -106,8 +126,9 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[Slot] | None:
     """Each aggregate's input column, or None if the batch does not qualify."""
     slots = []
     n = table.num_rows
-    for fn, column in zip(aggregation.functions, aggregation.columns, strict=True):
-        if fn == "count":
+    for spec in aggregation.specs:
+        fn, column = spec.fn, spec.column
+        if fn == "count" and column is None:
             slots.append(Slot(fn, None, None))
             continue
         # the value the record path would aggregate: a scalar column, or a row's field
@@ -121,6 +142,25 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[Slot] | None:
             return None
         arr = _array(table, name)
         ints = None
+        if fn in FOLDED:
+            slots.append(Slot(fn, arr, None, bound=bind(spec)))
+            continue
+        if fn == "count":  # of a column: its validity is all it reads
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            slots.append(Slot(fn, arr, None, np.zeros(n), valid))
+            continue
+        if fn in _NUMERIC or fn in _BY:
+            source = arr
+            if fn in _BY:
+                if not isinstance(value, (list, tuple)) or spec.extra[0] not in value:
+                    return None
+                source = _array(table, spec.extra[0])
+            numbers = _numbers(source, integral_ok=fn in _BY)
+            if numbers is None:
+                return None
+            order = source if fn in _BY else None
+            slots.append(Slot(fn, arr, None, numbers[0], numbers[1], order))
+            continue
         if fn in ("sum", "min", "max"):
             if not pa.types.is_integer(arr.type) or arr.null_count:
                 return None
@@ -132,6 +172,31 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[Slot] | None:
                 return None
         slots.append(Slot(fn, arr, ints))
     return slots
+
+
+def _numbers(arr: pa.Array, integral_ok: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """A numeric column's values (doubles; int64 kept for an ordering) and validity,
+    or None when it is not numeric or holds a non-finite double (whose order and
+    arithmetic the record path defines)."""
+    t = arr.type
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_integer(t):
+        if integral_ok:
+            try:
+                ints = pc.cast(arr, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+            except pa.ArrowInvalid:
+                return None
+            return ints, valid
+        doubles = pc.cast(arr, pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        if np.abs(doubles).max(initial=0.0) >= 2**53:
+            return None  # not exact as a double
+        return doubles, valid
+    if pa.types.is_floating(t):
+        doubles = pc.cast(arr, pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        if not np.isfinite(doubles).all():
+            return None
+        return doubles, valid
+    return None
 
 
 def _group_codes(
@@ -176,9 +241,13 @@ class GroupAggregates:
         self.count = self.b - self.a
         self.first_row, self.last_row = rows[self.a], rows[self.b - 1]
         self.first_ts, self.last_ts = times[self.a], times[self.b - 1]
-        self.reduced: list[np.ndarray | None] = []
+        self.reduced: list[Any] = []
         for slot in slots:
-            if slot.fn not in ("sum", "min", "max"):
+            if slot.bound is not None:
+                self.reduced.append(self._folded(slot, rows))
+            elif slot.numbers is not None:
+                self.reduced.append(self._numeric(slot, rows, times, m))
+            elif slot.fn not in ("sum", "min", "max"):
                 self.reduced.append(None)
             elif not m:  # reduceat refuses empty input
                 self.reduced.append(np.zeros(0, dtype=np.int64))
@@ -186,11 +255,72 @@ class GroupAggregates:
                 ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[slot.fn]
                 self.reduced.append(ufunc.reduceat(slot.ints[rows], self.a))
 
+    def _folded(self, slot: Slot, rows: np.ndarray) -> list[Any]:
+        """Each group's slot: its values, in order, added as the record path adds them."""
+        values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
+        init, add = slot.bound.init, slot.bound.add
+        out = []
+        for a, b in zip(self.a.tolist(), self.b.tolist(), strict=True):
+            acc = init()
+            for v in values[a:b]:
+                acc = add(acc, v, 0)  # these slots ignore the time
+            out.append(acc)
+        return out
+
+    def _numeric(self, slot: Slot, rows: np.ndarray, times: np.ndarray, m: int) -> Any:
+        """count(c), avg and the moments: ``(n, sum, mean, m2)`` per group; min_by and
+        max_by: the row of each group's extreme ordering value (-1 for none) and its
+        time."""
+        groups = len(self.a)
+        if not m:
+            zeros = np.zeros(groups)
+            if slot.fn in _BY:
+                return np.zeros(groups, dtype=np.int64), np.zeros(groups, dtype=np.int64)
+            return (zeros,) * 4
+        x, ok = slot.numbers[rows], slot.valid[rows]
+        n = np.add.reduceat(ok.astype(np.int64), self.a)
+        if slot.fn in _BY:
+            if x.dtype == np.int64:
+                far = np.iinfo(np.int64).max if slot.fn == "min_by" else np.iinfo(np.int64).min
+            else:
+                far = np.inf if slot.fn == "min_by" else -np.inf
+            keyed = np.where(ok, x, far)
+            best = (np.minimum if slot.fn == "min_by" else np.maximum).reduceat(keyed, self.a)
+            owner = np.repeat(np.arange(groups), self.count)
+            # the first row (by time, then arrival) holding the extreme keeps it
+            hit = ok & (keyed == best[owner])
+            first = np.minimum(np.minimum.reduceat(np.where(hit, np.arange(m), m), self.a), m - 1)
+            return np.where(n > 0, rows[first], -1), times[first]
+        total = np.add.reduceat(np.where(ok, x, 0.0), self.a)
+        mean = np.divide(total, n, out=np.zeros(groups), where=n > 0)
+        owner = np.repeat(np.arange(groups), self.count)
+        m2 = np.add.reduceat(np.where(ok, (x - mean[owner]) ** 2, 0.0), self.a)
+        return n, total, mean, m2
+
     def slot_values(self, j: int, idx: Any) -> list[Any]:
         """Python values of aggregate ``j`` for groups ``idx`` (as stored in an acc)."""
         slot = self.slots[j]
-        if slot.fn == "count":
+        if slot.fn == "count" and slot.column is None:
             return self.count[idx].tolist()
+        if slot.bound is not None:
+            folded = self.reduced[j]
+            return [folded[i] for i in np.arange(len(folded))[idx].tolist()]
+        if slot.fn in _NUMERIC:
+            n, total, mean, m2 = (part[idx].tolist() for part in self.reduced[j])
+            if slot.fn == "count":
+                return n
+            if slot.fn == "avg":
+                return [[c, s] for c, s in zip(n, total, strict=True)]
+            return [[c, mu, q] for c, mu, q in zip(n, mean, m2, strict=True)]
+        if slot.fn in _BY:
+            at, when = self.reduced[j][0][idx], self.reduced[j][1][idx]
+            picked = pa.array(np.maximum(at, 0), pa.int64())
+            orders = slot.order.take(picked).to_pylist()
+            values = slot.column.take(picked).to_pylist()
+            return [
+                None if r < 0 else [o, v, t]
+                for r, o, v, t in zip(at.tolist(), orders, values, when.tolist(), strict=True)
+            ]
         if slot.fn in ("sum", "min", "max"):
             return self.reduced[j][idx].tolist()
         if slot.fn == "first":
@@ -200,6 +330,37 @@ class GroupAggregates:
         values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
         return [[t, v] for t, v in zip(times.tolist(), values, strict=True)]
 
+    def result_array(self, j: int, idx: Any, out_type: pa.DataType) -> pa.Array:
+        """Results of aggregate ``j`` for groups ``idx`` as an Arrow array of
+        ``out_type``, as :meth:`Aggregations.finish` gives them."""
+        slot = self.slots[j]
+        fn = slot.fn
+        if fn == "count" and slot.column is None:
+            return pa.array(self.count[idx], pa.int64())
+        if fn in ("sum", "min", "max"):
+            return pa.array(self.reduced[j][idx], pa.int64())
+        if fn in ("first", "last"):
+            at = self.first_row if fn == "first" else self.last_row
+            return slot.column.take(pa.array(at[idx], pa.int64()))
+        if slot.bound is not None:
+            result = slot.bound.result
+            return pa.array([result(acc) for acc in self.slot_values(j, idx)], out_type)
+        if fn in _BY:
+            at = self.reduced[j][0][idx]
+            taken = slot.column.take(pa.array(np.maximum(at, 0), pa.int64()))
+            return pc.if_else(pa.array(at >= 0), taken, pa.nulls(len(at), out_type))
+        n, total, mean, m2 = (part[idx] for part in self.reduced[j])
+        if fn == "count":
+            return pa.array(n, pa.int64())
+        if fn == "avg":
+            return pa.array(np.divide(total, n, out=np.zeros(len(n)), where=n > 0), mask=n == 0)
+        floor = 1 if fn.endswith("_pop") else 2
+        divisor = n if fn.endswith("_pop") else n - 1
+        var = np.divide(m2, divisor, out=np.zeros(len(n)), where=n >= floor)
+        if fn.startswith("stddev"):
+            var = np.sqrt(np.maximum(var, 0.0))
+        return pa.array(var, mask=n < floor)
+
     def accs(self, idx: Any = slice(None)) -> list[list[Any]]:
         """The accumulators (one list per group) of groups ``idx`` (all by default)."""
         per_slot = [self.slot_values(j, idx) for j in range(len(self.slots))]
@@ -207,13 +368,23 @@ class GroupAggregates:
 
 
 def value_struct_type(aggregation: Any, slots: list[Slot]) -> pa.StructType:
-    """The ``value`` struct: int64 counts, sums, minima and maxima; ``first`` and
-    ``last`` keep their column's type."""
+    """The ``value`` struct: int64 counts, sums, minima and maxima; double averages
+    and moments; ``first``, ``last``, ``min_by`` and ``max_by`` keep their column's
+    type."""
     fields = []
-    for name, slot in zip(aggregation.names, slots, strict=True):
-        fields.append(
-            pa.field(name, slot.column.type if slot.fn in ("first", "last") else pa.int64())
-        )
+    for spec, slot in zip(aggregation.specs, slots, strict=True):
+        if slot.fn in ("first", "last", *_BY):
+            t = slot.column.type
+        elif slot.fn == "avg" or slot.fn in MOMENTS:
+            t = pa.float64()
+        elif slot.fn in ("collect_list", "collect_set"):
+            t = pa.list_(slot.column.type)
+        elif slot.fn == "percentile_approx":
+            many = isinstance(spec.extra[0], tuple)
+            t = pa.list_(pa.float64()) if many else pa.float64()
+        else:
+            t = pa.int64()
+        fields.append(pa.field(spec.name, t))
     return pa.struct(fields)
 
 

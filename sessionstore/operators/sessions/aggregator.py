@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sessionstore.encoding.keys import check_timestamp
+from sessionstore.encoding.keys import TS_MAX, check_timestamp
 from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
 from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute
 from sessionstore.operators.gc_pause import gc_paused
@@ -112,6 +112,19 @@ class SessionWindowAggregator(ArrowBatches):
                 state.save_times()
             # the store follows, so its visibility keeps matching our stream time
             self.store.advance_stream_time(state.stream_time)
+        return out
+
+    def finish_input(self) -> list[SessionUpdate]:
+        """The input is bounded and has ended: in final mode, emit every session
+        still open (update mode emitted every change already). Stream time stays,
+        so the sessions stay stored as the input left them; they count as closed
+        from then on, as at a final watermark."""
+        state = self.state
+        if not state.final:
+            return []
+        with state.rolling_back():
+            out = self._close_until(TS_MAX)
+            state.save_times()
         return out
 
     # ------------------------------------------------------------ record path

@@ -21,9 +21,9 @@ differently: every record of a key that has a late record, or a record near a
 closed or hidden session (the conditions of :mod:`.batch`). Keys with open
 stored sessions read them once and merge them with their runs in Python, with the
 replay's tie rules (:func:`~sessionstore.operators.vectorised.merge_slot`). A batch qualifies only when the
-aggregation is built-in count/sum/min/max/first/last, sums, minima and maxima read
-integer columns without nulls whose sum cannot overflow int64, and offsets are not
-tracked (the aggregator checks its mode and state, :func:`columnar.prepare` the
+aggregation is built-in count/sum/min/max/first/last or count(c)/avg/moments/
+min_by/max_by over numeric columns, sums, minima and maxima read integer columns
+without nulls whose sum cannot overflow int64, and offsets are not tracked (the aggregator checks its mode and state, :func:`columnar.prepare` the
 batch); otherwise :meth:`process_table` returns None and the caller uses
 ``process_rows``. The property tests hold the two paths equal, state included.
 """
@@ -350,15 +350,7 @@ def _emission_table(table, key_names, runs: _Runs, idx, rep_rows, out_type) -> p
         return empty_result(table, key_names, out_type)
     rows = pa.array(rep_rows[runs.g[idx]], pa.int64())
     keys = [table.column(k).take(rows) for k in key_names]
-    fields = []
-    for j, slot in enumerate(runs.slots):
-        if slot.fn == "count":
-            fields.append(pa.array(runs.count[idx], pa.int64()))
-        elif slot.fn in ("sum", "min", "max"):
-            fields.append(pa.array(runs.reduced[j][idx], pa.int64()))
-        else:
-            at = runs.first_row if slot.fn == "first" else runs.last_row
-            fields.append(slot.column.take(pa.array(at[idx], pa.int64())))
+    fields = [runs.result_array(j, idx, f.type) for j, f in enumerate(out_type)]
     value = pa.StructArray.from_arrays(fields, fields=list(out_type))
     return result_table(
         key_names,

@@ -112,6 +112,16 @@ class WindowAggregator(ArrowBatches):
                 return []
             return self._fire(ts) if state.pending is not None else []
 
+    def finish_input(self) -> list[WindowUpdate]:
+        """The input is bounded and has ended: fire every window still pending, as
+        a final watermark would (kind "final", or "on_time" in that mode). Stream
+        time stays, so the windows stay stored as the input left them."""
+        pending = self.state.pending
+        if pending is None:
+            return []  # update mode emitted every change already
+        with self._rolling_back():
+            return self._fired(pending.all(), "final" if self.emit == "final" else "on_time")
+
     def process(self, key: Any, value: Any, timestamp: int | None) -> list[WindowUpdate]:
         """Add one record to its windows; return what it emits."""
         with self._rolling_back():
@@ -189,7 +199,15 @@ class WindowAggregator(ArrowBatches):
         # can hold new work: scanning from the start would meet every window this
         # batch already fired (pending deletes), once per record.
         fired_from, state.fired_due = state.fired_due, due
-        for end, start, kb in pending.below(due, fired_from):
+        out += self._fired(pending.below(due, fired_from), kind)
+        return out
+
+    def _fired(self, entries: list[tuple[int, int, bytes]], kind: str) -> list[WindowUpdate]:
+        """Fire pending windows ``entries`` (end, start, encoded key): out of the
+        pending index, and their values emitted as ``kind``."""
+        store, pending, finish = self.store, self.state.pending, self.aggregation.finish
+        out = []
+        for end, start, kb in entries:
             pending.discard(kb, start, end)
             key = store._decode_key(kb)
             value = store.fetch_window(key, start)

@@ -1,0 +1,445 @@
+"""The built-in aggregate functions: how a spec is spelled and checked, and each
+function's slot (initial value, add, merge, result).
+
+A spec is Spark's function name and its arguments, so ``F.fn("c", ...)`` becomes
+``("fn", "c", ...)``:
+
+=============================================  =====================================
+spec                                           slot (msgpack data)
+=============================================  =====================================
+``"count"``, ``("count", None)``               rows: int
+``("count", c)``                               non-null values of ``c``: int
+``("sum", c)``                                 None, a number, or a decimal's text
+``("avg", c)``, ``("mean", c)``                ``[n, sum]``
+``("min"|"max", c)``                           None or the value
+``("first"|"last", c)``                        None or ``[time, value]`` (by event time)
+``("collect", c)``                             every value, nulls too (in order)
+``("collect_list", c)``                        non-null values (in order)
+``("collect_set", c)``, ``("count_distinct",   distinct non-null values (first seen
+c)``                                           first)
+``("stddev"|"stddev_samp"|"stddev_pop"|        ``[n, mean, m2]`` (Welford; Chan's
+"variance"|"var_samp"|"var_pop", c)``          merge)
+``("min_by"|"max_by", c, o)``                  None or ``[o, c, time]`` at the least
+                                               / greatest non-null ``o``
+``("approx_count_distinct", c[, rsd])``        HLL: ``[lg_k, bytes, pending]``
+``("percentile_approx", c, p[, accuracy])``    KLL: ``[k, bytes, pending]``
+=============================================  =====================================
+
+Nulls are skipped as Spark skips them, and a function over no non-null value
+gives what Spark gives: null, except the counts (0). ``first``, ``last`` and
+``collect`` keep the meaning they always had here (event time order, nulls kept).
+Ties: ``min_by``/``max_by`` keep the value of the earliest event time (then the
+first arrival, and in a merge the older session's), as ``first`` does.
+The slot layouts of count(*), sum, min, max, first, last and collect are those of
+the checkpoints written before the others existed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sessionstore.operators import sketches
+
+__all__ = [
+    "AggregateSpec", "Slot", "FUNCTIONS", "MERGES", "parse_spec", "bind",
+    "MOMENTS", "ONE_COLUMN", "FOLDED",
+]  # fmt: skip
+
+#: Functions of one column (``(fn, c)``); count takes a column or none.
+ONE_COLUMN = frozenset({
+    "sum", "avg", "min", "max", "first", "last", "collect", "collect_list", "collect_set",
+    "count_distinct", "stddev_samp", "stddev_pop", "var_samp", "var_pop",
+})  # fmt: skip
+MOMENTS = frozenset({"stddev_samp", "stddev_pop", "var_samp", "var_pop"})
+#: Functions whose slot holds values (lists, sets, sketches): the columnar paths
+#: fold each group's values with the slot's own ``add``.
+FOLDED = frozenset(
+    {"collect_list", "collect_set", "count_distinct", "approx_count_distinct", "percentile_approx"}
+)
+_ALIASES = {"mean": "avg", "stddev": "stddev_samp", "variance": "var_samp"}
+#: Every function name a spec may use.
+FUNCTIONS = frozenset(
+    ONE_COLUMN | set(_ALIASES) | {"count", "min_by", "max_by", "approx_count_distinct",
+                                   "percentile_approx"}
+)  # fmt: skip
+_SHAPES = {
+    "count": "'count' or ('count', column)",
+    "min_by": "(fn, column, ordering column)",
+    "max_by": "(fn, column, ordering column)",
+    "approx_count_distinct": "(fn, column) or (fn, column, rsd)",
+    "percentile_approx": "(fn, column, percentage) or (fn, column, percentage, accuracy)",
+}
+DEFAULT_RSD = 0.05
+DEFAULT_ACCURACY = 10000
+
+
+@dataclass(frozen=True)
+class AggregateSpec:
+    """One parsed aggregate: output name, canonical function, input column (None
+    for the whole value), and the function's other arguments (``min_by``'s
+    ordering column; ``rsd``; ``percentage, accuracy``)."""
+
+    name: str
+    fn: str
+    column: str | None
+    extra: tuple = ()
+
+    @property
+    def columns(self) -> list[str]:
+        """The input columns it reads."""
+        cols = [] if self.column is None else [self.column]
+        if self.fn in ("min_by", "max_by"):
+            cols.append(self.extra[0])
+        return cols
+
+    def recorded(self) -> list[Any]:
+        """Its entry in an output plan: ``[name, fn, column, *extra]``."""
+        extra = list(self.extra)
+        if self.fn == "percentile_approx" and isinstance(extra[0], tuple):
+            extra[0] = list(extra[0])
+        return [self.name, self.fn, self.column, *extra]
+
+
+def _fail(name: Any, how: Any, why: str) -> ValueError:
+    return ValueError(f"aggregation {name!r} = {how!r}: {why}")
+
+
+def parse_spec(name: str, how: Any) -> AggregateSpec:
+    """The :class:`AggregateSpec` of ``name: how``; ``ValueError`` naming the
+    aggregate when the function is unknown, the arity wrong, or an argument out of
+    range."""
+    if how == "count":
+        return AggregateSpec(name, "count", None)
+    if isinstance(how, list):
+        how = tuple(how)
+    if not isinstance(how, tuple) or not how or not isinstance(how[0], str):
+        raise _fail(name, how, "expected 'count' or a tuple (function, column, ...)")
+    fn = _ALIASES.get(how[0], how[0])
+    args = how[1:]
+    if fn not in FUNCTIONS:
+        raise _fail(name, how, f"unknown function {how[0]!r}; known: {sorted(FUNCTIONS)}")
+    shape = _SHAPES.get(fn, "(fn, column)")
+    column = args[0] if args else None
+    if not args or not (column is None or isinstance(column, str)):
+        raise _fail(name, how, f"expected {shape}")
+    if fn == "count" or fn in ONE_COLUMN:
+        if len(args) != 1:
+            raise _fail(name, how, f"{how[0]} takes one column: expected {shape}")
+        return AggregateSpec(name, fn, column)
+    if fn in ("min_by", "max_by"):
+        if len(args) != 2 or not isinstance(args[1], str) or column is None:
+            raise _fail(name, how, f"expected {shape}")
+        return AggregateSpec(name, fn, column, (args[1],))
+    if fn == "approx_count_distinct":
+        if len(args) > 2:
+            raise _fail(name, how, f"expected {shape}")
+        rsd = args[1] if len(args) == 2 else DEFAULT_RSD
+        try:
+            sketches.hll_lg_k(rsd)
+        except ValueError as e:
+            raise _fail(name, how, str(e)) from None
+        return AggregateSpec(name, fn, column, (float(rsd),))
+    # percentile_approx
+    if len(args) not in (2, 3):
+        raise _fail(name, how, f"expected {shape}")
+    p = args[1]
+    ps = list(p) if isinstance(p, (list, tuple)) else [p]
+    if not ps or any(
+        isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0 for x in ps
+    ):
+        raise _fail(name, how, f"percentage must be in [0, 1] (or a list of such), got {p!r}")
+    accuracy = args[2] if len(args) == 3 else DEFAULT_ACCURACY
+    if type(accuracy) is not int or accuracy < 1:
+        raise _fail(name, how, f"accuracy must be a positive int, got {accuracy!r}")
+    pct = tuple(float(x) for x in ps) if isinstance(p, (list, tuple)) else float(p)
+    return AggregateSpec(name, fn, column, (pct, accuracy))
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A function bound to its arguments: ``init() -> slot``, ``add(slot, value,
+    ts) -> slot``, ``merge(older, newer) -> slot``, ``result(slot)``."""
+
+    init: Callable[[], Any]
+    add: Callable[[Any, Any, int], Any]
+    merge: Callable[[Any, Any], Any]
+    result: Callable[[Any], Any]
+
+
+def _identity(slot: Any) -> Any:
+    return slot
+
+
+# -- counts, sums, extremes --------------------------------------------------------
+def _count_add(slot, value, ts):
+    return slot + 1
+
+
+def _count_col_add(slot, value, ts):
+    return slot if value is None else slot + 1
+
+
+def _add_numbers(a: Any, b: Any) -> Any:
+    # a decimal sum is kept as its text: msgpack stores no Decimal
+    if isinstance(a, (str, Decimal)) or isinstance(b, (str, Decimal)):
+        return str(Decimal(a) + Decimal(b))
+    return a + b
+
+
+def _sum_add(slot, value, ts):
+    if value is None:
+        return slot
+    if slot is None:
+        return str(value) if type(value) is Decimal else value
+    if type(slot) is str or type(value) is Decimal:
+        return str(Decimal(slot) + value)
+    return slot + value
+
+
+def _sum_merge(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return _add_numbers(a, b)
+
+
+def _sum_result(slot):
+    return Decimal(slot) if isinstance(slot, str) else slot
+
+
+def _min_add(slot, value, ts):
+    return value if slot is None or (value is not None and value < slot) else slot
+
+
+def _max_add(slot, value, ts):
+    return value if slot is None or (value is not None and value > slot) else slot
+
+
+def _min_merge(a, b):
+    return _min_add(a, b, 0) if b is not None else a
+
+
+def _max_merge(a, b):
+    return _max_add(a, b, 0) if b is not None else a
+
+
+# -- first, last -------------------------------------------------------------------
+def _first_add(slot, value, ts):
+    return [ts, value] if slot is None or ts < slot[0] else slot
+
+
+def _last_add(slot, value, ts):
+    return [ts, value] if slot is None or ts >= slot[0] else slot
+
+
+def _first_merge(a, b):
+    # a holds older sessions than b, so on a tie a's value came first
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return b if b[0] < a[0] else a
+
+
+def _last_merge(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return b if b[0] >= a[0] else a
+
+
+def _stamped_value(slot):
+    return None if slot is None else slot[1]
+
+
+# -- lists and sets ----------------------------------------------------------------
+def _collect_add(slot, value, ts):
+    slot.append(value)
+    return slot
+
+
+def _collect_list_add(slot, value, ts):
+    if value is not None:
+        slot.append(value)
+    return slot
+
+
+def _set_add(slot, value, ts):
+    if value is not None and value not in slot:
+        slot.append(value)
+    return slot
+
+
+def _set_merge(a, b):
+    try:
+        seen = set(a)
+    except TypeError:  # unhashable values (arrays): compare as lists
+        seen = a
+    return a + [v for v in b if v not in seen]
+
+
+# -- avg and moments ---------------------------------------------------------------
+def _avg_add(slot, value, ts):
+    if value is None:
+        return slot
+    return [slot[0] + 1, slot[1] + float(value)]
+
+
+def _avg_merge(a, b):
+    return [a[0] + b[0], a[1] + b[1]]
+
+
+def _avg_result(slot):
+    return None if slot[0] == 0 else slot[1] / slot[0]
+
+
+def _moments_add(slot, value, ts):
+    if value is None:
+        return slot
+    n, mean, m2 = slot
+    n += 1
+    x = float(value)
+    delta = x - mean
+    mean += delta / n
+    return [n, mean, m2 + delta * (x - mean)]
+
+
+def _moments_merge(a, b):
+    na, nb = a[0], b[0]
+    if nb == 0:
+        return a
+    if na == 0:
+        return b
+    n = na + nb
+    delta = b[1] - a[1]
+    return [n, a[1] + delta * nb / n, a[2] + b[2] + delta * delta * na * nb / n]
+
+
+def _sqrt(v: float | None) -> float | None:
+    if v is None or v != v:
+        return v
+    return math.sqrt(max(v, 0.0))
+
+
+# Spark's results (spark.sql.legacy.statisticalAggregate=false): null for no value,
+# and for one value the sample statistics are null too
+def _var_pop(slot):
+    return None if slot[0] == 0 else slot[2] / slot[0]
+
+
+def _var_samp(slot):
+    return None if slot[0] < 2 else slot[2] / (slot[0] - 1)
+
+
+_MOMENT_RESULTS = {
+    "var_pop": _var_pop,
+    "var_samp": _var_samp,
+    "stddev_pop": lambda slot: _sqrt(_var_pop(slot)),
+    "stddev_samp": lambda slot: _sqrt(_var_samp(slot)),
+}
+
+
+# -- min_by, max_by ----------------------------------------------------------------
+# A slot is [order, value, time]: a tie on the order goes to the earlier time, and
+# on the same time to the value seen first (the older session's in a merge), so
+# the result does not depend on the order records arrive in.
+def _min_by_add(slot, pair, ts):
+    value, order = pair
+    if order is None:
+        return slot
+    if slot is None or order < slot[0] or (order == slot[0] and ts < slot[2]):
+        return [order, value, ts]
+    return slot
+
+
+def _max_by_add(slot, pair, ts):
+    value, order = pair
+    if order is None:
+        return slot
+    if slot is None or order > slot[0] or (order == slot[0] and ts < slot[2]):
+        return [order, value, ts]
+    return slot
+
+
+def _min_by_merge(a, b):
+    return a if b is None else _min_by_add(a, (b[1], b[0]), b[2])
+
+
+def _max_by_merge(a, b):
+    return a if b is None else _max_by_add(a, (b[1], b[0]), b[2])
+
+
+def _by_result(slot):
+    return None if slot is None else slot[1]
+
+
+def _zero() -> int:
+    return 0
+
+
+def _none() -> None:
+    return None
+
+
+_FIXED: dict[str, Slot] = {
+    "count": Slot(_zero, _count_add, lambda a, b: a + b, _identity),
+    "sum": Slot(_none, _sum_add, _sum_merge, _sum_result),
+    "min": Slot(_none, _min_add, _min_merge, _identity),
+    "max": Slot(_none, _max_add, _max_merge, _identity),
+    "first": Slot(_none, _first_add, _first_merge, _stamped_value),
+    "last": Slot(_none, _last_add, _last_merge, _stamped_value),
+    "collect": Slot(list, _collect_add, lambda a, b: a + b, _identity),
+    "collect_list": Slot(list, _collect_list_add, lambda a, b: a + b, _identity),
+    "collect_set": Slot(list, _set_add, _set_merge, _identity),
+    "count_distinct": Slot(list, _set_add, _set_merge, len),
+    "avg": Slot(lambda: [0, 0.0], _avg_add, _avg_merge, _avg_result),
+    "min_by": Slot(_none, _min_by_add, _min_by_merge, _by_result),
+    "max_by": Slot(_none, _max_by_add, _max_by_merge, _by_result),
+}
+for _fn, _result in _MOMENT_RESULTS.items():
+    _FIXED[_fn] = Slot(lambda: [0, 0.0, 0.0], _moments_add, _moments_merge, _result)
+
+#: How two slots of each function combine (older, newer): the merge needs no
+#: argument of the spec (sketch slots carry their size).
+MERGES: dict[str, Callable[[Any, Any], Any]] = {fn: s.merge for fn, s in _FIXED.items()}
+MERGES["approx_count_distinct"] = sketches.hll_merge
+MERGES["percentile_approx"] = sketches.kll_merge
+
+
+def bind(spec: AggregateSpec) -> Slot:
+    """The slot functions of ``spec``."""
+    fn = spec.fn
+    if fn == "count" and spec.column is not None:
+        return Slot(_zero, _count_col_add, _FIXED["count"].merge, _identity)
+    if fn in _FIXED:
+        return _FIXED[fn]
+    if fn == "approx_count_distinct":
+        lg_k = sketches.hll_lg_k(spec.extra[0])
+        return Slot(
+            lambda: sketches.hll_slot(lg_k),
+            lambda slot, value, ts: sketches.hll_add(slot, value),
+            sketches.hll_merge,
+            sketches.hll_estimate,
+        )
+    pct, accuracy = spec.extra
+    k = sketches.kll_k(accuracy)
+    ranks = list(pct) if isinstance(pct, (list, tuple)) else [pct]
+
+    def result(slot: list) -> Any:
+        values = sketches.kll_quantiles(slot, ranks)
+        if values is None:
+            return None
+        return values if isinstance(pct, (list, tuple)) else values[0]
+
+    return Slot(
+        lambda: sketches.kll_slot(k),
+        lambda slot, value, ts: sketches.kll_add(slot, value),
+        sketches.kll_merge,
+        result,
+    )

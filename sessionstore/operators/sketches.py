@@ -1,0 +1,183 @@
+"""Mergeable sketches kept in accumulators: HyperLogLog for ``approx_count_distinct``
+and KLL for ``percentile_approx`` (Apache DataSketches, the ``datasketches`` package).
+
+An accumulator must be data (it is stored with msgpack), so a sketch slot is
+``[size, sketch bytes or None, pending values]`` (``size``: HLL's ``lg_k`` or
+KLL's ``k``): values are appended to ``pending`` (a list append per record, no
+sketch work) and folded into the sketch, whose serialized bytes replace the old
+ones, once ``pending`` holds :data:`FOLD_EVERY` values or two slots merge past
+it; a result folds a copy.
+
+Sizes follow Spark's definitions:
+
+* ``approx_count_distinct(c, rsd)``: Spark's HyperLogLog++ uses
+  ``p = ceil(2 * log2(1.106 / rsd))`` registers bits; the HLL sketch here uses the
+  same ``lg_k = p`` (its relative standard error is about ``1.04 / sqrt(2^p)``),
+  so rsd 0.05 (Spark's default) gives ``lg_k = 9``.
+* ``percentile_approx(c, p, accuracy)``: Spark's relative rank error is
+  ``1 / accuracy``; KLL's ``k`` is the smallest whose normalized rank error
+  (single-sided, as DataSketches reports it) is within that, at most 65535. While
+  a KLL sketch holds fewer than ``k`` values it is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+__all__ = [
+    "FOLD_EVERY", "hll_lg_k", "kll_k", "hll_slot", "hll_add", "hll_merge", "hll_estimate",
+    "kll_slot", "kll_add", "kll_merge", "kll_quantiles",
+]  # fmt: skip
+
+#: Pending values a slot holds before they are folded into its sketch.
+FOLD_EVERY = 256
+_LG_K_MIN, _LG_K_MAX = 4, 21
+_KLL_K_MAX = 65535
+
+
+def _ds() -> Any:
+    import datasketches
+
+    return datasketches
+
+
+def hll_lg_k(rsd: float) -> int:
+    """Spark's HyperLogLog++ precision for relative standard deviation ``rsd``;
+    ``ValueError`` when it needs fewer than 4 bits (rsd above 0.39) as in Spark."""
+    if not isinstance(rsd, (int, float)) or isinstance(rsd, bool) or not rsd > 0:
+        raise ValueError(f"rsd must be a positive number, got {rsd!r}")
+    p = math.ceil(2.0 * math.log(1.106 / rsd) / math.log(2.0))
+    if p < _LG_K_MIN:
+        raise ValueError(f"rsd {rsd!r} is too large: it must be at most 0.39 (as in Spark)")
+    return min(p, _LG_K_MAX)
+
+
+@lru_cache(maxsize=32)
+def kll_k(accuracy: int) -> int:
+    """The smallest KLL ``k`` whose rank error is within ``1 / accuracy`` (at most
+    65535)."""
+    if type(accuracy) is not int or accuracy < 1:
+        raise ValueError(f"accuracy must be a positive int, got {accuracy!r}")
+    error = _ds().kll_doubles_sketch.get_normalized_rank_error
+    target = 1.0 / accuracy
+    lo, hi = 8, _KLL_K_MAX
+    if error(hi, False) > target:
+        return hi
+    while lo < hi:  # the error falls as k grows
+        mid = (lo + hi) // 2
+        if error(mid, False) <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _hll_value(value: Any) -> Any:
+    # the sketch hashes ints, floats and strs; anything else by its text
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.hex()
+    return repr(value)
+
+
+def hll_slot(lg_k: int) -> list:
+    """An empty HLL slot of ``lg_k`` bits."""
+    return [lg_k, None, []]
+
+
+def _hll_fold(slot: list) -> bytes | None:
+    """The slot's sketch bytes with its pending values counted."""
+    lg_k, data, pending = slot
+    if not pending:
+        return data
+    ds = _ds()
+    sketch = ds.hll_sketch(lg_k, ds.tgt_hll_type.HLL_8)
+    for v in pending:
+        sketch.update(_hll_value(v))
+    if data is None:
+        return sketch.serialize_compact()
+    union = ds.hll_union(lg_k)
+    union.update(ds.hll_sketch.deserialize(data))
+    union.update(sketch)
+    return union.get_result(ds.tgt_hll_type.HLL_8).serialize_compact()
+
+
+def hll_add(slot: list, value: Any) -> list:
+    """``slot`` with ``value`` counted (nulls skipped)."""
+    if value is None:
+        return slot
+    slot[2].append(value)
+    if len(slot[2]) >= FOLD_EVERY:
+        return [slot[0], _hll_fold(slot), []]
+    return slot
+
+
+def hll_merge(a: list, b: list) -> list:
+    """Two HLL slots as one (the union of what they counted)."""
+    lg_k = max(a[0], b[0])
+    if a[1] is None and b[1] is None and len(a[2]) + len(b[2]) < FOLD_EVERY:
+        return [lg_k, None, a[2] + b[2]]
+    ds = _ds()
+    union = ds.hll_union(lg_k)
+    for s in (a, b):
+        data = _hll_fold(s)
+        if data is not None:
+            union.update(ds.hll_sketch.deserialize(data))
+    return [lg_k, union.get_result(ds.tgt_hll_type.HLL_8).serialize_compact(), []]
+
+
+def hll_estimate(slot: list) -> int:
+    """The distinct count estimate (0 for no non-null value, as Spark gives)."""
+    data = _hll_fold(slot)
+    if data is None:
+        return 0
+    return int(round(_ds().hll_sketch.deserialize(data).get_estimate()))
+
+
+def kll_slot(k: int) -> list:
+    """An empty KLL slot of size ``k``."""
+    return [k, None, []]
+
+
+def _kll_sketch(slot: list) -> Any:
+    k, data, pending = slot
+    ds = _ds()
+    sketch = ds.kll_doubles_sketch(k) if data is None else ds.kll_doubles_sketch.deserialize(data)
+    for v in pending:
+        sketch.update(float(v))
+    return sketch
+
+
+def kll_add(slot: list, value: Any) -> list:
+    """``slot`` with ``value`` added (nulls skipped)."""
+    if value is None:
+        return slot
+    slot[2].append(value)
+    if len(slot[2]) >= FOLD_EVERY:
+        return [slot[0], _kll_sketch(slot).serialize(), []]
+    return slot
+
+
+def kll_merge(a: list, b: list) -> list:
+    """Two KLL slots as one."""
+    if a[1] is None and b[1] is None and len(a[2]) + len(b[2]) < FOLD_EVERY:
+        return [max(a[0], b[0]), None, a[2] + b[2]]
+    sa, sb = _kll_sketch(a), _kll_sketch(b)
+    if sa.k < sb.k:
+        sa, sb = sb, sa
+    sa.merge(sb)
+    return [sa.k, sa.serialize(), []]
+
+
+def kll_quantiles(slot: list, ranks: list[float]) -> list[float] | None:
+    """The values at normalized ``ranks`` (inclusive: the smallest value whose rank
+    reaches it, Spark's definition), or None for no non-null value."""
+    sketch = _kll_sketch(slot)
+    if sketch.is_empty():
+        return None
+    return [sketch.get_quantile(r, True) for r in ranks]
