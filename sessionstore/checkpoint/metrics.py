@@ -27,6 +27,9 @@ Header metrics (format 1), per task:
 * ``snapshot_lag``: versions since the newest snapshot that was uploaded;
 * ``memory_bytes``: native memory of the databases the process holds open: the
   usage of its shared block cache, which is charged with their memtables;
+* ``repaired``: restores since the previous commit that went around an unusable
+  snapshot (an older snapshot or version 0 plus the changelogs; provider.py);
+  absent in changelogs written before it (read as unknown);
 * ``previous``: ``{version, prepare_ms, upload_ms, apply_ms}`` of the commit before.
 """
 
@@ -57,7 +60,7 @@ LOAD_KINDS = ("warm", "handover", "replay", "restore")
 STATS_FIELDS = (
     "operator", "batch", "partitions", "rows_total", "rows_updated", "rows_removed",
     "late_dropped", "emitted", "load_ms_max", "loads", "commit_ms_p50", "commit_ms_max",
-    "uploaded_bytes", "snapshot_lag_max", "memory_bytes_max",
+    "uploaded_bytes", "snapshot_lag_max", "memory_bytes_max", "repaired",
 )  # fmt: skip
 
 
@@ -138,4 +141,5 @@ def summarize_batch(operator: str, batch: int, records: list[dict[str, Any]]) ->
         "uploaded_bytes": _total(records, "uploaded_bytes"),
         "snapshot_lag_max": _max(records, "snapshot_lag"),
         "memory_bytes_max": _max(records, "memory_bytes"),
+        "repaired": _total(records, "repaired"),
     }
