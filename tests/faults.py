@@ -22,6 +22,7 @@ from sessionstore.checkpoint.provider import CommitStep
 
 __all__ = [
     "KILL_STEPS", "KillAt", "FailOnceAfterCommit", "InjectedFailure", "pause_before_write",
+    "slow_writes",
 ]  # fmt: skip
 
 #: Where :class:`KillAt` can kill a committing writer, in commit order.
@@ -129,5 +130,26 @@ def pause_before_write(prefix: str, during: Callable[[], None]) -> Iterator[list
     Storage.write_atomic = write_atomic  # type: ignore[method-assign]
     try:
         yield paused
+    finally:
+        Storage.write_atomic = original  # type: ignore[method-assign]
+
+
+@contextmanager
+def slow_writes(prefix: str, seconds: float) -> Iterator[None]:
+    """A slow store: every write under ``prefix`` by any :class:`Storage` of this
+    process first waits ``seconds`` (the window between a maintenance's listing
+    and its manifest write grows, so another executor's sweep falls into it)."""
+    import time
+
+    original = Storage.write_atomic
+
+    def write_atomic(storage: Storage, rel: str, data: bytes) -> None:
+        if rel.startswith(prefix):
+            time.sleep(seconds)
+        original(storage, rel, data)
+
+    Storage.write_atomic = write_atomic  # type: ignore[method-assign]
+    try:
+        yield
     finally:
         Storage.write_atomic = original  # type: ignore[method-assign]
