@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessionstore.checkpoint.filesystem import redact
+from sessionstore.checkpoint.orphans import DEFAULT_ORPHAN_GRACE_S, check_orphan_grace
 from sessionstore.checkpoint.provider import MIN_RETAIN_VERSIONS, CommitObserver
 from sessionstore.engine.memory import check_memory_max_mb
 
@@ -16,7 +17,10 @@ __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
 
 CONF_PREFIX = "spark.sessionstore."
 #: Every key ``StateBackend.from_conf`` reads (besides ``storage.<option>``).
-CONF_KEYS = ("checkpointUri", "localDir", "snapshotInterval", "retainVersions", "memory.maxMB")
+CONF_KEYS = (
+    "checkpointUri", "localDir", "snapshotInterval", "retainVersions", "memory.maxMB",
+    "gc.orphanGraceSeconds",
+)  # fmt: skip
 STORAGE_PREFIX = CONF_PREFIX + "storage."
 
 
@@ -36,6 +40,9 @@ class StateBackend:
     :data:`~sessionstore.checkpoint.provider.CommitObserver`), for metrics, tracing
     or fault injection; it travels to them pickled with the backend, so give a
     picklable object with a stable ``repr`` (warm providers are kept per setting).
+    ``orphan_grace_s``: how long a content file nothing references stays before the
+    orphan sweep deletes it (default 600 s; it must exceed the longest snapshot
+    upload: docs/durability.md, "Garbage collection").
     """
 
     checkpoint_uri: str
@@ -45,6 +52,7 @@ class StateBackend:
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
     commit_observer: CommitObserver | None = None
     memory_max_mb: int | None = None
+    orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_uri, str) or not self.checkpoint_uri:
@@ -61,12 +69,14 @@ class StateBackend:
                 f"got {self.retain_versions!r}"
             )
         check_memory_max_mb(self.memory_max_mb)
+        check_orphan_grace(self.orphan_grace_s)
 
     def __repr__(self) -> str:
         return (
             f"StateBackend({self.checkpoint_uri!r}, local_dir={self.local_dir!r}, "
             f"snapshot_interval={self.snapshot_interval}, retain_versions={self.retain_versions}, "
-            f"memory_max_mb={self.memory_max_mb}, storage_options={redact(self.storage_options)})"
+            f"memory_max_mb={self.memory_max_mb}, orphan_grace_s={self.orphan_grace_s}, "
+            f"storage_options={redact(self.storage_options)})"
         )
 
     @property
@@ -83,8 +93,9 @@ class StateBackend:
         """Build from ``spark.sessionstore.*`` keys of a SparkSession's conf:
 
         ``checkpointUri`` (required), ``localDir``, ``snapshotInterval``,
-        ``retainVersions``, ``memory.maxMB`` and ``storage.<option>`` (passed to ``pyarrow.fs``, for
-        example ``spark.sessionstore.storage.endpoint_override``).
+        ``retainVersions``, ``memory.maxMB``, ``gc.orphanGraceSeconds`` and
+        ``storage.<option>`` (passed to ``pyarrow.fs``, for example
+        ``spark.sessionstore.storage.endpoint_override``).
         """
         conf = spark.conf
         uri = conf.get(CONF_PREFIX + "checkpointUri", None)
@@ -103,6 +114,7 @@ class StateBackend:
             if key.startswith(STORAGE_PREFIX)
         }
         memory = conf.get(CONF_PREFIX + "memory.maxMB", None)
+        grace = conf.get(CONF_PREFIX + "gc.orphanGraceSeconds", None)
         return cls(
             checkpoint_uri=uri,
             local_dir=conf.get(CONF_PREFIX + "localDir", None),
@@ -110,7 +122,18 @@ class StateBackend:
             retain_versions=int(conf.get(CONF_PREFIX + "retainVersions", "100")),
             storage_options=options,
             memory_max_mb=None if memory is None else _positive_int("memory.maxMB", memory),
+            orphan_grace_s=DEFAULT_ORPHAN_GRACE_S if grace is None else _seconds(grace),
         )
+
+
+def _seconds(value: str) -> float:
+    """The value of ``gc.orphanGraceSeconds``, or a ValueError naming the key and value."""
+    try:
+        return check_orphan_grace(float(value))
+    except ValueError:
+        raise ValueError(
+            f"{CONF_PREFIX}gc.orphanGraceSeconds must be a number of seconds >= 0, got {value!r}"
+        ) from None
 
 
 def _positive_int(key: str, value: str) -> int:

@@ -172,7 +172,7 @@ def partition_state(
         backend.checkpoint_uri, local_dir, backend.snapshot_interval, backend.retain_versions,
         sorted(backend.storage_options.items()), name, info.partition, num_partitions,
         [spec.describe() for spec in specs], backend.commit_observer, key_types,
-        backend.memory_max_mb,
+        backend.memory_max_mb, backend.orphan_grace_s,
     ))  # fmt: skip
 
     def make() -> StateStoreProvider:
@@ -189,6 +189,7 @@ def partition_state(
             commit_observer=backend.commit_observer,
             key_types=key_types,
             memory_max_mb=backend.memory_max_mb,
+            orphan_grace_s=backend.orphan_grace_s,
         )
 
     service = StoreService.instance()

@@ -25,19 +25,24 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OrphanSweep", "DEFAULT_ORPHAN_GRACE_S"]
+__all__ = ["OrphanSweep", "DEFAULT_ORPHAN_GRACE_S", "check_orphan_grace"]
 
 #: The default ``grace_s``: far longer than a snapshot upload takes.
 DEFAULT_ORPHAN_GRACE_S = 600.0
+
+
+def check_orphan_grace(grace_s: Any) -> float:
+    """``grace_s`` as seconds, or a ``ValueError`` naming the value."""
+    if not isinstance(grace_s, int | float) or isinstance(grace_s, bool) or not grace_s >= 0:
+        raise ValueError(f"orphan_grace_s must be a number of seconds >= 0, got {grace_s!r}")
+    return float(grace_s)
 
 
 class OrphanSweep:
     """The marks of one partition's sweeps (see the module doc)."""
 
     def __init__(self, grace_s: float = DEFAULT_ORPHAN_GRACE_S) -> None:
-        if not isinstance(grace_s, int | float) or isinstance(grace_s, bool) or grace_s < 0:
-            raise ValueError(f"orphan_grace_s must be a number of seconds >= 0, got {grace_s!r}")
-        self.grace_s = float(grace_s)
+        self.grace_s = check_orphan_grace(grace_s)
         #: name -> (stamp, when it was first seen unreferenced with that stamp)
         self._marks: dict[str, tuple[Any, float]] = {}
 
