@@ -20,7 +20,20 @@ behind and the changelogs up to N exist, they are replayed; otherwise (a new
 executor, a replayed batch whose local state is ahead, a gap in the changelogs)
 the newest snapshot at or below N is downloaded into a fresh directory, the
 changelogs after it are replayed, and the directory replaces the local copy only
-when complete: a store is never returned partly restored.
+when complete: a store is never returned partly restored. An unusable snapshot is
+gone around (an older one, or version 0, plus the retained changelogs): a repair,
+logged and counted in the next commit's metrics.
+
+Lineage (lineage.py): every commit has a unique id, recorded in its changelog
+with its parent's; a changelog is applied only onto the commit it continues. Of
+two attempts committing one version the first to publish wins (a local ``link``,
+the driver's coordinator as arbiter on object stores, or a look before writing)
+and a later one adopts the winner's commit instead of replacing it.
+
+Maintenance uploads only this checkpoint's pending snapshots (each records its
+identity and commit), prunes only below a snapshot whose files are all stored,
+and deletes an unreferenced content file only after two sweeps the grace apart
+(orphans.py), so another executor's upload in flight never loses a file.
 
 Identity: a checkpoint is known by the ``checkpoint_id`` in its operator's
 ``_metadata`` (a random id written when the checkpoint is created, or with the
@@ -28,7 +41,7 @@ first commit of a checkpoint written before ids existed), not by the spelling of
 its URI. A local database records the id and the location of the copy it came
 from; it is used only by a provider of that same checkpoint at that same place,
 so two checkpoints sharing a ``local_dir`` and an operator name never read each
-other's state. Snapshots and changelogs carry no owner: whatever is downloaded from
+other's state. Remote snapshots and changelogs carry no owner: whatever is downloaded from
 a checkpoint belongs to it, which is what lets a checkpoint be reached by any
 spelling of its URI, or copied to another folder or bucket.
 """
@@ -821,8 +834,10 @@ class StateStoreProvider:
 
     # ------------------------------------------------------------- maintenance
     def do_maintenance(self) -> dict[str, Any]:
-        """Upload pending snapshots, prune versions beyond ``retain_versions`` and
-        delete files no retained snapshot uses. Returns what was done."""
+        """Upload this checkpoint's pending snapshots, prune versions beyond
+        ``retain_versions`` and delete files no retained snapshot uses (after the
+        orphan grace). Returns what was done: ``snapshots`` uploaded,
+        ``uploaded_bytes``, ``deleted`` names, ``foreign`` pending snapshots dropped."""
         os.makedirs(self._local.root, exist_ok=True)
         # One maintenance at a time per partition on this machine: a background
         # upload and a later task's maintenance must not race (the orphan sweep

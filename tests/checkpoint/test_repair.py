@@ -6,32 +6,19 @@ from __future__ import annotations
 
 import json
 
-from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import content_name, manifest_name
 from sessionstore.checkpoint.snapshot import read_manifest, referenced
 from sessionstore.checkpoint.verify import verify_checkpoint
+from tests.checkpoint.test_gc import commit as commit_writes
+from tests.checkpoint.test_gc import contents, provider
 from tests.checkpoint.test_metrics import header
 from tests.tools.test_cli import run
 
-SPECS = [StoreSpec("counts", "kv", 0)]
-
-
-def provider(uri, local, **kw):
-    return StateStoreProvider(uri, "op", 0, SPECS, str(local), **kw)
-
 
 def commit(p, version):
-    h = p.get_store(version)
-    h["counts"].put(f"k{version}", version)
-    assert h.commit() == version + 1
-
-
-def contents(p, version):
-    h = p.get_store(version)
-    out = dict(h["counts"].items())
-    h.abort()
-    return out
+    """Commit ``version + 1`` putting k<version> = version."""
+    commit_writes(p, version, {f"k{version}": version})
 
 
 def model(version):

@@ -192,3 +192,29 @@ def test_batch_metrics_gives_each_operators_records_of_one_run_and_batch(coordin
     assert found["joins"] == [{"emitted": 2}]
     assert coordinator.batch_metrics("run-2", 3) == {"joins": [{"emitted": 9}]}
     assert coordinator.batch_metrics("run-1", 5) == {}
+
+
+def test_the_first_claim_of_a_version_wins(coordinator, tmp_path):
+    """The arbiter between attempts of one batch (lineage.py): the first claim of
+    (partition, version) wins and is named to later ones; a repeated claim is
+    granted again; a claim on another parent, or one superseding the held winner,
+    takes the version; a claim of another partition is independent; a malformed
+    claim is dropped."""
+    address = coordinator.register(f"file://{tmp_path}/r", "op", 2)
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    assert coord.claim(address, "run", 0, 5, a, "p") == a
+    assert coord.claim(address, "run", 0, 5, b, "p") == a
+    assert coord.claim(address, "run", 0, 5, a, "p") == a
+    assert coord.claim(address, "run", 1, 5, b, "p") == b
+    assert coord.claim(address, "run", 0, 5, b, "p", supersede=a) == b
+    assert coord.claim(address, "run", 0, 5, c, "p", supersede=a) == b  # a no longer holds it
+    assert coord.claim(address, "run", 0, 5, c, "other parent") == c
+    for bad in ({"partition": 2}, {"version": "5"}, {"commit": 7}, {"parent": 1}):
+        message = {
+            "op": "claim", "run": "run", "batch": 4, "partition": 0, "version": 5,
+            "commit": a, "parent": None, "supersede": None, **bad, "token": address.token,
+        }  # fmt: skip
+        assert _raw(address, _frame(message)) == b""
+    for version in range(6, 6 + coord.KEEP_CLAIMS):  # older claims are forgotten
+        coord.claim(address, "run", 0, version, a, "p")
+    assert coord.claim(address, "run", 0, 5, a, "p") == a
