@@ -118,9 +118,13 @@ def check_continues(
         raise LineageError(where, version, commit_before, parent)
 
 
+#: What :func:`_stored` returns for a damaged changelog: there, but no one's commit.
+_DAMAGED = Winner({}, WriteBuffer())
+
+
 def _stored(storage: Storage, version: int) -> Winner | None:
-    """The changelog of ``version`` at its name, or None when there is none (or it
-    is damaged, so that it is replaced)."""
+    """The changelog of ``version`` at its name, None when there is none, or
+    :data:`_DAMAGED` (so that it is replaced)."""
     name = changelog_name(version)
     try:
         data = storage.read(name)
@@ -130,7 +134,7 @@ def _stored(storage: Storage, version: int) -> Winner | None:
         header, writes = decode_changelog(data, storage.where(name), version)
     except CorruptChangelogError as exc:
         log.warning("sessionstore: replacing a damaged changelog: %s", exc)
-        return None
+        return _DAMAGED
     return Winner(header, writes)
 
 

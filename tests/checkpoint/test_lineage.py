@@ -208,3 +208,17 @@ def test_a_checkpoint_written_before_lineage_loads_and_continues(location, tmp_p
     assert tags(fresh, 5) == ["v0", "v1", "v2", "a", "next"]
     for q in (a, b, fresh):
         q.close()
+
+
+def test_a_damaged_changelog_at_the_name_is_replaced(location, tmp_path):
+    """Not another attempt's commit: the commit replaces it (it never adopts it, nor
+    waits on it forever)."""
+    uri, options = location
+    p = provider(location, tmp_path / "a")
+    commit(p, 0, "base")
+    open_filesystem(uri, options).child("op/0").write_atomic(changelog_name(2), b"SSCL torn")
+    commit(p, 1, "mine")
+    fresh = provider(location, tmp_path / "fresh")
+    assert tags(fresh, 2) == ["base", "mine"]
+    for q in (p, fresh):
+        q.close()
