@@ -108,8 +108,8 @@ def test_ownership_moving_between_executors_keeps_every_retained_version(
     own content file, so snapshots share content, and a manifest write takes
     0.2 s (a slow store), so sweeps fall between another maintenance's listing and
     its manifest write. Afterwards every retained version restores on a fresh dir
-    exactly as the model says, none by a repair. (Before the sweep's grace, about
-    one seed in four lost a file of a retained snapshot.)"""
+    exactly as the model says, none by a repair. (Without the sweep's grace about
+    one seed in four loses a file of a retained snapshot.)"""
     monkeypatch.setattr(snapshot, "PACK_THRESHOLD", 0)
     with slow_writes("snapshot/", 0.2):
         hand_off(tmp_path, seed)
