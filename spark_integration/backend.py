@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessionstore.checkpoint.filesystem import redact
+from sessionstore.checkpoint.orphans import DEFAULT_ORPHAN_GRACE_S, check_orphan_grace
 from sessionstore.checkpoint.provider import MIN_RETAIN_VERSIONS, CommitObserver
 from sessionstore.checkpoint.retry import MAX_ATTEMPTS_OPTION, MAX_SECONDS_OPTION, RetryPolicy
 from sessionstore.engine.memory import check_memory_max_mb
@@ -20,6 +21,7 @@ CONF_PREFIX = "spark.sessionstore."
 CONF_KEYS = (
     "checkpointUri", "localDir", "snapshotInterval", "retainVersions", "memory.maxMB",
     "retry.maxAttempts", "retry.maxSeconds",
+    "gc.orphanGraceSeconds",
 )  # fmt: skip
 STORAGE_PREFIX = CONF_PREFIX + "storage."
 
@@ -45,6 +47,9 @@ class StateBackend:
     applied in every process that opens the checkpoint: they travel in
     ``storage_options`` (as ``retry_max_attempts`` and ``retry_max_seconds``, which
     never reach ``pyarrow.fs``).
+    ``orphan_grace_s``: how long a content file nothing references stays before the
+    orphan sweep deletes it (default 600 s; it must exceed the longest snapshot
+    upload: docs/durability.md, "Garbage collection").
     """
 
     checkpoint_uri: str
@@ -56,6 +61,7 @@ class StateBackend:
     memory_max_mb: int | None = None
     retry_max_attempts: int | None = None
     retry_max_seconds: float | None = None
+    orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_uri, str) or not self.checkpoint_uri:
@@ -81,12 +87,14 @@ class StateBackend:
             # checked here, on the driver, rather than in the tasks
             RetryPolicy(**{k.removeprefix("retry_"): v for k, v in retry.items()})
             object.__setattr__(self, "storage_options", {**self.storage_options, **retry})
+        check_orphan_grace(self.orphan_grace_s)
 
     def __repr__(self) -> str:
         return (
             f"StateBackend({self.checkpoint_uri!r}, local_dir={self.local_dir!r}, "
             f"snapshot_interval={self.snapshot_interval}, retain_versions={self.retain_versions}, "
-            f"memory_max_mb={self.memory_max_mb}, storage_options={redact(self.storage_options)})"
+            f"memory_max_mb={self.memory_max_mb}, orphan_grace_s={self.orphan_grace_s}, "
+            f"storage_options={redact(self.storage_options)})"
         )
 
     @property
@@ -106,8 +114,9 @@ class StateBackend:
 
         ``checkpointUri`` (required), ``localDir``, ``snapshotInterval``,
         ``retainVersions``, ``memory.maxMB``, ``retry.maxAttempts``,
-        ``retry.maxSeconds`` and ``storage.<option>`` (passed to ``pyarrow.fs``, for
-        example ``spark.sessionstore.storage.endpoint_override``).
+        ``retry.maxSeconds``, ``gc.orphanGraceSeconds`` and ``storage.<option>``
+        (passed to ``pyarrow.fs``, for example
+        ``spark.sessionstore.storage.endpoint_override``).
         """
         conf = spark.conf
         uri = conf.get(CONF_PREFIX + "checkpointUri", None)
@@ -128,6 +137,7 @@ class StateBackend:
         memory = conf.get(CONF_PREFIX + "memory.maxMB", None)
         attempts = settings.get(CONF_PREFIX + "retry.maxAttempts")
         seconds = settings.get(CONF_PREFIX + "retry.maxSeconds")
+        grace = settings.get(CONF_PREFIX + "gc.orphanGraceSeconds")
         return cls(
             checkpoint_uri=uri,
             local_dir=conf.get(CONF_PREFIX + "localDir", None),
@@ -141,7 +151,18 @@ class StateBackend:
             retry_max_seconds=None
             if seconds is None
             else _number("retry.maxSeconds", seconds, float),
+            orphan_grace_s=DEFAULT_ORPHAN_GRACE_S if grace is None else _seconds(grace),
         )
+
+
+def _seconds(value: str) -> float:
+    """The value of ``gc.orphanGraceSeconds``, or a ValueError naming the key and value."""
+    try:
+        return check_orphan_grace(float(value))
+    except ValueError:
+        raise ValueError(
+            f"{CONF_PREFIX}gc.orphanGraceSeconds must be a number of seconds >= 0, got {value!r}"
+        ) from None
 
 
 def _positive_int(key: str, value: str) -> int:

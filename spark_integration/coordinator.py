@@ -26,6 +26,12 @@ equals it:
   the driver; a firewall) reads the durable records itself, as before the
   coordinator existed, and stops trying for :data:`RETRY_AFTER_S`.
 
+It is also the arbiter between attempts of one batch on an object store
+(:func:`claim`, :mod:`sessionstore.checkpoint.lineage`): before it uploads its
+changelog, a task claims (partition, version) with its commit id; the first claim
+wins, and a later attempt is told the winner and adopts its commit. No storage
+request: object stores offer pyarrow no conditional write.
+
 One coordinator per driver process serves every operator of every query. It binds
 the driver's address (``spark.driver.bindAddress``, else ``spark.driver.host``;
 127.0.0.1 in local mode) on ``spark.sessionstore.coordinator.port`` (default: any
@@ -77,6 +83,7 @@ import msgpack
 
 from sessionstore.checkpoint.event_time import durable_event_time, max_event_time
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.lineage import CommitArbiter
 from sessionstore.checkpoint.metrics import TASK_FIELDS
 from sessionstore.checkpoint.request_server import NO_REPLY, RequestServer
 from sessionstore.errors import SessionStoreError
@@ -88,6 +95,8 @@ __all__ = [
     "driver_coordinator",
     "report",
     "ask",
+    "claim",
+    "commit_arbiter",
     "shared_event_time",
     "CoordinatorReadError",
     "ENABLED_CONF",
@@ -121,6 +130,9 @@ RETRY_AFTER_S = 60.0
 #: kept per operator; runs kept per operator.
 KEEP_BATCHES = 4
 KEEP_RUNS = 4
+#: Versions whose winning claim is kept per partition (attempts of one batch
+#: overlap; a version older than these is never claimed again by a live query).
+KEEP_CLAIMS = 8
 
 #: How far a request's timestamp may be from the coordinator's clock, in seconds
 #: (executors' clocks differ a little; a captured request is refused after this).
@@ -267,8 +279,27 @@ class _Operator:
         #: (run, batch) -> the durable answer, being read or read (per run too: a
         #: query restarted on a new Spark checkpoint rewrites the same versions)
         self.durable: OrderedDict[tuple[Any, int], Future] = OrderedDict()
+        #: partition -> version -> (commit, parent) of the claim that won it
+        self.claims: dict[int, OrderedDict[int, tuple[str, str | None]]] = {}
         #: where answers came from, for tests and logs
         self.stats = {"reports": 0, "answered_from_reports": 0, "durable_reads": 0}
+
+    def claim(
+        self, partition: int, version: int, commit: str, parent: str | None,
+        supersede: str | None,
+    ) -> str:  # fmt: skip
+        """The commit that wins ``version`` of ``partition``: the first claim, unless
+        the held one was built on another parent (a lineage abandoned since) or is
+        the one the caller waited for in vain (``supersede``)."""
+        with self.lock:
+            held = self.claims.setdefault(partition, OrderedDict())
+            winner = held.get(version)
+            if winner is None or winner[1] != parent or winner[0] == supersede:
+                held[version] = winner = (commit, parent)
+                held.move_to_end(version)
+                while len(held) > KEEP_CLAIMS:
+                    held.popitem(last=False)
+            return winner[0]
 
     def add_report(
         self, run: Any, batch: int, partition: int, event_time: int | None, metrics: Any
@@ -483,6 +514,13 @@ class Coordinator:
                 state.add_report(run, batch, body["partition"], body.get("event_time"),
                                  body.get("metrics"))  # fmt: skip
                 return _signed_reply(token, nonce, {"ok": True})
+            if body.get("op") == "claim":
+                problem = _claim_problem(body, state.num_partitions)
+                if problem is not None:
+                    self._refuse("invalid claim", problem)
+                winner = state.claim(body["partition"], body["version"], body["commit"],
+                                     body.get("parent"), body.get("supersede"))  # fmt: skip
+                return _signed_reply(token, nonce, {"winner": winner})
             if body.get("op") != "ask":
                 self._refuse("malformed request", f"op {str(body.get('op'))[:20]!r}")
         except ValueError:
@@ -497,6 +535,23 @@ class Coordinator:
 _coordinator: tuple[int, Coordinator] | None = None
 _coordinator_lock = threading.Lock()
 
+
+
+def _claim_problem(body: dict[str, Any], num_partitions: int) -> str | None:
+    """Why a claim (lineage.py's arbiter) is refused, or None: a partition of the
+    operator, a version in range, commit ids as short strings."""
+    partition, version = body.get("partition"), body.get("version")
+    if type(partition) is not int or not 0 <= partition < num_partitions:
+        return f"partition {str(partition)[:20]!r}"
+    if type(version) is not int or not 0 < version < MAX_INT:
+        return f"version {str(version)[:20]!r}"
+    for name in ("commit", "parent", "supersede"):
+        value = body.get(name)
+        if not (isinstance(value, str) and len(value) <= 64) and not (
+            name != "commit" and value is None
+        ):
+            return f"{name} {str(value)[:80]!r}"
+    return None
 
 def _port(value: Any) -> int:
     """:data:`PORT_CONF`'s value as a port number; ``ValueError`` naming it if not."""
@@ -603,6 +658,37 @@ def report(
     }  # fmt: skip
     reply = _request(address, message)
     return bool(reply and reply.get("ok"))
+
+
+def claim(
+    address: CoordinatorAddress,
+    run: str | None,
+    partition: int,
+    version: int,
+    commit: str,
+    parent: str | None,
+    supersede: str | None = None,
+) -> str | None:
+    """Claim ``version`` of ``partition`` for commit ``commit`` (built on
+    ``parent``): the winning commit's id, or None when the coordinator did not
+    answer (the caller then looks before it writes)."""
+    message = {
+        "op": "claim", "run": run, "batch": version - 1, "partition": partition,
+        "version": version, "commit": commit, "parent": parent, "supersede": supersede,
+    }  # fmt: skip
+    reply = _request(address, message)
+    winner = reply.get("winner") if reply else None
+    return winner if isinstance(winner, str) else None
+
+
+def commit_arbiter(address: CoordinatorAddress, run: str | None, partition: int) -> CommitArbiter:
+    """The :data:`~sessionstore.checkpoint.lineage.CommitArbiter` of one task's
+    partition: its claims go to the coordinator at ``address``."""
+
+    def arbiter(version: int, commit: str, parent: str | None, supersede: str | None) -> str | None:
+        return claim(address, run, partition, version, commit, parent, supersede)
+
+    return arbiter
 
 
 #: Answers this process was given, by (coordinator, run, batch): an answer is final

@@ -63,7 +63,7 @@ _FIELDS = [
     ("emitted", "bigint"), ("load_kind", "string"), ("load_ms", "double"),
     ("commit_ms", "double"), ("prepare_ms", "double"), ("upload_ms", "double"),
     ("apply_ms", "double"), ("uploaded_bytes", "bigint"), ("snapshot_lag", "bigint"),
-    ("memory_bytes", "bigint"),
+    ("memory_bytes", "bigint"), ("repaired", "bigint"),
 ]  # fmt: skip
 _ARROW = {"bigint": pa.int64(), "int": pa.int32(), "string": pa.string(), "double": pa.float64()}
 _STRUCT = pa.struct([(name, _ARROW[kind]) for name, kind in _FIELDS])
@@ -150,6 +150,7 @@ def with_state_metrics(
         F.sum(m["uploaded_bytes"]).alias("uploaded_bytes"),
         F.max(m["snapshot_lag"]).alias("snapshot_lag_max"),
         F.max(m["memory_bytes"]).alias("memory_bytes_max"),
+        F.sum(m["repaired"]).alias("repaired"),
     ]
     wrapped = _WithMetrics(task, schema.json())
     return (
@@ -181,6 +182,7 @@ def format_line(name: str, metrics: dict[str, Any]) -> str:
         f"{ms(metrics.get('commit_ms_max'))}, uploaded {metrics.get('uploaded_bytes') or 0:,} B, "
         f"snapshot lag {metrics.get('snapshot_lag_max')}, native memory "
         f"{(metrics.get('memory_bytes_max') or 0) / 2**20:.1f} MiB"
+        + (f", REPAIRED {metrics['repaired']}" if metrics.get("repaired") else "")
     )
 
 

@@ -28,7 +28,7 @@ from sessionstore.checkpoint.metrics import millis
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.stores.segments import operator_segment_interval
 from spark_integration.backend import StateBackend
-from spark_integration.coordinator import CoordinatorAddress, report
+from spark_integration.coordinator import CoordinatorAddress, commit_arbiter, report
 from spark_integration.coordinator import shared_event_time as event_time_after
 from spark_integration.planning import TS
 
@@ -172,7 +172,7 @@ def partition_state(
         backend.checkpoint_uri, local_dir, backend.snapshot_interval, backend.retain_versions,
         sorted(backend.storage_options.items()), name, info.partition, num_partitions,
         [spec.describe() for spec in specs], backend.commit_observer, key_types,
-        backend.memory_max_mb,
+        backend.memory_max_mb, backend.orphan_grace_s,
     ))  # fmt: skip
 
     def make() -> StateStoreProvider:
@@ -189,6 +189,7 @@ def partition_state(
             commit_observer=backend.commit_observer,
             key_types=key_types,
             memory_max_mb=backend.memory_max_mb,
+            orphan_grace_s=backend.orphan_grace_s,
         )
 
     service = StoreService.instance()
@@ -309,6 +310,8 @@ def state_and_inputs(
         ahead.discard(*sys.exc_info())  # the state's batch is dropped, its lock freed
         raise
     with ahead as ((handle, provider), shared):
+        if coordinator is not None:  # the arbiter between attempts of this batch
+            handle.arbitrate(commit_arbiter(coordinator, info.run, info.partition))
         yield handle, provider, inputs, shared
     # committed: the changelog holding this event time is durable, so the report
     # can never tell the coordinator a time the durable record does not say

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -18,7 +20,10 @@ import pyarrow.fs as pafs
 from sessionstore.checkpoint.filesystem import Storage
 from sessionstore.checkpoint.provider import CommitStep
 
-__all__ = ["KILL_STEPS", "KillAt", "FailOnceAfterCommit", "InjectedFailure"]
+__all__ = [
+    "KILL_STEPS", "KillAt", "FailOnceAfterCommit", "InjectedFailure", "pause_before_write",
+    "slow_writes",
+]  # fmt: skip
 
 #: Where :class:`KillAt` can kill a committing writer, in commit order.
 KILL_STEPS = ("before_upload", "mid_upload", "after_upload", "after_apply")
@@ -32,15 +37,12 @@ def _kill_on_rename(*_: object) -> None:
     _kill()
 
 
-_write_atomic = Storage.write_atomic
-
-
 def _kill_mid_put(storage: Storage, rel: str, data: bytes) -> None:
     """On an object store: start the PUT (GCS opens its resumable upload session
     here), send half the bytes and die before the upload completes. A local
-    filesystem writes its temporary file and dies at the rename."""
+    filesystem writes its temporary file and dies at the link that publishes it."""
     if isinstance(storage.fs, pafs.LocalFileSystem):
-        _write_atomic(storage, rel, data)  # os.replace is _kill_on_rename by now
+        storage.write_exclusive(rel, data)  # os.link is _kill_on_rename by now
         return
     out = storage.fs.open_output_stream(storage.path(rel))
     out.write(data[: len(data) // 2])
@@ -54,11 +56,11 @@ class KillAt:
     ``version``.
 
     ``mid_upload`` lets the changelog's upload write its temporary file and dies
-    before the rename that would make it visible: what a writer killed mid-upload
+    before the link (or rename) that would make it visible: what a writer killed mid-upload
     leaves on a local filesystem. On an object store (no rename there) it starts
     the PUT, sends half the changelog and dies before the upload completes, which
     must leave nothing visible. The process is about to die, so neither
-    ``os.replace`` nor ``Storage.write_atomic`` is put back.
+    ``os.replace``, ``os.link`` nor ``Storage.write_atomic`` is put back.
     """
 
     step: str
@@ -74,7 +76,8 @@ class KillAt:
         if event.step == "prepared" and self.step == "before_upload":
             _kill()
         elif event.step == "prepared" and self.step == "mid_upload":
-            os.replace = _kill_on_rename  # the upload's rename is the next one
+            # the changelog's link (or rename) is the next one
+            os.replace = os.link = _kill_on_rename
             Storage.write_atomic = _kill_mid_put  # the next write is the changelog's
         elif (event.step, self.step) in (("uploaded", "after_upload"), ("applied", "after_apply")):
             _kill()
@@ -106,3 +109,47 @@ class FailOnceAfterCommit:
         raise InjectedFailure(
             f"injected failure after commit: batch {batch}, partition {event.partition_id}"
         )
+
+
+@contextmanager
+def pause_before_write(prefix: str, during: Callable[[], None]) -> Iterator[list[str]]:
+    """A storage wrapper: the first write under ``prefix`` (``"snapshot/"``: a
+    manifest) by any :class:`Storage` of this process first calls ``during()``,
+    which stands for whatever other executors do while this one is paused between
+    its listing and that write (it may raise, as a writer that dies there). Yields
+    the names whose write was paused."""
+    original = Storage.write_atomic
+    paused: list[str] = []
+
+    def write_atomic(storage: Storage, rel: str, data: bytes) -> None:
+        if rel.startswith(prefix) and not paused:
+            paused.append(rel)
+            during()
+        original(storage, rel, data)
+
+    Storage.write_atomic = write_atomic  # type: ignore[method-assign]
+    try:
+        yield paused
+    finally:
+        Storage.write_atomic = original  # type: ignore[method-assign]
+
+
+@contextmanager
+def slow_writes(prefix: str, seconds: float) -> Iterator[None]:
+    """A slow store: every write under ``prefix`` by any :class:`Storage` of this
+    process first waits ``seconds`` (the window between a maintenance's listing
+    and its manifest write grows, so another executor's sweep falls into it)."""
+    import time
+
+    original = Storage.write_atomic
+
+    def write_atomic(storage: Storage, rel: str, data: bytes) -> None:
+        if rel.startswith(prefix):
+            time.sleep(seconds)
+        original(storage, rel, data)
+
+    Storage.write_atomic = write_atomic  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Storage.write_atomic = original  # type: ignore[method-assign]

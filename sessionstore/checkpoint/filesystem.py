@@ -291,6 +291,34 @@ class Storage:
             with self.fs.open_output_stream(target) as out:
                 fill(out)
 
+    @property
+    def exclusive_create(self) -> bool:
+        """Whether :meth:`write_exclusive` can refuse to replace a file: on a local
+        filesystem (``link`` fails on an existing name); pyarrow exposes no
+        precondition of S3 or GCS."""
+        return self._local
+
+    def write_exclusive(self, rel: str, data: bytes) -> bool:
+        """Write ``data`` atomically unless ``rel`` exists: True if written, False
+        if another writer's file was there first (it is left as it was). Only where
+        :attr:`exclusive_create` holds."""
+        if not self._local:
+            raise NotImplementedError(f"{self.uri} offers no exclusive create")
+        target = self.path(rel)
+        parent = target.rsplit("/", 1)[0]
+        tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+        with self._naming("write", rel):
+            self.fs.create_dir(parent, recursive=True)
+            with self.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            try:
+                os.link(tmp, target)  # atomic, and fails if the name exists
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        return True
+
     def upload_file(self, local_path: str, rel: str) -> None:
         """Copy a local file to ``rel`` (atomically, as write_atomic), streamed:
         :data:`CHUNK_BYTES` in memory at a time however large the file."""

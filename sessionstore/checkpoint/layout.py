@@ -50,6 +50,10 @@ Local, under an executor's ``local_dir`` (one partition's working copy)::
           maintenance.lock           flock: one snapshot upload/prune at a time
           snapshots/<N>/             RocksDB checkpoint of version N (hard links), until
                                      uploaded; RocksDB builds it as snapshots/<N>.tmp
+          snapshots/<N>.lineage      msgpack: the checkpoint identity and commit id
+                                     whose state snapshots/<N> holds (lineage.py),
+                                     written once it is whole; without it, or of
+                                     another checkpoint, the snapshot is never uploaded
         <partition>.restore-<uuid>/db   a restore in progress, renamed to db when whole
 
 Meta keys of a local database (:meth:`StateDB.get_meta`):
@@ -58,6 +62,9 @@ Meta keys of a local database (:meth:`StateDB.get_meta`):
   written into the commit's batch, so every changelog carries it too.
 * ``checkpoint_identity``: msgpack ``[checkpoint id, location of the partition]``,
   local only (never in a changelog): which checkpoint's copy the database is.
+* ``commit``: the id of the commit whose state the database holds (ASCII; see
+  lineage.py). Written into the commit's batch, so every changelog (and so every
+  snapshot) carries it; absent in state written before lineage.
 * ``last_commit``: msgpack map, local only: the timings of the commit that brought
   the database to its version, reported in the next changelog's header (a changelog
   cannot hold its own upload time; see metrics.py).
@@ -91,7 +98,9 @@ __all__ = [
     "FILES_DIR",
     "VERSION_KEY",
     "IDENTITY_KEY",
+    "COMMIT_KEY",
     "LAST_COMMIT_KEY",
+    "commit_of",
     "CHANGELOG_GROUP",
     "changelog_name",
     "changelog_names",
@@ -372,6 +381,9 @@ VERSION_KEY = b"committed_version"
 #: into a changelog. (Releases before checkpoint ids wrote the partition's URI under
 #: ``checkpoint_partition``, into the changelogs: that key is ignored.)
 IDENTITY_KEY = b"checkpoint_identity"
+#: The id of the commit whose state a local database holds (see lineage.py):
+#: written in the commit's batch, so changelogs and snapshots carry it.
+COMMIT_KEY = b"commit"
 #: The timings of the commit that brought a local database to its version, for the
 #: next changelog's header. Local only, written after the commit's batch.
 LAST_COMMIT_KEY = b"last_commit"
@@ -386,6 +398,13 @@ def committed_version(db: Any) -> int:
     """The committed version a :class:`StateDB` holds (0 for a new database)."""
     raw = db.get_meta(VERSION_KEY)
     return 0 if raw is None else INT64.unpack(raw)[0]
+
+
+def commit_of(db: Any) -> str | None:
+    """The commit id a :class:`StateDB` holds (None for state written before
+    lineage, and for version 0)."""
+    raw = db.get_meta(COMMIT_KEY)
+    return None if raw is None else raw.decode("ascii")
 
 
 # -------------------------------------------------------------------- local
@@ -407,6 +426,10 @@ class LocalPartition:
     def snapshot(self, version: int) -> str:
         """Where the local checkpoint of ``version`` waits for its upload."""
         return os.path.join(self.snapshots, str(version))
+
+    def snapshot_record(self, version: int) -> str:
+        """The lineage record beside the pending snapshot of ``version``."""
+        return os.path.join(self.snapshots, f"{version}.lineage")
 
     def pending_snapshots(self) -> list[int]:
         """Versions whose local checkpoint is complete, ascending (digits only:

@@ -30,6 +30,9 @@ Header metrics (format 1), per task:
 * ``storage_retries``: object-store requests of the partition's storage that
   failed transiently and were tried again (sessionstore/checkpoint/retry.py) since
   its previous commit in this process, maintenance included;
+* ``repaired``: restores since the previous commit that went around an unusable
+  snapshot (an older snapshot or version 0 plus the changelogs; provider.py);
+  absent in changelogs written before it (read as unknown);
 * ``previous``: ``{version, prepare_ms, upload_ms, apply_ms}`` of the commit before.
 """
 
@@ -61,7 +64,7 @@ LOAD_KINDS = ("warm", "handover", "replay", "restore")
 STATS_FIELDS = (
     "operator", "batch", "partitions", "rows_total", "rows_updated", "rows_removed",
     "late_dropped", "emitted", "load_ms_max", "loads", "commit_ms_p50", "commit_ms_max",
-    "uploaded_bytes", "snapshot_lag_max", "memory_bytes_max",
+    "uploaded_bytes", "snapshot_lag_max", "memory_bytes_max", "repaired",
 )  # fmt: skip
 
 
@@ -71,6 +74,7 @@ STATS_FIELDS = (
 TASK_FIELDS = frozenset({
     "format", "rows_total", "rows_updated", "rows_removed", "late_dropped", "emitted",
     "load_kind", "load_ms", "uploaded_bytes", "snapshot_lag", "memory_bytes", "storage_retries",
+    "repaired",
     "version", "prepare_ms", "upload_ms", "apply_ms", "commit_ms", "partition", "batch",
 })  # fmt: skip
 
@@ -152,4 +156,5 @@ def summarize_batch(operator: str, batch: int, records: list[dict[str, Any]]) ->
         "uploaded_bytes": _total(records, "uploaded_bytes"),
         "snapshot_lag_max": _max(records, "snapshot_lag"),
         "memory_bytes_max": _max(records, "memory_bytes"),
+        "repaired": _total(records, "repaired"),
     }

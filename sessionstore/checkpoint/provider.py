@@ -20,7 +20,20 @@ behind and the changelogs up to N exist, they are replayed; otherwise (a new
 executor, a replayed batch whose local state is ahead, a gap in the changelogs)
 the newest snapshot at or below N is downloaded into a fresh directory, the
 changelogs after it are replayed, and the directory replaces the local copy only
-when complete: a store is never returned partly restored.
+when complete: a store is never returned partly restored. An unusable snapshot is
+gone around (an older one, or version 0, plus the retained changelogs): a repair,
+logged and counted in the next commit's metrics.
+
+Lineage (lineage.py): every commit has a unique id, recorded in its changelog
+with its parent's; a changelog is applied only onto the commit it continues. Of
+two attempts committing one version the first to publish wins (a local ``link``,
+the driver's coordinator as arbiter on object stores, or a look before writing)
+and a later one adopts the winner's commit instead of replacing it.
+
+Maintenance uploads only this checkpoint's pending snapshots (each records its
+identity and commit), prunes only below a snapshot whose files are all stored,
+and deletes an unreferenced content file only after two sweeps the grace apart
+(orphans.py), so another executor's upload in flight never loses a file.
 
 Identity: a checkpoint is known by the ``checkpoint_id`` in its operator's
 ``_metadata`` (a random id written when the checkpoint is created, or with the
@@ -28,7 +41,7 @@ first commit of a checkpoint written before ids existed), not by the spelling of
 its URI. A local database records the id and the location of the copy it came
 from; it is used only by a provider of that same checkpoint at that same place,
 so two checkpoints sharing a ``local_dir`` and an operator name never read each
-other's state. Snapshots and changelogs carry no owner: whatever is downloaded from
+other's state. Remote snapshots and changelogs carry no owner: whatever is downloaded from
 a checkpoint belongs to it, which is what lets a checkpoint be reached by any
 spelling of its URI, or copied to another folder or bucket.
 """
@@ -36,6 +49,7 @@ spelling of its URI, or copied to another folder or bucket.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import time
@@ -52,6 +66,7 @@ from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
 from sessionstore.checkpoint.layout import (
     CHANGELOG_GROUP,
     CHECKPOINT_ID_FIELD,
+    COMMIT_KEY,
     FILES_DIR,
     IDENTITY_KEY,
     KEY_TYPES_FIELD,
@@ -62,6 +77,7 @@ from sessionstore.checkpoint.layout import (
     PartitionFiles,
     changelog_group,
     changelog_name,
+    commit_of,
     committed_version,
     content_name,
     database_in,
@@ -72,10 +88,24 @@ from sessionstore.checkpoint.layout import (
     read_metadata,
     write_metadata,
 )
+from sessionstore.checkpoint.lineage import (
+    COMMIT_FIELD,
+    PARENT_FIELD,
+    CommitArbiter,
+    LineageError,
+    SnapshotRecord,
+    check_continues,
+    new_commit_id,
+    publish,
+    read_snapshot_record,
+    write_snapshot_record,
+)
 from sessionstore.checkpoint.metrics import METRICS_FORMAT, millis, snapshot_lag
+from sessionstore.checkpoint.orphans import DEFAULT_ORPHAN_GRACE_S, OrphanSweep
 from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
 from sessionstore.checkpoint.snapshot import (
+    CorruptSnapshotError,
     download_snapshot,
     read_manifest,
     referenced,
@@ -103,6 +133,8 @@ __all__ = [
     "MIN_RETAIN_VERSIONS",
 ]
 
+log = logging.getLogger(__name__)
+
 FORMAT = 1
 #: The fewest versions a provider keeps loadable: the latest, the one before it
 #: (whose changelog header holds the event time the next batch reads) and one more
@@ -127,6 +159,14 @@ class CommitStep:
 #: Called at each of :data:`COMMIT_STEPS` of every commit. An exception it raises
 #: fails the commit at that step, with the state as the step says.
 CommitObserver = Callable[[CommitStep], None]
+
+
+class _UnusableSnapshot(Exception):
+    """A snapshot a restore cannot use (``cause`` says why): an older base may do."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class CheckpointMismatchError(SessionStoreError, ValueError):
@@ -206,6 +246,14 @@ class StoreHandle:
         #: fields the commit writes into its changelog header (see :meth:`note_event_time`,
         #: :meth:`note_processing_time`)
         self.header: dict[str, Any] = {}
+        #: who decides between two attempts committing this version (see :meth:`arbitrate`)
+        self.arbiter: CommitArbiter | None = None
+
+    def arbitrate(self, arbiter: CommitArbiter | None) -> None:
+        """Let ``arbiter`` (in Spark, the driver's coordinator) decide which attempt's
+        commit of the next version wins on an object store; without one, the commit
+        looks before it writes (see lineage.py)."""
+        self.arbiter = arbiter
 
     def note_event_time(self, event_time: int | None) -> None:
         """Record the operator's event time after this batch (None if it has none)
@@ -315,6 +363,7 @@ class StateStoreProvider:
         commit_observer: CommitObserver | None = None,
         key_types: list[str] | None = None,
         memory_max_mb: int | None = None,
+        orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
     ) -> None:
         check_store_name(operator_id)
         check_memory_max_mb(memory_max_mb)
@@ -338,6 +387,9 @@ class StateStoreProvider:
         self.store_specs = list(store_specs)
         self.snapshot_interval, self.retain_versions = snapshot_interval, retain_versions
         self.memory_max_mb = memory_max_mb
+        #: the orphan sweep's marks; ``orphan_grace_s`` must exceed the longest
+        #: snapshot upload (see orphans.py)
+        self._sweep = OrphanSweep(orphan_grace_s)
         self.storage_options = redact(storage_options)
         root = open_filesystem(checkpoint_uri, storage_options)
         self._operator = root.child(operator_id)
@@ -367,6 +419,10 @@ class StateStoreProvider:
         self._manifests: dict[int, tuple[Any, dict[str, Any]]] = {}
         #: the metrics of the last commit, its timings included (after commit())
         self.last_metrics: dict[str, Any] | None = None
+        #: every repair this provider made (a restore that went around an unusable
+        #: snapshot), one sentence each; and how many since the last commit
+        self.repairs: list[str] = []
+        self._repaired = 0
 
     def __repr__(self) -> str:
         return f"StateStoreProvider({self._remote.uri!r}, storage_options={self.storage_options})"
@@ -554,90 +610,166 @@ class StateStoreProvider:
                 f"version {version} of {self._remote.uri} does not exist (latest is {latest})"
             )
         # a local copy behind the version catches up by replaying the changelog tail
+        # (unless it holds another attempt's commit: then the tail does not continue
+        # it, and a restore takes the committed lineage)
         if local is not None and local < version:
             tail = range(local + 1, version + 1)
             if all(v in changelogs for v in tail):
-                for v in tail:
-                    self._replay(self._db, v)
-                self._db.reload_stores()
-                self._load_kind = "replay"
-                return self._db
-        self._restore(version, snapshots)
+                try:
+                    self._replay(self._db, local + 1)  # checked before anything is applied
+                except LineageError as exc:
+                    log.warning("sessionstore: local copy not reused: %s", exc)
+                else:
+                    for v in tail[1:]:
+                        self._replay(self._db, v)
+                    self._db.reload_stores()
+                    self._load_kind = "replay"
+                    return self._db
+        self._restore(version, snapshots, changelogs)
         self._load_kind = "restore"
         return self._db
 
-    def _replay(self, db: StateDB, version: int) -> None:
-        rel = changelog_name(version)
+    def _changelog(self, version: int) -> tuple[dict[str, Any], Any]:
+        """``(header, writes)`` of the changelog of ``version``."""
         try:
             data = read_changelog_file(self._remote.read, version)
         except FileNotFoundError as exc:
             raise VersionNotFoundError(
                 f"changelog of version {version} is missing: {exc}"
             ) from None
-        _, buf = decode_changelog(data, f"{self._remote.uri}/{rel}", version)
+        return decode_changelog(data, self._remote.where(changelog_name(version)), version)
+
+    def _replay(self, db: StateDB, version: int) -> None:
+        rel = changelog_name(version)
+        header, buf = self._changelog(version)
+        check_continues(header, commit_of(db), self._remote.where(rel), version)
         db.apply(buf)
         if committed_version(db) != version:
             raise SessionStoreError(
                 f"{self._remote.uri}/{rel} did not bring the state to version {version}"
             )
 
-    def _restore(self, version: int, snapshots: set[int]) -> None:
-        """Rebuild the local copy at ``version`` from remote files, all or nothing."""
-        base = max((s for s in snapshots if s <= version), default=0)
-        tmp = self._local.restore_dir(uuid.uuid4().hex)
-        try:
-            db_dir = database_in(tmp)
-            if base:
-                self._progress("download snapshot", 0, 1)
-                download_snapshot(self._remote, base, db_dir)
-                self._progress("download snapshot", 1, 1)
-            db = StateDB.open(db_dir, memory_max_mb=self.memory_max_mb)
+    def _restore(self, version: int, snapshots: set[int], changelogs: set[int]) -> None:
+        """Rebuild the local copy at ``version`` from remote files, all or nothing.
+
+        From the newest snapshot at or below ``version``; when that snapshot is
+        unusable (a file missing or corrupt, or it does not hold the commit the
+        next changelog continues), from an older one, or from version 0, whose
+        changelogs up to ``version`` are all retained: a *repair*, logged, kept in
+        :attr:`repairs` and counted in the next commit's metrics (``repaired``).
+        A broken changelog is not repaired: every older base needs it too.
+        """
+        bases = [*sorted((s for s in snapshots if s <= version), reverse=True), 0]
+        bases = list(dict.fromkeys(bases))
+        skipped: list[str] = []
+        first: BaseException | None = None
+        for i, base in enumerate(bases):
+            if i and not all(v in changelogs for v in range(base + 1, version + 1)):
+                continue  # the changelogs after this older base are not retained
+            tmp = self._local.restore_dir(uuid.uuid4().hex)
             try:
-                if committed_version(db) != base:
-                    raise SessionStoreError(
-                        f"snapshot {base} of {self._remote.uri} holds version "
-                        f"{committed_version(db)}"
-                    )
-                for v in range(base + 1, version + 1):
-                    self._progress("replay changelogs", v - base - 1, version - base)
-                    self._replay(db, v)
-                self._progress("replay changelogs", version - base, version - base)
-                # downloaded from this checkpoint, so it is this checkpoint's state,
-                # whatever the snapshot's writer recorded
-                db.put_meta(IDENTITY_KEY, self._identity)
-            finally:
-                db.close()
-        except BaseException:
+                self._rebuild(database_in(tmp), base, version)
+            except _UnusableSnapshot as unusable:
+                shutil.rmtree(tmp, ignore_errors=True)
+                skipped.append(f"snapshot {base}: {unusable.cause}")
+                first = first or unusable.cause
+                continue
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            if skipped:
+                self._record_repair(version, base, skipped)
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            shutil.rmtree(self._db_path, ignore_errors=True)
+            os.makedirs(self._local.root, exist_ok=True)
+            os.replace(database_in(tmp), self._db_path)
             shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-        shutil.rmtree(self._db_path, ignore_errors=True)
-        os.makedirs(self._local.root, exist_ok=True)
-        os.replace(db_dir, self._db_path)
-        shutil.rmtree(tmp, ignore_errors=True)
-        self._db = StateDB.open(self._db_path, memory_max_mb=self.memory_max_mb)
+            self._db = StateDB.open(self._db_path, memory_max_mb=self.memory_max_mb)
+            return
+        assert first is not None
+        raise first
+
+    def _rebuild(self, db_dir: str, base: int, version: int) -> None:
+        """Download the snapshot of ``base`` (none for 0) into ``db_dir`` and replay
+        the changelogs up to ``version``; :class:`_UnusableSnapshot` when the
+        snapshot is what failed."""
+        manifest: dict[str, Any] | None = None
+        if base:
+            self._progress("download snapshot", 0, 1)
+            try:
+                manifest = download_snapshot(self._remote, base, db_dir)
+            except (CorruptSnapshotError, FileNotFoundError) as exc:
+                raise _UnusableSnapshot(exc) from None
+            self._progress("download snapshot", 1, 1)
+        try:
+            db = StateDB.open(db_dir, memory_max_mb=self.memory_max_mb)
+        except Exception as exc:
+            if not base:
+                raise
+            raise _UnusableSnapshot(exc) from None
+        try:
+            where = self._remote.where(manifest_name(base))
+            if committed_version(db) != base:
+                raise _UnusableSnapshot(
+                    SessionStoreError(f"{where} holds version {committed_version(db)}")
+                )
+            if manifest is not None and manifest.get(COMMIT_FIELD) not in (None, commit_of(db)):
+                raise _UnusableSnapshot(
+                    LineageError(where, base, manifest.get(COMMIT_FIELD), commit_of(db))
+                )
+            for v in range(base + 1, version + 1):
+                self._progress("replay changelogs", v - base - 1, version - base)
+                try:
+                    self._replay(db, v)
+                except LineageError as exc:
+                    if v == base + 1 and base:  # the snapshot holds another lineage
+                        raise _UnusableSnapshot(exc) from None
+                    raise
+            self._progress("replay changelogs", version - base, version - base)
+            # downloaded from this checkpoint, so it is this checkpoint's state,
+            # whatever the snapshot's writer recorded
+            db.put_meta(IDENTITY_KEY, self._identity)
+        finally:
+            db.close()
+
+    def _record_repair(self, version: int, base: int, skipped: list[str]) -> None:
+        source = f"snapshot {base}" if base else "version 0"
+        message = (
+            f"{self._remote.uri}: version {version} restored from {source} and the "
+            f"changelogs after it, around {len(skipped)} unusable snapshot(s): "
+            + "; ".join(skipped)
+        )
+        log.warning("sessionstore: repaired %s", message)
+        self.repairs.append(message)
+        self._repaired += 1
 
     # -------------------------------------------------------------- committing
     def _commit(self, handle: StoreHandle) -> int:
         start = time.perf_counter()
         db, version = handle.db, handle.version + 1
         adopted = self._checkpoint_id is None and self._adopt_id()
+        parent, commit = commit_of(db), new_commit_id()
         db.put_meta(VERSION_KEY, encode_version(version))
+        db.put_meta(COMMIT_KEY, commit.encode("ascii"))
         previous = db.get_meta(LAST_COMMIT_KEY)
         buf = db.prepare()
         stats = store_stats(db, handle.stores, buf)
         metrics = self._metrics(handle, version, stats, previous)
+        header = {**handle.header, COMMIT_FIELD: commit, PARENT_FIELD: parent}
         data = encode_changelog(
-            buf, self.operator_id, self.partition_id, version, stats, metrics, handle.header
+            buf, self.operator_id, self.partition_id, version, stats, metrics, header
         )
         self._observe("prepared", version)
         prepared = time.perf_counter()
-        self._remote.write_atomic(changelog_name(version), data)
+        winner = publish(self._remote, version, data, commit, parent, handle.arbiter)
         self._observe("uploaded", version)
         uploaded = time.perf_counter()
-        db.apply(buf)
+        if winner is None:
+            db.apply(buf)
+        else:
+            self._adopt(db, version, winner.header, winner.writes)
         self._observe("applied", version)
         applied = time.perf_counter()
         timings = {
@@ -650,15 +782,38 @@ class StateStoreProvider:
         db.put_meta(LAST_COMMIT_KEY, msgpack.packb(timings))
         if adopted:
             db.put_meta(IDENTITY_KEY, self._identity)
-        if version % self.snapshot_interval == 0:
+        # only the winner snapshots a version: one writer per manifest, so a
+        # manifest is never rewritten with other content
+        if winner is None and version % self.snapshot_interval == 0:
             os.makedirs(self._local.snapshots, exist_ok=True)
             target = self._local.snapshot(version)
             shutil.rmtree(target, ignore_errors=True)
             db.checkpoint(target)  # hard links: the upload waits for maintenance
+            # written once the snapshot is whole: whose state it is (never uploaded
+            # by a provider of another checkpoint that shares this local_dir)
+            write_snapshot_record(
+                self._local.snapshot_record(version), SnapshotRecord(self._identity, commit)
+            )
         metrics["uploaded_bytes"] += len(data)
         self.last_metrics = {**metrics, **timings, "commit_ms": millis(applied - start)}
         del self.last_metrics["previous"]
         return version
+
+    def _adopt(self, db: StateDB, version: int, header: dict[str, Any], writes: Any) -> None:
+        """Drop this attempt's writes and apply the winning attempt's commit of
+        ``version`` instead (see lineage.py): it was built on the same version."""
+        db.rollback()
+        where = self._remote.where(changelog_name(version))
+        check_continues(header, commit_of(db), where, version)
+        db.apply(writes)
+        db.reload_stores()
+        if committed_version(db) != version:
+            raise SessionStoreError(f"{where} did not bring the state to version {version}")
+        log.warning(
+            "sessionstore: %s: another attempt committed version %d first (commit %s); "
+            "this attempt's writes are dropped and its state is that commit's",
+            self._remote.uri, version, header.get(COMMIT_FIELD),
+        )  # fmt: skip
 
     def _metrics(
         self, handle: StoreHandle, version: int, stats: dict[str, Any], previous: bytes | None
@@ -671,6 +826,7 @@ class StateStoreProvider:
         uploaded, self._snapshot_bytes = self._snapshot_bytes, 0
         retries = self._operator.retries
         retried, self._retries_seen = retries - self._retries_seen, retries
+        repaired, self._repaired = self._repaired, 0
         return {
             "format": METRICS_FORMAT,
             "rows_total": sum(s["keys"] for s in stats.values()),
@@ -689,6 +845,7 @@ class StateStoreProvider:
             ),
             "memory_bytes": process_native_memory(),
             "storage_retries": retried,
+            "repaired": repaired,
             "previous": last,
         }
 
@@ -698,8 +855,10 @@ class StateStoreProvider:
 
     # ------------------------------------------------------------- maintenance
     def do_maintenance(self) -> dict[str, Any]:
-        """Upload pending snapshots, prune versions beyond ``retain_versions`` and
-        delete files no retained snapshot uses. Returns what was done."""
+        """Upload this checkpoint's pending snapshots, prune versions beyond
+        ``retain_versions`` and delete files no retained snapshot uses (after the
+        orphan grace). Returns what was done: ``snapshots`` uploaded,
+        ``uploaded_bytes``, ``deleted`` names, ``foreign`` pending snapshots dropped."""
         os.makedirs(self._local.root, exist_ok=True)
         # One maintenance at a time per partition on this machine: a background
         # upload and a later task's maintenance must not race (the orphan sweep
@@ -712,47 +871,116 @@ class StateStoreProvider:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _maintain(self) -> dict[str, Any]:
-        report: dict[str, Any] = {"snapshots": [], "uploaded_bytes": 0, "deleted": []}
-        # one listing of the content files serves the uploads (what is there
-        # already) and the orphan sweep (what may go)
-        stored = set(self._remote.list(FILES_DIR))
-        known = set(stored)
+        report: dict[str, Any] = {
+            "snapshots": [], "uploaded_bytes": 0, "deleted": [], "foreign": [],
+        }  # fmt: skip
+        # One listing of the content files serves the uploads, the check of the new
+        # base and the orphan sweep. It comes before the listing of the manifests,
+        # so a manifest written meanwhile is seen by the sweep.
+        stored = self._remote.stamps(FILES_DIR)
+        changelogs = self._files.changelog_files()
+        self._read_manifests(self._files.snapshot_stamps())
+        snapshots = set(self._manifests)
+        # content a listed manifest uses: the only content an upload may skip (a
+        # listed file nothing uses may be about to go; it is uploaded again)
+        used = set().union(*(referenced(m) for _, m in self._manifests.values()))
+        present = set(stored)
         for version in self._local.pending_snapshots():
-            path = self._local.snapshot(version)
-            manifest = upload_snapshot(self._remote, path, version, known=known)
-            known |= referenced(manifest)
-            report["snapshots"].append(version)
-            report["uploaded_bytes"] += manifest["uploaded_bytes"]
-            self._snapshot_bytes += manifest["uploaded_bytes"]
-            shutil.rmtree(path, ignore_errors=True)
-        changelogs, stamps = self._files.changelog_files(), self._files.snapshot_stamps()
-        snapshots = set(stamps)
+            manifest = self._upload_pending(version, used, report)
+            if manifest is not None:
+                snapshots.add(version)
+                used |= referenced(manifest)
+                present |= referenced(manifest)
         latest = max(set(changelogs) | snapshots, default=0)
         oldest_kept = latest - self.retain_versions + 1
-        base = max((s for s in snapshots if s <= oldest_kept), default=None)
+        # Prune only below a base whose every file is stored (the listing above, no
+        # extra request): if the newest candidate lost a file, the older snapshots
+        # and changelogs stay, and a restore repairs around it.
+        base = next(
+            (
+                v for v in sorted(snapshots, reverse=True)
+                if v <= oldest_kept
+                and "format" in self._manifests[v][1]  # readable
+                and referenced(self._manifests[v][1]) <= present
+            ),
+            None,
+        )  # fmt: skip
         if base is not None:
             for v in sorted(snapshots):
                 if v < base:
                     self._remote.delete(manifest_name(v))
                     report["deleted"].append(manifest_name(v))
                     snapshots.discard(v)
+                    del self._manifests[v]
             report["deleted"] += self._prune_changelogs(changelogs, base)
-        for v in list(self._manifests):
-            if v not in snapshots:
-                del self._manifests[v]
-        used = set()
-        for v in snapshots:
-            # Not the manifest this provider wrote: another writer of the same
-            # version (a speculative task) may have replaced it, and the sweep must
-            # keep the files of the manifest that is stored. A stamp that changed
-            # since the read means such a rewrite: read it again.
-            if v not in self._manifests or self._manifests[v][0] != stamps[v]:
-                self._manifests[v] = (stamps[v], read_manifest(self._remote, v))
-            used |= referenced(self._manifests[v][1])
-        for name in sorted(stored - used):
+        used = set().union(*(referenced(m) for _, m in self._manifests.values()))
+        for name in self._sweep.due(stored, used, time.monotonic()):
             self._remote.delete(content_name(name))
             report["deleted"].append(content_name(name))
         return report
+
+    def _read_manifests(self, stamps: dict[int, Any]) -> None:
+        """Bring the manifest cache in line with the listing ``stamps``: manifests
+        gone are dropped, new ones read. A manifest is written once, by the winner
+        of its version from its one local snapshot (or again with the same bytes
+        by a retried upload), so a cached one stays right; a stamp that changed
+        (a legitimately replaced commit) is read again all the same."""
+        for v in list(self._manifests):
+            if v not in stamps:
+                del self._manifests[v]
+        for v, stamp in stamps.items():
+            if v not in self._manifests or self._manifests[v][0] != stamp:
+                try:
+                    self._manifests[v] = (stamp, read_manifest(self._remote, v))
+                except FileNotFoundError:  # pruned by another executor since the listing
+                    self._manifests.pop(v, None)
+                except CorruptSnapshotError as exc:
+                    # never a base; its files go unless another manifest uses them,
+                    # and restores repair around it
+                    log.warning("sessionstore: %s", exc)
+                    self._manifests[v] = (stamp, {})
+
+    def _upload_pending(
+        self, version: int, used: set[str], report: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Upload the pending local snapshot of ``version`` if it is this
+        checkpoint's and not stored yet (content in ``used`` is skipped); drop it
+        either way. Its manifest, or None when nothing was uploaded."""
+        path, record_path = self._local.snapshot(version), self._local.snapshot_record(version)
+        record = read_snapshot_record(record_path)
+        manifest = None
+        if record is None or not self._is_own(record.identity):
+            # left by a provider of another checkpoint that shared this local_dir
+            # (one deleted and created again at the same URI, say), or by a
+            # release that recorded no owner: never uploaded as this one's
+            report["foreign"].append(version)
+        elif (self._manifests.get(version) or (None, {}))[1].get(COMMIT_FIELD) != record.commit:
+            # (else a retry after an upload that finished: already there)
+            manifest = upload_snapshot(
+                self._remote, path, version, known=used, commit=record.commit
+            )
+            uploaded = manifest.pop("uploaded_bytes")
+            # the listing of the next maintenance gives its stamp (None never matches)
+            self._manifests[version] = (None, manifest)
+            report["snapshots"].append(version)
+            report["uploaded_bytes"] += uploaded
+            self._snapshot_bytes += uploaded
+        # a failed upload raised above: the snapshot stays for the next maintenance
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.exists(record_path):
+            os.unlink(record_path)
+        return manifest
+
+    def _is_own(self, identity: bytes) -> bool:
+        """Whether ``identity`` (a pending snapshot's record) is this provider's
+        checkpoint copy; on a mismatch the recorded id is read again (see
+        :meth:`_owns`)."""
+        if identity != self._identity:
+            try:
+                self._checkpoint_id = self._read_metadata().get(CHECKPOINT_ID_FIELD)
+            except FileNotFoundError:
+                return False
+        return identity == self._identity
 
     def _prune_changelogs(self, changelogs: dict[int, str], base: int) -> list[str]:
         """Delete the changelogs of versions up to ``base`` (which has a snapshot):

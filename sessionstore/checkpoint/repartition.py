@@ -44,6 +44,7 @@ from sessionstore.checkpoint.event_time import MissingEventTimeError, durable_ev
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
     CHECKPOINT_ID_FIELD,
+    COMMIT_KEY,
     IDENTITY_KEY,
     KEY_TYPES_FIELD,
     LAST_COMMIT_KEY,
@@ -85,8 +86,9 @@ __all__ = [
 
 #: Meta entries of a local database that no snapshot of the new checkpoint carries:
 #: the committed version is set to V, the identity and the last commit's timings
-#: belong to the copy they were written in.
-_LOCAL_META = frozenset({VERSION_KEY, IDENTITY_KEY, LAST_COMMIT_KEY})
+#: belong to the copy they were written in, and the commit id to its lineage (the
+#: new checkpoint's first commits continue an unknown parent, lineage.py).
+_LOCAL_META = frozenset({VERSION_KEY, IDENTITY_KEY, LAST_COMMIT_KEY, COMMIT_KEY})
 #: The operators' per-partition times kept next to a store (``aux:<store>:<name>``,
 #: int64), merged like the stores' stream times: the minimum over the source
 #: partitions, so a target resumes as its most lagging source did (why:

@@ -9,12 +9,14 @@ whatever its size (Spark zips RocksDB's non-SST files per version for the same
 reason). ``snapshot/<N>.manifest`` (msgpack) lists the files of the snapshot of
 version N::
 
-    {"format": 2, "version": N,
+    {"format": 2, "version": N, "commit": ...,      # the commit it holds (lineage.py)
      "files": [{"name": "000012.sst", "sha256": ..., "size": ...}],   # large files
      "pack": {"sha256": ..., "size": ...,                             # or None
               "files": [{"name": "CURRENT", "sha256": ..., "size": ..., "offset": ...}]}}
 
 Format 1 (earlier releases) has no pack: every file is in ``files``; it still loads.
+``commit`` (the id of the commit whose state the snapshot holds) is absent in
+manifests written before lineage; readers of those releases ignore it.
 
 The manifest is written last and atomically: a snapshot exists once its manifest
 does. On download, names from the manifest are validated (plain file names only:
@@ -71,13 +73,14 @@ def upload_snapshot(
     version: int,
     threads: int = 8,
     known: set[str] | None = None,
+    commit: str | None = None,
 ) -> dict[str, Any]:
     """Upload the checkpoint in ``local_dir`` as the snapshot of ``version``.
 
     Small files go up as one pack, large ones by content, in parallel (pyarrow
     releases the GIL during I/O), content already in ``known`` (names under
-    ``files/``; listed when None) skipped; the manifest is written last. Returns the
-    manifest, with ``uploaded_bytes`` (what was new).
+    ``files/``; listed when None) skipped; the manifest, naming ``commit``, is
+    written last. Returns the manifest, with ``uploaded_bytes`` (what was new).
     """
     if known is None:
         known = set(storage.list(FILES_DIR))
@@ -108,6 +111,8 @@ def upload_snapshot(
             job.result()
     files = [{"name": n, "sha256": digests[n], "size": sizes[n]} for n in large]
     manifest = {"format": FORMAT, "version": version, "files": files, "pack": pack}
+    if commit is not None:
+        manifest["commit"] = commit
     storage.write_atomic(manifest_name(version), msgpack.packb(manifest))
     uploaded = sum(os.path.getsize(p) for p in todo.values())
     if pack is not None and pack["sha256"] not in known:
@@ -164,6 +169,8 @@ def read_manifest(storage: Storage, version: int) -> dict[str, Any]:
         raise CorruptSnapshotError(
             where, version, f"manifest says version {manifest.get('version')}"
         )
+    if not isinstance(manifest.get("commit"), str | None):
+        raise CorruptSnapshotError(where, version, f"bad commit {manifest.get('commit')!r:.80}")
     pack = manifest.get("pack")
     packed = []
     if pack is not None:

@@ -2,8 +2,10 @@
 
 For each partition: every changelog from the oldest snapshot to the latest version
 exists (no gap) and passes its checksums, every snapshot downloads with every
-file's hash right, and (when all that is sound) the latest version loads, replayed
-into a temporary directory. Nothing is written to the checkpoint.
+file's hash right, and (when the changelogs are sound) the latest version loads,
+replayed into a temporary directory, as a new executor would load it: around an
+unusable snapshot when older data allows, which is reported as a repair.
+Nothing is written to the checkpoint.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class Verification:
     operators: list[str]
     partitions: int = 0
     problems: list[str] = field(default_factory=list)
+    #: latest versions that load only by a repair (an older snapshot or version 0
+    #: plus the changelogs, around an unusable snapshot), one sentence each
+    repairs: list[str] = field(default_factory=list)
 
 
 def verify_checkpoint(
@@ -66,6 +71,7 @@ def verify_checkpoint(
             result.problems += verify_partition(
                 checkpoint_uri, operator, partition, storage_options, progress, root,
                 allow_pickle=True,  # checked above
+                repairs=result.repairs,
             )  # fmt: skip
             result.partitions += 1
     return result
@@ -79,10 +85,12 @@ def verify_partition(
     progress: Progress | None = None,
     root: Storage | None = None,
     allow_pickle: bool = False,
+    repairs: list[str] | None = None,
 ) -> list[str]:
     """Everything wrong with one partition's checkpoint (empty when it is sound),
     one sentence per problem, naming the partition as ``<operator>/<partition>``.
-    A pickled store is refused unless ``allow_pickle`` (see verify_checkpoint)."""
+    A pickled store is refused unless ``allow_pickle`` (see verify_checkpoint); a
+    latest version that loads only by a repair is appended to ``repairs``."""
     root = root or open_filesystem(checkpoint_uri, storage_options)
     where = f"{operator}/{partition}"
     files = PartitionFiles(root.child(where))
@@ -101,20 +109,27 @@ def verify_partition(
             decode_changelog(data, f"{where}/{name}", v)  # named as it is stored
         except SessionStoreError as exc:
             problems.append(str(exc))
+    sound_changelogs = not problems
     for v in sorted(snapshots):
         with tempfile.TemporaryDirectory(prefix="sessionstore-verify-") as tmp:
             try:
                 download_snapshot(files.storage, v, tmp)
             except (SessionStoreError, FileNotFoundError) as exc:
                 problems.append(str(exc))
-    if not problems and latest:
+    if sound_changelogs and latest:
         try:
-            _load(
+            repaired = _load(
                 checkpoint_uri, root, operator, partition, latest, storage_options, progress,
                 allow_pickle,
             )  # fmt: skip
         except (SessionStoreError, FileNotFoundError) as exc:
-            problems.append(f"{where}: replay to version {latest} failed: {exc}")
+            if not any(str(exc) in p for p in problems):  # each damage named once
+                problems.append(f"{where}: replay to version {latest} failed: {exc}")
+        else:
+            if repairs is not None:
+                repairs += [
+                    f"{where}: version {latest} loads only by a repair: {r}" for r in repaired
+                ]
     return problems
 
 
@@ -127,9 +142,10 @@ def _load(
     storage_options: dict[str, Any] | None,
     progress: Progress | None,
     allow_pickle: bool,
-) -> None:
+) -> list[str]:
     """Load ``version`` of a partition, with the stores its metadata records, into a
-    temporary directory (a restore and replay, as a new executor would do)."""
+    temporary directory (a restore and replay, as a new executor would do); the
+    repairs that took."""
     records = read_metadata(root.child(operator))["stores"]
     specs = [
         StoreSpec.from_record(r, allow_pickle, f"{checkpoint_uri}/{operator}") for r in records
@@ -141,5 +157,6 @@ def _load(
         )  # fmt: skip
         try:
             provider.get_store(version)
+            return list(provider.repairs)
         finally:
             provider.close()

@@ -540,9 +540,12 @@ def verify(uri, operator, storage_options, allow_pickle):
         result = verify_checkpoint(uri, operators, source.storage_options, progress, allow_pickle)
     for problem in result.problems:
         click.echo(f"PROBLEM {problem}")
+    for repair in result.repairs:
+        click.echo(f"REPAIRED {repair}")
     click.echo(
         f"verified {result.partitions} partitions of {len(result.operators)} operators: "
         f"{len(result.problems)} problems"
+        + (f", {len(result.repairs)} versions load only by a repair" if result.repairs else "")
     )
     if result.problems:
         sys.exit(1)
@@ -660,7 +663,7 @@ def _stats_table(uri: str, rows: list[dict[str, Any]]) -> None:
         ("late_dropped", "late"), ("emitted", "emitted"), ("load_ms_max", "load ms max"),
         ("loads", "loads"), ("commit_ms_p50", "commit ms p50"), ("commit_ms_max", "max"),
         ("uploaded_bytes", "uploaded"), ("snapshot_lag_max", "snap lag"),
-        ("memory_bytes_max", "native mem"),
+        ("memory_bytes_max", "native mem"), ("repaired", "repaired"),
     ]  # fmt: skip
     for _, title in columns:
         left = title in ("operator", "loads")
@@ -700,7 +703,8 @@ def _stats_table(uri: str, rows: list[dict[str, Any]]) -> None:
 @allow_pickle_option
 def stats(uri, operator, last, fmt, storage_options, allow_pickle):
     """State metrics per operator and micro-batch, over its partitions: rows,
-    late drops, output, loads, commit times, uploads, snapshot lag, memory."""
+    late drops, output, loads, commit times, uploads, snapshot lag, memory, and
+    restores repaired around an unusable snapshot."""
     from sessionstore.checkpoint.metrics import STATS_FIELDS
 
     source = _checkpoint_only(_source(uri, storage_options, allow_pickle), "stats")

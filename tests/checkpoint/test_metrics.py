@@ -120,7 +120,7 @@ def test_changelogs_without_metrics_still_read(tmp_path):
         "operator": "op", "batch": 0, "partitions": 1, "rows_total": 7, "rows_updated": None,
         "rows_removed": None, "late_dropped": None, "emitted": None, "load_ms_max": None,
         "loads": {}, "commit_ms_p50": None, "commit_ms_max": None, "uploaded_bytes": None,
-        "snapshot_lag_max": None, "memory_bytes_max": None,
+        "snapshot_lag_max": None, "memory_bytes_max": None, "repaired": None,
     }  # fmt: skip
     assert tuple(row) == STATS_FIELDS
 
@@ -145,7 +145,8 @@ def test_summarize_batch_over_partitions():
         2: {
             1: {"metrics": {"rows_total": 0, "rows_updated": 0, "rows_removed": 0,
                             "late_dropped": 0, "emitted": 0, "load_kind": "warm", "load_ms": 0.1,
-                            "uploaded_bytes": 40, "snapshot_lag": 1, "memory_bytes": 20}},
+                            "uploaded_bytes": 40, "snapshot_lag": 1, "memory_bytes": 20,
+                            "repaired": 1}},
         },
     }  # fmt: skip
     records = [task_records(h, p)[1] for p, h in headers.items()]
@@ -153,7 +154,7 @@ def test_summarize_batch_over_partitions():
         "operator": "op", "batch": 0, "partitions": 3, "rows_total": 6, "rows_updated": 2,
         "rows_removed": 1, "late_dropped": 1, "emitted": 4, "load_ms_max": 9.0,
         "loads": {"restore": 1, "warm": 2}, "commit_ms_p50": 2.25, "commit_ms_max": 3.5,
-        "uploaded_bytes": 190, "snapshot_lag_max": 3, "memory_bytes_max": 30,
+        "uploaded_bytes": 190, "snapshot_lag_max": 3, "memory_bytes_max": 30, "repaired": 1,
     }  # fmt: skip
 
 

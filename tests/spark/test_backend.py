@@ -63,3 +63,13 @@ def test_retry_settings_are_read_from_conf_and_reach_every_storage():
     for key, bad in [("maxAttempts", "many"), ("maxAttempts", "0"), ("maxSeconds", "-1")]:
         with pytest.raises(ValueError, match=rf"{bad}"):
             StateBackend.from_conf(fake_spark({**conf, f"spark.sessionstore.retry.{key}": bad}))
+def test_the_orphan_grace_is_read_from_conf_and_reaches_the_provider():
+    conf = {"spark.sessionstore.checkpointUri": "file:///tmp/ck"}
+    assert StateBackend.from_conf(fake_spark(conf)).orphan_grace_s == 600.0  # the default
+    key = "spark.sessionstore.gc.orphanGraceSeconds"
+    backend = StateBackend.from_conf(fake_spark({**conf, key: "90.5"}))
+    assert backend.orphan_grace_s == 90.5 and "orphan_grace_s=90.5" in repr(backend)
+    with pytest.raises(ValueError, match=r"spark\.sessionstore\.gc\.orphanGraceSeconds .*'-1'"):
+        StateBackend.from_conf(fake_spark({**conf, key: "-1"}))
+    with pytest.raises(ValueError, match="orphan_grace_s must be a number of seconds >= 0"):
+        StateBackend("file:///tmp/ck", orphan_grace_s="soon")

@@ -376,3 +376,29 @@ def test_a_reply_not_signed_by_the_coordinator_is_ignored(tmp_path):
     address = CoordinatorAddress("127.0.0.1", port, "ab" * 16)
     assert coord.shared_event_time(address, open_filesystem(uri).child("op"), None, 0, 2) == 9
     thread.join(5)
+def test_the_first_claim_of_a_version_wins(coordinator, tmp_path):
+    """The arbiter between attempts of one batch (lineage.py): the first claim of
+    (partition, version) wins and is named to later ones; a repeated claim is
+    granted again; a claim on another parent, or one superseding the held winner,
+    takes the version; a claim of another partition is independent; a malformed
+    claim is dropped."""
+    address = coordinator.register(f"file://{tmp_path}/r", "op", 2)
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    assert coord.claim(address, "run", 0, 5, a, "p") == a
+    assert coord.claim(address, "run", 0, 5, b, "p") == a
+    assert coord.claim(address, "run", 0, 5, a, "p") == a
+    assert coord.claim(address, "run", 1, 5, b, "p") == b
+    assert coord.claim(address, "run", 0, 5, b, "p", supersede=a) == b
+    assert coord.claim(address, "run", 0, 5, c, "p", supersede=a) == b  # a no longer holds it
+    assert coord.claim(address, "run", 0, 5, c, "other parent") == c
+    for bad in ({"partition": 2}, {"version": "5"}, {"commit": 7}, {"parent": 1}):
+        message = {
+            "op": "claim", "run": "run", "batch": 4, "partition": 0, "version": 5,
+            "commit": a, "parent": None, "supersede": None, **bad,
+        }  # fmt: skip
+        frame, _ = coord.signed_request(address.token, message)  # signed, but malformed
+        assert _raw(address, frame) == b""
+    assert coordinator.refused == {"invalid claim": 4}
+    for version in range(6, 6 + coord.KEEP_CLAIMS):  # older claims are forgotten
+        coord.claim(address, "run", 0, version, a, "p")
+    assert coord.claim(address, "run", 0, 5, a, "p") == a

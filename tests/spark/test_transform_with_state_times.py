@@ -17,6 +17,7 @@ from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import partition_changelog_header
 from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
 from spark_integration import StateBackend
+from spark_integration.coordinator import Coordinator
 from spark_integration.runtime import TaskInfo
 from tests.object_stores import (
     moto_s3_server,
@@ -51,12 +52,17 @@ class ReportsTime(StatefulProcessor):
         pass
 
 
-def _task(backend: StateBackend) -> tws._ProcessorTask:
+def _task(backend: StateBackend, coordinator: Coordinator | None = None) -> tws._ProcessorTask:
+    """The operator's task; with ``coordinator`` (as in Spark by default) its commits
+    claim their version there, else they look before they write (one HEAD)."""
+    address = None
+    if coordinator is not None:
+        address = coordinator.register(backend.checkpoint_uri, "times", 1, backend.storage_options)
     return tws._ProcessorTask(
         backend=backend, name="times", num_partitions=1, keys=["id"],
         input_columns=["id", "item"], processor=ReportsTime(), api="rows",
         time_mode="ProcessingTime", delay_ms=None,
-        out_schema_json=SCHEMA.json(), key_types=["string"],
+        out_schema_json=SCHEMA.json(), key_types=["string"], coordinator=address,
     )  # fmt: skip
 
 
@@ -76,14 +82,21 @@ def s3():
         yield options
 
 
+@pytest.fixture(scope="module")
+def coordinator():
+    server = Coordinator()
+    yield server
+    server.stop()
+
+
 def test_an_empty_partition_records_its_time_in_the_commit_and_a_replay_reads_it(
-    tmp_path, monkeypatch, s3
+    tmp_path, monkeypatch, s3, coordinator
 ):
     uri = f"s3://{new_bucket(s3)}/ck"
     backend = StateBackend(
         uri, local_dir=str(tmp_path / "local"), storage_options=s3, snapshot_interval=100
     )
-    task = _task(backend)
+    task = _task(backend, coordinator)
     assert _run(monkeypatch, task, TaskInfo(0, 0, 0, "run-1"), ["a", "b"], now=1_000) == []
     reset_s3_request_counts(s3)
     before = int(time.time() * 1000)
@@ -112,14 +125,16 @@ def test_an_empty_partition_records_its_time_in_the_commit_and_a_replay_reads_it
     assert _run(monkeypatch, fresh, TaskInfo(0, 1, 0, "run-3"), []) == fired
 
 
-def test_a_new_run_past_the_last_commit_takes_the_wall_clock(tmp_path, monkeypatch, s3):
+def test_a_new_run_past_the_last_commit_takes_the_wall_clock(
+    tmp_path, monkeypatch, s3, coordinator
+):
     """The first batch of a restarted query that is not a replay finds no commit of
     its batch: one read more than the commit, and the wall clock."""
     uri = f"s3://{new_bucket(s3)}/ck"
     backend = StateBackend(
         uri, local_dir=str(tmp_path / "local"), storage_options=s3, snapshot_interval=100
     )
-    task = _task(backend)
+    task = _task(backend, coordinator)
     _run(monkeypatch, task, TaskInfo(0, 0, 0, "run-1"), ["a"], now=1_000)
     reset_s3_request_counts(s3)
     before = int(time.time() * 1000)

@@ -1,0 +1,232 @@
+"""Lineage: which attempt's commit a version holds, and the fence that keeps one.
+
+Every commit gets a unique id (:func:`new_commit_id`). Its changelog header
+records it (:data:`COMMIT_FIELD`) and the id of the version it was built on
+(:data:`PARENT_FIELD`); the local database holds the id of its version under the
+meta key ``COMMIT_KEY`` (layout.py), written in the commit's batch, so a replay
+and a snapshot carry it too; a manifest names the commit whose state it holds.
+A load checks each link (:func:`check_continues`): a changelog applied to a
+state it was not built on is refused, never mixed in.
+
+**The fence** (:func:`publish`): two attempts of one batch (a speculative copy, a
+zombie on an executor Spark gave up on, a retry after a crash) may each commit
+the same version, possibly with different writes. The first to publish wins; a
+later one *adopts* the winner: it drops its own writes, applies the winner's
+changelog and reports the version as committed, so it neither fails nor replaces
+what others may already have built on. Who is first:
+
+* on a local filesystem, whoever links its changelog to the name first
+  (``link`` refuses an existing name: exact, no extra cost);
+* on an object store, the driver's coordinator when the caller gives an arbiter
+  (:data:`CommitArbiter`; one round trip to the driver, no storage request): it
+  grants the first claim of (partition, version) and names it to later ones. A
+  winner that never uploads (it died after its claim) is superseded after
+  :data:`CLAIM_WAIT_S`, so a retry never waits forever;
+* on an object store without an arbiter (it is unreachable: Spark Connect, or
+  turned off), look before writing: a changelog of the version already there,
+  built on the same parent, wins. pyarrow exposes no S3 or GCS precondition, so
+  two attempts whose uploads overlap may both miss each other; the later object
+  stays, and :func:`check_continues` then refuses to replay the next version onto
+  the other one's state (an error naming both ids, never a silent mix).
+
+A changelog already at the name that was built on another parent (a leftover of
+an abandoned lineage, or of a release without lineage) is replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from sessionstore.checkpoint.changelog import CorruptChangelogError, decode_changelog
+from sessionstore.checkpoint.filesystem import Storage
+from sessionstore.checkpoint.layout import changelog_name
+from sessionstore.engine.write_buffer import WriteBuffer
+from sessionstore.errors import SessionStoreError
+
+__all__ = [
+    "COMMIT_FIELD",
+    "PARENT_FIELD",
+    "CLAIM_WAIT_S",
+    "CommitArbiter",
+    "LineageError",
+    "Winner",
+    "new_commit_id",
+    "check_continues",
+    "publish",
+    "SnapshotRecord",
+    "write_snapshot_record",
+    "read_snapshot_record",
+]
+
+log = logging.getLogger(__name__)
+
+#: Changelog header fields: this commit's id and the id of the version it continues.
+COMMIT_FIELD = "commit"
+PARENT_FIELD = "parent"
+#: How long a loser waits for the winner's changelog to appear before it asks the
+#: arbiter to let it supersede a winner that never uploaded.
+CLAIM_WAIT_S = 30.0
+_POLL_S = (0.05, 1.0)
+
+#: ``arbiter(version, commit, parent, supersede)``: the id of the commit that wins
+#: ``version`` (``commit`` if the caller's claim won), or None when the arbiter
+#: cannot be asked. ``supersede`` names a winner the caller waited for in vain.
+CommitArbiter = Callable[[int, str, "str | None", "str | None"], "str | None"]
+
+
+class LineageError(SessionStoreError):
+    """A changelog or snapshot applied to a state it was not built on."""
+
+    def __init__(self, where: str, version: int, expected: str | None, found: str | None) -> None:
+        self.where, self.version, self.expected, self.found = where, version, expected, found
+        super().__init__(
+            f"{where} (version {version}) continues commit {found} but the state it would "
+            f"be applied to is commit {expected}: two attempts of one batch both "
+            "committed; it is never mixed in"
+        )
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The commit another attempt published first: what a loser adopts."""
+
+    header: dict[str, Any]
+    writes: WriteBuffer
+
+
+def new_commit_id() -> str:
+    """A unique id for one commit (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def check_continues(
+    header: dict[str, Any], commit_before: str | None, where: str, version: int
+) -> None:
+    """:class:`LineageError` unless the changelog whose ``header`` this is was built
+    on ``commit_before`` (unknown on either side, as in checkpoints written before
+    lineage, passes)."""
+    parent = header.get(PARENT_FIELD)
+    if parent is not None and commit_before is not None and parent != commit_before:
+        raise LineageError(where, version, commit_before, parent)
+
+
+#: What :func:`_stored` returns for a damaged changelog: there, but no one's commit.
+_DAMAGED = Winner({}, WriteBuffer())
+
+
+def _stored(storage: Storage, version: int) -> Winner | None:
+    """The changelog of ``version`` at its name, None when there is none, or
+    :data:`_DAMAGED` (so that it is replaced)."""
+    name = changelog_name(version)
+    try:
+        data = storage.read(name)
+    except FileNotFoundError:
+        return None
+    try:
+        header, writes = decode_changelog(data, storage.where(name), version)
+    except CorruptChangelogError as exc:
+        log.warning("sessionstore: replacing a damaged changelog: %s", exc)
+        return _DAMAGED
+    return Winner(header, writes)
+
+
+def _rival(found: Winner | None, commit: str, parent: str | None) -> Winner | None:
+    """``found`` if it is another attempt's commit of the same version on the same
+    parent (the one to adopt), else None (nothing there, ours, or a leftover)."""
+    if found is None or found.header.get(COMMIT_FIELD) in (None, commit):
+        return None
+    return found if found.header.get(PARENT_FIELD) == parent else None
+
+
+def publish(
+    storage: Storage,
+    version: int,
+    data: bytes,
+    commit: str,
+    parent: str | None,
+    arbiter: CommitArbiter | None = None,
+    wait_s: float | None = None,
+) -> Winner | None:
+    """Publish ``data``, the changelog of ``version`` by commit ``commit`` built on
+    ``parent``, unless another attempt's commit of that version wins (see the module
+    doc): None when ours is the committed version, else the winner to adopt.
+    ``wait_s`` (default :data:`CLAIM_WAIT_S`): how long to wait for a winner's
+    changelog before superseding it."""
+    name = changelog_name(version)
+    wait_s = CLAIM_WAIT_S if wait_s is None else wait_s
+    if storage.exclusive_create:
+        while not storage.write_exclusive(name, data):
+            found = _stored(storage, version)
+            rival = _rival(found, commit, parent)
+            if rival is not None:
+                return rival
+            if found is not None:  # a leftover of another lineage: replace it
+                storage.write_atomic(name, data)
+                return None
+        return None
+    if arbiter is not None:
+        supersede, waited, pause = None, time.monotonic(), _POLL_S[0]
+        while True:
+            decided = arbiter(version, commit, parent, supersede)
+            if decided is None:
+                break  # unreachable: look before writing
+            if decided == commit:
+                storage.write_atomic(name, data)
+                return None
+            found = _stored(storage, version)
+            if found is not None and found.header.get(COMMIT_FIELD) == decided:
+                return found
+            if time.monotonic() - waited > wait_s:
+                log.warning(
+                    "sessionstore: commit %s of version %d of %s never appeared; "
+                    "superseding it", decided, version, storage.uri,
+                )  # fmt: skip
+                supersede, waited = decided, time.monotonic()
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, _POLL_S[1])
+    rival = _rival(_stored(storage, version), commit, parent)
+    if rival is not None:
+        return rival
+    storage.write_atomic(name, data)
+    return None
+
+
+# ------------------------------------------------------- pending local snapshots
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """Whose a pending local snapshot is: the identity of the checkpoint copy whose
+    state it holds (the local database's ``checkpoint_identity``) and the commit."""
+
+    identity: bytes
+    commit: str | None
+
+
+def write_snapshot_record(path: str, record: SnapshotRecord) -> None:
+    """Write ``record`` beside a pending snapshot (after the snapshot is whole: a
+    snapshot without a record is never uploaded)."""
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(msgpack.packb({"identity": record.identity, "commit": record.commit}))
+    os.replace(tmp, path)
+
+
+def read_snapshot_record(path: str) -> SnapshotRecord | None:
+    """The record at ``path``, or None when there is none or it is unreadable."""
+    try:
+        with open(path, "rb") as f:
+            raw = msgpack.unpackb(f.read(), raw=False)
+        identity, commit = raw["identity"], raw["commit"]
+    except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException):
+        return None
+    if not isinstance(identity, bytes) or not (commit is None or isinstance(commit, str)):
+        return None
+    return SnapshotRecord(identity, commit)

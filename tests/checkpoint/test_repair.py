@@ -1,0 +1,90 @@
+"""A damaged snapshot is repaired from older data when that data is retained, and
+the repair is visible (invariant 3 of DESIGN.md section 8): logged, counted in
+the state metrics (``repaired``), shown by ``sessionstore verify`` and ``stats``."""
+
+from __future__ import annotations
+
+import json
+
+from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.layout import content_name, manifest_name
+from sessionstore.checkpoint.snapshot import read_manifest, referenced
+from sessionstore.checkpoint.verify import verify_checkpoint
+from tests.checkpoint.test_gc import commit as commit_writes
+from tests.checkpoint.test_gc import contents, provider
+from tests.checkpoint.test_metrics import header
+from tests.tools.test_cli import run
+
+
+def commit(p, version):
+    """Commit ``version + 1`` putting k<version> = version."""
+    commit_writes(p, version, {f"k{version}": version})
+
+
+def model(version):
+    return {f"k{v}": v for v in range(version)}
+
+
+def test_a_missing_file_and_a_corrupt_manifest_are_repaired_from_older_data(tmp_path):
+    """Snapshots 3, 6 and 9 of versions 1-10. One content file of the newest
+    snapshot is deleted and another snapshot's manifest corrupted: version 10
+    restores from snapshot 3 and changelogs 4-10; the repair is logged, counted in
+    the next commit's metrics, reported by verify and shown by stats."""
+    uri = f"file://{tmp_path}/remote"
+    p = provider(uri, tmp_path / "live", snapshot_interval=3)
+    for v in range(10):
+        commit(p, v)
+        p.do_maintenance()
+    p.close()
+    remote = open_filesystem(uri).child("op/0")
+    remote.delete(content_name(sorted(referenced(read_manifest(remote, 9)))[0]))
+    remote.write_atomic(manifest_name(6), b"\x93not a manifest")
+
+    fresh = provider(uri, tmp_path / "fresh")
+    assert contents(fresh, 10) == model(10)
+    assert len(fresh.repairs) == 1
+    assert "version 10 restored from snapshot 3" in fresh.repairs[0]
+    assert "snapshot 9: " in fresh.repairs[0] and "snapshot 6: " in fresh.repairs[0]
+    commit(fresh, 10)
+    commit(fresh, 11)
+    assert [header(fresh, v)["metrics"]["repaired"] for v in (11, 12)] == [1, 0]
+    fresh.close()
+
+    result = verify_checkpoint(uri)
+    assert len(result.problems) == 2  # snapshots 6 and 9, each named
+    assert [r.split(": ", 1)[0] for r in result.repairs] == ["op/0"]
+    assert "version 12 loads only by a repair" in result.repairs[0]
+    out = run("verify", uri)
+    assert out.returncode == 1, out.stderr
+    assert "REPAIRED op/0: version 12 loads only by a repair" in out.stdout
+    assert "2 problems, 1 versions load only by a repair" in out.stdout
+    stats = run("stats", uri, "--format", "json")
+    rows = [json.loads(line) for line in stats.stdout.splitlines()]
+    assert [(r["batch"], r["repaired"]) for r in rows if r["batch"] >= 9] == [
+        (9, 0),
+        (10, 1),
+        (11, 0),
+    ]
+
+
+def test_pruning_keeps_the_data_back_to_the_newest_whole_snapshot(tmp_path):
+    """A content file of snapshot 9 is lost. Maintenance would take 9 as the base
+    and delete what is older; it checks the base's files against its listing of
+    ``files/`` (no extra request) and keeps snapshot 6 and its changelogs, so a
+    restore of a later version still repairs around snapshot 9."""
+    uri = f"file://{tmp_path}/remote"
+    p = provider(uri, tmp_path / "live", snapshot_interval=3, retain_versions=3)
+    for v in range(9):
+        commit(p, v)
+        p.do_maintenance()
+    remote = open_filesystem(uri).child("op/0")
+    remote.delete(content_name(sorted(referenced(read_manifest(remote, 9)))[0]))
+    for v in range(9, 12):
+        commit(p, v)
+        p.do_maintenance()  # latest 12, keep 10-12: the base would be snapshot 9
+    p.close()
+    assert remote.list("snapshot") == ["12.manifest", "6.manifest", "9.manifest"]
+    fresh = provider(uri, tmp_path / "fresh")
+    assert contents(fresh, 11) == model(11)
+    assert "version 11 restored from snapshot 6" in fresh.repairs[0]
+    fresh.close()
