@@ -311,9 +311,6 @@ def _versions(spark, tmp_path, first, second):
     return theirs, ours
 
 
-@pytest.mark.xfail(
-    reason="needs schema-recorded encoding", raises=NeedsSchemaRecordedEncoding, strict=True
-)
 def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(spark, tmp_path, conf):
     """Spark's Avro state encoding resolves an old value by field name: a new
     nullable field reads as None, fields may move, int widens to long."""
@@ -327,9 +324,6 @@ def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(spa
         raise NeedsSchemaRecordedEncoding(f"ours {ours} != Spark's {theirs}")
 
 
-@pytest.mark.xfail(
-    reason="needs schema-recorded encoding", raises=NeedsSchemaRecordedEncoding, strict=True
-)
 @pytest.mark.parametrize(
     "first, second, condition",
     [
