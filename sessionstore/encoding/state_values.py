@@ -47,6 +47,19 @@ Worked example: ``ValueState("last", "ts timestamp, amount decimal(10,2)")`` hol
 ``(datetime(2024, 1, 1), Decimal("12.30"))`` (in a UTC session) with no TTL is
 stored as ``92 92 cf 00 06 0d d7 10 21 20 00 a5 31 32 2e 33 30 c0``: a 2-array of
 the value (a 2-array of the uint 1704067200000000 and the str ``"12.30"``) and nil.
+
+Schema evolution
+----------------
+A variable whose value schema changed between runs keeps its earlier schemas
+(version 0, 1, ...; the current one is the next). Rows are rewritten lazily: a
+row written under version ``n >= 1`` is the payload above after one byte ``n``
+(a msgpack positive fixint; no payload starts with one, payloads being arrays or
+maps); a row without it is version 0, so a variable that never changed has no
+prefix and no per-row check. An older row is decoded with its own version's
+codec, then each value mapped by field name into the current schema
+(:func:`evolver`: a field the old schema lacks is None, a dropped one is
+ignored, ints widen to floats, strings to binary). :func:`check_evolution`
+refuses what Spark's Avro state encoding refuses.
 """
 
 from __future__ import annotations
@@ -532,10 +545,13 @@ def evolver(
     old: Any,
     new: Any,
     make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
+    nested: bool = False,
 ) -> Convert | None:
     """The converter of a value of type ``old`` (as decoded) to type ``new``, of a
     pair :func:`check_evolution` accepts: struct fields mapped by name (a field
-    the old type lacks is None), numbers widened; None when values stay as they are."""
+    the old type lacks is None), numbers widened; None when values stay as they are.
+    A top-level struct becomes a tuple (a state value); a ``nested`` one is built
+    by ``make_struct``, as its codec builds it on reading."""
     if old == new or old is None or new is None:
         return None
     if isinstance(new, str):
@@ -546,26 +562,25 @@ def evolver(
         return None  # an int widened to a longer int
     kind = new.get("type")
     if kind == "array":
-        inner = evolver(old.get("elementType"), new.get("elementType"), make_struct)
+        inner = evolver(old.get("elementType"), new.get("elementType"), make_struct, True)
         return None if inner is None else (lambda v: None if v is None else [inner(x) for x in v])
     if kind == "map":
-        k = evolver(old.get("keyType"), new.get("keyType"), make_struct) or _same
-        x = evolver(old.get("valueType"), new.get("valueType"), make_struct) or _same
+        k = evolver(old.get("keyType"), new.get("keyType"), make_struct, True) or _same
+        x = evolver(old.get("valueType"), new.get("valueType"), make_struct, True) or _same
         return lambda v: None if v is None else {k(a): x(b) for a, b in v.items()}
     positions = {f["name"]: (i, f["type"]) for i, f in enumerate(old["fields"])}
     plan: list[tuple[int | None, Convert]] = []
     for f in new["fields"]:
         i, t = positions.get(f["name"], (None, None))
-        plan.append((i, (i is not None and evolver(t, f["type"], make_struct)) or _same))
-    make = make_struct([f["name"] for f in new["fields"]]) if make_struct else None
+        plan.append((i, (i is not None and evolver(t, f["type"], make_struct, True)) or _same))
+    make = make_struct([f["name"] for f in new["fields"]]) if make_struct and nested else None
 
-    def convert(v: Any, top: bool = False) -> Any:
+    def convert(v: Any) -> Any:
         if v is None:
             return None
         out = tuple(None if i is None else c(v[i]) for i, c in plan)
-        return out if top or make is None else make(out)
+        return out if make is None else make(out)
 
-    convert.top = lambda v: convert(v, True)  # type: ignore[attr-defined]
     return convert
 
 
@@ -586,14 +601,13 @@ def _versioned(
         if convert is None:
             loaders.append(loads)
             continue
-        top = getattr(convert, "top", convert)
         if kind == "value":
-            loaders.append(lambda raw, ld=loads, c=top: (lambda p: (c(p[0]), p[1]))(ld(raw)))
+            loaders.append(lambda raw, ld=loads, c=convert: (lambda p: (c(p[0]), p[1]))(ld(raw)))
         elif kind == "list":
-            loaders.append(lambda raw, ld=loads, c=top: [(c(v), e) for v, e in ld(raw)])
+            loaders.append(lambda raw, ld=loads, c=convert: [(c(v), e) for v, e in ld(raw)])
         else:
             loaders.append(
-                lambda raw, ld=loads, c=top: {k: (c(v), e) for k, (v, e) in ld(raw).items()}
+                lambda raw, ld=loads, c=convert: {k: (c(v), e) for k, (v, e) in ld(raw).items()}
             )
 
     def load(raw: bytes) -> Any:

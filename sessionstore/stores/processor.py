@@ -25,8 +25,9 @@ variable (:mod:`sessionstore.encoding.state_values` gives the format). Each
 variable's declaration is recorded in the ``meta`` family, in the same batch as
 the state it describes, under ``aux:<store>:state:<variable>``: msgpack
 ``{"format": 1, "kind": "value"|"list"|"map", "value_schema": <Spark JSON struct
-or nil>, "key_schema": <same, map state only>}``, so a reader (or a later schema
-change) decodes the rows without the processor. A store recorded with the
+or nil>, "key_schema": <same, map state only>, "history": [<earlier value schemas,
+version 0 first>] (only after a change)}``, so a reader (or a later schema change)
+decodes the rows without the processor, whichever version wrote them. A store recorded with the
 ``pickle`` value serde (written by releases before this format) keeps pickled
 payloads: only the job that wrote it opens it so (it trusts its own checkpoint);
 readers refuse it unless told to trust it (docs/security.md).

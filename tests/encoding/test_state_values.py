@@ -220,16 +220,32 @@ def test_an_old_row_is_read_by_field_name_into_the_new_schema():
 def test_widening_converts_and_nested_structs_and_arrays_follow():
     inner_old = struct(_field("n", "integer"), _field("gone", "string"))
     inner_new = struct(_field("extra", "string"), _field("n", "double"))
-    old = struct(_field("f", "float"), _field("s", inner_old),
-                 _field("xs", {"type": "array", "elementType": inner_old, "containsNull": True}))
-    new = struct(_field("f", "double"), _field("s", inner_new),
-                 _field("xs", {"type": "array", "elementType": inner_new, "containsNull": True}))
-    # fmt: skip
+    old = struct(
+        _field("f", "float"),
+        _field("s", inner_old),
+        _field("xs", {"type": "array", "elementType": inner_old, "containsNull": True}),
+    )
+    new = struct(
+        _field("f", "double"),
+        _field("s", inner_new),
+        _field("xs", {"type": "array", "elementType": inner_new, "containsNull": True}),
+    )
     check_evolution("v", old, new)
     old_dumps, (_, loads) = _versions("value", old, new)
     value, _ = loads(old_dumps(((1.5, (3, "g"), [(4, "h"), None]), None)))
     assert value == (1.5, (None, 3.0), [(None, 4.0), None])
     assert type(value[1][1]) is float
+    # nested structs are built by the engine's maker (PySpark's Row), the value a tuple
+    from collections import namedtuple
+
+    def make(names):
+        return namedtuple("R", names)._make
+
+    history = [(value_codec(old, make), evolver(old, new, make))]
+    loads = payload_codec("value", value_codec(new, make), None, history)[1]
+    value, _ = loads(old_dumps(((1.5, (3, "g"), [(4, "h"), None]), None)))
+    assert type(value) is tuple and value[1]._fields == ("extra", "n")
+    assert value[1] == (None, 3.0) and value[2][0]._fields == ("extra", "n")
 
 
 @pytest.mark.parametrize(
@@ -276,7 +292,7 @@ def _evolution(draw):
     new_types = {}
     for n in kept:
         t = old_types[n]
-        wider = _NUMERIC[_NUMERIC.index(t):] if t in _NUMERIC else ["string", "binary"]
+        wider = _NUMERIC[_NUMERIC.index(t) :] if t in _NUMERIC else ["string", "binary"]
         new_types[n] = draw(st.sampled_from(wider))
     added = [n for n in _NAMES if n not in names]
     for n in draw(st.lists(st.sampled_from(added), unique=True)) if added else ():
