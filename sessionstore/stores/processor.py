@@ -27,10 +27,11 @@ the state it describes, under ``aux:<store>:state:<variable>``: msgpack
 ``{"format": 1, "kind": "value"|"list"|"map", "value_schema": <Spark JSON struct
 or nil>, "key_schema": <same, map state only>, "history": [<earlier value schemas,
 version 0 first>] (only after a change)}``, so a reader (or a later schema change)
-decodes the rows without the processor, whichever version wrote them. A store recorded with the
-``pickle`` value serde (written by releases before this format) keeps pickled
-payloads: only the job that wrote it opens it so (it trusts its own checkpoint);
-readers refuse it unless told to trust it (docs/security.md).
+decodes the rows without the processor, whichever version wrote them (schema
+evolution: docs/internals.md). A store recorded with the ``pickle`` value serde
+(written by releases before this format) keeps pickled payloads: only the job
+that wrote it opens it so (it trusts its own checkpoint); readers refuse it unless
+told to trust it (docs/security.md).
 """
 
 from __future__ import annotations

@@ -194,3 +194,36 @@ def test_a_refused_schema_change_fails_before_any_state_changes_and_loses_nothin
     assert "'profile', field 'c' was long and cannot be read as integer" in str(e.value)
     out, _, record = _run(tmp_path, 1, V1, {"a": [(None,)]}, "l2")
     assert out == [("a", (1, "x", 5))] and "history" not in record
+
+
+def test_kind_and_map_key_schema_changes_are_refused_and_a_deleted_variable_starts_afresh(
+    tmp_path,
+):
+    import pytest
+
+    from sessionstore.errors import StatefulProcessorError
+
+    p = StateStoreProvider(f"file://{tmp_path}/ck", "op", 0,
+                           [StoreSpec("processor", "processor", 0)], str(tmp_path / "l"))  # fmt: skip
+    handle = p.get_store(0)
+    store = handle["processor"]
+    store.declare("v", "value", V0)
+    store.declare("m", "map", V0, V0)
+    with pytest.raises(StatefulProcessorError, match="STATE_STORE_INVALID_VARIABLE_TYPE_CHANGE"):
+        store.declare("v", "list", V0)
+    with pytest.raises(StatefulProcessorError, match="STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"):
+        store.declare("m", "map", V0, V1)
+    store.delete_variable(encode_key("v"))
+    store.declare("v", "list", V2)  # deleteIfExists, then a new variable of the name
+    assert store.declarations["v"]["kind"] == "list" and "history" not in store.declarations["v"]
+    # Spark's default threshold: 16 schemas of one variable
+    schemas = [_struct(*((f"f{j}", "long") for j in range(i + 1))) for i in range(17)]
+    store.declare("w", "value", schemas[0])
+    for s in schemas[1:16]:
+        store.declare("w", "value", s)
+    assert len(store.declarations["w"]["history"]) == 15
+    with pytest.raises(StatefulProcessorError,
+                       match="STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD_EXCEEDED"):  # fmt: skip
+        store.declare("w", "value", schemas[16])
+    handle.abort()
+    p.close()
