@@ -47,6 +47,19 @@ Worked example: ``ValueState("last", "ts timestamp, amount decimal(10,2)")`` hol
 ``(datetime(2024, 1, 1), Decimal("12.30"))`` (in a UTC session) with no TTL is
 stored as ``92 92 cf 00 06 0d d7 10 21 20 00 a5 31 32 2e 33 30 c0``: a 2-array of
 the value (a 2-array of the uint 1704067200000000 and the str ``"12.30"``) and nil.
+
+Schema evolution
+----------------
+A variable whose value schema changed between runs keeps its earlier schemas
+(version 0, 1, ...; the current one is the next). Rows are rewritten lazily: a
+row written under version ``n >= 1`` is the payload above after one byte ``n``
+(a msgpack positive fixint; no payload starts with one, payloads being arrays or
+maps); a row without it is version 0, so a variable that never changed has no
+prefix and no per-row check. An older row is decoded with its own version's
+codec, then each value mapped by field name into the current schema
+(:func:`evolver`: a field the old schema lacks is None, a dropped one is
+ignored, ints widen to floats, strings to binary). :func:`check_evolution`
+refuses what Spark's Avro state encoding refuses.
 """
 
 from __future__ import annotations
@@ -62,8 +75,13 @@ from typing import Any
 
 import msgpack
 
+from sessionstore.errors import StatefulProcessorError
+
 __all__ = [
     "ValueCodec",
+    "check_evolution",
+    "evolver",
+    "MAX_SCHEMA_VERSIONS",
     "value_codec",
     "payload_codec",
     "generic_packb",
@@ -361,15 +379,27 @@ _unpackb: Callable[[bytes], Any] = partial(
 
 
 def payload_codec(
-    kind: str, value: ValueCodec | None, key: ValueCodec | None = None
+    kind: str,
+    value: ValueCodec | None,
+    key: ValueCodec | None = None,
+    history: list[tuple[ValueCodec | None, Convert | None]] | tuple = (),
 ) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
     """``(dumps, loads)`` of one variable's payload (the module doc's shapes):
     ``kind`` is ``value``, ``list``, ``map`` or ``timers``; ``value`` and ``key``
     the codecs of its values and (for a map) user keys, None for the generic form.
 
+    ``history`` holds, for each earlier value schema of the variable (version 0,
+    1, ...), the codec its rows were written with and the converter of its values
+    into the current schema (:func:`evolver`; None: the same values). With a
+    history, the current version is ``len(history)``: rows are written with it as
+    a one-byte prefix and read by the version they carry (a row without a prefix
+    is version 0; see "Schema evolution" in the module doc).
+
     Payloads in memory are what :mod:`sessionstore.operators.processors.state`
     works on: ``(value, expiry)``, a list of those, a dict of user key to those,
     a list of times."""
+    if history and kind != "timers":
+        return _versioned(kind, value, key, history)
     if kind == "timers":
         return _packb, lambda raw: list(_unpackb(raw))
     generic = value is None or (kind == "map" and key is None)
@@ -400,3 +430,197 @@ def payload_codec(
             lambda raw: {kdec(k): (dec(v), e) for k, (v, e) in unpackb(raw).items()},
         )
     raise ValueError(f"unknown state variable kind {kind!r}")
+
+
+# ------------------------------------------------------------ schema evolution
+#: Most value schemas one variable may have had (Spark's default
+#: ``spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold``); a
+#: version fits the one-byte prefix of a row (a msgpack positive fixint, which no
+#: payload starts with: payloads are arrays or maps).
+MAX_SCHEMA_VERSIONS = 16
+
+#: Spark type -> the types its values may be read as (Avro's promotions, without
+#: the narrowing Avro allows between Spark's byte, short and int, which all are
+#: Avro ints: a stored 300 read as a byte would overflow).
+_WIDENS: dict[str, frozenset[str]] = {
+    "byte": frozenset({"short", "integer", "long", "float", "double"}),
+    "short": frozenset({"integer", "long", "float", "double"}),
+    "integer": frozenset({"long", "float", "double"}),
+    "long": frozenset({"float", "double"}),
+    "float": frozenset({"double"}),
+    "string": frozenset({"binary"}),
+}
+_FLOATS = frozenset({"float", "double"})
+
+
+def _type_text(dtype: Any) -> str:
+    if isinstance(dtype, str):
+        return dtype
+    kind = dtype.get("type") if isinstance(dtype, dict) else None
+    if kind == "struct":
+        inner = ", ".join(f"{f['name']} {_type_text(f['type'])}" for f in dtype["fields"])
+        return f"struct<{inner}>"
+    if kind == "array":
+        return f"array<{_type_text(dtype.get('elementType'))}>"
+    if kind == "map":
+        return f"map<{_type_text(dtype.get('keyType'))}, {_type_text(dtype.get('valueType'))}>"
+    return repr(dtype)
+
+
+def _not_nullable(schema: dict[str, Any], path: str = "") -> str | None:
+    """The first field (dotted path) of a struct schema that is not nullable."""
+    for f in schema.get("fields", ()):
+        name = f"{path}{f['name']}"
+        if not f.get("nullable", True):
+            return name
+        t = f["type"]
+        if isinstance(t, dict) and t.get("type") == "struct":
+            found = _not_nullable(t, name + ".")
+            if found:
+                return found
+    return None
+
+
+def _incompatible(old: Any, new: Any, path: str) -> tuple[str, Any, Any] | None:
+    """``(field, old type, new type)`` of the first field whose stored values
+    cannot be read as the new type, or None."""
+    if old == new:
+        return None
+    if isinstance(old, str) and isinstance(new, str):
+        return None if new in _WIDENS.get(old, ()) else (path, old, new)
+    okind = old.get("type") if isinstance(old, dict) else None
+    nkind = new.get("type") if isinstance(new, dict) else None
+    if okind != nkind or okind not in ("struct", "array", "map"):
+        return (path, old, new)
+    if okind == "array":
+        return _incompatible(old.get("elementType"), new.get("elementType"), path + "[]")
+    if okind == "map":
+        return _incompatible(old.get("keyType"), new.get("keyType"), path + "{key}") or (
+            _incompatible(old.get("valueType"), new.get("valueType"), path + "{value}")
+        )
+    olds = {f["name"]: f["type"] for f in old["fields"]}
+    for f in new["fields"]:
+        if f["name"] in olds:
+            bad = _incompatible(olds[f["name"]], f["type"], f"{path}{f['name']}")
+            if bad:
+                return bad
+    return None
+
+
+def check_evolution(variable: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+    """Refuse, as Spark's Avro state encoding does, a value schema ``new`` that
+    the rows of ``old`` (both Spark's JSON form of a struct) cannot be read as:
+    a changed schema must have only nullable fields
+    (``TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE``), and a field kept by name
+    may only widen (``STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION``). Fields may
+    be added, removed and reordered. A variable without a parsed schema on either
+    side is not checked (its values are not read by field)."""
+    if old is None or new is None or old == new:
+        return
+    field = _not_nullable(new)
+    if field is not None:
+        raise StatefulProcessorError(
+            "TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE",
+            f"If Avro encoding is enabled, all the fields in the schema for column family "
+            f"{variable} must be nullable when using the TransformWithState operator. "
+            f"Please make the schema nullable. Current schema: {_type_text(new)} "
+            f"(field {field!r} is not nullable; sessionstore asks it of a changed schema, "
+            f"whose rows written before may lack the field).",
+        )
+    bad = _incompatible(old, new, "")
+    if bad is not None:
+        path, was, now = bad
+        raise StatefulProcessorError(
+            "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION",
+            f"Schema evolution is not possible new value_schema={_type_text(new)} and old "
+            f"value_schema={_type_text(old)}: state variable {variable!r}, field {path!r} "
+            f"was {_type_text(was)} and cannot be read as {_type_text(now)} (a field may "
+            f"only widen: byte, short, int, long, float, double in that order, or string "
+            f"to binary). Please check https://avro.apache.org/docs/1.11.1/specification/"
+            f"_print/#schema-resolution for valid schema evolution.",
+        )
+
+
+def evolver(
+    old: Any,
+    new: Any,
+    make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
+    nested: bool = False,
+) -> Convert | None:
+    """The converter of a value of type ``old`` (as decoded) to type ``new``, of a
+    pair :func:`check_evolution` accepts: struct fields mapped by name (a field
+    the old type lacks is None), numbers widened; None when values stay as they are.
+    A top-level struct becomes a tuple (a state value); a ``nested`` one is built
+    by ``make_struct``, as its codec builds it on reading."""
+    if old == new or old is None or new is None:
+        return None
+    if isinstance(new, str):
+        if new in _FLOATS and old not in _FLOATS:
+            return lambda v: None if v is None else float(v)
+        if new == "binary" and old == "string":
+            return lambda v: None if v is None else v.encode()
+        return None  # an int widened to a longer int
+    kind = new.get("type")
+    if kind == "array":
+        inner = evolver(old.get("elementType"), new.get("elementType"), make_struct, True)
+        return None if inner is None else (lambda v: None if v is None else [inner(x) for x in v])
+    if kind == "map":
+        k = evolver(old.get("keyType"), new.get("keyType"), make_struct, True) or _same
+        x = evolver(old.get("valueType"), new.get("valueType"), make_struct, True) or _same
+        return lambda v: None if v is None else {k(a): x(b) for a, b in v.items()}
+    positions = {f["name"]: (i, f["type"]) for i, f in enumerate(old["fields"])}
+    plan: list[tuple[int | None, Convert]] = []
+    for f in new["fields"]:
+        i, t = positions.get(f["name"], (None, None))
+        plan.append((i, (i is not None and evolver(t, f["type"], make_struct, True)) or _same))
+    make = make_struct([f["name"] for f in new["fields"]]) if make_struct and nested else None
+
+    def convert(v: Any) -> Any:
+        if v is None:
+            return None
+        out = tuple(None if i is None else c(v[i]) for i, c in plan)
+        return out if make is None else make(out)
+
+    return convert
+
+
+def _versioned(
+    kind: str,
+    value: ValueCodec | None,
+    key: ValueCodec | None,
+    history: list[tuple[ValueCodec | None, Convert | None]] | tuple,
+) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    # rows of the current version carry its number as a one-byte prefix; older
+    # rows are decoded by their own codec, then each value converted
+    version = len(history)
+    prefix = bytes([version])
+    dumps, current = payload_codec(kind, value, key)
+    loaders: list[Callable[[bytes], Any]] = []
+    for codec, convert in history:
+        loads = payload_codec(kind, codec, key)[1]
+        if convert is None:
+            loaders.append(loads)
+            continue
+        if kind == "value":
+            loaders.append(lambda raw, ld=loads, c=convert: (lambda p: (c(p[0]), p[1]))(ld(raw)))
+        elif kind == "list":
+            loaders.append(lambda raw, ld=loads, c=convert: [(c(v), e) for v, e in ld(raw)])
+        else:
+            loaders.append(
+                lambda raw, ld=loads, c=convert: {k: (c(v), e) for k, (v, e) in ld(raw).items()}
+            )
+
+    def load(raw: bytes) -> Any:
+        first = raw[0]
+        if first == version:
+            return current(raw[1:])
+        if first < version:  # a prefixed row of an earlier version
+            return loaders[first](raw[1:])
+        if first < 0x80:
+            raise ValueError(
+                f"a state row of schema version {first}, but the variable has had "
+                f"{version + 1} schemas: written by a newer job or corrupt"
+            )
+        return loaders[0](raw)  # written before the first change: no prefix
+
+    return lambda payload: prefix + dumps(payload), load

@@ -25,11 +25,13 @@ variable (:mod:`sessionstore.encoding.state_values` gives the format). Each
 variable's declaration is recorded in the ``meta`` family, in the same batch as
 the state it describes, under ``aux:<store>:state:<variable>``: msgpack
 ``{"format": 1, "kind": "value"|"list"|"map", "value_schema": <Spark JSON struct
-or nil>, "key_schema": <same, map state only>}``, so a reader (or a later schema
-change) decodes the rows without the processor. A store recorded with the
-``pickle`` value serde (written by releases before this format) keeps pickled
-payloads: only the job that wrote it opens it so (it trusts its own checkpoint);
-readers refuse it unless told to trust it (docs/security.md).
+or nil>, "key_schema": <same, map state only>, "history": [<earlier value schemas,
+version 0 first>] (only after a change)}``, so a reader (or a later schema change)
+decodes the rows without the processor, whichever version wrote them (schema
+evolution: docs/internals.md). A store recorded with the ``pickle`` value serde
+(written by releases before this format) keeps pickled payloads: only the job
+that wrote it opens it so (it trusts its own checkpoint); readers refuse it unless
+told to trust it (docs/security.md).
 """
 
 from __future__ import annotations
@@ -42,8 +44,15 @@ import msgpack
 
 from sessionstore.encoding.keys import decode_key, encode_key, encoded_length
 from sessionstore.encoding.serde import MsgpackSerde, PickleSerde
-from sessionstore.encoding.state_values import payload_codec, value_codec
+from sessionstore.encoding.state_values import (
+    MAX_SCHEMA_VERSIONS,
+    check_evolution,
+    evolver,
+    payload_codec,
+    value_codec,
+)
 from sessionstore.engine.db import META_CF
+from sessionstore.errors import StatefulProcessorError
 from sessionstore.stores.base import UntimedStore, aux_key
 
 __all__ = [
@@ -67,6 +76,24 @@ def encode_time(ts: int) -> bytes:
 def decode_time(raw: bytes) -> int:
     """Inverse of :func:`encode_time` for the first 8 bytes of ``raw``."""
     return _TIME.unpack_from(raw)[0] - _SIGN
+
+
+def _payloads(
+    record: dict[str, Any], make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None
+) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """``(dumps, loads)`` of a variable's payloads from its recorded declaration,
+    rows of earlier value schemas (``history``) converted to the current one."""
+    schema = record.get("value_schema")
+    history = [
+        (value_codec(old, make_struct), evolver(old, schema, make_struct))
+        for old in record.get("history", ())
+    ]
+    return payload_codec(
+        record.get("kind", "value"),
+        value_codec(schema, make_struct),
+        value_codec(record.get("key_schema"), make_struct),
+        history,
+    )
 
 
 def readable(payload: Any) -> Any:
@@ -126,17 +153,64 @@ class ProcessorStore(UntimedStore):
         """Declare a state variable of kind ``value``, ``list`` or ``map`` with its
         schemas in Spark's JSON form (None: the generic form): its payloads are
         encoded from them, and the declaration is recorded in the current batch if
-        it is new or changed. ``make_struct(names)`` builds nested structs on reading."""
+        it is new or changed. ``make_struct(names)`` builds nested structs on reading.
+
+        A value schema other than the recorded one evolves the variable (one
+        comparison per declaration, so per variable and batch): what Spark's Avro
+        state encoding refuses raises :class:`StatefulProcessorError` with Spark's
+        condition, naming the variable and field; else the old schema joins the
+        record's ``history`` and the old rows are read through it (the module doc)."""
+        old = self.declarations.get(variable)
+        history = list(old.get("history", ())) if old else []
+        if old is not None:
+            self._check_change(variable, old, kind, value_schema, key_schema)
+            if old.get("value_schema") != value_schema:
+                history.append(old.get("value_schema"))
         record = {
             "format": STATE_FORMAT, "kind": kind,
             "value_schema": value_schema, "key_schema": key_schema,
         }  # fmt: skip
-        if self.declarations.get(variable) != record:
+        if history:
+            record["history"] = history
+        if old != record:
             self._db.put_meta(aux_key(self.name, _DECLARED + variable), msgpack.packb(record))
             self.declarations[variable] = record
-        self._codecs[encode_key(variable)] = payload_codec(
-            kind, value_codec(value_schema, make_struct), value_codec(key_schema, make_struct)
-        )
+        self._codecs[encode_key(variable)] = _payloads(record, make_struct)
+
+    @staticmethod
+    def _check_change(
+        variable: str,
+        old: dict[str, Any],
+        kind: str,
+        value_schema: dict[str, Any] | None,
+        key_schema: dict[str, Any] | None,
+    ) -> None:
+        # what a restart may not change, with Spark's conditions
+        if old.get("kind") != kind:
+            raise StatefulProcessorError(
+                "STATE_STORE_INVALID_VARIABLE_TYPE_CHANGE",
+                f"Cannot change {variable} to {kind} state between query restarts. Please "
+                f"set {variable} to {old.get('kind')} state, or restart with a new "
+                "checkpoint directory.",
+            )
+        if old.get("key_schema") != key_schema:
+            raise StatefulProcessorError(
+                "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+                f"Provided key schema does not match existing state key schema of map state "
+                f"{variable!r}. Existing key_schema={old.get('key_schema')} and new "
+                f"key_schema={key_schema} (stored user keys are not converted).",
+            )
+        if old.get("value_schema") == value_schema:
+            return
+        check_evolution(variable, old.get("value_schema"), value_schema)
+        versions = len(old.get("history", ())) + 2
+        if versions > MAX_SCHEMA_VERSIONS:
+            raise StatefulProcessorError(
+                "STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD_EXCEEDED",
+                f"The number of state schema evolutions {versions - 1} exceeds the maximum "
+                f"number of state schema evolutions, {MAX_SCHEMA_VERSIONS - 1}, allowed for "
+                f"this column family. Offending column family: {variable}",
+            )
 
     def _codec(self, variable: bytes) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
         """The codec of an encoded variable: declared in this process, else as
@@ -144,11 +218,7 @@ class ProcessorStore(UntimedStore):
         codec = self._codecs.get(variable)
         if codec is None:
             record = self.declarations.get(decode_key(variable)) or {}
-            codec = self._codecs[variable] = payload_codec(
-                record.get("kind", "value"),
-                value_codec(record.get("value_schema")),
-                value_codec(record.get("key_schema")),
-            )
+            codec = self._codecs[variable] = _payloads(record, None)
         return codec
 
     @property
@@ -196,7 +266,13 @@ class ProcessorStore(UntimedStore):
     def delete_variable(self, variable: bytes) -> int:
         """Delete ``variable`` of every key (``deleteIfExists``); returns rows removed.
 
-        A full scan, but only when the processor asks for it (once, in ``init``)."""
+        A full scan, but only when the processor asks for it (once, in ``init``).
+        Its recorded declaration goes too: a later declaration of the name starts
+        afresh, of any kind and schema."""
+        name = decode_key(variable)
+        if self.declarations.pop(name, None) is not None:
+            self._db.put_meta(aux_key(self.name, _DECLARED + name), None)
+            self._codecs.pop(variable, None)
         removed = 0
         for raw, _ in self._db.scan_list(self._cf):
             if raw.endswith(variable) and encoded_length(raw) == len(raw) - len(variable):

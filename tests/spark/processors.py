@@ -407,6 +407,16 @@ class RowProfileEvolved(RowProfile):
     value_schema = "c long, b string, a long"
 
 
+class PandasProfile(_Profile, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        items = [item for pdf in rows for item in pdf["item"]]
+        yield pd.DataFrame([self._seen(key, items[-1])], columns=list(_PARITY_NAMES))
+
+
+class PandasProfileEvolved(PandasProfile):
+    value_schema = RowProfileEvolved.value_schema
+
+
 class RowProfileLong(RowProfile):
     value_schema = "a long, b string"
 

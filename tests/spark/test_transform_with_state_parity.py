@@ -299,26 +299,31 @@ def _restarted(spark, tmp_path, tag, first, second, make):
     return before, after
 
 
-def _versions(spark, tmp_path, first, second):
+def _versions(spark, tmp_path, first, second, api="rows"):
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     theirs = _restarted(spark, tmp_path, "spark", first, second,
-                        lambda df, p: _sparks(df, "rows", p, P.PARITY_SCHEMA))  # fmt: skip
+                        lambda df, p: _sparks(df, api, p, P.PARITY_SCHEMA))  # fmt: skip
     try:
         ours = _restarted(spark, tmp_path, "ours", first, second,
-                          lambda df, p: _ours(df, "rows", p, P.PARITY_SCHEMA, backend))  # fmt: skip
+                          lambda df, p: _ours(df, api, p, P.PARITY_SCHEMA, backend))  # fmt: skip
     except Exception as e:
         raise NeedsSchemaRecordedEncoding(f"ours failed: {e}") from e
     return theirs, ours
 
 
-@pytest.mark.xfail(
-    reason="needs schema-recorded encoding", raises=NeedsSchemaRecordedEncoding, strict=True
-)
-def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(spark, tmp_path, conf):
+@pytest.mark.parametrize("api", ["rows", "pandas"])
+def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(
+    spark, tmp_path, conf, api
+):
     """Spark's Avro state encoding resolves an old value by field name: a new
     nullable field reads as None, fields may move, int widens to long."""
     conf(ENCODING, "avro")
-    theirs, ours = _versions(spark, tmp_path, P.RowProfile(), P.RowProfileEvolved())
+    first, second = (
+        (P.RowProfile(), P.RowProfileEvolved())
+        if api == "rows"
+        else (P.PandasProfile(), P.PandasProfileEvolved())
+    )
+    theirs, ours = _versions(spark, tmp_path, first, second, api)
     assert theirs == (
         [[("a", "None", 2)]],
         [[("a", "(None, 'x', 1)", 3)]],
@@ -327,9 +332,6 @@ def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(spa
         raise NeedsSchemaRecordedEncoding(f"ours {ours} != Spark's {theirs}")
 
 
-@pytest.mark.xfail(
-    reason="needs schema-recorded encoding", raises=NeedsSchemaRecordedEncoding, strict=True
-)
 @pytest.mark.parametrize(
     "first, second, condition",
     [

@@ -107,3 +107,123 @@ def test_a_store_written_with_pickle_still_loads_pickled_in_the_job_that_wrote_i
     raw = dict(db.scan_list(store.kv_cf))[encode_key("a") + encode_key("last")]
     assert raw[:1] == b"\x80"  # still a pickle: the job's own checkpoint, its own format
     p.close()
+
+
+# ------------------------------------------------------------ schema evolution
+def _struct(*fields):
+    return {"type": "struct", "fields": [
+        {"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in fields
+    ]}  # fmt: skip
+
+
+V0 = _struct(("a", "integer"), ("b", "string"))
+V1 = _struct(("c", "long"), ("b", "string"), ("a", "long"))
+V2 = _struct(("b", "string"), ("a", "double"))
+
+
+class Profile:
+    """A value state of ``schema``: emits what each key held; a row ``(value,)``
+    stores ``value`` (None: only reads)."""
+
+    def __init__(self, schema):
+        self.schema = schema
+
+    def init(self, handle):
+        self.state = handle.getValueState("profile", self.schema)
+
+    def handleInputRows(self, key, rows, timerValues):
+        held = self.state.get()
+        for (value,) in rows:
+            if value is not None:
+                self.state.update(value)
+        yield key[0], held
+
+    def close(self):
+        pass
+
+
+def _run(tmp_path, version, schema, rows, local):
+    """One batch on a restarted job (its own local dir) with ``schema``."""
+    p = StateStoreProvider(f"file://{tmp_path}/ck", "op", 0,
+                           [StoreSpec("processor", "processor", 0)], str(tmp_path / local))  # fmt: skip
+    try:
+        handle = p.get_store(version)
+        store = handle["processor"]
+        runner = ProcessorRunner(Profile(schema), ProcessorHandle(store, "None"), "None")
+        groups = [((k,), None, lambda r=r: iter(r)) for k, r in sorted(rows.items())]
+        out = runner.run_batch(groups, BatchTimes(-1, -1)).outputs
+        assert handle.commit() == version + 1
+        raw = {k[: -len(encode_key("profile"))]: v for k, v in handle.db.scan_list(store.kv_cf)}
+        return out, raw, store.declarations["profile"]
+    finally:
+        p.close()
+
+
+def test_rows_of_three_schema_versions_coexist_across_restarts_and_read_as_the_newest(tmp_path):
+    """Rows are rewritten lazily: a restart with a new schema rewrites only the keys
+    it writes; the others keep their old bytes and read through their recorded
+    schema, whichever version wrote them."""
+    _run(tmp_path, 0, V0, {k: [((1, k),)] for k in "abc"}, "l0")
+    out, raw, record = _run(tmp_path, 1, V1, {"a": [(None,)], "b": [((9, "B", 2),)]}, "l1")
+    assert out == [("a", (None, "a", 1)), ("b", (None, "b", 1))]
+    assert record["value_schema"] == V1 and record["history"] == [V0]
+    assert raw[encode_key("a")][:1] == b"\x92" and raw[encode_key("b")][:1] == b"\x01"
+    out, raw, record = _run(tmp_path, 2, V2, {k: [(None,)] for k in "abc"} | {"c": [(("C", 3.5),)]},
+                            "l2")  # fmt: skip
+    assert out == [("a", ("a", 1.0)), ("b", ("B", 2.0)), ("c", ("c", 1.0))]
+    assert record["history"] == [V0, V1]
+    assert [raw[encode_key(k)][:1] for k in "abc"] == [b"\x92", b"\x01", b"\x02"]
+    # a reader in another process decodes every version by the recorded schemas
+    p = StateStoreProvider(f"file://{tmp_path}/ck", "op", 0,
+                           [StoreSpec("processor", "processor", 0)], str(tmp_path / "r"))  # fmt: skip
+    rows = {r["key"]: r["value"]["value"] for r in p.get_store(3)["processor"].read_rows()}
+    assert rows == {"a": ["a", 1.0], "b": ["B", 2.0], "c": ["C", 3.5]}
+    p.close()
+
+
+def test_a_refused_schema_change_fails_before_any_state_changes_and_loses_nothing(tmp_path):
+    import pytest
+
+    from sessionstore.errors import StatefulProcessorError
+
+    _run(tmp_path, 0, V1, {"a": [((1, "x", 5),)]}, "l0")
+    narrowed = _struct(("c", "integer"), ("b", "string"))
+    with pytest.raises(StatefulProcessorError, match="STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION"
+                       ) as e:  # fmt: skip
+        _run(tmp_path, 1, narrowed, {"a": [(None,)]}, "l1")
+    assert "'profile', field 'c' was long and cannot be read as integer" in str(e.value)
+    out, _, record = _run(tmp_path, 1, V1, {"a": [(None,)]}, "l2")
+    assert out == [("a", (1, "x", 5))] and "history" not in record
+
+
+def test_kind_and_map_key_schema_changes_are_refused_and_a_deleted_variable_starts_afresh(
+    tmp_path,
+):
+    import pytest
+
+    from sessionstore.errors import StatefulProcessorError
+
+    p = StateStoreProvider(f"file://{tmp_path}/ck", "op", 0,
+                           [StoreSpec("processor", "processor", 0)], str(tmp_path / "l"))  # fmt: skip
+    handle = p.get_store(0)
+    store = handle["processor"]
+    store.declare("v", "value", V0)
+    store.declare("m", "map", V0, V0)
+    with pytest.raises(StatefulProcessorError, match="STATE_STORE_INVALID_VARIABLE_TYPE_CHANGE"):
+        store.declare("v", "list", V0)
+    with pytest.raises(StatefulProcessorError, match="STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"):
+        store.declare("m", "map", V0, V1)
+    store.delete_variable(encode_key("v"))
+    store.declare("v", "list", V2)  # deleteIfExists, then a new variable of the name
+    assert store.declarations["v"]["kind"] == "list" and "history" not in store.declarations["v"]
+    # Spark's default threshold: 16 schemas of one variable
+    schemas = [_struct(*((f"f{j}", "long") for j in range(i + 1))) for i in range(17)]
+    store.declare("w", "value", schemas[0])
+    for s in schemas[1:16]:
+        store.declare("w", "value", s)
+    assert len(store.declarations["w"]["history"]) == 15
+    with pytest.raises(StatefulProcessorError,
+                       match="STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD_EXCEEDED"):  # fmt: skip
+        store.declare("w", "value", schemas[16])
+    handle.abort()
+    p.close()
