@@ -35,7 +35,9 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-from bench.metrics_cost import best_ms
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.metrics_cost import best_ms  # noqa: E402
 
 
 def median_us(fn: Callable[[], object], repeat: int) -> float:
