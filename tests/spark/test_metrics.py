@@ -126,7 +126,7 @@ def test_exact_metrics_per_batch_in_the_job_and_in_stats(spark, tmp_path, metric
     assert [o["late_dropped"] for o in observed] == [0, 1, 0]
     assert [o["emitted"] for o in observed] == [0, 1, 1]
     # state rows: batch 0 writes a's merged session once (a batch writes its net
-    # change) and b's; batch 1 adds a's second session (a closed session stays until
+    # change) and b's; batch 1 adds another session of a (a closed session stays until
     # its segment expires); batch 2 extends it: the old row goes, the new one comes
     assert [o["rows_total"] for o in observed] == [2, 3, 3]
     assert [o["rows_updated"] for o in observed] == [2, 1, 1]
