@@ -194,6 +194,13 @@ def run_demo(
     return run
 
 
+def _in_source_tree(entry: Path, source_root: Path) -> bool:
+    """Whether a path entry lies in the source tree, outside its virtualenvs."""
+    if not entry.is_relative_to(source_root):
+        return False
+    return not any(part.startswith(".venv") for part in entry.relative_to(source_root).parts)
+
+
 def _server_problems(servers: dict[int, Proc], source_root: Path) -> list[str]:
     """Each state server must run the executor's unpacked interpreter and import
     sessionstore from the executor's own directory, never from ``source_root``."""
@@ -207,7 +214,9 @@ def _server_problems(servers: dict[int, Proc], source_root: Path) -> list[str]:
             problems.append(f"state server {server.pid} runs {python}, not the shipped archive's")
         # relative entries (".") are the server's working directory
         path = [where / p for p in server.env.get("PYTHONPATH", "").split(":") if p]
-        if any(p.is_relative_to(source_root) for p in path):
+        # Spark's own pyspark.zip comes from the PySpark distribution that runs the
+        # cluster, which may sit in a virtualenv inside the tree (.venv*): not ours
+        if any(_in_source_tree(p, source_root) for p in path):
             problems.append(f"state server {server.pid} has the source tree on its path: {path}")
         homes = [p for p in path if (p / "sessionstore" / "__init__.py").exists()]
         if not homes or not homes[0].is_relative_to(where):
