@@ -47,6 +47,7 @@ __all__ = [
     "LOAD_KINDS",
     "STATS_FIELDS",
     "TASK_FIELDS",
+    "HEADER_FIELDS",
     "snapshot_lag",
     "millis",
     "commit_ms",
@@ -68,15 +69,21 @@ STATS_FIELDS = (
 )  # fmt: skip
 
 
+#: The header metrics a commit records (the list above, without ``format`` and
+#: ``previous``): the one list the provider's record, the coordinator's check of
+#: task records and the tests follow.
+HEADER_FIELDS = (
+    "rows_total", "rows_updated", "rows_removed", "late_dropped", "emitted",
+    "load_kind", "load_ms", "uploaded_bytes", "snapshot_lag", "memory_bytes",
+    "storage_retries", "repaired",
+)  # fmt: skip
 #: The fields of a task's metrics record as a Spark task reports it (the header
-#: metrics above without ``previous``, the commit's own timings, and which
-#: partition and batch): a coordinator takes records with these fields only.
-TASK_FIELDS = frozenset({
-    "format", "rows_total", "rows_updated", "rows_removed", "late_dropped", "emitted",
-    "load_kind", "load_ms", "uploaded_bytes", "snapshot_lag", "memory_bytes", "storage_retries",
-    "repaired",
-    "version", "prepare_ms", "upload_ms", "apply_ms", "commit_ms", "partition", "batch",
-})  # fmt: skip
+#: metrics without ``previous``, the commit's own timings, and which partition and
+#: batch): a coordinator takes records with these fields only.
+TASK_FIELDS = frozenset(HEADER_FIELDS) | {
+    "format", "version", "prepare_ms", "upload_ms", "apply_ms", "commit_ms", "partition",
+    "batch",
+}  # fmt: skip
 
 
 def snapshot_lag(version: int, interval: int, pending: Iterable[int]) -> int:

@@ -13,7 +13,9 @@ from sessionstore.checkpoint.changelog import (
 )
 from sessionstore.checkpoint.layout import changelog_name
 from sessionstore.checkpoint.metrics import (
+    HEADER_FIELDS,
     STATS_FIELDS,
+    TASK_FIELDS,
     snapshot_lag,
     summarize_batch,
     task_records,
@@ -58,6 +60,9 @@ def test_counts_load_kinds_and_next_commit_timings(tmp_path):
         assert second["previous"][step] == seen_by_task[step] >= 0
     assert seen_by_task["commit_ms"] >= seen_by_task["upload_ms"]
     assert p.last_metrics["version"] == 2 and p.last_metrics["commit_ms"] > 0
+    # one list of names: what a commit records is what a coordinator accepts
+    assert set(second) - {"format", "previous", "changelog_bytes"} == set(HEADER_FIELDS)
+    assert set(p.last_metrics) - {"previous"} <= TASK_FIELDS
     # the header states the changelog's own size exactly
     size = (tmp_path / "remote/op/0" / changelog_name(1)).stat().st_size
     assert first["uploaded_bytes"] == size
