@@ -123,22 +123,27 @@ def infer_type(values: list[Any]) -> str:
     return _ddl(_widen([_infer(v) for v in values]))
 
 
-def _fields(ddl: str) -> list[tuple[str, str]]:
-    """``[(name, type)]`` of a ``"name type, name type"`` list; commas inside
-    ``<...>`` or ``(...)`` belong to the type. (Spark's own DDL parser needs a
-    SparkContext, which data source workers do not have.)"""
-    parts, depth, current = [], 0, ""
-    for ch in ddl:
+def ddl_parts(text: str) -> list[str]:
+    """``text`` split at the commas outside ``<...>`` and ``(...)`` (the fields of
+    a ``"name type, name type"`` list, or a map's key and value types), stripped.
+    Spark's own DDL parser needs a SparkContext, which data source workers and the
+    offline processor tester do not have."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
         if ch in "<(":
             depth += 1
         elif ch in ">)":
             depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    parts.append(current)
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def _fields(ddl: str) -> list[tuple[str, str]]:
+    """``[(name, type)]`` of a ``"name type, name type"`` list."""
+    parts = ddl_parts(ddl)
     out = []
     for part in parts:
         name_type = part.strip().split(None, 1)

@@ -32,22 +32,11 @@ from sessionstore.operators.processors import (
     normalise_time_mode,
 )
 from spark_integration.backend import StateBackend
+from spark_integration.datasource import ddl_parts
 from spark_integration.output import arrow_schema
 from spark_integration.transform_with_state import STORE, ProcessorTask, parse_schema
 
 __all__ = ["ProcessorTester"]
-
-
-def _split(text: str) -> list[str]:
-    """``text`` split at the commas outside ``<>`` and ``()``."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch in "<(" and 1 or ch in ">)" and -1 or 0
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
 
 
 def _ddl_type(text: str) -> Any:
@@ -70,7 +59,7 @@ def _ddl_type(text: str) -> Any:
     if inner is not None and low.startswith("array<"):
         return T.ArrayType(_ddl_type(inner))
     if inner is not None and low.startswith("map<"):
-        key, value = _split(inner)
+        key, value = ddl_parts(inner)
         return T.MapType(_ddl_type(key), _ddl_type(value))
     if inner is not None and low.startswith("struct<"):
         return _ddl(inner, ":")
@@ -83,7 +72,7 @@ def _ddl(text: str, separator: str = " ") -> Any:
     from pyspark.sql import types as T
 
     fields = []
-    for part in _split(text):
+    for part in filter(None, ddl_parts(text)):
         name, _, kind = part.replace(":", " ", 1).partition(" ") if separator == ":" else (
             part.partition(" ")
         )
