@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from sessionstore.encoding.ints import INT64
-from sessionstore.encoding.keys import TS_MIN, key_range
+from sessionstore.encoding.keys import TS_MIN, check_timestamp, key_range
 from sessionstore.encoding.serde import MsgpackSerde, key_codec, serde_name
 from sessionstore.engine.db import META_CF
 from sessionstore.errors import StoreSpecMismatchError
@@ -205,6 +205,15 @@ class TimedStore:
 
     def _stream_time_changed(self) -> None:
         """Hook: the stream time moved (persist it)."""
+
+    def advance_stream_time(self, ts: int) -> None:
+        """Move observed stream time forward to ``ts`` (never back), expiring what
+        falls out of retention. Operators call it with the query's event time, so
+        retention follows event time even where nothing was put for a while (and
+        every partition of a temporal join judges a batch by the same time)."""
+        ts = check_timestamp("ts", ts)
+        if self._stream_time is None or ts > self._stream_time:
+            self._advance(ts)
 
     def _advance(self, ts: int) -> None:
         """Move stream time forward to ``ts`` (callers check that it is later) and

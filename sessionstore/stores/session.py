@@ -148,14 +148,6 @@ class SessionStoreBase(TimedStore):
             return
         self._write(kb, start, end, vb)
 
-    def advance_stream_time(self, ts: int) -> None:
-        """Move observed stream time forward to ``ts`` (never back), expiring what
-        falls out of retention. Operators call it with the query's event time, so
-        retention follows event time even where no session was put for a while."""
-        ts = check_timestamp("ts", ts)
-        if self._stream_time is None or ts > self._stream_time:
-            self._advance(ts)
-
     def put_many(self, rows: Iterable[tuple[Any, int, int, Any]]) -> None:
         """``put`` each ``(key, start, end, value)`` in order, as one atomic batch."""
         put = self.put

@@ -135,14 +135,6 @@ class VersionedStore(DBStoreMixin, TimedStore):
     def _expire(self, min_live: int) -> None:
         self._segments.expire_below(min_live)
 
-    def advance_stream_time(self, ts: int) -> None:
-        """Move the stream time forward to ``ts`` (never back), expiring history that
-        falls out of retention: the temporal join moves it to the operator's event
-        time, so every partition judges a batch by the same time."""
-        ts = check_timestamp("ts", ts)
-        if self._stream_time is None or ts > self._stream_time:
-            self._advance(ts)
-
     @contextmanager
     def stream_time_held(self) -> Iterator[None]:
         """Writes and reads in the block are judged against the stream time at its
