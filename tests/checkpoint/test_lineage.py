@@ -103,7 +103,17 @@ def arbiters(kind, coordinator, uri, options):
     if kind == "none":
         return None, None
     address = coordinator.register(uri, "op", 1, options)
-    return commit_arbiter(address, "run", 0), commit_arbiter(address, "run", 0)
+    calls: list[int] = []
+
+    def counted(arbiter):
+        def claim(*args):
+            calls.append(args[0])
+            return arbiter(*args)
+
+        claim.calls = calls
+        return claim
+
+    return counted(commit_arbiter(address, "run", 0)), counted(commit_arbiter(address, "run", 0))
 
 
 @pytest.mark.parametrize("arbiter", ["coordinator", "none"])
@@ -123,6 +133,9 @@ def test_the_attempt_that_commits_last_loses(location, tmp_path, coordinator, ar
     loser["sessions"].put("k", 1, 1, "loser")
     assert winner.commit() == 2
     assert loser.commit() == 2  # adopts the winner's commit: no error, no retry loop
+    if arbiter == "coordinator":
+        # an object store asks the arbiter; a local folder decides by an exclusive link
+        assert arbiter_a.calls == ([2, 2] if uri.startswith("s3://") else [])
     for p in (second, first):
         assert tags(p, 2) == ["base", "winner"]
     commit(second, 2, "next")  # the next batch on the loser's executor
