@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m spark_integration.demo
+	$(PY) -m spark_integration.dev.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

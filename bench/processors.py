@@ -145,7 +145,7 @@ def main(argv=None) -> str:
         transform_with_state,
         transform_with_state_in_pandas,
     )
-    from spark_integration.local import local_spark
+    from spark_integration.dev.local import local_spark
 
     spark = local_spark("sessionstore-bench", partitions=PARTITIONS, spark__driver__memory="4g")
     spark.conf.set(

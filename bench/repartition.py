@@ -67,7 +67,7 @@ def main() -> None:
         cli_s = time.perf_counter() - start
 
         from spark_integration import repartition_state
-        from spark_integration.local import local_spark
+        from spark_integration.dev.local import local_spark
 
         spark = local_spark("bench-repartition", partitions=args.target)
         try:

@@ -79,7 +79,7 @@ def _children() -> dict[int, list[int]]:
 
 #: Command lines of the Python processes measured: PySpark's daemon and workers,
 #: and sessionstore's state servers (started by workers).
-WORKER_COMMANDS = (b"pyspark.daemon", b"pyspark.worker", b"spark_integration.state_server")
+WORKER_COMMANDS = (b"pyspark.daemon", b"pyspark.worker", b"spark_integration.execution.state_server")
 
 
 def _cmdline(pid: int) -> bytes:
@@ -219,9 +219,9 @@ def main(argv: list[str] | None = None) -> str:
     from pyspark.sql import functions as F
 
     from spark_integration import StateBackend, sessionize
-    from spark_integration.local import local_spark
-    from spark_integration.placement import TASKS_CONF
-    from spark_integration.state_server import SERVERS_CONF
+    from spark_integration.dev.local import local_spark
+    from spark_integration.execution.state_server import SERVERS_CONF
+    from spark_integration.planning.placement import TASKS_CONF
 
     spark = local_spark(
         "sessionstore-bench-scale", partitions=4, spark__driver__memory="4g",

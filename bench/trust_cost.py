@@ -51,8 +51,7 @@ def per_call_us(fn: Callable[[], object], number: int = 2000) -> float:
 
 
 def coordinator(repeat: int) -> dict[str, float]:
-    from spark_integration import coordinator as coord
-
+    from spark_integration.driver import coordinator as coord
     c = coord.Coordinator("127.0.0.1", 0)
     try:
         address = c.register(f"file://{tempfile.gettempdir()}/unused-trust-bench", "op", 1)
@@ -93,16 +92,15 @@ class Echo:
     """A task that returns its input and leaves a metrics record."""
 
     def __call__(self, batches):
-        from spark_integration import runtime
-
+        from spark_integration.execution import runtime
         yield from batches
         runtime.keep_task_metrics({"rows_total": 1, "load_kind": "warm"})
 
 
 def state_server(repeat: int) -> dict[str, float]:
-    from spark_integration import runtime
-    from spark_integration import state_server as ss
-    from spark_integration.runtime import TaskInfo
+    from spark_integration.execution import runtime
+    from spark_integration.execution import state_server as ss
+    from spark_integration.execution.runtime import TaskInfo
 
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     ss._parent = lambda: daemon.pid  # servers end with this stand-in daemon

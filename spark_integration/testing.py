@@ -5,7 +5,7 @@ the watermark itself, and looks at the state variables and timers each key holds
 as Spark 4.3's ``TwsTester`` does for Spark's own operator. It runs the operator's
 own code, not a copy: the batch is grouped and converted by the task that
 ``transform_with_state`` runs in each partition
-(:class:`~spark_integration.transform_with_state.ProcessorTask`), the handlers are
+(:class:`~spark_integration.operators.transform_with_state.ProcessorTask`), the handlers are
 called by :class:`~sessionstore.operators.processors.ProcessorRunner` over a
 :class:`~sessionstore.operators.processors.ProcessorHandle`, and the state lives
 in a processor store of a real (temporary, local) checkpoint, committed once per
@@ -31,10 +31,10 @@ from sessionstore.operators.processors import (
     extra_store_name,
     normalise_time_mode,
 )
-from spark_integration.backend import StateBackend
 from spark_integration.datasource import ddl_parts
-from spark_integration.output import arrow_schema
-from spark_integration.transform_with_state import STORE, ProcessorTask, parse_schema
+from spark_integration.execution.output import arrow_schema
+from spark_integration.operators.transform_with_state import STORE, ProcessorTask, parse_schema
+from spark_integration.planning.backend import StateBackend
 
 __all__ = ["ProcessorTester"]
 
@@ -99,7 +99,7 @@ class ProcessorTester:
     """Run ``processor`` (a PySpark ``StatefulProcessor``) on rows without Spark.
 
     ``output_schema``: a ``StructType`` or DDL string, as for
-    :func:`~spark_integration.transform_with_state`; ``time_mode``: ``"None"``,
+    :func:`~spark_integration.operators.transform_with_state`; ``time_mode``: ``"None"``,
     ``"ProcessingTime"`` or ``"EventTime"``; ``key``: the grouping column(s);
     ``api``: ``"rows"`` (``transform_with_state``: ``Row``s in and out) or
     ``"pandas"`` (``transform_with_state_in_pandas``); ``input_schema`` (a DDL

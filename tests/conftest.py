@@ -60,10 +60,10 @@ def checkpoint_location(request, tmp_path):
 @pytest.fixture(scope="session")
 def spark():
     """A local[2] SparkSession whose Python workers use this interpreter."""
-    from spark_integration.local import local_spark
+    from spark_integration.dev.local import local_spark
 
     # one retry per task; 2 partitions per operator, as the tests were written for
-    # (the default would be 2 per core: spark_integration.planning.partition_count)
+    # (the default would be 2 per core: spark_integration.planning.resolve.partition_count)
     session = local_spark("sessionstore-tests", max_failures=2, spark__sessionstore__partitions="2")
     yield session
     session.stop()

@@ -56,7 +56,7 @@ def test_wheel_holds_only_the_packages_the_console_script_and_metadata(dist):
     (info,) = {n.split("/")[0] for n in names if ".dist-info/" in n}
     assert info == "sessionstore-0.1.0.dist-info"
     assert {n.split("/")[0] for n in names} == {"sessionstore", "spark_integration", info}
-    assert "sessionstore/tools/cli.py" in names and "spark_integration/sessionize.py" in names
+    assert "sessionstore/tools/cli.py" in names and "spark_integration/operators/sessionize.py" in names
     assert not [n for n in names if n.endswith((".pyc", ".so")) or "/tests/" in n]
     # every module of the source tree, nothing else
     source = {
@@ -135,7 +135,7 @@ def test_readme_stores_example_runs_on_the_installed_wheel(installed, tmp_path):
 SESSIONIZE = """
 import json, sys
 from spark_integration import StateBackend, sessionize
-from spark_integration.local import local_spark
+from spark_integration.dev.local import local_spark
 
 spark = local_spark("wheel-check")
 clicks = spark.createDataFrame(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import yaml
 
-from spark_integration.backend import CONF_KEYS, CONF_PREFIX, STORAGE_PREFIX
+from spark_integration.planning.backend import CONF_KEYS, CONF_PREFIX, STORAGE_PREFIX
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 
@@ -37,7 +37,7 @@ def test_services_and_ports():
     for worker in ("spark-worker-1", "spark-worker-2"):
         assert services[worker]["command"].endswith("spark://spark-master:7077")
     demo = services["demo"]["command"]
-    assert demo[:3] == ["python3", "-m", "spark_integration.demo"]
+    assert demo[:3] == ["python3", "-m", "spark_integration.dev.demo"]
     assert demo[demo.index("--master") + 1] == "spark://spark-master:7077"
 
 

@@ -4,7 +4,7 @@ Every commit already uploads one object, its changelog, so the metrics of the ta
 that wrote version N travel in the header of changelog N (a ``metrics`` map with
 its own ``format``; no extra request). ``sessionstore stats`` reads them back with
 the ranged header reads ``sessionstore ls`` uses, and a Spark job gets the same
-record from each task (see ``spark_integration/metrics.py``).
+record from each task (see ``spark_integration/driver/metrics.py``).
 
 One thing a changelog cannot hold is its own upload time. The timings of the
 commit of version N (prepare, upload, apply) are therefore recorded in the local

@@ -2,7 +2,7 @@
 
 Shared by the two servers sessionstore runs beside a job: the handover socket of
 a worker process (:mod:`sessionstore.checkpoint.store_service`) and the driver's
-event-time coordinator (``spark_integration/coordinator.py``). Both must survive
+event-time coordinator (``spark_integration/driver/coordinator.py``). Both must survive
 whatever a client does, so the rules are the same:
 
 * one thread with a selector serves every connection (no thread per client);

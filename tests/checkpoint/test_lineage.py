@@ -14,7 +14,7 @@ from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import COMMIT_KEY, PartitionFiles, changelog_name
 from sessionstore.checkpoint.lineage import COMMIT_FIELD, PARENT_FIELD
 from sessionstore.engine.db import META_CF
-from spark_integration.coordinator import Coordinator, commit_arbiter
+from spark_integration.driver.coordinator import Coordinator, commit_arbiter
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]
 

@@ -95,7 +95,7 @@ def test_private_dir_checks_only_from_its_base_down(tmp_path):
 
 
 def test_the_default_local_dir_is_per_user():
-    from spark_integration.backend import StateBackend
+    from spark_integration.planning.backend import StateBackend
 
     path = StateBackend("file:///ck").resolved_local_dir
     assert f"sessionstore-local-{os.geteuid()}" in path.split(os.sep)

@@ -304,7 +304,7 @@ def test_a_local_dir_shared_by_two_checkpoints_never_mixes_their_states(tmp_path
 
 
 def test_default_local_dirs_differ_per_checkpoint():
-    from spark_integration.backend import StateBackend
+    from spark_integration.planning.backend import StateBackend
 
     a, b = StateBackend("s3://x/a"), StateBackend("s3://x/b")
     assert a.resolved_local_dir != b.resolved_local_dir

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_integration.backend import StateBackend
+from spark_integration.planning.backend import StateBackend
 
 
 def fake_spark(conf: dict[str, str]) -> SimpleNamespace:

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_integration import coordinator as coord
-from spark_integration.coordinator import (
+from spark_integration.driver import coordinator as coord
+from spark_integration.driver.coordinator import (
     Coordinator,
     CoordinatorAddress,
     CoordinatorReadError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sessionstore.tools.demo import click_stream
-from spark_integration.demo import GAP_MS, plan_changes, run
+from spark_integration.dev.demo import GAP_MS, plan_changes, run
 from tests.models import offline_sessions
 
 pytestmark = pytest.mark.slow

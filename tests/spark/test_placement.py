@@ -1,4 +1,4 @@
-"""Fewer Spark tasks than state partitions (spark_integration.placement): the task
+"""Fewer Spark tasks than state partitions (spark_integration.planning.placement): the task
 count, the split of a task's rows by state partition, and real queries whose
 state and output do not depend on the number of Spark tasks."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from spark_integration import placement
-from spark_integration.placement import SHARD, ShardedTask, task_count
-from spark_integration.runtime import TaskInfo, running_task, task_info
+from spark_integration.execution.runtime import TaskInfo, running_task, task_info
+from spark_integration.planning import placement
+from spark_integration.planning.placement import SHARD, ShardedTask, task_count
 from tests.spark.fakes import fake_session
 
 

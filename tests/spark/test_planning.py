@@ -12,7 +12,7 @@ def test_input_checks_name_the_missing_column_and_the_bad_time_type():
     import pytest
     from pyspark.sql import types as T
 
-    from spark_integration.planning import checked_fields, time_column
+    from spark_integration.planning.resolve import checked_fields, time_column
 
     df = SimpleNamespace(
         schema=T.StructType(
@@ -34,8 +34,8 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
 
     import pytest
 
-    import spark_integration.planning as planning
-    from spark_integration.local import UNIX_SOCKET_CONF
+    import spark_integration.planning.resolve as planning
+    from spark_integration.dev.local import UNIX_SOCKET_CONF
 
     def session(version, conf):
         spark_conf = SimpleNamespace(get=lambda key, default=None: conf.get(key, default))
@@ -71,7 +71,7 @@ def test_a_new_checkpoint_gets_two_partitions_per_core_unless_told(tmp_path):
     import pytest
 
     from spark_integration import StateBackend
-    from spark_integration.planning import PARTITIONS_CONF, partition_count
+    from spark_integration.planning.resolve import PARTITIONS_CONF, partition_count
 
     backend = StateBackend(f"file://{tmp_path}/ck")
     # Spark's spark.sql.shuffle.partitions (200 by default) plays no part
@@ -95,7 +95,7 @@ def test_an_existing_checkpoint_keeps_its_recorded_partition_count(tmp_path):
     import pytest
 
     from sessionstore.checkpoint import CheckpointMismatchError
-    from spark_integration.planning import PARTITIONS_CONF, partition_count
+    from spark_integration.planning.resolve import PARTITIONS_CONF, partition_count
 
     backend = checkpoint_with(tmp_path, 3)
     with warnings.catch_warnings():

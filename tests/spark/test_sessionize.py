@@ -140,7 +140,7 @@ def test_a_restart_without_num_partitions_keeps_the_checkpoints_count(spark, tmp
 
 
 def test_partition_count_from_the_conf_key_or_the_cores(spark, tmp_path):
-    from spark_integration.planning import PARTITIONS_CONF
+    from spark_integration.planning.resolve import PARTITIONS_CONF
 
     df = spark.createDataFrame([("a", 1), ("b", 2)], "user string, ts long")
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
@@ -163,7 +163,7 @@ def test_partition_count_from_the_conf_key_or_the_cores(spark, tmp_path):
         # local[2]: two partitions per core
         assert spark.sparkContext.defaultParallelism == 2
         assert planned("cores") == 4
-        # in one Spark task per core (spark_integration.placement)
+        # in one Spark task per core (spark_integration.planning.placement)
         cores = sessionize(df, "user", "ts", "1 second", backend=backend, name="cores")
         assert cores.rdd.getNumPartitions() == 2
     finally:

@@ -1,4 +1,4 @@
-"""State servers (spark_integration.state_server) without Spark: the exchange
+"""State servers (spark_integration.execution.state_server) without Spark: the exchange
 between a worker and its partition's server, placement, failures and lifetime.
 
 A sleeping child process stands for the executor's Python daemon, so that the
@@ -22,9 +22,9 @@ import pyarrow as pa
 import pytest
 
 from sessionstore.errors import StatefulProcessorError
-from spark_integration import runtime
-from spark_integration import state_server as ss
-from spark_integration.runtime import TaskInfo
+from spark_integration.execution import runtime
+from spark_integration.execution import state_server as ss
+from spark_integration.execution.runtime import TaskInfo
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
 
@@ -134,7 +134,7 @@ def test_a_task_runs_in_its_partitions_server_and_its_output_and_metrics_come_ba
     assert last == [{"pid": pid, "partition": 5, "batch": 7}]  # TaskInfo travelled
     assert metrics == {"rows": 3, "partition": 5}
     with open(f"/proc/{pid}/cmdline", "rb") as f:
-        assert b"spark_integration.state_server" in f.read()
+        assert b"spark_integration.execution.state_server" in f.read()
 
     # placement: partition p always runs in server p mod count, and every slot's
     # server was started with the first
@@ -283,7 +283,7 @@ def test_in_spark_partitions_stay_warm_in_their_servers_and_a_killed_server_lose
         for owner in local.rglob("owner"):
             pid = int(owner.read_text())
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                assert b"spark_integration.state_server" in f.read()  # held by a server
+                assert b"spark_integration.execution.state_server" in f.read()  # held by a server
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
@@ -335,7 +335,7 @@ def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
 
     from pyspark import cloudpickle
 
-    from spark_integration.placement import SHARD, ShardedTask
+    from spark_integration.planning.placement import SHARD, ShardedTask
 
     _, servers = daemon
     calls = []

@@ -365,7 +365,7 @@ def test_stored_values_of_every_type_are_msgpack_and_the_output_matches_spark(sp
     from sessionstore.encoding.keys import encode_key
     from sessionstore.stores.state_db import StateDB
     from sessionstore.tools.reader import CheckpointSource
-    from spark_integration.transform_with_state import STORE
+    from spark_integration.operators.transform_with_state import STORE
 
     spark.conf.set("spark.sql.session.timeZone", "UTC")
 

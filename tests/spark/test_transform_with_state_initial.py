@@ -13,7 +13,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import INITIAL_STATE_DIR, initial_state_complete_name
 from spark_integration import StateBackend
-from spark_integration.runtime import TaskInfo
+from spark_integration.execution.runtime import TaskInfo
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,
@@ -24,7 +24,7 @@ from tests.spark import processors as P
 from tests.spark.fakes import run_task
 
 # the module (the package exports a function of the same name)
-tws = importlib.import_module("spark_integration.transform_with_state")
+tws = importlib.import_module("spark_integration.operators.transform_with_state")
 
 NAME = "tracker"
 N = 2

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 # the module (the package exports a function of the same name)
-tws = importlib.import_module("spark_integration.transform_with_state")
+tws = importlib.import_module("spark_integration.operators.transform_with_state")
 
 
 def _sparks_chunks(n: int, max_records: int, max_bytes: int, average: float) -> list[int]:

@@ -16,7 +16,7 @@ from pyspark import cloudpickle
 from pyspark.sql import Row
 
 # the module (the package exports a function of the same name)
-tws = importlib.import_module("spark_integration.transform_with_state")
+tws = importlib.import_module("spark_integration.operators.transform_with_state")
 
 NAMES = st.lists(
     st.sampled_from(["user", "item", "count", "index", "n", "x_1", "asDict", "a b", "_p"]),

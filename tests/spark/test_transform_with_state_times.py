@@ -17,8 +17,8 @@ from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import partition_changelog_header
 from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
 from spark_integration import StateBackend
-from spark_integration.coordinator import Coordinator
-from spark_integration.runtime import TaskInfo
+from spark_integration.driver.coordinator import Coordinator
+from spark_integration.execution.runtime import TaskInfo
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,
@@ -28,7 +28,7 @@ from tests.object_stores import (
 from tests.spark.fakes import run_task
 
 # the module (the package exports a function of the same name)
-tws = importlib.import_module("spark_integration.transform_with_state")
+tws = importlib.import_module("spark_integration.operators.transform_with_state")
 
 SCHEMA = StructType([StructField("id", StringType()), StructField("now", LongType())])
 

@@ -11,7 +11,7 @@ What it does, every process real and started here:
    from the workers' Spark distribution, ``python/lib/pyspark.zip``);
 2. a moto S3 server on 127.0.0.1 for the state (``spark.sessionstore.*`` conf);
 3. a master and two workers (1 core, 1 GiB each; :mod:`tests.standalone.cluster`);
-4. the demo job (``spark_integration.demo`` from the installed wheel) submitted
+4. the demo job (``spark_integration.dev.demo`` from the installed wheel) submitted
    with ``--master local[2]``, then with ``--master spark://...``; during the
    cluster run one executor JVM is killed (SIGKILL) once the metrics line of
    micro-batch :data:`KILL_AFTER_BATCH` is printed;
@@ -51,7 +51,7 @@ __all__ = ["ShippedEnv", "ship", "demo_submit_args", "DemoRun", "run_demo", "mai
 #: The cluster run kills an executor once this micro-batch's metrics line is out.
 KILL_AFTER_BATCH = 1
 #: Where state servers show in a process list.
-SERVER_ENTRY = "spark_integration.state_server import main"
+SERVER_ENTRY = "spark_integration.execution.state_server import main"
 _METRICS_LINE = re.compile(r"^sessionstore (\S+) batch (\d+): .*?load max \S+ \(([^)]*)\)")
 
 
@@ -98,7 +98,7 @@ def demo_submit_args(
     """``spark-submit`` arguments (after ``--master``) of the demo job: on a cluster
     the executors run the shipped archive's Python; locally the virtualenv's."""
     launcher = demo_dir.parent / "demo_job.py"  # outside any source tree
-    launcher.write_text("from spark_integration.demo import main\n\nmain()\n")
+    launcher.write_text("from spark_integration.dev.demo import main\n\nmain()\n")
     conf = {
         "spark.pyspark.driver.python": str(env.python),
         "spark.pyspark.python": "./environment/bin/python" if cluster else str(env.python),

@@ -14,12 +14,12 @@ server ``p mod count``, where its database stays open from batch to batch:
 
 * a task, in its Python worker, connects to its server and sends the operator
   task (cloudpickled, as Spark shipped it), what it knows of its Spark task
-  (:class:`~spark_integration.runtime.TaskInfo`) and its input as an Arrow IPC
+  (:class:`~spark_integration.execution.runtime.TaskInfo`) and its input as an Arrow IPC
   stream; the server runs the operator task exactly as the worker would have (the
   same provider, commit and coordinator report) and streams the output back, with
   the task's metrics record, or the exception it raised, which the worker raises;
 * the first task that finds no server starts it (``python -m
-  spark_integration.state_server``, the worker's interpreter and import path, its
+  spark_integration.execution.state_server``, the worker's interpreter and import path, its
   own session). A server listens on an abstract Unix socket named after its user,
   the executor's Python daemon (the worker's parent), ``count`` and its slot:
   binding the name is the lock, so two workers that start one at once get one;
@@ -79,7 +79,7 @@ import pyarrow as pa
 from sessionstore.checkpoint.request_server import peer_credentials
 from sessionstore.engine.memory import DEFAULT_MEMORY_MAX_MB, memory_budget
 from sessionstore.errors import StatefulProcessorError
-from spark_integration.backend import CONF_PREFIX
+from spark_integration.planning.backend import CONF_PREFIX
 
 __all__ = [
     "SERVERS_CONF",
@@ -214,7 +214,7 @@ class ServedTask:
 
     def _pickled(self) -> bytes:
         """``task`` cloudpickled, once per Spark task: a Spark task that runs many
-        partitions (spark_integration.placement) sends the same task for each."""
+        partitions (spark_integration.planning.placement) sends the same task for each."""
         body = self.__dict__.get("_body")
         if body is None:
             from pyspark import cloudpickle
@@ -223,7 +223,7 @@ class ServedTask:
         return body
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from spark_integration.runtime import keep_task_metrics, task_info
+        from spark_integration.execution.runtime import keep_task_metrics, task_info
 
         global _warned_unavailable
         info = task_info()
@@ -323,7 +323,7 @@ def _listening(address: str) -> bool:
             return False
 
 
-_ENTRY = "import sys; from spark_integration.state_server import main; sys.exit(main())"
+_ENTRY = "import sys; from spark_integration.execution.state_server import main; sys.exit(main())"
 
 
 def _start(address: str, parent: int) -> subprocess.Popen:
@@ -499,7 +499,7 @@ def serve_one(conn: socket.socket) -> None:
     """Run one task for the worker at the other end of ``conn`` (see the module doc)."""
     from pyspark import cloudpickle
 
-    from spark_integration.runtime import TaskInfo, running_task, take_task_metrics
+    from spark_integration.execution.runtime import TaskInfo, running_task, take_task_metrics
 
     credentials = peer_credentials(conn)
     if credentials is not None and credentials[1] != os.geteuid():
@@ -586,7 +586,7 @@ def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXI
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a state server process (started by :class:`ServedTask`)."""
-    parser = argparse.ArgumentParser(prog="spark_integration.state_server")
+    parser = argparse.ArgumentParser(prog="spark_integration.execution.state_server")
     parser.add_argument("name", help="the abstract socket name, without its NUL")
     parser.add_argument("watch", type=int, help="pid whose end ends this server")
     args = parser.parse_args(argv)
@@ -601,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     # without memory.maxMB, an executor's servers share what its workers had: a
     # server gets the default over SERVERS_PER_SLOT (a given maxMB is per server)
     memory_budget(DEFAULT_SERVER_MEMORY_MB)
-    from spark_integration.runtime import outlive_tasks
+    from spark_integration.execution.runtime import outlive_tasks
 
     outlive_tasks()
     serve(listener, args.watch)

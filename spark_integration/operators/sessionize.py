@@ -9,7 +9,7 @@ state after the batches before it), processes its rows, and commits version
 output is the same: exactly-once with idempotent or replay-tolerant sinks.
 
 Event time is shared across partitions (:mod:`sessionstore.checkpoint.event_time`,
-through the driver's :mod:`~spark_integration.coordinator`): before batch N every
+through the driver's :mod:`~spark_integration.driver.coordinator`): before batch N every
 partition advances to the largest event time of batch N-1, so sessions close in
 partitions that receive no data.
 """
@@ -24,11 +24,11 @@ import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
-from spark_integration.aggregations import SessionAggregation, aggregate_input
-from spark_integration.backend import StateBackend
-from spark_integration.intervals import interval_ms
-from spark_integration.planning import grace_ms
-from spark_integration.runtime import AggregatorTask
+from spark_integration.execution.runtime import AggregatorTask
+from spark_integration.planning.aggregations import SessionAggregation, aggregate_input
+from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.intervals import interval_ms
+from spark_integration.planning.resolve import grace_ms
 
 __all__ = ["sessionize", "SessionAggregation"]
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sessionstore.checkpoint.provider import check_partition_count, recorded_partitions
-from spark_integration.backend import CONF_PREFIX, StateBackend
-from spark_integration.local import UNIX_SOCKET_CONF
+from spark_integration.dev.local import UNIX_SOCKET_CONF
+from spark_integration.planning.backend import CONF_PREFIX, StateBackend
 
 __all__ = [
     "resolve",
@@ -70,7 +70,7 @@ def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
     watermark passes its end, as in Spark: the watermark of micro-batch N is the
     largest event time of the batches before it, across partitions, minus the delay.
     """
-    from spark_integration.intervals import interval_ms
+    from spark_integration.planning.intervals import interval_ms
 
     if grace is not None:
         return interval_ms(grace, "grace")
@@ -163,9 +163,9 @@ def partition_count(
 
 def operator_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
     """The address of this driver's coordinator (event time, state metrics) for ``name``
-    (started on first use, see :mod:`spark_integration.coordinator`), for its
+    (started on first use, see :mod:`spark_integration.driver.coordinator`), for its
     tasks; None when it is turned off or cannot listen."""
-    from spark_integration.coordinator import coordinator_for
+    from spark_integration.driver.coordinator import coordinator_for
 
     return coordinator_for(
         df.sparkSession, backend.checkpoint_uri, name, num_partitions, backend.storage_options

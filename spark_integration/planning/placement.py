@@ -20,7 +20,7 @@ parallelism:
   own state partition: its own database, version, commit, changelog, metrics and
   report to the coordinator. A retried Spark task runs all of them again; those
   that committed load the same version and give the same output;
-* each state partition runs in its state server (:mod:`spark_integration.state_server`),
+* each state partition runs in its state server (:mod:`spark_integration.execution.state_server`),
   server ``p mod N``; with the defaults (``N = 2 × slots``, ``T`` = one per core)
   the tasks that run at the same time never share a server.
 
@@ -40,10 +40,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_integration.backend import CONF_PREFIX
-from spark_integration.metrics import with_state_metrics
-from spark_integration.planning import PARTITIONS_PER_CORE
-from spark_integration.state_server import served
+from spark_integration.driver.metrics import with_state_metrics
+from spark_integration.execution.state_server import served
+from spark_integration.planning.backend import CONF_PREFIX
+from spark_integration.planning.resolve import PARTITIONS_PER_CORE
 
 __all__ = ["TASKS_CONF", "SHARD", "ShardedTask", "state_map", "task_count"]
 
@@ -89,7 +89,7 @@ def state_map(
     """Run operator ``task`` over ``df`` hash-partitioned by ``keys`` into
     ``partitions`` state partitions: in ``task_count`` Spark tasks, each state
     partition in its state server (see the module doc); with the state metrics of
-    :func:`~spark_integration.metrics.with_state_metrics`."""
+    :func:`~spark_integration.driver.metrics.with_state_metrics`."""
     from pyspark.sql import functions as F
 
     spark = df.sparkSession
@@ -136,7 +136,7 @@ class ShardedTask:
     tasks: int
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
-        from spark_integration.runtime import TaskInfo, running_task, task_info
+        from spark_integration.execution.runtime import TaskInfo, running_task, task_info
 
         info = task_info()
         if info.partition >= self.tasks:

@@ -60,11 +60,12 @@ from sessionstore.operators.processors import (
     extra_store_name,
     normalise_time_mode,
 )
-from spark_integration.backend import StateBackend
-from spark_integration.coordinator import CoordinatorAddress
-from spark_integration.output import arrow_schema
-from spark_integration.placement import state_map
-from spark_integration.planning import (
+from spark_integration.driver.coordinator import CoordinatorAddress
+from spark_integration.execution.output import arrow_schema
+from spark_integration.execution.runtime import deterministic_order, state_and_inputs, task_info
+from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.placement import state_map
+from spark_integration.planning.resolve import (
     TS,
     WATERMARK_DELAY_KEY,
     checked_fields,
@@ -72,7 +73,6 @@ from spark_integration.planning import (
     operator_coordinator,
     resolve,
 )
-from spark_integration.runtime import deterministic_order, state_and_inputs, task_info
 
 __all__ = ["transform_with_state", "transform_with_state_in_pandas", "parse_schema"]
 

@@ -28,12 +28,19 @@ import pyarrow as pa
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
-from spark_integration.backend import StateBackend
-from spark_integration.coordinator import CoordinatorAddress
-from spark_integration.intervals import interval_ms
-from spark_integration.output import arrow_schema, record_batch
-from spark_integration.placement import state_map
-from spark_integration.planning import (
+from spark_integration.driver.coordinator import CoordinatorAddress
+from spark_integration.execution.output import arrow_schema, record_batch
+from spark_integration.execution.runtime import (
+    deterministic_order,
+    key_values,
+    state_and_inputs,
+    struct_values,
+    task_info,
+)
+from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.intervals import interval_ms
+from spark_integration.planning.placement import state_map
+from spark_integration.planning.resolve import (
     SIDE,
     TS,
     checked_fields,
@@ -42,13 +49,6 @@ from spark_integration.planning import (
     resolve,
     tagged_union,
     time_column,
-)
-from spark_integration.runtime import (
-    deterministic_order,
-    key_values,
-    state_and_inputs,
-    struct_values,
-    task_info,
 )
 
 __all__ = ["temporal_join"]

@@ -1,6 +1,6 @@
 """``window_aggregate``: tumbling and hopping event-time windows on sessionstore state.
 
-Like :func:`~spark_integration.sessionize.sessionize`: hash-partitioned by key,
+Like :func:`~spark_integration.operators.sessionize.sessionize`: hash-partitioned by key,
 :class:`~sessionstore.operators.WindowAggregator` in ``mapInArrow``, version
 ``batchId`` loaded and ``batchId + 1`` committed per task, and event time shared
 across partitions so windows fire in partitions without new data.
@@ -16,11 +16,11 @@ import pyarrow as pa
 
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators import TimeWindows, WindowAggregator
-from spark_integration.aggregations import aggregate_input
-from spark_integration.backend import StateBackend
-from spark_integration.intervals import interval_ms
-from spark_integration.planning import grace_ms
-from spark_integration.runtime import AggregatorTask
+from spark_integration.execution.runtime import AggregatorTask
+from spark_integration.planning.aggregations import aggregate_input
+from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.intervals import interval_ms
+from spark_integration.planning.resolve import grace_ms
 
 __all__ = ["window_aggregate"]
 

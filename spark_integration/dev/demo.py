@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
-    from spark_integration.local import local_spark
+    from spark_integration.dev.local import local_spark
 
     conf = dict(item.split("=", 1) for item in args.conf)
     spark = local_spark(
@@ -116,8 +116,8 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
     print and return ``(emitted sessions, sessions in state per partition, clicks
     joined with their plan, seconds the micro-batches took)``."""
     from spark_integration import StateBackend, sessionize, temporal_join
-    from spark_integration.backend import CONF_PREFIX
-    from spark_integration.metrics import log_state_metrics
+    from spark_integration.driver.metrics import log_state_metrics
+    from spark_integration.planning.backend import CONF_PREFIX
 
     shutil.rmtree(out_dir, ignore_errors=True)
     staging, source = os.path.join(out_dir, "staging"), os.path.join(out_dir, "clicks")

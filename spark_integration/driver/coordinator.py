@@ -420,7 +420,7 @@ class Coordinator:
     def batch_metrics(self, run: Any, batch: int) -> dict[str, list[dict[str, Any]]]:
         """The task metrics records every operator's tasks reported for ``batch`` of
         query run ``run`` (a query's ``runId``), by operator name; operators with
-        none are left out. What :class:`~spark_integration.metrics.StateMetricsListener`
+        none are left out. What :class:`~spark_integration.driver.metrics.StateMetricsListener`
         prints: the records reached the driver with the tasks' reports, so this
         costs no object-store request and no Spark job."""
         with self._lock:
@@ -693,7 +693,7 @@ def commit_arbiter(address: CoordinatorAddress, run: str | None, partition: int)
 
 #: Answers this process was given, by (coordinator, run, batch): an answer is final
 #: (the event time after a committed batch never changes), and a Spark task that
-#: runs several partitions (spark_integration.placement) asks once for all of them.
+#: runs several partitions (spark_integration.planning.placement) asks once for all of them.
 _answers: OrderedDict[tuple[Any, ...], int | None] = OrderedDict()
 _ANSWERS_KEPT = 64
 

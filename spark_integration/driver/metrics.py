@@ -7,7 +7,7 @@ time). Reading P changelog headers per micro-batch on the driver would cost P
 object-store requests per batch, so the record travels another way:
 
 * **The coordinator (default).** Every task already tells the driver's
-  coordinator (:mod:`spark_integration.coordinator`) that it has committed, which
+  coordinator (:mod:`spark_integration.driver.coordinator`) that it has committed, which
   is how event time is shared; the record rides along in that report. The
   :class:`StateMetricsListener` that :func:`log_state_metrics` registers reads the
   records of each finished micro-batch from the coordinator and prints one line
@@ -88,8 +88,8 @@ class _WithMetrics:
     schema_json: str  # the wrapped task's output schema, all fields nullable
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from spark_integration.output import arrow_schema
-        from spark_integration.runtime import take_task_metrics
+        from spark_integration.execution.output import arrow_schema
+        from spark_integration.execution.runtime import take_task_metrics
 
         schema = arrow_schema(self.schema_json)
         take_task_metrics()  # a record left by an earlier task of this worker
@@ -124,7 +124,7 @@ def with_state_metrics(
     the output has ``out_schema``'s columns, all nullable (the metrics rows travel
     in the same batches). ``task`` runs one state partition; ``outer``, if given,
     makes the ``mapInArrow`` function of a Spark task from it (several state
-    partitions per Spark task: :mod:`spark_integration.placement`)."""
+    partitions per Spark task: :mod:`spark_integration.planning.placement`)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -190,7 +190,7 @@ def batch_lines(run: Any, batch: int, observed: dict[str, Any] | None = None) ->
     """The lines of micro-batch ``batch`` of query run ``run``: one per operator,
     from the records its tasks reported to this driver's coordinator, else from
     ``observed`` (the progress's observed metrics, when :data:`METRICS_CONF` is on)."""
-    from spark_integration.coordinator import driver_coordinator
+    from spark_integration.driver.coordinator import driver_coordinator
 
     lines: dict[str, str] = {}
     coordinator = driver_coordinator()
@@ -240,7 +240,7 @@ def log_state_metrics(spark: Any, out: Callable[[str], None] | None = None) -> A
     Call it before or after building the operators. Where there is no coordinator
     (it is turned off, or Spark Connect), it turns on :data:`METRICS_CONF` for the
     operators built after this call and prints their observed metrics instead."""
-    from spark_integration.coordinator import ENABLED_CONF
+    from spark_integration.driver.coordinator import ENABLED_CONF
 
     if str(spark.conf.get(ENABLED_CONF, "true")).strip().lower() in ("false", "0", "no"):
         spark.conf.set(METRICS_CONF, "true")

@@ -12,10 +12,11 @@ from typing import Any
 
 from sessionstore.operators import Aggregation, Aggregations
 from sessionstore.operators.aggregate_functions import parse_spec
-from spark_integration.backend import StateBackend
-from spark_integration.output import OperatorOutput
-from spark_integration.placement import state_map
-from spark_integration.planning import (
+from spark_integration.execution.output import OperatorOutput
+from spark_integration.execution.runtime import AggregatorTask
+from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.placement import state_map
+from spark_integration.planning.resolve import (
     TS,
     checked_fields,
     key_types,
@@ -23,7 +24,6 @@ from spark_integration.planning import (
     resolve,
     time_column,
 )
-from spark_integration.runtime import AggregatorTask
 
 __all__ = ["SessionAggregation", "AggregateInput", "aggregate_input", "parse_aggregations"]
 
@@ -191,7 +191,7 @@ class AggregateInput:
         """The operator ``name`` over this input of ``df``, output rows of the Spark
         ``out_schema``: its backend and partition count resolved, its coordinator
         started, and tasks of ``task_class`` (the operator's own ``settings`` added to
-        the common fields) run by :func:`~spark_integration.placement.state_map`."""
+        the common fields) run by :func:`~spark_integration.planning.placement.state_map`."""
         backend, n = resolve(df, backend, num_partitions, name)
         task = task_class(
             backend=backend,

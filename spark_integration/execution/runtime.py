@@ -27,14 +27,14 @@ from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.metrics import millis
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.stores.segments import operator_segment_interval
-from spark_integration.backend import StateBackend
-from spark_integration.coordinator import CoordinatorAddress, commit_arbiter, report
-from spark_integration.coordinator import shared_event_time as event_time_after
-from spark_integration.planning import TS
+from spark_integration.driver.coordinator import CoordinatorAddress, commit_arbiter, report
+from spark_integration.driver.coordinator import shared_event_time as event_time_after
+from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.resolve import TS
 
 if TYPE_CHECKING:
     from sessionstore.operators import Aggregation
-    from spark_integration.output import OperatorOutput
+    from spark_integration.execution.output import OperatorOutput
 
 __all__ = [
     "TaskInfo",
@@ -83,7 +83,7 @@ def outlive_tasks() -> None:
 @contextmanager
 def running_task(info: TaskInfo) -> Iterator[None]:
     """Run an operator task outside its Spark worker, as ``info``: a state server
-    (:mod:`spark_integration.state_server`) has no ``TaskContext``, so the worker
+    (:mod:`spark_integration.execution.state_server`) has no ``TaskContext``, so the worker
     sends what :func:`task_info` would have read there."""
     global _given_info
     _given_info = info
@@ -111,7 +111,7 @@ _task_metrics: dict[str, Any] | None = None
 
 def take_task_metrics() -> dict[str, Any] | None:
     """The metrics record of the last task of this worker that committed (see
-    :mod:`spark_integration.metrics`), once: a second call returns None. A Python
+    :mod:`spark_integration.driver.metrics`), once: a second call returns None. A Python
     worker runs one task at a time, so the task that asks is the one that committed."""
     global _task_metrics
     record, _task_metrics = _task_metrics, None
@@ -283,7 +283,7 @@ def state_and_inputs(
     """:func:`partition_state`, the task's non-empty input batches, and with
     ``shared_event_time`` the operator's event time after the previous batch (see
     :func:`run_aggregator`; else None): the answer of the driver's ``coordinator``
-    (:mod:`spark_integration.coordinator`), or without one the durable records.
+    (:mod:`spark_integration.driver.coordinator`), or without one the durable records.
     Once the block's commit is durable, the task reports its event time (and its
     metrics record) to the coordinator.
 

@@ -1,0 +1,1 @@
+"""Development helpers: a local Spark session and the demo job."""

@@ -1,0 +1,1 @@
+"""Driver-side services: the coordinator and the metrics listener."""

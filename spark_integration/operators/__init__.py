@@ -1,0 +1,1 @@
+"""The public operators, one module each."""

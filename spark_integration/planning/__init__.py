@@ -1,0 +1,1 @@
+"""Driver-side planning: resolving columns and times, aggregation specs, placement, the state backend."""
