@@ -536,7 +536,6 @@ _coordinator: tuple[int, Coordinator] | None = None
 _coordinator_lock = threading.Lock()
 
 
-
 def _claim_problem(body: dict[str, Any], num_partitions: int) -> str | None:
     """Why a claim (lineage.py's arbiter) is refused, or None: a partition of the
     operator, a version in range, commit ids as short strings."""
@@ -552,6 +551,7 @@ def _claim_problem(body: dict[str, Any], num_partitions: int) -> str | None:
         ):
             return f"{name} {str(value)[:80]!r}"
     return None
+
 
 def _port(value: Any) -> int:
     """:data:`PORT_CONF`'s value as a port number; ``ValueError`` naming it if not."""

@@ -79,6 +79,7 @@ import pyarrow as pa
 from sessionstore.checkpoint.request_server import peer_credentials
 from sessionstore.engine.memory import DEFAULT_MEMORY_MAX_MB, memory_budget
 from sessionstore.errors import StatefulProcessorError
+from spark_integration.execution.runtime import ContextTask, TaskContext, TaskInfo
 from spark_integration.planning.backend import CONF_PREFIX
 
 __all__ = [
@@ -189,8 +190,8 @@ def _executor_slots(spark: Any) -> int | None:
     return max(1, int(cores) // max(1, int(conf.get("spark.task.cpus", "1"))))
 
 
-def served(spark: Any, task: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]]) -> Any:
-    """``task`` (an operator's ``mapInArrow`` function) run in its partition's state
+def served(spark: Any, task: ContextTask) -> ContextTask:
+    """``task`` (an operator's task) run in its partition's state
     server, or ``task`` itself when :data:`SERVERS_CONF` is off."""
     count = server_count(spark)
     return task if count == 0 else ServedTask(task, count)
@@ -202,10 +203,10 @@ _warned_unavailable = False
 
 @dataclass
 class ServedTask:
-    """A ``mapInArrow`` function that runs ``task`` in the state server of its
-    partition (picklable: it ships to the executors like the task it wraps)."""
+    """An operator task that runs ``task`` in the state server of its partition
+    (picklable: it ships to the executors like the task it wraps)."""
 
-    task: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]]
+    task: ContextTask
     #: servers per executor; None: :data:`SERVERS_PER_SLOT` per core of the executor
     count: int | None
 
@@ -222,11 +223,11 @@ class ServedTask:
             body = self.__dict__["_body"] = cloudpickle.dumps(self.task)
         return body
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from spark_integration.execution.runtime import keep_task_metrics, task_info
-
+    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
+        """``task``'s output, run as ``context`` in its partition's server (its
+        metrics record sent back into ``context``), or here when there is none."""
         global _warned_unavailable
-        info = task_info()
+        info = context.info
         count = self.count or SERVERS_PER_SLOT * (os.cpu_count() or 1)
         slot = info.partition % count
         conn = None
@@ -241,11 +242,11 @@ class ServedTask:
                         "this worker keep their state in the worker", slot, count, error,
                     )  # fmt: skip
         if conn is None:
-            yield from self.task(batches)
+            yield from self.task.run(batches, context)
             return
         with conn:
             where = f"state server {pid} (slot {slot} of {count})"
-            yield from _exchange(conn, where, info, batches, keep_task_metrics)
+            yield from _exchange(conn, where, context, batches)
 
 
 def _parent() -> int:
@@ -344,11 +345,12 @@ def _start(address: str, parent: int) -> subprocess.Popen:
 def _exchange(
     conn: socket.socket,
     where: str,
-    info: Any,
+    context: TaskContext,
     batches: Iterator[pa.RecordBatch],
-    keep_metrics: Callable[[Any], None],
 ) -> Iterator[pa.RecordBatch]:
-    """Send the input, then yield the output the server sends back."""
+    """Send the input, then yield the output the server sends back (its metrics
+    record into ``context``)."""
+    info = context.info
     out = conn.makefile("wb", buffering=1 << 16)
     try:
         writer = None
@@ -374,7 +376,7 @@ def _exchange(
         if kind == _OUTPUT:
             yield from pa.ipc.open_stream(data)
         elif kind == _METRICS:
-            keep_metrics(_metrics_of(data, where))
+            context.metrics = _metrics_of(data, where)
         elif kind == _END:
             return
         elif kind == _ERROR:
@@ -499,8 +501,6 @@ def serve_one(conn: socket.socket) -> None:
     """Run one task for the worker at the other end of ``conn`` (see the module doc)."""
     from pyspark import cloudpickle
 
-    from spark_integration.execution.runtime import TaskInfo, running_task, take_task_metrics
-
     credentials = peer_credentials(conn)
     if credentials is not None and credentials[1] != os.geteuid():
         log.warning("refused a task from pid %d of uid %d", *credentials)
@@ -525,19 +525,19 @@ def serve_one(conn: socket.socket) -> None:
     except Exception as error:
         _send(conn, _ERROR, _error_payload(error))
         return
-    take_task_metrics()  # a record left by a task that failed after its commit
-    with running_task(info):
-        outputs = task(iter(inputs))
-        try:
-            for out in outputs:
-                _send_output(conn, out)
-        except (BrokenPipeError, ConnectionResetError):
-            outputs.close()  # the worker is gone: Spark runs the task again
-            raise
-        except Exception as error:
-            _send(conn, _ERROR, _error_payload(error))
-            return
-    _send(conn, _METRICS, msgpack.packb(take_task_metrics()))
+    # this process outlives its tasks: snapshot uploads run after the commit
+    context = TaskContext(info, outlives_task=True)
+    outputs = task.run(iter(inputs), context)
+    try:
+        for out in outputs:
+            _send_output(conn, out)
+    except (BrokenPipeError, ConnectionResetError):
+        outputs.close()  # the worker is gone: Spark runs the task again
+        raise
+    except Exception as error:
+        _send(conn, _ERROR, _error_payload(error))
+        return
+    _send(conn, _METRICS, msgpack.packb(context.metrics))
     _send(conn, _END)
 
 
@@ -601,9 +601,6 @@ def main(argv: list[str] | None = None) -> int:
     # without memory.maxMB, an executor's servers share what its workers had: a
     # server gets the default over SERVERS_PER_SLOT (a given maxMB is per server)
     memory_budget(DEFAULT_SERVER_MEMORY_MB)
-    from spark_integration.execution.runtime import outlive_tasks
-
-    outlive_tasks()
     serve(listener, args.watch)
     return 0
 

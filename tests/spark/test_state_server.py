@@ -22,9 +22,8 @@ import pyarrow as pa
 import pytest
 
 from sessionstore.errors import StatefulProcessorError
-from spark_integration.execution import runtime
 from spark_integration.execution import state_server as ss
-from spark_integration.execution.runtime import TaskInfo
+from spark_integration.execution.runtime import TaskContext, TaskInfo
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
 
@@ -37,8 +36,8 @@ class EchoTask:
     fail: str | None = None
     wait_for: str | None = None  # a file whose existence lets the task go on
 
-    def __call__(self, batches):
-        info = runtime.task_info()
+    def run(self, batches, context):
+        info = context.info
         rows = 0
         for batch in batches:
             rows += batch.num_rows
@@ -49,7 +48,7 @@ class EchoTask:
                 time.sleep(0.01)
         if self.fail:
             raise ValueError(self.fail)
-        runtime.keep_task_metrics({"rows": rows, "partition": info.partition})
+        context.metrics = {"rows": rows, "partition": info.partition}
         yield pa.table(
             {"pid": [os.getpid()], "partition": [info.partition], "batch": [info.batch_id]}
         )
@@ -64,7 +63,7 @@ class KeywordError(Exception):
 
 @dataclass
 class KeywordErrorTask:
-    def __call__(self, batches):
+    def run(self, batches, context):
         list(batches)
         raise KeywordError(message="[SOME_CONDITION] keyword-only")
         yield  # a generator, as every mapInArrow function
@@ -74,7 +73,7 @@ class KeywordErrorTask:
 class BudgetTask:
     """Yields the RocksDB memory budget of the process it runs in."""
 
-    def __call__(self, batches):
+    def run(self, batches, context):
         from sessionstore.engine.memory import current_budget
 
         list(batches)
@@ -109,11 +108,10 @@ def _alive(pid: int) -> bool:
 def _run(task, partition: int, count: int, rows=(1, 2, 3), batch: int = 7):
     """Run ``task`` as partition ``partition`` through :class:`ServedTask`: its
     output tables, and the metrics record it sent back."""
-    info = TaskInfo(partition, batch, 0, "run-1")
-    with runtime.running_task(info):  # what TaskContext says in a Spark worker
-        inputs = [pa.record_batch([pa.array(list(rows))], names=["x"])]
-        out = list(ss.ServedTask(task, count)(iter(inputs)))
-    return out, runtime.take_task_metrics()
+    context = TaskContext(TaskInfo(partition, batch, 0, "run-1"))  # as in a Spark worker
+    inputs = [pa.record_batch([pa.array(list(rows))], names=["x"])]
+    out = list(ss.ServedTask(task, count).run(iter(inputs), context))
+    return out, context.metrics
 
 
 def _pid_of(out) -> int:
@@ -344,8 +342,7 @@ def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
     served = ss.ServedTask(EchoTask(), 1)
     schema = pa.schema([("x", pa.int64()), (SHARD, pa.int32())])
     batch = pa.record_batch([[1, 2, 3], [0, 2, 2]], schema=schema)
-    with runtime.running_task(TaskInfo(0, 4, 0, "run")):
-        out = list(ShardedTask(served, 3, 1)(iter([batch])))
+    out = list(ShardedTask(served, 3, 1).run(iter([batch]), TaskContext(TaskInfo(0, 4, 0, "run"))))
     tables = [pa.Table.from_batches([b]).to_pylist() for b in out]
     assert [t for t in tables if "x2" in t[0]] == [[{"x2": 2}], [{"x2": 4}, {"x2": 6}]]
     ran = [t[0] for t in tables if "pid" in t[0]]
