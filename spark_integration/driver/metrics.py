@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint.metrics import LOAD_KINDS, summarize_batch
-from spark_integration.execution.runtime import ContextTask, TaskContext
+from spark_integration.execution.runtime import ContextTask, SparkTask, TaskContext
 
 __all__ = [
     "METRICS_COLUMN",
@@ -119,15 +119,15 @@ def with_state_metrics(
     task: ContextTask,
     out_schema: Any,
     name: str,
-    outer: Callable[[ContextTask], Any],
+    outer: Callable[[ContextTask], Any] = SparkTask,
 ) -> Any:
     """``df.mapInArrow(outer(task), out_schema)``; with :data:`METRICS_CONF` on, the
     tasks' metrics are also observed as ``sessionstore.<name>`` (see the module
     doc), and the output has ``out_schema``'s columns, all nullable (the metrics
     rows travel in the same batches). ``task`` runs one state partition; ``outer``
-    makes the ``mapInArrow`` function of a Spark task from it
-    (:class:`~spark_integration.execution.runtime.SparkTask`, around several state
-    partitions per Spark task: :mod:`spark_integration.planning.placement`)."""
+    makes the ``mapInArrow`` function of a Spark task from it: by default
+    :class:`~spark_integration.execution.runtime.SparkTask` (a Spark task per state
+    partition), else one around several (:mod:`spark_integration.planning.placement`)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 

@@ -3,10 +3,10 @@
 An operator's state is split into ``P`` partitions (its checkpoint's partition
 count: one RocksDB database, one changelog per micro-batch each). Spark charges a
 fixed cost for every task of every micro-batch, whatever it does (about 27 ms of a
-slot; BENCHMARKS.md, "Spark at scale"): at 200 partitions those costs make a query
-with no state work at all 16 times slower than at 4. So the number of Spark tasks ``T``
-is decoupled from ``P``, as Flink's key groups decouple state shards from
-parallelism:
+slot; BENCHMARKS.md, "Spark at scale"): with a Spark task per state partition, a
+query with no state work at all runs 16 times slower at 200 partitions than at 4.
+So the number of Spark tasks ``T`` is chosen apart from ``P``, as Flink's key
+groups separate state shards from parallelism:
 
 * the input is hash-partitioned into ``T`` Spark partitions by the operator's
   keys, with ``T`` dividing ``P``, and each row carries its state partition,
@@ -20,8 +20,8 @@ parallelism:
   own state partition: its own database, version, commit, changelog, metrics and
   report to the coordinator. A retried Spark task runs all of them again; those
   that committed load the same version and give the same output;
-* each state partition runs in its state server (:mod:`spark_integration.execution.state_server`),
-  server ``p mod N``; with the defaults (``N = 2 × slots``, ``T`` = one per core)
+* each state partition runs in its state server
+  (:mod:`spark_integration.execution.state_server`), server ``p mod N``; with the defaults (``N = 2 × slots``, ``T`` = one per core)
   the tasks that run at the same time never share a server.
 
 ``T`` (:data:`TASKS_CONF`): ``auto`` (the default) is ``P`` when ``P`` is at most
@@ -102,9 +102,7 @@ def state_map(
     tasks = task_count(spark, partitions)
     one = served(spark, task)
     if tasks == partitions:
-        return with_state_metrics(
-            df.repartition(partitions, *keys), one, out_schema, name, outer=SparkTask
-        )
+        return with_state_metrics(df.repartition(partitions, *keys), one, out_schema, name)
     routed = df.withColumn(SHARD, F.pmod(F.hash(*keys), F.lit(partitions)))
     return with_state_metrics(
         routed.repartition(tasks, *keys),

@@ -357,3 +357,24 @@ def test_a_task_numbered_beyond_the_operators_partitions_is_refused_before_any_s
         with partition_state(backend, "op", TaskContext(TaskInfo(5, 0, 0)), specs, 4):
             pass
     assert not (tmp_path / "ck").exists() and not (tmp_path / "local").exists()
+
+
+def test_each_task_context_gets_its_own_commits_metrics_record(tmp_path):
+    """Two partitions' tasks in one process, the second committed inside the first
+    (as a Spark task running several state partitions, or a state server): each
+    context holds the record of its own commit, and a context whose task has not
+    committed holds none."""
+    from sessionstore import StoreSpec
+    from spark_integration import StateBackend
+    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    specs = [StoreSpec("open", "session", 120_001)]
+    outer, inner = TaskContext(TaskInfo(0, 0, 0)), TaskContext(TaskInfo(1, 0, 0))
+    with partition_state(backend, "op", outer, specs, 2):
+        with partition_state(backend, "op", inner, specs, 2):
+            pass
+        assert outer.metrics is None
+        assert (inner.metrics["partition"], inner.metrics["batch"]) == (1, 0)
+    assert (outer.metrics["partition"], outer.metrics["batch"]) == (0, 0)
+    assert (inner.metrics["partition"], inner.metrics["batch"]) == (1, 0)
