@@ -100,9 +100,10 @@ class Echo:
 def state_server(repeat: int) -> dict[str, float]:
     from spark_integration.execution import state_server as ss
     from spark_integration.execution.runtime import TaskContext, TaskInfo
+    from spark_integration.execution.state_server import client
 
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-    ss._parent = lambda: daemon.pid  # servers end with this stand-in daemon
+    client.daemon_pid = lambda: daemon.pid  # servers end with this stand-in daemon
     try:
         task = ss.ServedTask(Echo(), 1)
         batch = pa.record_batch([pa.array(range(100))], names=["x"])

@@ -24,6 +24,7 @@ import pytest
 from sessionstore.errors import StatefulProcessorError
 from spark_integration.execution import state_server as ss
 from spark_integration.execution.runtime import TaskContext, TaskInfo
+from spark_integration.execution.state_server import client, protocol, server
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
 
@@ -86,7 +87,7 @@ def daemon(monkeypatch):
     """A stand-in for the executor's Python daemon; the servers started while it
     lives end with it (checked)."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    monkeypatch.setattr(ss, "_parent", lambda: sleeper.pid)
+    monkeypatch.setattr(client, "daemon_pid", lambda: sleeper.pid)
     servers: set[int] = set()
     yield sleeper, servers
     sleeper.kill()
@@ -211,8 +212,8 @@ def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
     out, _ = _run(EchoTask(), partition=0, count=1)
     pid = _pid_of(out)
     servers.add(pid)
-    address = ss._address(ss._parent(), 1, 0)
-    for garbage in (b"", b"nonsense-nonsense-nonsense", ss._REQUEST.pack(b"SSV1", 1, 1 << 40)):
+    address = protocol.server_address(client.daemon_pid(), 1, 0)
+    for garbage in (b"", b"nonsense-nonsense-nonsense", protocol.REQUEST.pack(b"SSV1", 1, 1 << 40)):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(address)
             conn.sendall(garbage)
@@ -222,10 +223,10 @@ def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
 
 def test_an_idle_server_closes_its_listener_and_returns():
     address = f"\0sessionstore-state-test-{os.getpid()}-idle"
-    listener = ss._bind(address)
+    listener = server.bind(address)
     assert listener is not None
-    assert ss._bind(address) is None  # the name is the lock
-    thread = threading.Thread(target=ss.serve, args=(listener, os.getpid(), 0.2))
+    assert server.bind(address) is None  # the name is the lock
+    thread = threading.Thread(target=server.serve, args=(listener, os.getpid(), 0.2))
     thread.start()
     thread.join(10)
     assert not thread.is_alive()
@@ -359,8 +360,8 @@ def test_a_server_of_another_user_that_holds_the_name_is_sent_nothing(daemon, ca
     """A process of ``nobody`` binds the slot's name first: the worker checks its
     credentials after connecting, sends it no byte, says why in one line, and runs
     the task itself."""
-    monkeypatch.setattr(ss, "_warned_unavailable", False)
-    address = ss._address(ss._parent(), 1, 0)
+    monkeypatch.setattr(client, "_warned_unavailable", False)
+    address = protocol.server_address(client.daemon_pid(), 1, 0)
 
     def fake_server(ready):
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -417,9 +418,11 @@ def _hostile_server(address: str, frames: list[bytes]) -> threading.Thread:
         with listener:
             conn, _ = listener.accept()
             with conn:
-                _, info, task = ss._REQUEST.unpack(ss._read_exact(conn, ss._REQUEST.size))
-                ss._read_exact(conn, info + task)
-                ss._send(conn, ss._ACCEPTED, b"4242")
+                _, info, task = protocol.REQUEST.unpack(
+                    protocol.read_exact(conn, protocol.REQUEST.size)
+                )
+                protocol.read_exact(conn, info + task)
+                protocol.send_frame(conn, protocol.ACCEPTED, b"4242")
                 conn.sendall(b"".join(frames))
                 time.sleep(0.5)
 
@@ -435,12 +438,12 @@ def test_a_pickle_in_a_servers_frame_is_never_unpickled(daemon, tmp_path, kind):
     marker = tmp_path / "unpickled"
     payload = pickle.dumps(_Marker(str(marker)))
     if kind == "metrics":
-        frame = ss._FRAME.pack(ss._METRICS, len(payload)) + payload
+        frame = protocol.FRAME.pack(protocol.METRICS, len(payload)) + payload
     else:  # text, then a pickled exception: the layout a worker used to unpickle
         text = b"Traceback: ValueError: boom"
         body = struct.pack("<Q", len(text)) + text + payload
-        frame = ss._FRAME.pack(ss._ERROR, len(body)) + body
-    thread = _hostile_server(ss._address(ss._parent(), 1, 0), [frame])
+        frame = protocol.FRAME.pack(protocol.ERROR, len(body)) + body
+    thread = _hostile_server(protocol.server_address(client.daemon_pid(), 1, 0), [frame])
     with pytest.raises(
         ss.StateServerLost, match=f"malformed {'metrics' if kind == 'metrics' else 'error'}"
     ):
@@ -452,8 +455,8 @@ def test_a_pickle_in_a_servers_frame_is_never_unpickled(daemon, tmp_path, kind):
 def test_a_frame_claiming_two_to_the_40_bytes_is_refused_without_allocating_it(daemon):
     import tracemalloc
 
-    frame = ss._FRAME.pack(ss._OUTPUT, 2**40)
-    thread = _hostile_server(ss._address(ss._parent(), 1, 0), [frame])
+    frame = protocol.FRAME.pack(protocol.OUTPUT, 2**40)
+    thread = _hostile_server(protocol.server_address(client.daemon_pid(), 1, 0), [frame])
     tracemalloc.start()
     try:
         with pytest.raises(ss.StateServerLost, match=f"claiming {2**40} bytes"):
@@ -467,11 +470,13 @@ def test_a_frame_claiming_two_to_the_40_bytes_is_refused_without_allocating_it(d
 
 def test_an_error_of_a_type_outside_the_allow_list_arrives_as_a_runtime_error_with_its_text():
     payload = msgpack.packb(["os.system", "rm -rf /", "Traceback ...\nos.system: rm -rf /"])
-    error, text = ss._error_of(payload)
+    error, text = protocol.error_of(payload)
     assert type(error) is RuntimeError and str(error) == "os.system: rm -rf /"
     assert text.endswith("os.system: rm -rf /")
-    error, _ = ss._error_of(msgpack.packb(["KeyError", "'k'", "..."]))
+    error, _ = protocol.error_of(msgpack.packb(["KeyError", "'k'", "..."]))
     assert type(error) is KeyError
-    error, _ = ss._error_of(ss._error_payload(StatefulProcessorError("SOME_CLASS", "what")))
+    error, _ = protocol.error_of(
+        protocol.error_payload(StatefulProcessorError("SOME_CLASS", "what"))
+    )
     assert type(error) is StatefulProcessorError and error.error_class == "SOME_CLASS"
     assert str(error) == "[SOME_CLASS] what"
