@@ -23,8 +23,8 @@ equals it:
   tasks. A task never reads the P records itself then: P tasks reading P records
   each is P^2 requests, exactly when the store is throttling;
 * a task that cannot reach it (Spark Connect, where the planning process is not
-  the driver; a firewall) reads the durable records itself, as before the
-  coordinator existed, and stops trying for :data:`RETRY_AFTER_S`.
+  the driver; a firewall) reads the durable records itself (the same answer, at
+  the cost of P requests per task) and stops trying for :data:`RETRY_AFTER_S`.
 
 It is also the arbiter between attempts of one batch on an object store
 (:func:`claim`, :mod:`sessionstore.checkpoint.lineage`): before it uploads its
