@@ -56,6 +56,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TaskInfo:
+    """Which task this is: its state partition, micro-batch and attempt (what a
+    state server is sent, as msgpack, in this field order)."""
+
     partition: int
     batch_id: int
     attempt: int
