@@ -52,6 +52,7 @@ def per_call_us(fn: Callable[[], object], number: int = 2000) -> float:
 
 def coordinator(repeat: int) -> dict[str, float]:
     from spark_integration.driver import coordinator as coord
+
     c = coord.Coordinator("127.0.0.1", 0)
     try:
         address = c.register(f"file://{tempfile.gettempdir()}/unused-trust-bench", "op", 1)
@@ -91,28 +92,25 @@ def coordinator(repeat: int) -> dict[str, float]:
 class Echo:
     """A task that returns its input and leaves a metrics record."""
 
-    def __call__(self, batches):
-        from spark_integration.execution import runtime
+    def run(self, batches, context):
         yield from batches
-        runtime.keep_task_metrics({"rows_total": 1, "load_kind": "warm"})
+        context.metrics = {"rows_total": 1, "load_kind": "warm"}
 
 
 def state_server(repeat: int) -> dict[str, float]:
-    from spark_integration.execution import runtime
     from spark_integration.execution import state_server as ss
-    from spark_integration.execution.runtime import TaskInfo
+    from spark_integration.execution.runtime import TaskContext, TaskInfo
+    from spark_integration.execution.state_server import client
 
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-    ss._parent = lambda: daemon.pid  # servers end with this stand-in daemon
+    client.daemon_pid = lambda: daemon.pid  # servers end with this stand-in daemon
     try:
         task = ss.ServedTask(Echo(), 1)
         batch = pa.record_batch([pa.array(range(100))], names=["x"])
 
         def one() -> None:
-            with runtime.running_task(TaskInfo(0, 1, 0, "run")):
-                for _ in task(iter([batch])):
-                    pass
-            runtime.take_task_metrics()
+            for _ in task.run(iter([batch]), TaskContext(TaskInfo(0, 1, 0, "run"))):
+                pass
 
         one()  # starts the server
         out = {"state server: one task's exchange (100 rows)": median_us(one, repeat)}

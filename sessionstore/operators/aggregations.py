@@ -32,7 +32,6 @@ from typing import Any
 import msgpack
 
 from sessionstore.operators.aggregate_functions import (
-    ONE_COLUMN,
     AggregateSpec,
     Slot,
     bind,
@@ -42,7 +41,6 @@ from sessionstore.operators.aggregate_functions import (
 __all__ = [
     "Aggregation",
     "Aggregations",
-    "BUILTINS",
     "OUTPUT_PLAN_AUX",
     "make_aggregation",
     "output_plan",
@@ -75,13 +73,6 @@ class Aggregation:
             return self.aggregator_ts(key, value, ts, acc)
         return self.aggregator(key, value, acc)
 
-
-#: Each built-in function's parts as ``(initial slot, add(slot, value, ts),
-#: merge(older, newer), result(slot))``, for functions without arguments.
-BUILTINS: dict[str, tuple[Callable[[], Any], Callable, Callable, Callable]] = {
-    fn: (s.init, s.add, s.merge, s.result)
-    for fn, s in ((fn, bind(AggregateSpec("", fn, None))) for fn in sorted(ONE_COLUMN | {"count"}))
-}
 
 # How a part reads its input from a record's value
 _WHOLE, _FIELD, _PAIR, _CUSTOM = range(4)

@@ -16,6 +16,7 @@ import random
 import shutil
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 from sessionstore.checkpoint import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.provider import recorded_partitions
@@ -115,27 +116,58 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
     """Run the demo queries on ``spark`` (``interval`` seconds between micro-batches);
     print and return ``(emitted sessions, sessions in state per partition, clicks
     joined with their plan, seconds the micro-batches took)``."""
-    from spark_integration import StateBackend, sessionize, temporal_join
     from spark_integration.driver.metrics import log_state_metrics
-    from spark_integration.planning.backend import CONF_PREFIX
 
     shutil.rmtree(out_dir, ignore_errors=True)
     staging, source = os.path.join(out_dir, "staging"), os.path.join(out_dir, "clicks")
+    plans_source = os.path.join(out_dir, "plans")
     clicks = click_stream(n_clicks, users)
     # sessions still open when the stream pauses stay in state (shown at the end)
-    files = write_batches(clicks, staging, -(-len(clicks) // batches))
-    if spark.conf.get(CONF_PREFIX + "checkpointUri", None):
-        backend = StateBackend.from_conf(spark)  # e.g. S3 in docker/compose.yaml
-    else:
-        backend = StateBackend(
-            checkpoint_uri="file://" + os.path.abspath(os.path.join(out_dir, "object-store")),
-            local_dir=os.path.abspath(os.path.join(out_dir, "local-rocksdb")),
-            snapshot_interval=3,
-        )
-    os.makedirs(source, exist_ok=True)
+    per_batch = -(-len(clicks) // batches)
+    files = write_batches(clicks, staging, per_batch)
+    backend = _backend(spark, out_dir)
     # one line per operator and micro-batch, from the tasks' observed state metrics
     # (before the operators are built: it turns their metrics on)
     listener = log_state_metrics(spark, print)
+    emitted: list[dict] = []
+    enriched: list[dict] = []
+    queries = _start_queries(spark, backend, out_dir, source, plans_source, emitted, enriched)
+    feed = _Feed(
+        clicks, per_batch, plan_changes(clicks, users), files, staging, source, plans_source
+    )
+    elapsed = feed.run(queries, interval)
+    for query in queries:
+        query.stop()
+    spark.streams.removeListener(listener)
+
+    _print_results(clicks, users, len(files), emitted, enriched, elapsed)
+    in_state = _print_state(backend, out_dir)
+    _print_cli(backend)
+    return emitted, in_state, enriched, elapsed
+
+
+def _backend(spark, out_dir: str):
+    """The conf's backend (e.g. S3 in docker/compose.yaml), else local folders."""
+    from spark_integration import StateBackend
+    from spark_integration.planning.backend import CONF_PREFIX
+
+    if spark.conf.get(CONF_PREFIX + "checkpointUri", None):
+        return StateBackend.from_conf(spark)
+    return StateBackend(
+        checkpoint_uri="file://" + os.path.abspath(os.path.join(out_dir, "object-store")),
+        local_dir=os.path.abspath(os.path.join(out_dir, "local-rocksdb")),
+        snapshot_interval=3,
+    )
+
+
+def _start_queries(spark, backend, out_dir, source, plans_source, emitted, enriched):
+    """Start the two demo queries over the JSON files arriving in ``source`` and
+    ``plans_source``: the sessions (collected into ``emitted``) and the clicks
+    joined with the plan valid at each (into ``enriched``)."""
+    from spark_integration import sessionize, temporal_join
+
+    os.makedirs(source, exist_ok=True)
+    os.makedirs(plans_source, exist_ok=True)
     stream = (
         spark.readStream.schema("user string, ts long, page string")
         .option("maxFilesPerTrigger", 1)
@@ -152,8 +184,6 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
         backend=backend,
         name="click_sessions",
     )
-    plans_source = os.path.join(out_dir, "plans")
-    os.makedirs(plans_source, exist_ok=True)
     plans = (
         spark.readStream.schema("user string, plan_ts long, plan string")
         .option("maxFilesPerTrigger", 1)
@@ -164,9 +194,7 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
         table_timestamp="plan_ts", history_retention="1 day", how="left",
         backend=backend, name="clicks_with_plan",
     )  # fmt: skip
-    emitted: list[dict] = []
-    enriched: list[dict] = []
-    queries = [
+    return [
         sessions.writeStream.outputMode("append")
         .option("checkpointLocation", os.path.join(out_dir, "spark-checkpoint", "sessions"))
         .foreachBatch(lambda batch, _: emitted.extend(r.asDict() for r in batch.collect()))
@@ -176,42 +204,73 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
         .foreachBatch(lambda batch, _: enriched.extend(r.asDict() for r in batch.collect()))
         .start(),
     ]
-    changes = plan_changes(clicks, users)
-    started = time.perf_counter()
-    per_batch = -(-len(clicks) // batches)
-    # a plan change travels in the micro-batch whose clicks cover its time
-    ends = [clicks[min(len(clicks), (n + 1) * per_batch) - 1][1] for n in range(len(files))]
-    ends[-1] = max(ends[-1], changes[-1][1])
-    for n, path in enumerate(files):  # one clicks file (and plan file) per micro-batch
-        if n and interval:
-            time.sleep(interval)
-        lower = ends[n - 1] if n else None
-        batch_changes = [c for c in changes if (lower is None or c[1] > lower) and c[1] <= ends[n]]
+
+
+@dataclass
+class _Feed:
+    """The demo's input, one clicks file and one plans file per micro-batch, moved
+    into the folders the queries read."""
+
+    clicks: list
+    per_batch: int
+    changes: list
+    files: list[str]
+    staging: str
+    source: str
+    plans_source: str
+
+    def run(self, queries: list, interval: float) -> float:
+        """Feed every micro-batch to ``queries`` (``interval`` seconds apart) and
+        wait for each; the seconds the micro-batches took."""
+        started = time.perf_counter()
+        ends = self._batch_ends()
+        for n, path in enumerate(self.files):
+            if n and interval:
+                time.sleep(interval)
+            self._write_plans(n, ends[n - 1] if n else None, ends[n])
+            # the join takes the plan changes in before the clicks they precede arrive:
+            # its two sources are listed independently, so otherwise a micro-batch may
+            # take a clicks file before the plans file written just ahead of it
+            queries[1].processAllAvailable()
+            os.replace(path, os.path.join(self.source, os.path.basename(path)))
+            for query in queries:
+                query.processAllAvailable()
+        return time.perf_counter() - started - interval * (len(self.files) - 1)
+
+    def _batch_ends(self) -> list[int]:
+        """The last click time of each micro-batch: a plan change travels in the
+        micro-batch whose clicks cover its time (the last takes the rest)."""
+        n_clicks = len(self.clicks)
+        ends = [
+            self.clicks[min(n_clicks, (n + 1) * self.per_batch) - 1][1]
+            for n in range(len(self.files))
+        ]
+        ends[-1] = max(ends[-1], self.changes[-1][1])
+        return ends
+
+    def _write_plans(self, n: int, lower: int | None, upper: int) -> None:
+        """The plans file of micro-batch ``n``: the changes in ``(lower, upper]``."""
+        batch_changes = [
+            c for c in self.changes if (lower is None or c[1] > lower) and c[1] <= upper
+        ]
         # written aside, then moved in: the running query must never list a file
         # still being written (it would read it empty and never again)
-        staged = os.path.join(staging, f"plans-{n:04d}.json")
+        staged = os.path.join(self.staging, f"plans-{n:04d}.json")
         with open(staged, "w") as f:
             for user, plan_ts, plan in batch_changes:
                 f.write(json.dumps({"user": user, "plan_ts": plan_ts, "plan": plan}) + "\n")
-        os.replace(staged, os.path.join(plans_source, os.path.basename(staged)))
-        # the join takes the plan changes in before the clicks they precede arrive:
-        # its two sources are listed independently, so otherwise a micro-batch may
-        # take a clicks file before the plans file written just ahead of it
-        queries[1].processAllAvailable()
-        os.replace(path, os.path.join(source, os.path.basename(path)))
-        for query in queries:
-            query.processAllAvailable()
-    elapsed = time.perf_counter() - started - interval * (len(files) - 1)
-    for query in queries:
-        query.stop()
-    spark.streams.removeListener(listener)
+        os.replace(staged, os.path.join(self.plans_source, os.path.basename(staged)))
 
+
+def _print_results(clicks, users, n_files, emitted, enriched, elapsed) -> None:
+    """The run's summary, the sessions of the user with the most, and the clicks of
+    one user around their upgrade with the plan valid at each."""
     print(
         f"\nsummary: {len(clicks):,} events, {len(emitted):,} sessions closed, "
-        f"{len(enriched):,} clicks joined with their plan, {len(files)} micro-batches, "
+        f"{len(enriched):,} clicks joined with their plan, {n_files} micro-batches, "
         f"{elapsed:.1f} s"
     )
-    print(f"\n{len(clicks):,} clicks from {users} users in {len(files)} micro-batches")
+    print(f"\n{len(clicks):,} clicks from {users} users in {n_files} micro-batches")
     print(f"{len(emitted):,} sessions emitted (gap {GAP}, emit on close)\n")
     user, count = Counter(r["user"] for r in emitted).most_common(1)[0]
     print(f"{user}, the user with the most sessions ({count}), first five:")
@@ -231,6 +290,10 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
         for ts, plan in theirs[max(0, switch - 2) : switch + 2]:
             print(f"  {ts}  plan={plan}")
 
+
+def _print_state(backend, out_dir: str) -> list:
+    """Print and return the sessions in state of each partition, read back from the
+    checkpoint as a new executor would."""
     print("\nState, read back from the checkpoint as a new executor would:")
     spec = StoreSpec("sessions", "session", GAP_MS + 3_600_000 + 1)
     in_state = []
@@ -256,6 +319,11 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
             print(f"    {window.key}  [{window.start}, {window.end}]  clicks={acc[0]}")
         handle.abort()
         provider.close()
+    return in_state
+
+
+def _print_cli(backend) -> None:
+    """The checkpoint and the live databases as the ``sessionstore`` CLI shows them."""
     print(f"\n$ sessionstore ls {backend.checkpoint_uri}")
     ls_args = ["ls", backend.checkpoint_uri]
     ls_args += [f"--storage-option={k}={v}" for k, v in backend.storage_options.items()]
@@ -272,7 +340,6 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
     stats_args = ["stats", backend.checkpoint_uri]
     stats_args += [f"--storage-option={k}={v}" for k, v in backend.storage_options.items()]
     cli_main(stats_args)
-    return emitted, in_state, enriched, elapsed
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ equals it:
   tasks. A task never reads the P records itself then: P tasks reading P records
   each is P^2 requests, exactly when the store is throttling;
 * a task that cannot reach it (Spark Connect, where the planning process is not
-  the driver; a firewall) reads the durable records itself, as before the
-  coordinator existed, and stops trying for :data:`RETRY_AFTER_S`.
+  the driver; a firewall) reads the durable records itself (the same answer, at
+  the cost of P requests per task) and stops trying for :data:`RETRY_AFTER_S`.
 
 It is also the arbiter between attempts of one batch on an object store
 (:func:`claim`, :mod:`sessionstore.checkpoint.lineage`): before it uploads its
@@ -536,7 +536,6 @@ _coordinator: tuple[int, Coordinator] | None = None
 _coordinator_lock = threading.Lock()
 
 
-
 def _claim_problem(body: dict[str, Any], num_partitions: int) -> str | None:
     """Why a claim (lineage.py's arbiter) is refused, or None: a partition of the
     operator, a version in range, commit ids as short strings."""
@@ -552,6 +551,7 @@ def _claim_problem(body: dict[str, Any], num_partitions: int) -> str | None:
         ):
             return f"{name} {str(value)[:80]!r}"
     return None
+
 
 def _port(value: Any) -> int:
     """:data:`PORT_CONF`'s value as a port number; ``ValueError`` naming it if not."""

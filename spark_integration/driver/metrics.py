@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint.metrics import LOAD_KINDS, summarize_batch
+from spark_integration.execution.runtime import ContextTask, SparkTask, TaskContext
 
 __all__ = [
     "METRICS_COLUMN",
@@ -81,26 +82,27 @@ def _spark_struct() -> Any:
 
 @dataclass
 class _WithMetrics:
-    """A ``mapInArrow`` task that passes its output through with the metrics column
-    null, then yields its metrics row (picklable, as the task it wraps)."""
+    """An operator task (:class:`~spark_integration.execution.runtime.ContextTask`)
+    that passes the output of ``task`` through with the metrics column null, then
+    yields the metrics record ``task`` left in its context as one more row
+    (picklable, as the task it wraps)."""
 
-    task: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]]
+    task: ContextTask
     schema_json: str  # the wrapped task's output schema, all fields nullable
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
+        """``task``'s output, then its metrics row."""
         from spark_integration.execution.output import arrow_schema
-        from spark_integration.execution.runtime import take_task_metrics
 
         schema = arrow_schema(self.schema_json)
-        take_task_metrics()  # a record left by an earlier task of this worker
-        for out in self.task(batches):
+        for out in self.task.run(batches, context):
             for batch in out.to_batches() if isinstance(out, pa.Table) else [out]:
                 yield pa.RecordBatch.from_arrays(
                     [*batch.columns, pa.nulls(batch.num_rows, _STRUCT)],
                     schema=schema,
                 )
-        record = take_task_metrics()
-        if record is not None:  # None: the task committed nothing (cannot happen today)
+        record = context.metrics
+        if record is not None:  # None: the task committed nothing
             row = pa.array([{n: record.get(n) for n, _ in _FIELDS}], type=_STRUCT)
             nulls = [pa.nulls(1, f.type) for f in schema][:-1]
             yield pa.RecordBatch.from_arrays([*nulls, row], schema=schema)
@@ -114,21 +116,21 @@ def metrics_enabled(spark: Any) -> bool:
 
 def with_state_metrics(
     df: Any,
-    task: Any,
+    task: ContextTask,
     out_schema: Any,
     name: str,
-    outer: Callable[[Any], Any] | None = None,
+    outer: Callable[[ContextTask], Any] = SparkTask,
 ) -> Any:
-    """``df.mapInArrow(task, out_schema)``; with :data:`METRICS_CONF` on, the tasks'
-    metrics are also observed as ``sessionstore.<name>`` (see the module doc), and
-    the output has ``out_schema``'s columns, all nullable (the metrics rows travel
-    in the same batches). ``task`` runs one state partition; ``outer``, if given,
-    makes the ``mapInArrow`` function of a Spark task from it (several state
-    partitions per Spark task: :mod:`spark_integration.planning.placement`)."""
+    """``df.mapInArrow(outer(task), out_schema)``; with :data:`METRICS_CONF` on, the
+    tasks' metrics are also observed as ``sessionstore.<name>`` (see the module
+    doc), and the output has ``out_schema``'s columns, all nullable (the metrics
+    rows travel in the same batches). ``task`` runs one state partition; ``outer``
+    makes the ``mapInArrow`` function of a Spark task from it: by default
+    :class:`~spark_integration.execution.runtime.SparkTask` (a Spark task per state
+    partition), else one around several (:mod:`spark_integration.planning.placement`)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    outer = outer or (lambda each: each)
     if not metrics_enabled(df.sparkSession):
         return df.mapInArrow(outer(task), out_schema)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,7 +38,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TaskInfo",
+    "TaskContext",
+    "ContextTask",
+    "SparkTask",
     "task_info",
+    "spark_task_context",
+    "check_partition",
     "partition_state",
     "state_and_inputs",
     "run_aggregator",
@@ -46,15 +51,14 @@ __all__ = [
     "deterministic_order",
     "key_values",
     "struct_values",
-    "take_task_metrics",
-    "keep_task_metrics",
-    "running_task",
-    "outlive_tasks",
 ]
 
 
 @dataclass(frozen=True)
 class TaskInfo:
+    """Which task this is: its state partition, micro-batch and attempt (what a
+    state server is sent, as msgpack, in this field order)."""
+
     partition: int
     batch_id: int
     attempt: int
@@ -67,134 +71,172 @@ class TaskInfo:
 RUN_PROPERTY = "spark.jobGroup.id"
 
 
-#: The task a state server runs for a Spark worker (see :func:`running_task`).
-_given_info: TaskInfo | None = None
-#: This process outlives its tasks (a state server): maintenance runs after them.
-_long_lived = False
+@dataclass
+class TaskContext:
+    """What the code that runs an operator task gives it, and what the task gives
+    back: passed to :meth:`ContextTask.run` by the worker wrapper.
+
+    Spark's ``mapInArrow`` function (:class:`SparkTask`) makes one from Spark's
+    ``TaskContext``; a state server (:mod:`spark_integration.execution.state_server`)
+    from what the worker sent, having no ``TaskContext`` of its own; a Spark task
+    that runs several state partitions (:mod:`spark_integration.planning.placement`)
+    one per partition. The task's commit leaves its metrics record here rather
+    than in a generator's return value, which a wrapper that maps the task's
+    output would lose."""
+
+    info: TaskInfo
+    #: the process lives on after the task (a reused Python worker, a state
+    #: server), so a snapshot upload can run after the commit, in the background
+    outlives_task: bool = False
+    #: the task's metrics record (:mod:`spark_integration.driver.metrics`), set
+    #: when it commits
+    metrics: dict[str, Any] | None = None
+
+    def for_partition(self, partition: int) -> TaskContext:
+        """A fresh context for state partition ``partition`` of this Spark task."""
+        return TaskContext(replace(self.info, partition=partition), self.outlives_task)
 
 
-def outlive_tasks() -> None:
-    """Mark this process as one that outlives its tasks (a state server), so that
-    snapshot uploads run on its background thread after the commit."""
-    global _long_lived
-    _long_lived = True
+class ContextTask(Protocol):
+    """An operator task, or a wrapper of one: runs over a Spark task's input as
+    ``context`` says and yields Arrow batches or tables."""
 
-
-@contextmanager
-def running_task(info: TaskInfo) -> Iterator[None]:
-    """Run an operator task outside its Spark worker, as ``info``: a state server
-    (:mod:`spark_integration.execution.state_server`) has no ``TaskContext``, so the worker
-    sends what :func:`task_info` would have read there."""
-    global _given_info
-    _given_info = info
-    try:
-        yield
-    finally:
-        _given_info = None
+    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
+        """The task's output; its metrics record is left in ``context``."""
+        ...
 
 
 def task_info() -> TaskInfo:
-    """Partition, micro-batch id, attempt and query run of the running Spark task
-    (or of the task a state server runs for one, :func:`running_task`)."""
-    if _given_info is not None:
-        return _given_info
-    from pyspark import TaskContext
+    """Partition, micro-batch id, attempt and query run of the running Spark task."""
+    from pyspark import TaskContext as SparkTaskContext
 
-    ctx = TaskContext.get()
+    ctx = SparkTaskContext.get()
     batch = ctx.getLocalProperty("streaming.sql.batchId")
     run = ctx.getLocalProperty(RUN_PROPERTY)
     return TaskInfo(ctx.partitionId(), int(batch or 0), ctx.attemptNumber(), run)
 
 
-_task_metrics: dict[str, Any] | None = None
+def spark_task_context() -> TaskContext:
+    """The context of the running Spark task, in its Python worker: a worker that
+    Spark reuses (``spark.python.worker.reuse``) outlives the task, others exit
+    with it."""
+    return TaskContext(task_info(), outlives_task=bool(os.environ.get("SPARK_REUSE_WORKER")))
 
 
-def take_task_metrics() -> dict[str, Any] | None:
-    """The metrics record of the last task of this worker that committed (see
-    :mod:`spark_integration.driver.metrics`), once: a second call returns None. A Python
-    worker runs one task at a time, so the task that asks is the one that committed."""
-    global _task_metrics
-    record, _task_metrics = _task_metrics, None
-    return record
+@dataclass
+class SparkTask:
+    """The ``mapInArrow`` function of an operator: runs ``task`` as the Spark task
+    it is called in (picklable, as the task it wraps)."""
+
+    task: ContextTask
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
+        yield from self.task.run(batches, spark_task_context())
 
 
-def keep_task_metrics(record: dict[str, Any] | None) -> None:
-    """Keep ``record`` for :func:`take_task_metrics`: the record of a task that a
-    state server ran for this worker, sent back with the task's output."""
-    global _task_metrics
-    _task_metrics = record
+def check_partition(name: str | None, partition: int, count: int, unit: str = "partitions") -> None:
+    """Refuse a Spark task numbered ``partition`` when the operator ``name`` has
+    only ``count`` of them (``unit``: its state partitions, or its Spark tasks),
+    before any state is touched.
+
+    Spark numbers the tasks of a stage, not of the operator's shuffle: in a union,
+    a later child's tasks are numbered after the earlier children's, so the task
+    number is no longer the state partition, and a wrong one would mix two
+    partitions' state."""
+    if partition >= count:
+        operator = "sessionstore operator" + ("" if name is None else f" {name!r}")
+        raise RuntimeError(
+            f"{operator}: this task is partition {partition} of its stage but the "
+            f"operator has {count} {unit}; its output was combined with other data in "
+            "one stage (for example by union), which Spark numbers as one. Run each "
+            "sessionstore operator as its own query, or write the union's inputs out "
+            "separately"
+        )
+
+
+def _segmented(specs: list[StoreSpec]) -> list[StoreSpec]:
+    """``specs``, those that name no segment interval given the operators' one
+    (:func:`~sessionstore.stores.segments.operator_segment_interval`)."""
+    return [
+        spec
+        if spec.segment_interval_ms is not None
+        else replace(spec, segment_interval_ms=operator_segment_interval(spec.retention_ms))
+        for spec in specs
+    ]
+
+
+@dataclass(frozen=True)
+class _ProviderRecipe:
+    """Everything that shapes a partition's provider: its key in the store service
+    (a query restarted with other settings, stores or partition count gets a new
+    provider, which re-checks the checkpoint) and how to make one."""
+
+    backend: StateBackend
+    name: str
+    partition: int
+    specs: list[StoreSpec]
+    num_partitions: int
+    key_types: list[str] | None
+
+    def key(self) -> str:
+        b = self.backend
+        return repr((
+            b.checkpoint_uri, b.resolved_local_dir, b.snapshot_interval, b.retain_versions,
+            sorted(b.storage_options.items()), self.name, self.partition, self.num_partitions,
+            [spec.describe() for spec in self.specs], b.commit_observer, self.key_types,
+            b.memory_max_mb, b.orphan_grace_s,
+        ))  # fmt: skip
+
+    def make(self) -> StateStoreProvider:
+        b = self.backend
+        return StateStoreProvider(
+            b.checkpoint_uri,
+            self.name,
+            self.partition,
+            self.specs,
+            b.resolved_local_dir,
+            snapshot_interval=b.snapshot_interval,
+            retain_versions=b.retain_versions,
+            storage_options=b.storage_options,
+            num_partitions=self.num_partitions,
+            commit_observer=b.commit_observer,
+            key_types=self.key_types,
+            memory_max_mb=b.memory_max_mb,
+            orphan_grace_s=b.orphan_grace_s,
+        )
 
 
 @contextmanager
 def partition_state(
     backend: StateBackend,
     name: str,
-    info: TaskInfo,
+    context: TaskContext,
     specs: list[StoreSpec],
     num_partitions: int,
     key_types: list[str] | None = None,
 ) -> Iterator[tuple[StoreHandle, StateStoreProvider]]:
     """The partition's stores at version ``batch_id``; committed as ``batch_id + 1``
-    when the block succeeds, dropped when it raises.
+    when the block succeeds (the task's metrics record then left in ``context``),
+    dropped when it raises.
 
-    The provider comes warm from this Python worker's :class:`StoreService` (the
+    The provider comes warm from this process's :class:`StoreService` (the
     database stays open between micro-batches and moves to another worker of the
-    executor on request); snapshot uploads run on the service's background thread.
-    Stores whose spec names no segment interval get the operators' one
-    (:func:`~sessionstore.stores.segments.operator_segment_interval`).
-    ``key_types`` (the key columns' Spark types, from planning) are recorded in the
-    checkpoint for a later repartition.
+    executor on request); snapshot uploads run on the service's background thread
+    when the process outlives the task. Stores whose spec names no segment
+    interval get the operators' one. ``key_types`` (the key columns' Spark types,
+    from planning) are recorded in the checkpoint for a later repartition.
     """
     from sessionstore.checkpoint.store_service import StoreService
 
-    if info.partition >= num_partitions:
-        # Spark numbers the tasks of a stage, not of the operator's shuffle: in a
-        # union, a later child's tasks are numbered after the earlier children's, so
-        # the task id is no longer the state partition (and a wrong one would mix
-        # two partitions' state). Refuse before any state is touched.
-        raise RuntimeError(
-            f"sessionstore operator {name!r}: this task is partition {info.partition} of "
-            f"its stage but the operator has {num_partitions} partitions; its output was "
-            "combined with other data in one stage (for example by union), which Spark "
-            "numbers as one. Run each sessionstore operator as its own query, or write "
-            "the union's inputs out separately"
-        )
-    specs = [
-        spec
-        if spec.segment_interval_ms is not None
-        else replace(spec, segment_interval_ms=operator_segment_interval(spec.retention_ms))
-        for spec in specs
-    ]
-    local_dir = backend.resolved_local_dir
-    # everything that shapes the provider: a query restarted with other settings,
-    # stores or partition count gets a new one, which re-checks the checkpoint
-    key = repr((
-        backend.checkpoint_uri, local_dir, backend.snapshot_interval, backend.retain_versions,
-        sorted(backend.storage_options.items()), name, info.partition, num_partitions,
-        [spec.describe() for spec in specs], backend.commit_observer, key_types,
-        backend.memory_max_mb, backend.orphan_grace_s,
-    ))  # fmt: skip
-
-    def make() -> StateStoreProvider:
-        return StateStoreProvider(
-            backend.checkpoint_uri,
-            name,
-            info.partition,
-            specs,
-            local_dir,
-            snapshot_interval=backend.snapshot_interval,
-            retain_versions=backend.retain_versions,
-            storage_options=backend.storage_options,
-            num_partitions=num_partitions,
-            commit_observer=backend.commit_observer,
-            key_types=key_types,
-            memory_max_mb=backend.memory_max_mb,
-            orphan_grace_s=backend.orphan_grace_s,
-        )
-
+    info = context.info
+    check_partition(name, info.partition, num_partitions)
+    recipe = _ProviderRecipe(
+        backend, name, info.partition, _segmented(specs), num_partitions, key_types
+    )
+    key = recipe.key()
     service = StoreService.instance()
     started = time.perf_counter()
-    with service.provider(key, make) as provider:
+    with service.provider(key, recipe.make) as provider:
         handle = provider.get_store(info.batch_id)
         # the metrics' load time includes a handover's wait for the holder
         handle.note(load_ms=millis(time.perf_counter() - started))
@@ -204,15 +246,13 @@ def partition_state(
             handle.abort()
             raise
         version = handle.commit()
-        global _task_metrics
-        _task_metrics = {
+        context.metrics = {
             **provider.last_metrics,
             "partition": info.partition,
             "batch": info.batch_id,
         }
     if version % backend.snapshot_interval == 0:
-        # a reused worker and a state server outlive the task; others exit with it
-        if os.environ.get("SPARK_REUSE_WORKER") or _long_lived:
+        if context.outlives_task:
             service.maintain_later(key)
         else:  # this worker exits with the task (os._exit): a background upload would die
             provider.do_maintenance()
@@ -271,7 +311,7 @@ class _EnteredAhead:
 def state_and_inputs(
     backend: StateBackend,
     name: str,
-    info: TaskInfo,
+    context: TaskContext,
     specs: list[StoreSpec],
     num_partitions: int,
     batches: Iterator[pa.RecordBatch],
@@ -293,6 +333,7 @@ def state_and_inputs(
     RocksDB open, about as long as a large input takes to arrive, and reading the
     event time; measured in BENCHMARKS.md, "Figures quoted in code").
     """
+    info = context.info
     then = None
     if shared_event_time:
 
@@ -302,7 +343,7 @@ def state_and_inputs(
                 coordinator, storage, info.run, info.batch_id - 1, num_partitions
             )
 
-    state = partition_state(backend, name, info, specs, num_partitions, key_types)
+    state = partition_state(backend, name, context, specs, num_partitions, key_types)
     ahead = _EnteredAhead(state, then)
     try:
         inputs = [b for b in batches if b.num_rows]
@@ -317,7 +358,7 @@ def state_and_inputs(
     # can never tell the coordinator a time the durable record does not say
     if coordinator is not None:  # every operator reports: its metrics ride along
         event_time = handle.header.get(EVENT_TIME_FIELD) if shared_event_time else None
-        report(coordinator, info.run, info.batch_id, info.partition, event_time, _task_metrics)
+        report(coordinator, info.run, info.batch_id, info.partition, event_time, context.metrics)
 
 
 def deterministic_order(table: pa.Table, first: Sequence[str] = ()) -> pa.Table:
@@ -442,10 +483,13 @@ class AggregatorTask:
         ``table`` (None when the batch took the record path)."""
         raise NotImplementedError
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        info = task_info()
+    def run(
+        self, batches: Iterator[pa.RecordBatch], context: TaskContext
+    ) -> Iterator[pa.RecordBatch]:
+        """Run over the task's input as ``context`` (see :class:`ContextTask`)."""
+        info = context.info
         spec = self.store_spec()
-        task = (self.backend, self.name, info, [spec], self.num_partitions, batches)
+        task = (self.backend, self.name, context, [spec], self.num_partitions, batches)
         with state_and_inputs(
             *task, shared_event_time=True, key_types=self.key_types, coordinator=self.coordinator
         ) as (handle, provider, inputs, shared):

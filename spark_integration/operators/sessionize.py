@@ -25,7 +25,8 @@ import pyarrow as pa
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from spark_integration.execution.runtime import AggregatorTask
-from spark_integration.planning.aggregations import SessionAggregation, aggregate_input
+from spark_integration.planning.aggregate_operator import aggregate_input
+from spark_integration.planning.aggregations import SessionAggregation
 from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.intervals import interval_ms
 from spark_integration.planning.resolve import grace_ms

@@ -31,11 +31,11 @@ from sessionstore.operators.temporal_join import TemporalJoin
 from spark_integration.driver.coordinator import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.runtime import (
+    TaskContext,
     deterministic_order,
     key_values,
     state_and_inputs,
     struct_values,
-    task_info,
 )
 from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.intervals import interval_ms
@@ -136,14 +136,13 @@ class _TemporalJoinTask:
     key_types: list[str]
     coordinator: CoordinatorAddress | None = None
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        info = task_info()
+    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
         spec = StoreSpec("table", "versioned", self.retention_ms)
         joined = []
         with state_and_inputs(
             self.backend,
             self.name,
-            info,
+            context,
             [spec],
             self.num_partitions,
             batches,

@@ -62,7 +62,7 @@ from sessionstore.operators.processors import (
 )
 from spark_integration.driver.coordinator import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema
-from spark_integration.execution.runtime import deterministic_order, state_and_inputs, task_info
+from spark_integration.execution.runtime import TaskContext, deterministic_order, state_and_inputs
 from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
@@ -480,15 +480,15 @@ class _ProcessorTask:
     #: (executors cannot parse DDL): what the stored values are encoded from
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        info = task_info()
+    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
+        info = context.info
         specs = [StoreSpec(STORE, "processor", 0)] + [
             StoreSpec(extra_store_name(var), kind, retention)
             for var, (kind, retention) in self.extra_stores.items()
         ]
         event_time = self.time_mode == "EventTime"
         with state_and_inputs(
-            self.backend, self.name, info, specs, self.num_partitions, batches,
+            self.backend, self.name, context, specs, self.num_partitions, batches,
             shared_event_time=event_time, key_types=self.key_types,
             coordinator=self.coordinator,
         ) as (handle, provider, inputs, shared):  # fmt: skip

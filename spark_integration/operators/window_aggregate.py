@@ -17,7 +17,7 @@ import pyarrow as pa
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators import TimeWindows, WindowAggregator
 from spark_integration.execution.runtime import AggregatorTask
-from spark_integration.planning.aggregations import aggregate_input
+from spark_integration.planning.aggregate_operator import aggregate_input
 from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.intervals import interval_ms
 from spark_integration.planning.resolve import grace_ms

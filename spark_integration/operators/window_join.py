@@ -23,11 +23,11 @@ from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from spark_integration.driver.coordinator import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.runtime import (
+    TaskContext,
     deterministic_order,
     key_values,
     state_and_inputs,
     struct_values,
-    task_info,
 )
 from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.intervals import interval_ms
@@ -117,8 +117,8 @@ class _WindowJoinTask:
     key_types: list[str]
     coordinator: CoordinatorAddress | None = None
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        info = task_info()
+    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
+        info = context.info
         retention = 2 * self.within_ms + self.grace_ms + 1
         specs = [
             StoreSpec("left", "messages", retention),
@@ -128,7 +128,7 @@ class _WindowJoinTask:
         with state_and_inputs(
             self.backend,
             self.name,
-            info,
+            context,
             specs,
             self.num_partitions,
             batches,

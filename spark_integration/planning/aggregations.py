@@ -1,8 +1,8 @@
 """Aggregation specs of the Spark aggregate operators (``sessionize``,
 ``window_aggregate``): what users write, the engine-agnostic
 :class:`~sessionstore.operators.Aggregation` it becomes, the Spark types of its
-output columns, the input columns an aggregate task needs, and the planning of an
-aggregate operator's run (:meth:`AggregateInput.state_map`)."""
+output columns and the input columns an aggregate task needs. The planning of an
+aggregate operator's run is :mod:`spark_integration.planning.aggregate_operator`."""
 
 from __future__ import annotations
 
@@ -11,27 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessionstore.operators import Aggregation, Aggregations
-from sessionstore.operators.aggregate_functions import parse_spec
-from spark_integration.execution.output import OperatorOutput
-from spark_integration.execution.runtime import AggregatorTask
-from spark_integration.planning.backend import StateBackend
-from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import (
-    TS,
-    checked_fields,
-    key_types,
-    operator_coordinator,
-    resolve,
-    time_column,
-)
+from sessionstore.operators.aggregate_functions import MOMENTS, parse_spec
 
-__all__ = ["SessionAggregation", "AggregateInput", "aggregate_input", "parse_aggregations"]
+__all__ = ["SessionAggregation", "parse_aggregations", "value_type"]
 
 #: Functions whose input must be numeric (Spark casts strings; say so instead).
-_NUMERIC = {"sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop", "percentile_approx"}
+_NUMERIC = {"sum", "avg", "percentile_approx"} | MOMENTS
 #: Functions that keep a decimal's value in their slot (as text or as a double).
-_DECIMAL_OK = {"sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop",
-               "percentile_approx", "count", "approx_count_distinct"}  # fmt: skip
+_DECIMAL_OK = {"sum", "avg", "percentile_approx", "count", "approx_count_distinct"} | MOMENTS
 
 
 @dataclass(frozen=True)
@@ -124,7 +111,7 @@ def value_type(fn: str, column: str | None, fields: dict[str, Any], custom: Any 
     if fn == "custom":
         dtype = custom.output_type
         return T._parse_datatype_string(dtype) if isinstance(dtype, str) else dtype
-    if fn in ("avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop"):
+    if fn == "avg" or fn in MOMENTS:
         return T.DoubleType()
     source = fields[column].dataType
     if fn == "sum":
@@ -136,116 +123,3 @@ def value_type(fn: str, column: str | None, fields: dict[str, Any], custom: Any 
     if fn in ("collect", "collect_list", "collect_set"):
         return T.ArrayType(source)
     return source  # min, max, first, last, min_by, max_by, percentile_approx (one p)
-
-
-def _time_as_number(column: str, dtype: Any) -> Any:
-    """The value column as the operators read it: a timestamp as epoch microseconds
-    and a date as epoch days (numbers that order, and that msgpack stores), else
-    itself. Outputs turn them back (Arrow casts the numbers to the Spark type)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    if isinstance(dtype, T.TimestampType):
-        return F.unix_micros(F.col(column)).alias(column)
-    if isinstance(dtype, T.DateType):
-        return F.unix_date(F.col(column)).alias(column)
-    return F.col(column)
-
-
-@dataclass
-class AggregateInput:
-    """What ``sessionize`` and ``window_aggregate`` derive alike from their input."""
-
-    keys: list[str]
-    #: the input reduced to key columns, event time in ms as ``TS``, and value columns
-    selected: Any
-    #: the key fields, then the start and end time fields, then one per aggregate
-    out_fields: list[Any]
-    aggregation: Aggregation
-    value_cols: list[str]
-    plan: list[tuple[str, str, str | None]]
-    time_is_timestamp: bool
-    #: the names of the start and end time columns
-    start: str
-    end: str
-    #: a batch (bounded) input: every session and window is emitted at its end
-    bounded: bool = False
-
-    def output(self, schema: Any) -> OperatorOutput:
-        """What tasks need to build output rows of the Spark ``schema`` (which
-        extends :attr:`out_fields`)."""
-        return OperatorOutput(
-            schema.json(), self.keys, self.plan, self.time_is_timestamp, self.start, self.end
-        )
-
-    def state_map(
-        self,
-        df: Any,
-        task_class: type[AggregatorTask],
-        out_schema: Any,
-        backend: StateBackend | None,
-        num_partitions: int | None,
-        name: str,
-        **settings: Any,
-    ) -> Any:
-        """The operator ``name`` over this input of ``df``, output rows of the Spark
-        ``out_schema``: its backend and partition count resolved, its coordinator
-        started, and tasks of ``task_class`` (the operator's own ``settings`` added to
-        the common fields) run by :func:`~spark_integration.planning.placement.state_map`."""
-        backend, n = resolve(df, backend, num_partitions, name)
-        task = task_class(
-            backend=backend,
-            name=name,
-            num_partitions=n,
-            value_cols=self.value_cols,
-            aggregation=self.aggregation,
-            output=self.output(out_schema),
-            key_types=key_types(self.selected, self.keys),
-            coordinator=operator_coordinator(df, backend, name, n),
-            bounded=self.bounded,
-            **settings,
-        )
-        return state_map(self.selected, self.keys, n, task, out_schema, name)
-
-
-def aggregate_input(
-    df: Any,
-    key: str | Sequence[str],
-    timestamp: str,
-    aggregations: Mapping[str, Any] | None,
-    start: str,
-    end: str,
-) -> AggregateInput:
-    """Check the input, parse ``aggregations`` (default: a count) and build the
-    common part of the output schema (time columns named ``start`` and ``end``)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    keys = [key] if isinstance(key, str) else list(key)
-    if not keys:
-        raise ValueError("key must name at least one column")
-    fields = checked_fields(df, [*keys, timestamp])
-    ts_col, time_type = time_column(fields, timestamp)
-    others = [c for c in fields if c not in keys and c != timestamp]
-    aggregations = aggregations or {"count": "count"}
-    aggregation, value_cols, plan = parse_aggregations(aggregations, others, fields)
-    out_fields = [fields[k] for k in keys]
-    out_fields += [T.StructField(start, time_type), T.StructField(end, time_type)]
-    for out_name, fn, column in plan:
-        how = aggregations[out_name]
-        dtype = value_type(fn, column, fields, how)
-        if fn == "percentile_approx" and isinstance(how[2], (list, tuple)):
-            dtype = T.ArrayType(dtype)
-        out_fields.append(T.StructField(out_name, dtype))
-    # a custom aggregate sees its columns as Spark gives them; built-ins read times
-    # as numbers
-    as_numbers = not any(fn == "custom" for _, fn, _ in plan)
-    selected = df.select(
-        *[F.col(k) for k in keys],
-        ts_col.alias(TS),
-        *[_time_as_number(c, fields[c].dataType) if as_numbers else F.col(c) for c in value_cols],
-    )
-    return AggregateInput(
-        keys, selected, out_fields, aggregation, value_cols, plan,
-        isinstance(time_type, T.TimestampType), start, end, not df.isStreaming,
-    )  # fmt: skip

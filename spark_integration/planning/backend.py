@@ -11,7 +11,11 @@ from typing import Any
 from sessionstore.checkpoint.filesystem import redact
 from sessionstore.checkpoint.orphans import DEFAULT_ORPHAN_GRACE_S, check_orphan_grace
 from sessionstore.checkpoint.provider import MIN_RETAIN_VERSIONS, CommitObserver
-from sessionstore.checkpoint.retry import MAX_ATTEMPTS_OPTION, MAX_SECONDS_OPTION, RetryPolicy
+from sessionstore.checkpoint.retry import (
+    MAX_ATTEMPTS_OPTION,
+    MAX_SECONDS_OPTION,
+    policy_from_options,
+)
 from sessionstore.engine.memory import check_memory_max_mb
 
 __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
@@ -78,16 +82,39 @@ class StateBackend:
                 f"got {self.retain_versions!r}"
             )
         check_memory_max_mb(self.memory_max_mb)
-        retry = {
+        self._set_retry()
+        try:
+            check_orphan_grace(self.orphan_grace_s)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (conf key {CONF_PREFIX}gc.orphanGraceSeconds)") from None
+
+    def _set_retry(self) -> None:
+        """Check the retry settings here, on the driver, rather than in the tasks
+        (the storage layer's :func:`~sessionstore.checkpoint.retry.policy_from_options`
+        reads them, as every process that opens the checkpoint will), keep them as
+        numbers, and add them to ``storage_options``, in which they travel."""
+        given = {
             MAX_ATTEMPTS_OPTION: self.retry_max_attempts,
             MAX_SECONDS_OPTION: self.retry_max_seconds,
         }
-        retry = {k: v for k, v in retry.items() if v is not None}
-        if retry:
-            # checked here, on the driver, rather than in the tasks
-            RetryPolicy(**{k.removeprefix("retry_"): v for k, v in retry.items()})
-            object.__setattr__(self, "storage_options", {**self.storage_options, **retry})
-        check_orphan_grace(self.orphan_grace_s)
+        given = {k: v for k, v in given.items() if v is not None}
+        if not given:
+            return
+        try:
+            policy = policy_from_options(self.checkpoint_uri, dict(given))
+        except ValueError as exc:
+            raise ValueError(
+                f"{exc}: retry_max_attempts / retry_max_seconds (conf keys "
+                f"{CONF_PREFIX}retry.maxAttempts / retry.maxSeconds)"
+            ) from None
+        numbers = {
+            MAX_ATTEMPTS_OPTION: policy.max_attempts,
+            MAX_SECONDS_OPTION: policy.max_seconds,
+        }
+        retry = {k: numbers[k] for k in given}
+        object.__setattr__(self, "retry_max_attempts", retry.get(MAX_ATTEMPTS_OPTION))
+        object.__setattr__(self, "retry_max_seconds", retry.get(MAX_SECONDS_OPTION))
+        object.__setattr__(self, "storage_options", {**self.storage_options, **retry})
 
     def __repr__(self) -> str:
         return (
@@ -145,20 +172,18 @@ class StateBackend:
             retain_versions=int(conf.get(CONF_PREFIX + "retainVersions", "100")),
             storage_options=options,
             memory_max_mb=None if memory is None else _positive_int("memory.maxMB", memory),
-            retry_max_attempts=None
-            if attempts is None
-            else _number("retry.maxAttempts", attempts, int),
-            retry_max_seconds=None
-            if seconds is None
-            else _number("retry.maxSeconds", seconds, float),
+            # as given: the backend checks and converts them (the storage layer's rule)
+            retry_max_attempts=attempts,
+            retry_max_seconds=seconds,
             orphan_grace_s=DEFAULT_ORPHAN_GRACE_S if grace is None else _seconds(grace),
         )
 
 
 def _seconds(value: str) -> float:
-    """The value of ``gc.orphanGraceSeconds``, or a ValueError naming the key and value."""
+    """The value of ``gc.orphanGraceSeconds`` as a number (its range is the
+    backend's check), or a ValueError naming the key and value."""
     try:
-        return check_orphan_grace(float(value))
+        return float(value)
     except ValueError:
         raise ValueError(
             f"{CONF_PREFIX}gc.orphanGraceSeconds must be a number of seconds >= 0, got {value!r}"
@@ -174,11 +199,3 @@ def _positive_int(key: str, value: str) -> int:
     if number < 1:
         raise ValueError(f"{CONF_PREFIX}{key} must be a positive integer (MiB), got {value!r}")
     return number
-
-
-def _number(key: str, value: str, kind: type) -> Any:
-    """``value`` of conf key ``key`` as a ``kind``, or a ValueError naming both."""
-    try:
-        return kind(str(value).strip())
-    except ValueError:
-        raise ValueError(f"{CONF_PREFIX}{key} must be a number, got {value!r}") from None

@@ -3,10 +3,10 @@
 An operator's state is split into ``P`` partitions (its checkpoint's partition
 count: one RocksDB database, one changelog per micro-batch each). Spark charges a
 fixed cost for every task of every micro-batch, whatever it does (about 27 ms of a
-slot; BENCHMARKS.md, "Spark at scale"): at 200 partitions those costs make a query
-with no state work at all 16 times slower than at 4. So the number of Spark tasks ``T``
-is decoupled from ``P``, as Flink's key groups decouple state shards from
-parallelism:
+slot; BENCHMARKS.md, "Spark at scale"): with a Spark task per state partition, a
+query with no state work at all runs 16 times slower at 200 partitions than at 4.
+So the number of Spark tasks ``T`` is chosen apart from ``P``, as Flink's key
+groups separate state shards from parallelism:
 
 * the input is hash-partitioned into ``T`` Spark partitions by the operator's
   keys, with ``T`` dividing ``P``, and each row carries its state partition,
@@ -20,8 +20,8 @@ parallelism:
   own state partition: its own database, version, commit, changelog, metrics and
   report to the coordinator. A retried Spark task runs all of them again; those
   that committed load the same version and give the same output;
-* each state partition runs in its state server (:mod:`spark_integration.execution.state_server`),
-  server ``p mod N``; with the defaults (``N = 2 × slots``, ``T`` = one per core)
+* each state partition runs in its state server
+  (:mod:`spark_integration.execution.state_server`), server ``p mod N``; with the defaults (``N = 2 × slots``, ``T`` = one per core)
   the tasks that run at the same time never share a server.
 
 ``T`` (:data:`TASKS_CONF`): ``auto`` (the default) is ``P`` when ``P`` is at most
@@ -32,7 +32,7 @@ largest divisor of ``P`` up to two per core if it gives every core a task, else
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_integration.driver.metrics import with_state_metrics
+from spark_integration.execution.runtime import (
+    ContextTask,
+    SparkTask,
+    TaskContext,
+    check_partition,
+)
 from spark_integration.execution.state_server import served
 from spark_integration.planning.backend import CONF_PREFIX
 from spark_integration.planning.resolve import PARTITIONS_PER_CORE
@@ -82,7 +88,7 @@ def state_map(
     df: Any,
     keys: Sequence[str],
     partitions: int,
-    task: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]],
+    task: ContextTask,
     out_schema: Any,
     name: str,
 ) -> Any:
@@ -103,7 +109,7 @@ def state_map(
         one,
         out_schema,
         name,
-        outer=lambda each: ShardedTask(each, partitions, tasks),
+        outer=lambda each: SparkTask(ShardedTask(each, partitions, tasks)),
     )
 
 
@@ -127,29 +133,20 @@ def _split(batches: Iterator[pa.RecordBatch]) -> dict[int, list[pa.RecordBatch]]
 
 @dataclass
 class ShardedTask:
-    """A ``mapInArrow`` function for Spark task ``t`` of ``tasks``: runs ``each`` (the
-    operator task of one state partition) for state partitions ``t, t + tasks, ...``
-    below ``partitions``, each with its own rows (see the module doc)."""
+    """The task of Spark task ``t`` of ``tasks``: runs ``each`` (the operator task of
+    one state partition) for state partitions ``t, t + tasks, ...`` below
+    ``partitions``, each with its own rows and its own context (see the module doc)."""
 
-    each: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]]
+    each: ContextTask
     partitions: int
     tasks: int
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
-        from spark_integration.execution.runtime import TaskInfo, running_task, task_info
-
-        info = task_info()
-        if info.partition >= self.tasks:
-            # see runtime.partition_state: a later child of a union is numbered after
-            # the earlier ones, so this task's number is not its partition
-            raise RuntimeError(
-                f"sessionstore: this task is partition {info.partition} of its stage but "
-                f"the operator runs {self.tasks} tasks; its output was combined with "
-                "other data in one stage (for example by union), which Spark numbers as "
-                "one. Run each sessionstore operator as its own query"
-            )
+    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
+        """Run ``each`` for this Spark task's state partitions (see :class:`ContextTask`)."""
+        info = context.info
+        check_partition(None, info.partition, self.tasks, "Spark tasks")
         rows = _split(batches)
         for partition in range(info.partition, self.partitions, self.tasks):
-            mine = TaskInfo(partition, info.batch_id, info.attempt, info.run)
-            with running_task(mine):
-                yield from self.each(iter(rows.pop(partition, [])))
+            yield from self.each.run(
+                iter(rows.pop(partition, [])), context.for_partition(partition)
+            )

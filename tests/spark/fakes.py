@@ -30,11 +30,13 @@ def fake_session(
 
 def run_task(monkeypatch: Any, module: Any, task: Any, info: Any, columns: dict[str, Any],
              schema: Any) -> list[tuple]:  # fmt: skip
-    """Run ``task`` (a ``mapInArrow`` function of ``module``) as the Spark task
-    ``info`` over one batch of ``columns`` (name -> values, Arrow ``schema``);
-    its output rows as sorted tuples."""
+    """Run ``task`` (an operator task of ``module``) as the Spark task ``info`` over
+    one batch of ``columns`` (name -> values, Arrow ``schema``); its output rows as
+    sorted tuples."""
     import pyarrow as pa
 
-    monkeypatch.setattr(module, "task_info", lambda: info)
-    out = list(task(iter([pa.RecordBatch.from_pydict(columns, schema=schema)])))
+    from spark_integration.execution.runtime import TaskContext
+
+    batch = pa.RecordBatch.from_pydict(columns, schema=schema)
+    out = list(task.run(iter([batch]), TaskContext(info)))
     return sorted(r for b in out for r in zip(*b.to_pydict().values(), strict=True))

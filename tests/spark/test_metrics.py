@@ -41,8 +41,9 @@ def metrics_off(spark):
     spark.conf.unset(METRICS_CONF)
 
 
-def _pass_through(batches):
-    yield from batches
+class _PassThrough:
+    def run(self, batches, context):
+        yield from batches
 
 
 def test_observed_metrics_are_off_unless_the_conf_key_turns_them_on(spark, metrics_off):
@@ -52,7 +53,7 @@ def test_observed_metrics_are_off_unless_the_conf_key_turns_them_on(spark, metri
     schema = T.StructType(
         [T.StructField("user", T.StringType(), False), T.StructField("n", T.LongType(), False)]
     )
-    plain = with_state_metrics(df, _pass_through, schema, "off")
+    plain = with_state_metrics(df, _PassThrough(), schema, "off")
     # off: a plain mapInArrow, the declared schema, no metrics operator in the plan
     assert plain.schema == schema
     assert "CollectMetrics" not in plain._jdf.queryExecution().logical().toString()
@@ -61,7 +62,7 @@ def test_observed_metrics_are_off_unless_the_conf_key_turns_them_on(spark, metri
     spark.streams.removeListener(listener)
     assert spark.conf.get(METRICS_CONF, "false") == "false"
     spark.conf.set(METRICS_CONF, "true")
-    observed = with_state_metrics(df, _pass_through, schema, "on")
+    observed = with_state_metrics(df, _PassThrough(), schema, "on")
     assert "CollectMetrics" in observed._jdf.queryExecution().logical().toString()
     assert observed.columns == ["user", "n"]
 

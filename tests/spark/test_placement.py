@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from spark_integration.execution.runtime import TaskInfo, running_task, task_info
+from spark_integration.execution.runtime import TaskContext, TaskInfo
 from spark_integration.planning import placement
 from spark_integration.planning.placement import SHARD, ShardedTask, task_count
 from tests.spark.fakes import fake_session
@@ -41,11 +41,12 @@ def test_a_spark_task_runs_each_of_its_state_partitions_with_its_rows():
     dropped), also the one that got none."""
     seen = []
 
-    def each(batches):
-        batches = list(batches)
-        rows = pa.Table.from_batches(batches).to_pylist() if batches else []
-        seen.append((task_info(), rows))
-        yield pa.table({"p": [task_info().partition]})
+    class Each:
+        def run(self, batches, context):
+            batches = list(batches)
+            rows = pa.Table.from_batches(batches).to_pylist() if batches else []
+            seen.append((context.info, rows))
+            yield pa.table({"p": [context.info.partition]})
 
     schema = pa.schema([("k", pa.string()), ("v", pa.int64()), (SHARD, pa.int32())])
     batches = [
@@ -53,8 +54,7 @@ def test_a_spark_task_runs_each_of_its_state_partitions_with_its_rows():
         pa.record_batch([["d"], [4], [1]], schema=schema),
         pa.record_batch([[], [], []], schema=schema),
     ]
-    with running_task(TaskInfo(1, 6, 2, "run")):
-        out = list(ShardedTask(each, 12, 4)(iter(batches)))
+    out = list(ShardedTask(Each(), 12, 4).run(iter(batches), TaskContext(TaskInfo(1, 6, 2, "run"))))
     assert [t.column("p").to_pylist() for t in out] == [[1], [5], [9]]
     assert [(i.partition, i.batch_id, i.attempt, i.run) for i, _ in seen] == [
         (1, 6, 2, "run"), (5, 6, 2, "run"), (9, 6, 2, "run"),
@@ -67,9 +67,8 @@ def test_a_spark_task_runs_each_of_its_state_partitions_with_its_rows():
 
 
 def test_a_task_numbered_beyond_the_task_count_is_refused():
-    with running_task(TaskInfo(4, 0, 0, None)):
-        with pytest.raises(RuntimeError, match="partition 4 of its stage but the operator runs 4"):
-            list(ShardedTask(lambda b: iter(()), 12, 4)(iter([])))
+    with pytest.raises(RuntimeError, match="partition 4 of its stage but the operator has 4 Spark"):
+        list(ShardedTask(None, 12, 4).run(iter([]), TaskContext(TaskInfo(4, 0, 0, None))))
 
 
 @pytest.mark.slow

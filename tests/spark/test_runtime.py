@@ -113,12 +113,12 @@ def _take_state(
     """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions),
     committing ``event_time`` as the partition's event time if given."""
     from sessionstore import StoreSpec
-    from spark_integration.execution.runtime import TaskInfo, state_and_inputs
+    from spark_integration.execution.runtime import TaskContext, TaskInfo, state_and_inputs
 
     specs = [StoreSpec("sessions", "session", 10**12)]
-    info = TaskInfo(partition=partition, batch_id=batch_id, attempt=0)
+    context = TaskContext(TaskInfo(partition=partition, batch_id=batch_id, attempt=0))
     with state_and_inputs(
-        backend, "op", info, specs, 2, batches, shared_event_time, coordinator=coordinator
+        backend, "op", context, specs, 2, batches, shared_event_time, coordinator=coordinator
     ) as (
         handle,
         _,
@@ -309,11 +309,14 @@ def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path,
 def test_operator_stores_get_hour_long_segments_unless_their_spec_names_one(tmp_path):
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.execution.runtime import TaskInfo, partition_state
+    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001), StoreSpec("named", "session", 120_001, 60_000)]
-    with partition_state(backend, "op", TaskInfo(0, 0, 0), specs, 1) as (handle, provider):
+    with partition_state(backend, "op", TaskContext(TaskInfo(0, 0, 0)), specs, 1) as (
+        handle,
+        provider,
+    ):
         assert handle["open"].segment_interval_ms == 3_600_000
         assert handle["named"].segment_interval_ms == 60_000
         assert [s.segment_interval_ms for s in provider.store_specs] == [3_600_000, 60_000]
@@ -346,11 +349,32 @@ def test_a_task_numbered_beyond_the_operators_partitions_is_refused_before_any_s
 
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.execution.runtime import TaskInfo, partition_state
+    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001)]
     with pytest.raises(RuntimeError, match=r"partition 5 of its stage but the operator has 4"):
-        with partition_state(backend, "op", TaskInfo(5, 0, 0), specs, 4):
+        with partition_state(backend, "op", TaskContext(TaskInfo(5, 0, 0)), specs, 4):
             pass
     assert not (tmp_path / "ck").exists() and not (tmp_path / "local").exists()
+
+
+def test_each_task_context_gets_its_own_commits_metrics_record(tmp_path):
+    """Two partitions' tasks in one process, the second committed inside the first
+    (as a Spark task running several state partitions, or a state server): each
+    context holds the record of its own commit, and a context whose task has not
+    committed holds none."""
+    from sessionstore import StoreSpec
+    from spark_integration import StateBackend
+    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
+
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    specs = [StoreSpec("open", "session", 120_001)]
+    outer, inner = TaskContext(TaskInfo(0, 0, 0)), TaskContext(TaskInfo(1, 0, 0))
+    with partition_state(backend, "op", outer, specs, 2):
+        with partition_state(backend, "op", inner, specs, 2):
+            pass
+        assert outer.metrics is None
+        assert (inner.metrics["partition"], inner.metrics["batch"]) == (1, 0)
+    assert (outer.metrics["partition"], outer.metrics["batch"]) == (0, 0)
+    assert (inner.metrics["partition"], inner.metrics["batch"]) == (1, 0)

@@ -22,9 +22,9 @@ import pyarrow as pa
 import pytest
 
 from sessionstore.errors import StatefulProcessorError
-from spark_integration.execution import runtime
 from spark_integration.execution import state_server as ss
-from spark_integration.execution.runtime import TaskInfo
+from spark_integration.execution.runtime import TaskContext, TaskInfo
+from spark_integration.execution.state_server import client, protocol, server
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
 
@@ -37,8 +37,8 @@ class EchoTask:
     fail: str | None = None
     wait_for: str | None = None  # a file whose existence lets the task go on
 
-    def __call__(self, batches):
-        info = runtime.task_info()
+    def run(self, batches, context):
+        info = context.info
         rows = 0
         for batch in batches:
             rows += batch.num_rows
@@ -49,7 +49,7 @@ class EchoTask:
                 time.sleep(0.01)
         if self.fail:
             raise ValueError(self.fail)
-        runtime.keep_task_metrics({"rows": rows, "partition": info.partition})
+        context.metrics = {"rows": rows, "partition": info.partition}
         yield pa.table(
             {"pid": [os.getpid()], "partition": [info.partition], "batch": [info.batch_id]}
         )
@@ -64,7 +64,7 @@ class KeywordError(Exception):
 
 @dataclass
 class KeywordErrorTask:
-    def __call__(self, batches):
+    def run(self, batches, context):
         list(batches)
         raise KeywordError(message="[SOME_CONDITION] keyword-only")
         yield  # a generator, as every mapInArrow function
@@ -74,7 +74,7 @@ class KeywordErrorTask:
 class BudgetTask:
     """Yields the RocksDB memory budget of the process it runs in."""
 
-    def __call__(self, batches):
+    def run(self, batches, context):
         from sessionstore.engine.memory import current_budget
 
         list(batches)
@@ -87,7 +87,7 @@ def daemon(monkeypatch):
     """A stand-in for the executor's Python daemon; the servers started while it
     lives end with it (checked)."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    monkeypatch.setattr(ss, "_parent", lambda: sleeper.pid)
+    monkeypatch.setattr(client, "daemon_pid", lambda: sleeper.pid)
     servers: set[int] = set()
     yield sleeper, servers
     sleeper.kill()
@@ -109,11 +109,10 @@ def _alive(pid: int) -> bool:
 def _run(task, partition: int, count: int, rows=(1, 2, 3), batch: int = 7):
     """Run ``task`` as partition ``partition`` through :class:`ServedTask`: its
     output tables, and the metrics record it sent back."""
-    info = TaskInfo(partition, batch, 0, "run-1")
-    with runtime.running_task(info):  # what TaskContext says in a Spark worker
-        inputs = [pa.record_batch([pa.array(list(rows))], names=["x"])]
-        out = list(ss.ServedTask(task, count)(iter(inputs)))
-    return out, runtime.take_task_metrics()
+    context = TaskContext(TaskInfo(partition, batch, 0, "run-1"))  # as in a Spark worker
+    inputs = [pa.record_batch([pa.array(list(rows))], names=["x"])]
+    out = list(ss.ServedTask(task, count).run(iter(inputs), context))
+    return out, context.metrics
 
 
 def _pid_of(out) -> int:
@@ -213,8 +212,8 @@ def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
     out, _ = _run(EchoTask(), partition=0, count=1)
     pid = _pid_of(out)
     servers.add(pid)
-    address = ss._address(ss._parent(), 1, 0)
-    for garbage in (b"", b"nonsense-nonsense-nonsense", ss._REQUEST.pack(b"SSV1", 1, 1 << 40)):
+    address = protocol.server_address(client.daemon_pid(), 1, 0)
+    for garbage in (b"", b"nonsense-nonsense-nonsense", protocol.REQUEST.pack(b"SSV1", 1, 1 << 40)):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(address)
             conn.sendall(garbage)
@@ -224,10 +223,10 @@ def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
 
 def test_an_idle_server_closes_its_listener_and_returns():
     address = f"\0sessionstore-state-test-{os.getpid()}-idle"
-    listener = ss._bind(address)
+    listener = server.bind(address)
     assert listener is not None
-    assert ss._bind(address) is None  # the name is the lock
-    thread = threading.Thread(target=ss.serve, args=(listener, os.getpid(), 0.2))
+    assert server.bind(address) is None  # the name is the lock
+    thread = threading.Thread(target=server.serve, args=(listener, os.getpid(), 0.2))
     thread.start()
     thread.join(10)
     assert not thread.is_alive()
@@ -344,8 +343,7 @@ def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
     served = ss.ServedTask(EchoTask(), 1)
     schema = pa.schema([("x", pa.int64()), (SHARD, pa.int32())])
     batch = pa.record_batch([[1, 2, 3], [0, 2, 2]], schema=schema)
-    with runtime.running_task(TaskInfo(0, 4, 0, "run")):
-        out = list(ShardedTask(served, 3, 1)(iter([batch])))
+    out = list(ShardedTask(served, 3, 1).run(iter([batch]), TaskContext(TaskInfo(0, 4, 0, "run"))))
     tables = [pa.Table.from_batches([b]).to_pylist() for b in out]
     assert [t for t in tables if "x2" in t[0]] == [[{"x2": 2}], [{"x2": 4}, {"x2": 6}]]
     ran = [t[0] for t in tables if "pid" in t[0]]
@@ -362,8 +360,8 @@ def test_a_server_of_another_user_that_holds_the_name_is_sent_nothing(daemon, ca
     """A process of ``nobody`` binds the slot's name first: the worker checks its
     credentials after connecting, sends it no byte, says why in one line, and runs
     the task itself."""
-    monkeypatch.setattr(ss, "_warned_unavailable", False)
-    address = ss._address(ss._parent(), 1, 0)
+    monkeypatch.setattr(client, "_warned_unavailable", False)
+    address = protocol.server_address(client.daemon_pid(), 1, 0)
 
     def fake_server(ready):
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -420,9 +418,11 @@ def _hostile_server(address: str, frames: list[bytes]) -> threading.Thread:
         with listener:
             conn, _ = listener.accept()
             with conn:
-                _, info, task = ss._REQUEST.unpack(ss._read_exact(conn, ss._REQUEST.size))
-                ss._read_exact(conn, info + task)
-                ss._send(conn, ss._ACCEPTED, b"4242")
+                _, info, task = protocol.REQUEST.unpack(
+                    protocol.read_exact(conn, protocol.REQUEST.size)
+                )
+                protocol.read_exact(conn, info + task)
+                protocol.send_frame(conn, protocol.ACCEPTED, b"4242")
                 conn.sendall(b"".join(frames))
                 time.sleep(0.5)
 
@@ -438,12 +438,12 @@ def test_a_pickle_in_a_servers_frame_is_never_unpickled(daemon, tmp_path, kind):
     marker = tmp_path / "unpickled"
     payload = pickle.dumps(_Marker(str(marker)))
     if kind == "metrics":
-        frame = ss._FRAME.pack(ss._METRICS, len(payload)) + payload
+        frame = protocol.FRAME.pack(protocol.METRICS, len(payload)) + payload
     else:  # text, then a pickled exception: the layout a worker used to unpickle
         text = b"Traceback: ValueError: boom"
         body = struct.pack("<Q", len(text)) + text + payload
-        frame = ss._FRAME.pack(ss._ERROR, len(body)) + body
-    thread = _hostile_server(ss._address(ss._parent(), 1, 0), [frame])
+        frame = protocol.FRAME.pack(protocol.ERROR, len(body)) + body
+    thread = _hostile_server(protocol.server_address(client.daemon_pid(), 1, 0), [frame])
     with pytest.raises(
         ss.StateServerLost, match=f"malformed {'metrics' if kind == 'metrics' else 'error'}"
     ):
@@ -455,8 +455,8 @@ def test_a_pickle_in_a_servers_frame_is_never_unpickled(daemon, tmp_path, kind):
 def test_a_frame_claiming_two_to_the_40_bytes_is_refused_without_allocating_it(daemon):
     import tracemalloc
 
-    frame = ss._FRAME.pack(ss._OUTPUT, 2**40)
-    thread = _hostile_server(ss._address(ss._parent(), 1, 0), [frame])
+    frame = protocol.FRAME.pack(protocol.OUTPUT, 2**40)
+    thread = _hostile_server(protocol.server_address(client.daemon_pid(), 1, 0), [frame])
     tracemalloc.start()
     try:
         with pytest.raises(ss.StateServerLost, match=f"claiming {2**40} bytes"):
@@ -470,11 +470,13 @@ def test_a_frame_claiming_two_to_the_40_bytes_is_refused_without_allocating_it(d
 
 def test_an_error_of_a_type_outside_the_allow_list_arrives_as_a_runtime_error_with_its_text():
     payload = msgpack.packb(["os.system", "rm -rf /", "Traceback ...\nos.system: rm -rf /"])
-    error, text = ss._error_of(payload)
+    error, text = protocol.error_of(payload)
     assert type(error) is RuntimeError and str(error) == "os.system: rm -rf /"
     assert text.endswith("os.system: rm -rf /")
-    error, _ = ss._error_of(msgpack.packb(["KeyError", "'k'", "..."]))
+    error, _ = protocol.error_of(msgpack.packb(["KeyError", "'k'", "..."]))
     assert type(error) is KeyError
-    error, _ = ss._error_of(ss._error_payload(StatefulProcessorError("SOME_CLASS", "what")))
+    error, _ = protocol.error_of(
+        protocol.error_payload(StatefulProcessorError("SOME_CLASS", "what"))
+    )
     assert type(error) is StatefulProcessorError and error.error_class == "SOME_CLASS"
     assert str(error) == "[SOME_CLASS] what"

@@ -51,7 +51,7 @@ __all__ = ["ShippedEnv", "ship", "demo_submit_args", "DemoRun", "run_demo", "mai
 #: The cluster run kills an executor once this micro-batch's metrics line is out.
 KILL_AFTER_BATCH = 1
 #: Where state servers show in a process list.
-SERVER_ENTRY = "spark_integration.execution.state_server import main"
+SERVER_ENTRY = "spark_integration.execution.state_server"
 _METRICS_LINE = re.compile(r"^sessionstore (\S+) batch (\d+): .*?load max \S+ \(([^)]*)\)")
 
 

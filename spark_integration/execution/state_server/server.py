@@ -1,0 +1,155 @@
+"""A state server process: listens on its abstract socket, serves one task at a
+time for workers of its own user, and ends with its executor or when idle (see
+the package doc). Its entry point is :func:`main`, run as ``python -m
+spark_integration.execution.state_server``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import selectors
+import socket
+import sys
+import time
+
+import msgpack
+import pyarrow as pa
+
+from sessionstore.checkpoint.request_server import peer_credentials
+from sessionstore.engine.memory import memory_budget
+from spark_integration.execution.runtime import TaskContext, TaskInfo
+from spark_integration.execution.state_server.config import (
+    DEFAULT_SERVER_MEMORY_MB,
+    IDLE_EXIT_S,
+    IO_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+)
+from spark_integration.execution.state_server.protocol import (
+    ACCEPTED,
+    END,
+    ERROR,
+    MAGIC,
+    MAX_INFO_BYTES,
+    MAX_TASK_BYTES,
+    METRICS,
+    REQUEST,
+    SocketReader,
+    error_payload,
+    read_exact,
+    send_frame,
+    send_output,
+)
+
+__all__ = ["serve_one", "bind", "serve", "main"]
+
+log = logging.getLogger(__name__)
+
+
+def serve_one(conn: socket.socket) -> None:
+    """Run one task for the worker at the other end of ``conn`` (see the package doc)."""
+    from pyspark import cloudpickle
+
+    credentials = peer_credentials(conn)
+    if credentials is not None and credentials[1] != os.geteuid():
+        log.warning("refused a task from pid %d of uid %d", *credentials)
+        return
+    conn.settimeout(REQUEST_TIMEOUT_S)  # a worker sends its request with the connect
+    try:
+        head = read_exact(conn, REQUEST.size)
+    except EOFError:
+        return  # a probe (another worker checking that we listen)
+    magic, info_size, task_size = REQUEST.unpack(head)
+    if magic != MAGIC or info_size > MAX_INFO_BYTES or task_size > MAX_TASK_BYTES:
+        log.warning("dropped a malformed request (%r, %d, %d bytes)", magic, info_size, task_size)
+        return
+    info_bytes = read_exact(conn, info_size)
+    task_bytes = read_exact(conn, task_size)
+    conn.settimeout(IO_TIMEOUT_S)
+    send_frame(conn, ACCEPTED, str(os.getpid()).encode())
+    try:
+        info = TaskInfo(*msgpack.unpackb(info_bytes, raw=False))
+        task = cloudpickle.loads(task_bytes)
+        inputs = list(pa.ipc.open_stream(SocketReader(conn)))
+    except Exception as error:
+        send_frame(conn, ERROR, error_payload(error))
+        return
+    # this process outlives its tasks: snapshot uploads run after the commit
+    context = TaskContext(info, outlives_task=True)
+    outputs = task.run(iter(inputs), context)
+    try:
+        for out in outputs:
+            send_output(conn, out)
+    except (BrokenPipeError, ConnectionResetError):
+        outputs.close()  # the worker is gone: Spark runs the task again
+        raise
+    except Exception as error:
+        send_frame(conn, ERROR, error_payload(error))
+        return
+    send_frame(conn, METRICS, msgpack.packb(context.metrics))
+    send_frame(conn, END)
+
+
+def bind(address: str) -> socket.socket | None:
+    """Listen on ``address``; None if another server has it (the name is the lock)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address)
+    except OSError:
+        listener.close()
+        return None
+    listener.listen(64)
+    return listener
+
+
+def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXIT_S) -> None:
+    """Serve tasks on ``listener`` one at a time until process ``watch_pid`` ends
+    (the executor's Python daemon) or no task came for ``idle_exit_s``."""
+    from sessionstore.checkpoint.store_service import StoreService
+
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "task")
+    try:
+        selector.register(os.pidfd_open(watch_pid), selectors.EVENT_READ, "parent")
+    except ProcessLookupError:
+        return  # the executor ended before we started
+    last = time.monotonic()
+    while True:
+        events = selector.select(max(0.0, last + idle_exit_s - time.monotonic()))
+        if any(key.data == "parent" for key, _ in events):
+            # the executor is gone: nobody will ask for these databases again, and
+            # everything committed is durable (as when a worker dies with it)
+            os._exit(0)
+        if not events:
+            listener.close()  # a task that connects now starts a new server
+            StoreService.instance().close_all()
+            return
+        conn, _ = listener.accept()
+        with conn:
+            try:
+                serve_one(conn)
+            except Exception:  # the worker fails its task; keep serving the others
+                log.warning("sessionstore state server: a task failed", exc_info=True)
+        last = time.monotonic()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a state server process (started by a worker's
+    :class:`~spark_integration.execution.state_server.client.ServedTask`)."""
+    parser = argparse.ArgumentParser(prog="spark_integration.execution.state_server")
+    parser.add_argument("name", help="the abstract socket name, without its NUL")
+    parser.add_argument("watch", type=int, help="pid whose end ends this server")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.WARNING,
+        format=f"sessionstore state server {os.getpid()}: %(levelname)s %(message)s",
+    )
+    listener = bind("\0" + args.name)
+    if listener is None:
+        return 0  # another worker started it first
+    # without memory.maxMB, an executor's servers share what its workers had: a
+    # server gets the default over SERVERS_PER_SLOT (a given maxMB is per server)
+    memory_budget(DEFAULT_SERVER_MEMORY_MB)
+    serve(listener, args.watch)
+    return 0
