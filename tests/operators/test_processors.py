@@ -573,3 +573,25 @@ class _OneField:
     """A parsed schema of one field, as the engine's parse_schema returns it."""
 
     fields = ("k",)
+
+
+def test_processor_modules_share_the_core_through_public_names_only():
+    """The handle, its variables and the runner meet in ProcessorCore: no module of
+    the package reads another object's ``_private`` attribute (``self._x`` only),
+    and none imports the handle except the runner (no circle through it)."""
+    import ast
+    import pathlib
+
+    import sessionstore.operators.processors as package
+
+    folder = pathlib.Path(package.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+                owner = node.value
+                mine = isinstance(owner, ast.Name) and owner.id in ("self", "cls")
+                dunder = node.attr.startswith("__") and node.attr.endswith("__")
+                assert mine or dunder, f"{path.name}:{node.lineno} reads .{node.attr}"
+            if isinstance(node, ast.ImportFrom) and path.stem not in ("runner", "__init__"):
+                assert node.module != "sessionstore.operators.processors.handle", path.name
