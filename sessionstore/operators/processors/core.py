@@ -250,4 +250,3 @@ class ProcessorCore:
             self.set_payload(encoded, self.payload(encoded))  # purged on write-back
             self.end_key()
         return len(due)
-

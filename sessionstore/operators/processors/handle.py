@@ -188,9 +188,7 @@ class ProcessorHandle:
         self.core.add_variable(var)
         return var
 
-    def _declare(
-        self, name: str, kind: str, schema: Any, key_parsed: Any = None
-    ) -> dict[str, Any]:
+    def _declare(self, name: str, kind: str, schema: Any, key_parsed: Any = None) -> dict[str, Any]:
         """Check the schemas and declare the variable to the store (its encoding);
         returns its declaration (kind and schemas in Spark's JSON form)."""
         value_json = _schema_json(self._parse_schema(schema))

@@ -307,6 +307,7 @@ class MapState(_Variable):
         "removeKey": "Error removing key from map state",
         "clear": "Error clearing map state",
     }
+
     def __init__(
         self,
         core: ProcessorCore,
