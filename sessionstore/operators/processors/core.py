@@ -86,6 +86,9 @@ class ProcessorCore:
         self.scope: KeyScope | None = None
         #: encoded name -> the defined variable
         self.variables: dict[bytes, Any] = {}
+        # what a key's load reads, and its TTL variables: worked out once per
+        # change of the variables, not per key
+        self._load_plan: tuple[list[bytes], list[tuple[bytes, Any]]] | None = None
 
     # ------------------------------------------------------------- batch
     def begin_batch(self, processing_ms: int, watermark_ms: int) -> None:
@@ -96,10 +99,12 @@ class ProcessorCore:
     def add_variable(self, variable: Any) -> None:
         """Register a defined variable: keys load it, write it back and purge it."""
         self.variables[variable.encoded] = variable
+        self._load_plan = None
 
     def remove_variable(self, encoded: bytes) -> None:
         """Forget a variable (``deleteIfExists``): keys no longer load or write it."""
         self.variables.pop(encoded, None)
+        self._load_plan = None
 
     # --------------------------------------------------------- key scopes
     def store_key(self, key: tuple) -> Any:
@@ -163,17 +168,19 @@ class ProcessorCore:
         return self.store_key(self.current(operation).key)
 
     def _load(self, scope: KeyScope) -> None:
-        variables = list(self.variables)
-        if self.timers_enabled:
-            variables.append(TIMERS_VAR)
+        plan = self._load_plan
+        if plan is None:
+            variables = list(self.variables)
+            if self.timers_enabled:
+                variables.append(TIMERS_VAR)
+            ttl = [(e, v) for e, v in self.variables.items() if v.ttl_ms is not None]
+            plan = self._load_plan = (variables, ttl)
+        variables, ttl = plan
         payloads = self.store.load(scope.key_bytes, variables)
         scope.payloads = dict(zip(variables, payloads, strict=True))
         scope.loaded = True
-        scope.loaded_expiry = {
-            encoded: var.min_expiry(scope.payloads[encoded])
-            for encoded, var in self.variables.items()
-            if var.ttl_ms is not None
-        }
+        if ttl:
+            scope.loaded_expiry = {e: var.min_expiry(scope.payloads[e]) for e, var in ttl}
 
     def payload(self, encoded: bytes) -> Any:
         """A variable's payload for the current key (loading the key's variables on

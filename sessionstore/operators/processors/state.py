@@ -22,6 +22,7 @@ Spark.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterator
 from datetime import date, datetime
 from decimal import Decimal
@@ -231,7 +232,7 @@ class ListState(_Variable):
 
     def get(self) -> Iterator[tuple]:
         """An iterator over the elements (a snapshot: later changes do not show)."""
-        return iter([item[0] for item in self._items()])
+        return iter(list(map(_first, self._items())))
 
     def _values(self, state: str, values: Any) -> list:
         if values is None:
@@ -285,10 +286,7 @@ class ListState(_Variable):
 
     @staticmethod
     def min_expiry(payload: Any) -> int | None:
-        if not payload:
-            return None
-        expiries = [e for _, e in payload if e is not None]
-        return min(expiries) if expiries else None
+        return None if not payload else _earliest(map(_second, payload))
 
 
 class MapState(_Variable):
@@ -362,13 +360,20 @@ class MapState(_Variable):
     def _entry(self, key: tuple, call: str = "getValue") -> tuple | None:
         """The live ``(value, expiry)`` of one user key: a dict look-up, not a
         filtered copy of the map (dedup maps ask this per event)."""
-        user_key = key if _is_plain(key) else self._user_key(key, call)
-        entries = self._payload()
+        # dedup maps ask this per event: a one-field plain key is tested here, the
+        # loaded payload read directly and _live inlined (no call for any of them)
+        if type(key) is not tuple or len(key) != 1 or type(key[0]) not in _SCALARS:
+            key = key if _is_plain(key) else self._user_key(key, call)
+        core = self._core
+        scope = core.scope
+        if scope is not None and scope.loaded:
+            entries = scope.payloads[self.encoded]
+        else:
+            entries = core.payload(self.encoded)
         if entries is None:
             return None
-        item = entries.get(user_key)
-        # _live inlined: dedup maps ask this per event
-        if item is None or (item[1] is not None and self._core.processing_ms >= item[1]):
+        item = entries.get(key)
+        if item is None or (item[1] is not None and core.processing_ms >= item[1]):
             return None
         return item
 
@@ -423,10 +428,23 @@ class MapState(_Variable):
 
     @staticmethod
     def min_expiry(payload: Any) -> int | None:
-        if not payload:
-            return None
-        expiries = [e for _, e in payload.values() if e is not None]
-        return min(expiries) if expiries else None
+        return None if not payload else _earliest(map(_second, payload.values()))
+
+
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
+
+
+def _earliest(expiries: Iterator[int | None]) -> int | None:
+    """The least of ``expiries`` that is not None, or None. Every item of a list or
+    map has an expiry, or none has (a TTL is per variable), so one ``min`` in C
+    decides; items written before a TTL was set take the generic path."""
+    expiries = list(expiries)
+    try:
+        return min(expiries)
+    except TypeError:  # None among ints (or only Nones)
+        live = [e for e in expiries if e is not None]
+        return min(live) if live else None
 
 
 def _empty_iterator() -> Iterator[Any]:

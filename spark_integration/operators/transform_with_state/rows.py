@@ -11,7 +11,8 @@ read; the output is read by position when a row's fields are the output schema's
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -56,14 +57,17 @@ def row_maker(names: Sequence[str]) -> Callable[[tuple], Any]:
     return functools.partial(tuple.__new__, row_class(tuple(names)))
 
 
-def row_slices(data: pa.Table) -> Any:
-    make_row = row_maker(data.column_names)
+def row_slices(data: pa.Table) -> Callable[[int, int], Callable[[], Iterator[Any]]]:
+    """``make(start, end)``: the rows factory of a key whose rows are
+    ``data[start:end]``, an iterator of ``Row``s made as the key is read."""
+    cls = row_class(tuple(data.column_names))
     columns = [c.to_pylist() for c in data.columns]
+    new = tuple.__new__
 
-    def make(start: int, end: int) -> Any:
-        # rows made from the columns as the key is read: zip's tuple is reused
-        # once each Row has copied it, so a row costs one object, not two
-        return lambda: map(make_row, zip(*[c[start:end] for c in columns], strict=True))
+    def make(start: int, end: int) -> Callable[[], Iterator[Any]]:
+        # zip's tuple is reused once each Row has copied it, so a row costs one
+        # object, not two; map calls tuple.__new__ directly (no partial between)
+        return lambda: map(new, repeat(cls), zip(*[c[start:end] for c in columns], strict=True))
 
     return make
 

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from sessionstore.checkpoint import StoreSpec
 from sessionstore.encoding.ints import INT64
 from sessionstore.operators.arrow_io import epoch_millis_array
+from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.processors import (
     BatchTimes,
     ProcessorHandle,
@@ -178,10 +179,13 @@ class ProcessorTask:
         (``stores[name]``): the output as Arrow, and how many rows had a null key."""
         store = stores[STORE]
         handle = self.handle(store, lambda kind, store_name, retention: stores[store_name])
-        groups, dropped = self.groups(store, table)
-        runner = ProcessorRunner(self.processor, handle, self.time_mode)
-        counts = runner.run_batch(groups, times, initial)
-        return self.output(counts.outputs), dropped
+        # the batch allocates rows, keys and state payloads by the hundred thousand,
+        # each burst a collection that traverses every live object: none while it runs
+        with gc_paused():
+            groups, dropped = self.groups(store, table)
+            runner = ProcessorRunner(self.processor, handle, self.time_mode)
+            counts = runner.run_batch(groups, times, initial)
+            return self.output(counts.outputs), dropped
 
     # ---------------------------------------------------------------- times
     def _times(
