@@ -64,6 +64,8 @@ class PandasConf:
 
 
 def pandas_conf(spark: Any) -> PandasConf:
+    """The :class:`PandasConf` of ``spark``'s session (read on the driver)."""
+
     def get(key: str) -> str | None:
         value = spark.conf.get(key, None)
         return None if value is None or value == "" else value
@@ -179,6 +181,9 @@ def reindexed(frame: Any) -> Any:
 
 
 def pandas_slices(frame: Any, chunk: int) -> Any:
+    """``make(start, end)``: the rows factory of a key whose rows are
+    ``frame[start:end]``, DataFrames of at most ``chunk`` rows each."""
+
     def make(start: int, end: int) -> Any:
         # a slice keeps the batch frame's row labels: re-indexing each key's slice
         # cost more than the slice itself (measured in BENCHMARKS.md)
