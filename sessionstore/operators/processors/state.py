@@ -241,7 +241,13 @@ class ListState(_Variable):
                 f"Cannot write null values to State Store for StateName {state}.",
             )
         expiry = self._expiry()
-        return [(v if _is_plain(v) else as_value(state, v), expiry) for v in values]
+        # per element: the usual one-field plain tuple is tested inline (no call)
+        return [
+            (v, expiry)
+            if type(v) is tuple and len(v) == 1 and type(v[0]) in _SCALARS
+            else (v if _is_plain(v) else as_value(state, v), expiry)
+            for v in values
+        ]
 
     def put(self, newState: list[tuple]) -> None:  # noqa: N803 - PySpark's name
         """Replace the list (an empty list is refused, as in Spark)."""
