@@ -3,18 +3,21 @@
 A unit test feeds a processor rows micro-batch by micro-batch, sets the clock and
 the watermark itself, and looks at the state variables and timers each key holds,
 as Spark 4.3's ``TwsTester`` does for Spark's own operator. It runs the operator's
-own code, not a copy: the batch is grouped and converted by the task that
-``transform_with_state`` runs in each partition
-(:class:`~spark_integration.operators.transform_with_state.ProcessorTask`), the handlers are
-called by :class:`~sessionstore.operators.processors.ProcessorRunner` over a
-:class:`~sessionstore.operators.processors.ProcessorHandle`, and the state lives
-in a processor store of a real (temporary, local) checkpoint, committed once per
-batch. Only the times differ: the test gives them, where a query takes the
-batch's timestamp and the watermark of the event times it has seen.
+own code, not a copy: the processor is planned as the driver plans it
+(:func:`~spark_integration.operators.transform_with_state.plan_processor`), and
+each batch runs through the task that ``transform_with_state`` runs in each
+partition (:meth:`ProcessorTask.process
+<spark_integration.operators.transform_with_state.ProcessorTask.process>`: the
+grouping, the handle from the task's one factory, the runner, the output
+conversion), with the initial state converted as the task converts it; the state
+lives in a processor store of a real (temporary, local) checkpoint, committed
+once per batch. Only the times differ: the test gives them, where a query takes
+the batch's timestamp and the watermark of the event times it has seen.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import tempfile
@@ -23,17 +26,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.checkpoint import StateStoreProvider, StoreSpec
-from sessionstore.operators.processors import (
-    BatchTimes,
-    ProcessorHandle,
-    ProcessorRunner,
-    extra_store_name,
-    normalise_time_mode,
-)
+from sessionstore.checkpoint import StateStoreProvider
+from sessionstore.operators.processors import BatchTimes, normalise_time_mode
 from spark_integration.datasource import ddl_parts
 from spark_integration.execution.output import arrow_schema
-from spark_integration.operators.transform_with_state import STORE, ProcessorTask, parse_schema
+from spark_integration.operators.transform_with_state import (
+    STORE,
+    ProcessorTask,
+    parse_schema,
+    plan_processor,
+)
+from spark_integration.operators.transform_with_state.initial_state import initial_items
 from spark_integration.planning.backend import StateBackend
 
 __all__ = ["ProcessorTester"]
@@ -137,29 +140,20 @@ class ProcessorTester:
             None if input_schema is None else arrow_schema(_schema(input_schema).json())
         )
         self._shipped = cloudpickle.dumps(processor)
-        # init on a copy, as the operator's planning does: checks the schemas and
-        # names, and tells which extra stores (session, versioned state) it needs
-        planning = ProcessorHandle(
-            None, self.time_mode, parse_schema=_schema, key_arity=len(self.keys)
-        )
-        copy = cloudpickle.loads(self._shipped)
-        copy.init(planning)
-        if getattr(copy, "close", None) is not None:
-            copy.close()
+        # planned as the operator plans it (init on a copy): the schemas and names
+        # checked, the variables' schemas and extra stores the task declares
+        planning = plan_processor(processor, self.time_mode, len(self.keys), _schema)
         self._dir = tempfile.mkdtemp(prefix="sessionstore-processor-tester-")
-        self._backend = StateBackend(f"file://{self._dir}/checkpoint", local_dir=f"{self._dir}/db")
-        self._specs = [StoreSpec(STORE, "processor", 0)] + [
-            StoreSpec(extra_store_name(var), kind, retention)
-            for var, (kind, retention) in planning.extra_stores.items()
-        ]
-        self._provider = StateStoreProvider(
-            self._backend.checkpoint_uri, "processor_tester", 0, self._specs,
-            self._backend.local_dir,
+        backend = StateBackend(f"file://{self._dir}/checkpoint", local_dir=f"{self._dir}/db")
+        self._task = ProcessorTask(
+            backend=backend, name="processor_tester", num_partitions=1, keys=self.keys,
+            input_columns=[], processor=None, api=api, time_mode=self.time_mode,
+            delay_ms=None, out_schema_json=out_schema.json(),
+            extra_stores=dict(planning.extra_stores), schemas=dict(planning.schemas),
         )  # fmt: skip
-        self._task_args = dict(
-            backend=self._backend, name="processor_tester", num_partitions=1, keys=self.keys,
-            processor=None, api=api, time_mode=self.time_mode, delay_ms=None,
-            out_schema_json=out_schema.json(), extra_stores=dict(planning.extra_stores),
+        self._provider = StateStoreProvider(
+            backend.checkpoint_uri, "processor_tester", 0, self._task.store_specs(),
+            backend.local_dir,
         )  # fmt: skip
         self.version = 0
         self.processing_time_ms = 0 if self.time_mode != "None" else -1
@@ -202,26 +196,18 @@ class ProcessorTester:
         if initial_state is not None:
             if self.version != 0:
                 raise ValueError("initial_state is taken by the first batch only")
-            initial = self._initial(self._table(initial_state))
-        task = ProcessorTask(
-            **self._task_args,
+            initial_table = self._table(initial_state)
+            if initial_table is not None:
+                initial = initial_items(initial_table, self.keys, self.api, None)
+        task = dataclasses.replace(
+            self._task,
+            processor=cloudpickle.loads(self._shipped),  # a fresh copy, as each Spark task's
             input_columns=list(table.column_names) if table is not None else [],
         )
-        processor = cloudpickle.loads(self._shipped)
         handle = self._provider.get_store(self.version)
         try:
-            store = handle[STORE]
-            state = ProcessorHandle(
-                store, self.time_mode,
-                open_store=lambda kind, store_name, retention: handle[store_name],
-                key_arity=len(self.keys),
-            )  # fmt: skip
-            groups, _ = task.groups(store, table)
             times = BatchTimes(self.processing_time_ms, self.watermark_ms)
-            counts = ProcessorRunner(processor, state, self.time_mode).run_batch(
-                groups, times, initial
-            )
-            out = task.output(counts.outputs)
+            out, _ = task.process(handle, table, times, initial)
         except BaseException:
             handle.abort()  # the batch leaves nothing, as a failed task
             raise
@@ -248,24 +234,6 @@ class ProcessorTester:
         if missing:
             raise ValueError(f"the rows have no key column {missing[0]!r} ({table.column_names})")
         return table
-
-    def _initial(self, table: pa.Table | None) -> dict[tuple, list[Any]] | None:
-        """Initial-state items by key, as the operator's first batch passes them."""
-        if table is None:
-            return None
-        keys = list(zip(*[table.column(k).to_pylist() for k in self.keys], strict=True))
-        out: dict[tuple, list[Any]] = {}
-        if self.api == "pandas":
-            frame = table.to_pandas()
-            for key in dict.fromkeys(keys):
-                rows = [i for i, k in enumerate(keys) if k == key]
-                out[key] = [frame.iloc[rows].reset_index(drop=True)]
-        else:
-            from pyspark.sql import Row
-
-            for key, row in zip(keys, table.to_pylist(), strict=True):
-                out.setdefault(key, []).append(Row(**row))
-        return out
 
     # ------------------------------------------------------------- inspection
     def _stored(self, key: Any) -> Any:

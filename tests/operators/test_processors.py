@@ -573,3 +573,50 @@ class _OneField:
     """A parsed schema of one field, as the engine's parse_schema returns it."""
 
     fields = ("k",)
+
+
+def test_processor_modules_share_the_core_through_public_names_only():
+    """The handle, its variables and the runner meet in ProcessorCore: no module of
+    the package reads another object's ``_private`` attribute (``self._x`` only),
+    and none imports the handle except the runner (no circle through it)."""
+    import ast
+    import pathlib
+
+    import sessionstore.operators.processors as package
+
+    folder = pathlib.Path(package.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+                owner = node.value
+                mine = isinstance(owner, ast.Name) and owner.id in ("self", "cls")
+                dunder = node.attr.startswith("__") and node.attr.endswith("__")
+                assert mine or dunder, f"{path.name}:{node.lineno} reads .{node.attr}"
+            if isinstance(node, ast.ImportFrom) and path.stem not in ("runner", "__init__"):
+                assert node.module != "sessionstore.operators.processors.handle", path.name
+
+
+def test_a_map_state_parses_each_schema_once_and_counts_its_key_fields_from_it(db):
+    parsed = []
+
+    class Schema:
+        def __init__(self, text):
+            self.text = text
+            self.fields = text.split(",")
+
+        def jsonValue(self):  # noqa: N802 - PySpark's name
+            return {"type": "struct", "fields": [
+                {"name": f.split()[0], "type": f.split()[1], "nullable": True, "metadata": {}}
+                for f in self.fields
+            ]}  # fmt: skip
+
+    def parse(text):
+        parsed.append(text)
+        return Schema(text)
+
+    handle = ProcessorHandle(db.open_store("processor", "proc"), "None", parse_schema=parse)
+    m = handle.getMapState("m", "k string,j long", "a long")
+    assert sorted(parsed) == ["a long", "k string,j long"]
+    assert m.key_fields == 2
+    assert handle.schemas["m"]["key_schema"]["fields"][1]["name"] == "j"

@@ -296,6 +296,27 @@ class RowDeletedState(_DeletedState, StatefulProcessor):
             yield Row(*_PARITY_NAMES)(*r)
 
 
+class RowNestedValue(StatefulProcessor):
+    """Keeps per key a value whose field is a struct and reports what it reads back:
+    Spark gives a nested struct as a ``Row`` (its fields read by name)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.last = handle.getValueState("last", "item struct<name: string, n: long>")
+
+    def handleInputRows(self, key, rows, timerValues):
+        items = [r.item for r in rows]
+        got = self.last.get()
+        if got is None:
+            yield Row(*_PARITY_NAMES)(key[0], "none", 0)
+        else:
+            nested = got[0]
+            yield Row(*_PARITY_NAMES)(key[0], f"{type(nested).__name__} {nested.name}", nested.n)
+        self.last.update(((max(items), len(items)),))
+
+    def close(self) -> None:
+        pass
+
+
 class _BareMapKey:
     """Map state keyed by a one-field schema, called with bare strings (no tuple)
     as Spark's own examples sometimes do."""

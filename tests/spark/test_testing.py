@@ -11,9 +11,12 @@ from pyspark.sql import Row
 from spark_integration.testing import ProcessorTester
 from tests.spark.processors import (
     OUT_SCHEMA,
+    PARITY_SCHEMA,
     TIMER_SCHEMA,
     PandasTracker,
+    RowDeletedState,
     RowExpiry,
+    RowNestedValue,
     RowTracker,
     RowTrackerTTL,
 )
@@ -125,3 +128,74 @@ def test_same_output_as_the_streaming_operator(spark, tmp_path):
         tested = sorted(tuple(r) for rows in batches for r in tester.run(rows))
     assert tested == streamed
     assert len(tested) == 6 and ("a", 4, 3, "z,x,u") in tested
+
+
+#: Two processors whose output depends on how the task builds the handle: a
+#: variable ``deleteIfExists`` removed refuses calls with PySpark's
+#: ``PySparkRuntimeError``, and a nested struct is read back as a ``Row``.
+HANDLE_DEPENDENT = [
+    (RowDeletedState, [[("a", "x")], [("a", "y"), ("b", "y")]]),
+    (RowNestedValue, [[("a", "x"), ("a", "z")], [("a", "y"), ("b", "y")], [("b", "q")]]),
+]
+
+
+def _tested(cls, batches):
+    with ProcessorTester(cls(), PARITY_SCHEMA, key="id") as tester:
+        return [
+            sorted(tuple(r) for r in tester.run([{"id": k, "item": i} for k, i in rows]))
+            for rows in batches
+        ]
+
+
+def test_the_tester_builds_the_handle_as_the_task_does():
+    deleted = _tested(*HANDLE_DEPENDENT[0])
+    assert ("a", "value.exists: PySparkRuntimeError: Error checking value state exists", 0) in (
+        deleted[0]
+    )
+    assert ("b", "count", 1) in deleted[1]
+    assert _tested(*HANDLE_DEPENDENT[1]) == [
+        [("a", "none", 0)],
+        [("a", "Row z", 2), ("b", "none", 0)],
+        [("b", "Row y", 1)],
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls, batches", HANDLE_DEPENDENT, ids=["deleted", "nested"])
+def test_the_tester_behaves_as_spark_and_our_query(spark, tmp_path, cls, batches):
+    """The tester, Spark's ``transformWithState`` and ``transform_with_state`` give
+    the same rows batch by batch for processors that depend on the handle's build."""
+    from spark_integration import StateBackend, transform_with_state
+    from tests.spark.streams import json_source, run_stream_batches, write_json
+
+    provider = "spark.sql.streaming.stateStore.providerClass"
+    saved = spark.conf.get(provider, None)
+    spark.conf.set(
+        provider, "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    )
+
+    def run(tag, make):
+        source = tmp_path / f"in-{tag}"
+        df = json_source(spark, source, "id string, item string")
+        steps = [
+            lambda i=i, rows=rows: write_json(source, i, [{"id": k, "item": x} for k, x in rows])
+            for i, rows in enumerate(batches)
+        ]
+        out = run_stream_batches(make(df), tmp_path / f"ck-{tag}", steps, "update")
+        return [sorted(tuple(r.values()) for r in rows) for rows in out if rows]
+
+    try:
+        sparks = run("spark", lambda df: df.groupBy("id").transformWithState(
+            statefulProcessor=cls(), outputStructType=PARITY_SCHEMA, outputMode="Update",
+            timeMode="None",
+        ))  # fmt: skip
+    finally:
+        if saved is None:
+            spark.conf.unset(provider)
+        else:
+            spark.conf.set(provider, saved)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    ours = run("ours", lambda df: transform_with_state(
+        df, "id", cls(), PARITY_SCHEMA, backend=backend, num_partitions=2,
+    ))  # fmt: skip
+    assert _tested(cls, batches) == sparks == ours

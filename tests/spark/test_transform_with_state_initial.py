@@ -14,6 +14,7 @@ from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import INITIAL_STATE_DIR, initial_state_complete_name
 from spark_integration import StateBackend
 from spark_integration.execution.runtime import TaskInfo
+from spark_integration.operators.transform_with_state.initial_state import PID, initial_state_token
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,
@@ -23,8 +24,7 @@ from tests.object_stores import (
 from tests.spark import processors as P
 from tests.spark.fakes import run_task
 
-# the module (the package exports a function of the same name)
-tws = importlib.import_module("spark_integration.operators.transform_with_state")
+tws = importlib.import_module("spark_integration.operators.transform_with_state.task")
 
 NAME = "tracker"
 N = 2
@@ -43,7 +43,7 @@ ROUTED = pa.table(
     {
         "id": ["a", "e", "z"],
         "start": [100, 7, 1],
-        tws._PID: pa.array([0, 1, 1], pa.int32()),
+        PID: pa.array([0, 1, 1], pa.int32()),
     }
 )
 
@@ -61,14 +61,14 @@ class Planner:
         return ROUTED
 
     def plan(self) -> str | None:
-        return tws._initial_state_token(self.operator, N, self._route)
+        return initial_state_token(self.operator, N, self._route)
 
     def objects(self) -> list[str]:
         return self.operator.list_files(INITIAL_STATE_DIR)
 
 
-def _task(backend: StateBackend, token: str | None) -> tws._ProcessorTask:
-    return tws._ProcessorTask(
+def _task(backend: StateBackend, token: str | None) -> tws.ProcessorTask:
+    return tws.ProcessorTask(
         backend=backend, name=NAME, num_partitions=N, keys=["id"],
         input_columns=["id", "item"], processor=P.RowTracker(), api="rows",
         time_mode="None", delay_ms=None, out_schema_json=OUT.json(), initial=token,

@@ -5,7 +5,6 @@ integer columns for decimal fields are coerced only when asked."""
 
 from __future__ import annotations
 
-import importlib
 from decimal import Decimal
 
 import pandas as pd
@@ -14,8 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-# the module (the package exports a function of the same name)
-tws = importlib.import_module("spark_integration.operators.transform_with_state")
+from spark_integration.operators.transform_with_state import frames
 
 
 def _sparks_chunks(n: int, max_records: int, max_bytes: int, average: float) -> list[int]:
@@ -38,9 +36,9 @@ def _sparks_chunks(n: int, max_records: int, max_bytes: int, average: float) -> 
 )
 def test_a_keys_chunks_are_those_of_sparks_worker(n, max_records, max_bytes, width):
     table = pa.table({"id": ["k"] * n, "s": ["x" * width] * n})
-    conf = tws.PandasConf(max_records=max_records, max_bytes=max_bytes)
-    frame = tws._spark_pandas(table, None)
-    chunks = list(tws._pandas_slices(frame, conf.chunk_rows(table))(0, n)())
+    conf = frames.PandasConf(max_records=max_records, max_bytes=max_bytes)
+    frame = frames.spark_pandas(table, None)
+    chunks = list(frames.pandas_slices(frame, conf.chunk_rows(table))(0, n)())
     average = table.nbytes / n
     assert [len(c) for c in chunks] == _sparks_chunks(n, max_records, max_bytes, average)
     assert pd.concat(chunks)["s"].tolist() == frame["s"].tolist()
@@ -57,34 +55,34 @@ def test_a_keys_chunks_are_those_of_sparks_worker(n, max_records, max_bytes, wid
     ],
 )
 def test_byte_sizes_read_as_spark_writes_them(value, expected):
-    assert tws._byte_size(value) == expected
+    assert frames.byte_size(value) == expected
 
 
 def test_a_bad_byte_size_is_named():
     with pytest.raises(ValueError, match="'64 parsecs'"):
-        tws._byte_size("64 parsecs")
+        frames.byte_size("64 parsecs")
 
 
 def test_timestamps_are_naive_nanoseconds_of_the_session_zone_and_back():
     utc = pa.timestamp("us", tz="UTC")
     table = pa.table({"t": pa.array([20_000_000, None], utc), "n": [1, 2]})
-    frame = tws._spark_pandas(table, "America/New_York")
+    frame = frames.spark_pandas(table, "America/New_York")
     assert str(frame["t"].dtype) == "datetime64[ns]"
     assert (frame["t"].astype("int64") // 10**9).tolist()[0] == 20 - 5 * 3600
     # what a handler returns naive is read in the session zone
     schema = pa.schema([("t", utc)])
-    assert tws._concat_columns([frame[["t"]]], schema) is None  # datetimes: the pandas path
-    localized = tws._localized(frame[["t"]], schema, "America/New_York")
+    assert frames.concat_columns([frame[["t"]]], schema) is None  # datetimes: the pandas path
+    localized = frames.localized(frame[["t"]], schema, "America/New_York")
     assert pa.Table.from_pandas(localized, schema=schema).column("t").equals(table.column("t"))
 
 
 def test_int_columns_for_decimal_fields_are_coerced_only_when_asked():
     schema = pa.schema([("id", pa.string()), ("amount", pa.decimal128(10, 2))])
     frame = pd.DataFrame({"id": ["a"], "amount": [200]})
-    coerced = tws._ints_as_decimals(frame, schema)
+    coerced = frames.ints_as_decimals(frame, schema)
     assert coerced["amount"].tolist() == [Decimal(200)]
     assert frame["amount"].tolist() == [200]  # the handler's frame is not changed
-    table = tws._concat_columns([coerced], schema)
+    table = frames.concat_columns([coerced], schema)
     assert table.column("amount").to_pylist() == [Decimal("200.00")]
     floats = pd.DataFrame({"id": ["a"], "amount": [2.5]})
-    assert tws._ints_as_decimals(floats, schema) is floats
+    assert frames.ints_as_decimals(floats, schema) is floats

@@ -4,7 +4,6 @@ runs of equal keys found by Arrow are those of a plain Python scan."""
 
 from __future__ import annotations
 
-import importlib
 import math
 import pickle
 
@@ -15,8 +14,9 @@ from hypothesis import strategies as st
 from pyspark import cloudpickle
 from pyspark.sql import Row
 
-# the module (the package exports a function of the same name)
-tws = importlib.import_module("spark_integration.operators.transform_with_state")
+from spark_integration.execution.runtime import deterministic_order
+from spark_integration.operators.transform_with_state.grouping import group_bounds, key_runs
+from spark_integration.operators.transform_with_state.rows import row_maker
 
 NAMES = st.lists(
     st.sampled_from(["user", "item", "count", "index", "n", "x_1", "asDict", "a b", "_p"]),
@@ -30,7 +30,7 @@ VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=4), st.floats(allo
 @given(names=NAMES, data=st.data())
 def test_a_row_behaves_as_pysparks_row(names, data):
     values = tuple(data.draw(st.lists(VALUES, min_size=len(names), max_size=len(names))))
-    ours = tws._row_maker(names)(values)
+    ours = row_maker(names)(values)
     theirs = Row(*names)(*values)
     assert isinstance(ours, Row)
     assert ours == theirs and tuple(ours) == values and hash(ours) == hash(theirs)
@@ -48,7 +48,7 @@ def test_a_row_behaves_as_pysparks_row(names, data):
 
 
 def test_a_row_is_read_only_and_names_a_missing_attribute():
-    row = tws._row_maker(["user"])(("u",))
+    row = row_maker(["user"])(("u",))
     with pytest.raises(Exception, match="READ_ONLY"):
         row.user = "v"
     with pytest.raises(AttributeError, match="nope"):
@@ -57,7 +57,7 @@ def test_a_row_is_read_only_and_names_a_missing_attribute():
 
 def _python_runs(table, keys):
     cols = [table.column(k).to_pylist() for k in keys]
-    return tws._group_bounds(cols[0] if len(keys) == 1 else list(zip(*cols, strict=True)))
+    return group_bounds(cols[0] if len(keys) == 1 else list(zip(*cols, strict=True)))
 
 
 KEY_VALUES = {
@@ -81,5 +81,5 @@ def test_key_runs_are_those_of_a_python_scan(columns, n, data):
         )
         for c in columns
     }
-    table = tws.deterministic_order(pa.table(arrays), columns)
-    assert tws._key_runs(table, columns) == _python_runs(table, columns)
+    table = deterministic_order(pa.table(arrays), columns)
+    assert key_runs(table, columns) == _python_runs(table, columns)

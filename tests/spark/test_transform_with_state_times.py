@@ -27,8 +27,7 @@ from tests.object_stores import (
 )
 from tests.spark.fakes import run_task
 
-# the module (the package exports a function of the same name)
-tws = importlib.import_module("spark_integration.operators.transform_with_state")
+tws = importlib.import_module("spark_integration.operators.transform_with_state.task")
 
 SCHEMA = StructType([StructField("id", StringType()), StructField("now", LongType())])
 
@@ -52,13 +51,13 @@ class ReportsTime(StatefulProcessor):
         pass
 
 
-def _task(backend: StateBackend, coordinator: Coordinator | None = None) -> tws._ProcessorTask:
+def _task(backend: StateBackend, coordinator: Coordinator | None = None) -> tws.ProcessorTask:
     """The operator's task; with ``coordinator`` (as in Spark by default) its commits
     claim their version there, else they look before they write (one HEAD)."""
     address = None
     if coordinator is not None:
         address = coordinator.register(backend.checkpoint_uri, "times", 1, backend.storage_options)
-    return tws._ProcessorTask(
+    return tws.ProcessorTask(
         backend=backend, name="times", num_partitions=1, keys=["id"],
         input_columns=["id", "item"], processor=ReportsTime(), api="rows",
         time_mode="ProcessingTime", delay_ms=None,

@@ -1,7 +1,8 @@
 """Run PySpark ``StatefulProcessor`` classes on sessionstore state (engine-agnostic:
 no pyspark here). See docs/operators.md, "StatefulProcessor"."""
 
-from sessionstore.operators.processors.handle import HandleState, ProcessorHandle, extra_store_name
+from sessionstore.operators.processors.core import HandleState, KeyScope, ProcessorCore
+from sessionstore.operators.processors.handle import ProcessorHandle, extra_store_name
 from sessionstore.operators.processors.runner import BatchTimes, ProcessorRunner
 from sessionstore.operators.processors.state import (
     ListState,
@@ -18,6 +19,8 @@ from sessionstore.operators.processors.timers import (
 
 __all__ = [
     "ProcessorHandle",
+    "ProcessorCore",
+    "KeyScope",
     "HandleState",
     "ProcessorRunner",
     "BatchTimes",

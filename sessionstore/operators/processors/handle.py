@@ -22,30 +22,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sessionstore.encoding.keys import encode_key
 from sessionstore.errors import StatefulProcessorError
+from sessionstore.operators.processors.core import HandleState, ProcessorCore
 from sessionstore.operators.processors.state import (
-    KeyScope,
     ListState,
     MapState,
     SessionState,
-    TimerList,
     ValueState,
     VersionedState,
-    _Variable,
 )
 from sessionstore.stores.base import check_store_name
 from sessionstore.stores.processor import ProcessorStore
 
 __all__ = ["ProcessorHandle", "HandleState", "extra_store_name"]
-
-
-class HandleState:
-    """Spark's ``StatefulProcessorHandleState`` values, in life-cycle order."""
-
-    CREATED, INITIALIZED, DATA_PROCESSED, TIMER_PROCESSED, CLOSED = (
-        "CREATED", "INITIALIZED", "DATA_PROCESSED", "TIMER_PROCESSED", "CLOSED"
-    )  # fmt: skip
-    ORDER = (CREATED, INITIALIZED, DATA_PROCESSED, TIMER_PROCESSED, CLOSED)
 
 
 def extra_store_name(variable: str) -> str:
@@ -64,7 +54,14 @@ class ProcessorHandle:
     ``getSessionState``/``getVersionedState`` ask for (a Spark task takes them from
     its partition's loaded stores). ``key_arity`` is the number of grouping
     columns: a single column's key is stored as its value, several as a tuple, as
-    every operator of sessionstore encodes keys.
+    every operator of sessionstore encodes keys. ``runtime_error(message)`` is
+    what a call Spark's JVM refuses raises (PySpark's ``PySparkRuntimeError`` in
+    Spark, a ``RuntimeError`` subclass); ``make_struct(names)`` builds the nested
+    structs of values read back (PySpark's ``Row`` in Spark).
+
+    The store, current key, batch times and timers live in :attr:`core` (a
+    :class:`~sessionstore.operators.processors.core.ProcessorCore`), which the
+    variables and the runner share.
     """
 
     def __init__(
@@ -75,14 +72,11 @@ class ProcessorHandle:
         open_store: Callable[[str, str, int], Any] | None = None,
         key_arity: int = 1,
         runtime_error: Callable[[str], Exception] = RuntimeError,
-        map_key_fields: dict[str, int] | None = None,
         schemas: dict[str, dict[str, Any]] | None = None,
         make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
     ) -> None:
-        self._store = store
-        #: fields of each map state's user-key schema: what ``parse_schema`` found,
-        #: or what the engine passes (a task that does not parse schemas itself)
-        self.map_key_fields = dict(map_key_fields or {})
+        #: what the handle, its variables and the runner share
+        self.core = ProcessorCore(store, key_arity, timers=time_mode != "None")
         #: the exception Spark's state clients raise where the JVM refused a call
         #: (the engine passes PySpark's ``PySparkRuntimeError``, a RuntimeError)
         self.runtime_error = runtime_error
@@ -94,15 +88,19 @@ class ProcessorHandle:
         self._time_mode = time_mode
         self._parse_schema = parse_schema or (lambda schema: schema)
         self._open_store = open_store
-        self._key_arity = key_arity
-        self.state = HandleState.CREATED
-        self._variables: dict[str, _Variable] = {}
+        self._variables: dict[str, Any] = {}
         #: extra stores asked for in init: variable -> (kind, retention_ms)
         self.extra_stores: dict[str, tuple[str, int]] = {}
-        self._timers = TimerList(self)
-        self._scope: KeyScope | None = None
-        self._batch_ts = -1
         self.deleted: list[str] = []
+
+    @property
+    def state(self) -> str:
+        """The life-cycle state (:class:`HandleState`), moved by the runner."""
+        return self.core.state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self.core.state = value
 
     # ------------------------------------------------------------- life cycle
     def _check_state(self, operation: str, *allowed: str) -> None:
@@ -150,8 +148,7 @@ class ProcessorHandle:
         """A value state variable (call in ``init``)."""
         self._define("get_value_state", stateName, ttlDurationMs)
         self._declare(stateName, "value", schema)
-        var = self._variables[stateName] = ValueState(self, stateName, ttlDurationMs)
-        return var
+        return self._add(stateName, ValueState(self.core, stateName, ttlDurationMs))
 
     def getListState(  # noqa: N802
         self,
@@ -162,8 +159,7 @@ class ProcessorHandle:
         """A list state variable (call in ``init``)."""
         self._define("get_list_state", stateName, ttlDurationMs)
         self._declare(stateName, "list", schema)
-        var = self._variables[stateName] = ListState(self, stateName, ttlDurationMs)
-        return var
+        return self._add(stateName, ListState(self.core, stateName, ttlDurationMs))
 
     def getMapState(  # noqa: N802
         self,
@@ -174,33 +170,44 @@ class ProcessorHandle:
     ) -> MapState:
         """A map state variable (call in ``init``)."""
         self._define("get_map_state", stateName, ttlDurationMs)
-        key_schema = self._parse_schema(userKeySchema)
-        self._declare(stateName, "map", valueSchema, userKeySchema)
-        var = self._variables[stateName] = MapState(self, stateName, ttlDurationMs)
-        fields = getattr(key_schema, "fields", None)  # a StructType's; opaque otherwise
-        if fields is not None:
-            self.map_key_fields[stateName] = len(fields)
-        var.key_fields = self.map_key_fields.get(stateName)
+        key_parsed = self._parse_schema(userKeySchema)
+        declared = self._declare(stateName, "map", valueSchema, key_parsed)
+        key_json = declared["key_schema"]
+        # the user-key schema's fields: as declared (parsed here, or on the driver
+        # that planned the query), else those of an opaque parsed schema
+        fields = key_json["fields"] if key_json else getattr(key_parsed, "fields", None)
+        var = MapState(
+            self.core, stateName, ttlDurationMs,
+            key_fields=None if fields is None else len(fields),
+            runtime_error=self.runtime_error,
+        )  # fmt: skip
+        return self._add(stateName, var)
+
+    def _add(self, name: str, var: Any) -> Any:
+        self._variables[name] = var
+        self.core.add_variable(var)
         return var
 
-    def _declare(self, name: str, kind: str, schema: Any, key_schema: Any = None) -> None:
-        """Check the schemas and declare the variable to the store (its encoding)."""
+    def _declare(self, name: str, kind: str, schema: Any, key_parsed: Any = None) -> dict[str, Any]:
+        """Check the schemas and declare the variable to the store (its encoding);
+        returns its declaration (kind and schemas in Spark's JSON form)."""
         value_json = _schema_json(self._parse_schema(schema))
-        key_json = None if kind != "map" else _schema_json(self._parse_schema(key_schema))
+        key_json = None if kind != "map" else _schema_json(key_parsed)
         declared = self._given_schemas.get(name)
         if declared is None or declared.get("kind") != kind:
             declared = {"kind": kind, "value_schema": value_json, "key_schema": key_json}
         self.schemas[name] = declared
-        if self._store is not None:
-            self._store.declare(
+        if self.core.store is not None:
+            self.core.store.declare(
                 name, kind, declared["value_schema"], declared["key_schema"], self._make_struct
             )
+        return declared
 
     def getSessionState(self, stateName: str, retention_ms: int) -> SessionState:  # noqa: N802,N803
         """sessionstore's session store for each key (call in ``init``): sessions
         stay visible for ``retention_ms`` behind the store's stream time."""
         return SessionState(
-            self, self._extra("get_session_state", "session", stateName, retention_ms)
+            self.core, self._extra("get_session_state", "session", stateName, retention_ms)
         )
 
     def getVersionedState(  # noqa: N802
@@ -210,7 +217,7 @@ class ProcessorHandle:
     ) -> VersionedState:
         """sessionstore's versioned store for each key (call in ``init``)."""
         store = self._extra("get_versioned_state", "versioned", stateName, history_retention_ms)
-        return VersionedState(self, store)
+        return VersionedState(self.core, store)
 
     def _extra(self, operation: str, kind: str, name: str, retention_ms: int) -> Any:
         self._define(operation, name, None)
@@ -234,10 +241,9 @@ class ProcessorHandle:
         var = self._variables.pop(stateName, None)
         if var is not None:
             var.mark_deleted(self.runtime_error)
-        if self._store is not None:
-            from sessionstore.encoding.keys import encode_key
-
-            self._store.delete_variable(encode_key(stateName))
+            self.core.remove_variable(var.encoded)
+        if self.core.store is not None:
+            self.core.store.delete_variable(encode_key(stateName))
 
     # ------------------------------------------------------------------ timers
     def _check_timers(self, operation: str) -> None:
@@ -252,124 +258,20 @@ class ProcessorHandle:
     def registerTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
         """Register a timer of the current key."""
         self._check_timers("register_timer")
-        self._current_scope("register_timer")
-        self._timers.register(_timestamp(expiryTimestampMs))
+        self.core.current("register_timer")
+        self.core.register_timer(_timestamp(expiryTimestampMs))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
         """Delete a timer of the current key (no-op if absent)."""
         self._check_timers("delete_timer")
-        self._current_scope("delete_timer")
-        self._timers.delete(_timestamp(expiryTimestampMs))
+        self.core.current("delete_timer")
+        self.core.delete_timer(_timestamp(expiryTimestampMs))
 
     def listTimers(self) -> Iterator[int]:  # noqa: N802
         """The current key's timers, earliest first."""
         self._check_timers("list_timers")
-        self._current_scope("list_timers")
-        return iter(self._timers.list())
-
-    # ------------------------------------------------------------ key scopes
-    def _store_key(self, key: tuple) -> Any:
-        return key[0] if self._key_arity == 1 else key
-
-    def _key_of(self, stored: Any) -> tuple:
-        return (stored,) if self._key_arity == 1 else tuple(stored)
-
-    def begin_key(self, key: tuple, key_bytes: bytes | None = None) -> None:
-        """Make ``key`` (a tuple of grouping values) the current key."""
-        if key_bytes is None:
-            key_bytes = self._store.encode_key(self._store_key(key))
-        self._scope = KeyScope(key, key_bytes)
-
-    def end_key(self) -> None:
-        """Write back the current key's changed variables and TTL index entries."""
-        scope, self._scope = self._scope, None
-        if scope is None or not scope.dirty:
-            return
-        store = self._store
-        kb = scope.key_bytes
-        by_name = {v.encoded: v for v in self._variables.values()}
-        for encoded in scope.dirty:
-            payload = scope.payloads.get(encoded)
-            var = by_name.get(encoded)
-            if var is not None and var.ttl_ms is not None:
-                old = scope.loaded_expiry.get(encoded)
-                # items written in this batch expire after it (ttl > 0): only an
-                # item loaded with an expiry at or before the batch time can have
-                # expired, so a map or list without one is not copied to purge it
-                if old is not None and old <= self._batch_ts:
-                    payload = var.purge(payload)
-                new = var.min_expiry(payload)
-                if old != new:
-                    if old is not None:
-                        store.index_delete(store.ttl_cf, old, kb + encoded)
-                    if new is not None:
-                        store.index_put(store.ttl_cf, new, kb + encoded)
-            store.write(kb, encoded, payload)
-
-    def _current_scope(self, operation: str) -> KeyScope:
-        scope = self._scope
-        if scope is None:
-            raise StatefulProcessorError(
-                "STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE",
-                f"Failed to perform stateful processor operation={operation} with invalid "
-                f"handle state={self.state}: no grouping key is being processed.",
-            )
-        return scope
-
-    def _load(self, scope: KeyScope) -> None:
-        variables = [v.encoded for v in self._variables.values()]
-        variables.append(self._timers.encoded)
-        payloads = self._store.load(scope.key_bytes, variables)
-        scope.payloads = dict(zip(variables, payloads, strict=True))
-        scope.loaded = True
-        scope.loaded_expiry = {
-            v.encoded: v.min_expiry(scope.payloads[v.encoded])
-            for v in self._variables.values()
-            if v.ttl_ms is not None
-        }
-
-    def _payload(self, encoded: bytes) -> Any:
-        scope = self._scope
-        if scope is None:
-            scope = self._current_scope("state access")
-        if not scope.loaded:
-            self._load(scope)
-        return scope.payloads[encoded]
-
-    def _set_payload(self, encoded: bytes, payload: Any) -> None:
-        scope = self._scope
-        if scope is None:
-            scope = self._current_scope("state update")
-        if not scope.loaded:
-            self._load(scope)
-        scope.payloads[encoded] = payload
-        scope.dirty.add(encoded)
-
-    # ------------------------------------------------------------------- TTL
-    def ttl_variables(self) -> bool:
-        """Whether any variable has a TTL."""
-        return any(v.ttl_ms is not None for v in self._variables.values())
-
-    def clean_expired(self, limit: int) -> int:
-        """Remove expired values of at most ``limit`` (key, variable) pairs whose
-        earliest expiry has passed: a range read of the TTL index from its start,
-        never a scan of every key. Returns how many pairs it visited."""
-        store = self._store
-        due = store.index_before(store.ttl_cf, self._batch_ts + 1, limit)
-        from sessionstore.encoding.keys import decode_key, encoded_length
-
-        known = {v.encoded for v in self._variables.values()}
-        for ts, suffix in due:
-            # the entry goes; the write-back adds the variable's next expiry, if any
-            store.index_delete(store.ttl_cf, ts, suffix)
-            n = encoded_length(suffix)
-            encoded = suffix[n:]
-            if encoded not in known:  # a variable this processor no longer defines
-                continue
-            self.begin_key(self._key_of(decode_key(suffix[:n])), suffix[:n])
-            self._set_payload(encoded, self._payload(encoded))  # purged on write-back
-            self.end_key()
-        return len(due)
+        self.core.current("list_timers")
+        return iter(self.core.timers())
 
 
 def _schema_json(parsed: Any) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@
    before the processing time, or the watermark in event-time mode), timers the
    batch's input registered included, in (expiry, key) order, each timer deleted
    after its handler, as PySpark does;
-4. the TTL pass (see :meth:`ProcessorHandle.clean_expired`), then ``close()``.
+4. the TTL pass (see :meth:`ProcessorCore.clean_expired`), then ``close()``.
 
 The processor is duck-typed: any object with ``init`` and ``handleInputRows``
 (``handleInitialState``, ``handleExpiredTimer`` and ``close`` are optional), so
@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessionstore.operators.processors.handle import HandleState, ProcessorHandle
+from sessionstore.operators.processors.core import HandleState
+from sessionstore.operators.processors.handle import ProcessorHandle
 from sessionstore.operators.processors.timers import ExpiredTimerInfo, TimerValues
 
 __all__ = ["ProcessorRunner", "BatchTimes", "TTL_CLEANUP_LIMIT"]
@@ -84,68 +85,66 @@ class ProcessorRunner:
         ``handleInputRows`` takes (an iterator of DataFrames or of Rows).
         ``initial`` maps keys to their initial-state items (first batch only).
         Returns the outputs (what the handlers yielded, in order) and counts."""
-        proc, handle = self.processor, self.handle
+        proc, core = self.processor, self.handle.core
         counts = BatchCounts()
         out = counts.outputs
-        handle._batch_ts = times.processing_ms
-        proc.init(handle)
-        handle.state = HandleState.INITIALIZED
+        core.begin_batch(times.processing_ms, times.watermark_ms)
+        proc.init(self.handle)
+        core.state = HandleState.INITIALIZED
         tv = self.timer_values(times)
         initial = dict(initial or {})
         handle_initial = getattr(proc, "handleInitialState", None)
         if initial:
             # keys that only have initial state join the batch's keys, in key order
-            encode = handle._store.encode_key
-            pending = {encode(handle._store_key(k)): k for k in initial}
+            encode = core.encode_key
+            pending = {encode(k): k for k in initial}
             groups = _merge_keys(
-                ((k, encode(handle._store_key(k)) if kb is None else kb, rows)
-                 for k, kb, rows in groups),
-                pending,
-            )  # fmt: skip
+                ((k, encode(k) if kb is None else kb, rows) for k, kb, rows in groups), pending
+            )
+        begin_key, end_key = core.begin_key, core.end_key
+        handle_rows = proc.handleInputRows
         for key, key_bytes, rows in groups:
-            handle.begin_key(key, key_bytes)
-            for item in initial.pop(key, ()):
-                if handle_initial is not None:
-                    handle_initial(key, item, tv)
+            begin_key(key, key_bytes)
+            if initial:
+                for item in initial.pop(key, ()):
+                    if handle_initial is not None:
+                        handle_initial(key, item, tv)
             if rows is not None:
-                result = proc.handleInputRows(key, rows(), tv)
+                result = handle_rows(key, rows(), tv)
                 if result is not None:
                     out.extend(result)
-            handle.end_key()
+            end_key()
             counts.keys += 1
-        handle.state = HandleState.DATA_PROCESSED
+        core.state = HandleState.DATA_PROCESSED
         threshold = {"ProcessingTime": times.processing_ms, "EventTime": times.watermark_ms}.get(
             self.time_mode
         )
         if threshold is not None and threshold >= 0:
             counts.timers_fired = self._fire_timers(threshold, tv, out)
-        if handle.ttl_variables() and times.processing_ms >= 0:
-            counts.ttl_visited = handle.clean_expired(ttl_cleanup_limit)
-        handle.state = HandleState.TIMER_PROCESSED
+        if core.has_ttl() and times.processing_ms >= 0:
+            counts.ttl_visited = core.clean_expired(ttl_cleanup_limit)
+        core.state = HandleState.TIMER_PROCESSED
         close = getattr(proc, "close", None)
         if close is not None:
             close()
-        handle.state = HandleState.CLOSED
+        core.state = HandleState.CLOSED
         return counts
 
     def _fire_timers(self, threshold: int, tv: TimerValues, out: list[Any]) -> int:
-        from sessionstore.encoding.keys import decode_key
-
-        handle = self.handle
-        store = handle._store
+        core = self.handle.core
         fire = getattr(self.processor, "handleExpiredTimer", None)
-        # the due timers as of now (Spark's expiry test is inclusive), those the
-        # input registered included; timers a handler registers fire next batch
-        due = store.index_before(store.timers_cf, threshold + 1)
+        # the due timers as of now, those the input registered included; timers a
+        # handler registers fire next batch
+        due = core.due_timers(threshold)
         for ts, key_bytes in due:
-            key = handle._key_of(decode_key(key_bytes))
-            handle.begin_key(key, key_bytes)
+            key = core.key_of(key_bytes)
+            core.begin_key(key, key_bytes)
             if fire is not None:
                 result = fire(key=key, timerValues=tv, expiredTimerInfo=ExpiredTimerInfo(ts))
                 if result is not None:
                     out.extend(result)
-            handle._timers.delete(ts)
-            handle.end_key()
+            core.delete_timer(ts)
+            core.end_key()
         return len(due)
 
 

@@ -3,9 +3,12 @@ MapState, and sessionstore's session and versioned state, for the current key.
 
 Every variable of a grouping key is one row of the processor store (see
 :mod:`sessionstore.stores.processor`): the first access to any variable of a key
-loads all of them in one multi-get into the key's :class:`KeyScope`, calls work on
-Python objects, and the variables that changed are written back once when the key
-is done, into the batch's write buffer. A state call therefore costs a dict
+loads all of them in one multi-get into the key's
+:class:`~sessionstore.operators.processors.core.KeyScope`, calls work on Python
+objects, and the variables that changed are written back once when the key is
+done, into the batch's write buffer (the
+:class:`~sessionstore.operators.processors.core.ProcessorCore` each variable is
+given does both). A state call therefore costs a dict
 look-up, not a RocksDB read, let alone a round trip to the JVM.
 
 Values follow PySpark 4's conventions: a value is a tuple (or Row) with one item
@@ -18,21 +21,18 @@ Spark.
 
 from __future__ import annotations
 
-import bisect
 import functools
+import operator
 from collections.abc import Callable, Iterator
 from datetime import date, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sessionstore.encoding.keys import encode_key
 from sessionstore.errors import StatefulProcessorError
-from sessionstore.stores.processor import TIMERS_VAR
-
-if TYPE_CHECKING:
-    from sessionstore.operators.processors.handle import ProcessorHandle
+from sessionstore.operators.processors.core import ProcessorCore
 
 __all__ = [
-    "KeyScope",
     "ValueState",
     "ListState",
     "MapState",
@@ -101,53 +101,33 @@ def as_value(state: str, v: Any) -> tuple:
     return tuple(map(normalise, v))
 
 
-class KeyScope:
-    """The loaded variables of one grouping key while its handler runs."""
-
-    __slots__ = ("key", "key_bytes", "payloads", "loaded", "loaded_expiry", "dirty")
-
-    def __init__(self, key: Any, key_bytes: bytes) -> None:
-        self.key = key
-        self.key_bytes = key_bytes
-        self.payloads: dict[bytes, Any] = {}
-        self.loaded = False
-        #: earliest expiry of each TTL variable as loaded (its TTL index entry)
-        self.loaded_expiry: dict[bytes, int | None] = {}
-        self.dirty: set[bytes] = set()
-
-
 class _Variable:
-    """What every state variable shares: its name, encoded name, TTL and handle."""
+    """What every state variable shares: its name, encoded name, TTL and core."""
 
     kind = ""
 
-    def __init__(self, handle: ProcessorHandle, name: str, ttl_ms: int | None) -> None:
-        from sessionstore.encoding.keys import encode_key
-
-        self._handle = handle
+    def __init__(self, core: ProcessorCore, name: str, ttl_ms: int | None) -> None:
+        self._core = core
         self._name = name
         self.encoded = encode_key(name)
         self.ttl_ms = ttl_ms
 
     # A state call is a few dict look-ups, so the calls around them are most of
     # its cost: the hot methods read the current key's loaded payloads directly
-    # and fall back to the handle (which loads the key, or raises outside a key).
+    # and fall back to the core (which loads the key, or raises outside a key).
     def _payload(self) -> Any:
-        scope = self._handle._scope
+        scope = self._core.scope
         if scope is not None and scope.loaded:
             return scope.payloads[self.encoded]
-        return self._handle._payload(self.encoded)
+        return self._core.payload(self.encoded)
 
     def _set(self, payload: Any) -> None:
-        scope = self._handle._scope
+        scope = self._core.scope
         if scope is not None and scope.loaded:
             scope.payloads[self.encoded] = payload
             scope.dirty.add(self.encoded)
         else:
-            self._handle._set_payload(self.encoded, payload)
-
-    def _now(self) -> int:
-        return self._handle._batch_ts
+            self._core.set_payload(self.encoded, payload)
 
     #: How PySpark's state client answers each call the JVM refuses (on a variable
     #: ``deleteIfExists`` removed, say): the start of its error's message, or None
@@ -171,10 +151,10 @@ class _Variable:
             setattr(self, method, refusal)
 
     def _expiry(self) -> int | None:
-        return None if self.ttl_ms is None else self._handle._batch_ts + self.ttl_ms
+        return None if self.ttl_ms is None else self._core.processing_ms + self.ttl_ms
 
     def _live(self, expiry: int | None) -> bool:
-        return expiry is None or self._handle._batch_ts < expiry
+        return expiry is None or self._core.processing_ms < expiry
 
     def purge(self, payload: Any) -> Any:
         """``payload`` without expired items (None when nothing is left)."""
@@ -252,7 +232,7 @@ class ListState(_Variable):
 
     def get(self) -> Iterator[tuple]:
         """An iterator over the elements (a snapshot: later changes do not show)."""
-        return iter([item[0] for item in self._items()])
+        return iter(list(map(_first, self._items())))
 
     def _values(self, state: str, values: Any) -> list:
         if values is None:
@@ -261,7 +241,13 @@ class ListState(_Variable):
                 f"Cannot write null values to State Store for StateName {state}.",
             )
         expiry = self._expiry()
-        return [(v if _is_plain(v) else as_value(state, v), expiry) for v in values]
+        # per element: the usual one-field plain tuple is tested inline (no call)
+        return [
+            (v, expiry)
+            if type(v) is tuple and len(v) == 1 and type(v[0]) in _SCALARS
+            else (v if _is_plain(v) else as_value(state, v), expiry)
+            for v in values
+        ]
 
     def put(self, newState: list[tuple]) -> None:  # noqa: N803 - PySpark's name
         """Replace the list (an empty list is refused, as in Spark)."""
@@ -306,10 +292,7 @@ class ListState(_Variable):
 
     @staticmethod
     def min_expiry(payload: Any) -> int | None:
-        if not payload:
-            return None
-        expiries = [e for _, e in payload if e is not None]
-        return min(expiries) if expiries else None
+        return None if not payload else _earliest(map(_second, payload))
 
 
 class MapState(_Variable):
@@ -328,8 +311,20 @@ class MapState(_Variable):
         "removeKey": "Error removing key from map state",
         "clear": "Error clearing map state",
     }
-    #: fields of the user-key schema (set by the handle when it parses it)
-    key_fields: int | None = None
+
+    def __init__(
+        self,
+        core: ProcessorCore,
+        name: str,
+        ttl_ms: int | None,
+        key_fields: int | None = None,
+        runtime_error: Callable[[str], Exception] = RuntimeError,
+    ) -> None:
+        super().__init__(core, name, ttl_ms)
+        #: fields of the user-key schema, where the engine parsed it
+        self.key_fields = key_fields
+        #: what a call the JVM would refuse raises (PySpark's error, in Spark)
+        self._runtime_error = runtime_error
 
     def _map(self) -> dict:
         p = self._payload()
@@ -355,7 +350,7 @@ class MapState(_Variable):
         longer str does not fit one (Spark's ``STRUCT_ARRAY_LENGTH_MISMATCH``)."""
         chars = tuple(key)
         if self.key_fields is not None and len(chars) != self.key_fields:
-            raise self._handle.runtime_error(
+            raise self._runtime_error(
                 f"{self.CALL_ERRORS[call]}: [STRUCT_ARRAY_LENGTH_MISMATCH] Input row doesn't "
                 f"have expected number of values required by the schema. {self.key_fields} "
                 f"fields are required while {len(chars)} values are provided (the bare str "
@@ -371,13 +366,20 @@ class MapState(_Variable):
     def _entry(self, key: tuple, call: str = "getValue") -> tuple | None:
         """The live ``(value, expiry)`` of one user key: a dict look-up, not a
         filtered copy of the map (dedup maps ask this per event)."""
-        user_key = key if _is_plain(key) else self._user_key(key, call)
-        entries = self._payload()
+        # dedup maps ask this per event: a one-field plain key is tested here, the
+        # loaded payload read directly and _live inlined (no call for any of them)
+        if type(key) is not tuple or len(key) != 1 or type(key[0]) not in _SCALARS:
+            key = key if _is_plain(key) else self._user_key(key, call)
+        core = self._core
+        scope = core.scope
+        if scope is not None and scope.loaded:
+            entries = scope.payloads[self.encoded]
+        else:
+            entries = core.payload(self.encoded)
         if entries is None:
             return None
-        item = entries.get(user_key)
-        # _live inlined: dedup maps ask this per event
-        if item is None or (item[1] is not None and self._handle._batch_ts >= item[1]):
+        item = entries.get(key)
+        if item is None or (item[1] is not None and core.processing_ms >= item[1]):
             return None
         return item
 
@@ -432,10 +434,23 @@ class MapState(_Variable):
 
     @staticmethod
     def min_expiry(payload: Any) -> int | None:
-        if not payload:
-            return None
-        expiries = [e for _, e in payload.values() if e is not None]
-        return min(expiries) if expiries else None
+        return None if not payload else _earliest(map(_second, payload.values()))
+
+
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
+
+
+def _earliest(expiries: Iterator[int | None]) -> int | None:
+    """The least of ``expiries`` that is not None, or None. Every item of a list or
+    map has an expiry, or none has (a TTL is per variable), so one ``min`` in C
+    decides; items written before a TTL was set take the generic path."""
+    expiries = list(expiries)
+    try:
+        return min(expiries)
+    except TypeError:  # None among ints (or only Nones)
+        live = [e for e in expiries if e is not None]
+        return min(live) if live else None
 
 
 def _empty_iterator() -> Iterator[Any]:
@@ -446,53 +461,14 @@ def _refuse(error: Callable[[str], Exception], message: str, *args: Any) -> Any:
     raise error(message)
 
 
-class TimerList(_Variable):
-    """The timers of the current key: a sorted list of expiry times, mirrored in
-    the store's timer index (written at once: the index is what firing reads)."""
-
-    kind = "timers"
-
-    def __init__(self, handle: ProcessorHandle) -> None:
-        self._handle = handle
-        self._name = "timers"
-        self.encoded = TIMERS_VAR
-        self.ttl_ms = None
-
-    def register(self, ts: int) -> None:
-        times = list(self._payload() or ())
-        i = bisect.bisect_left(times, ts)
-        if i < len(times) and times[i] == ts:
-            return
-        times.insert(i, ts)
-        self._set(times)
-        store = self._handle._store
-        store.index_put(store.timers_cf, ts, self._handle._scope.key_bytes)
-
-    def delete(self, ts: int) -> None:
-        times = list(self._payload() or ())
-        i = bisect.bisect_left(times, ts)
-        if i == len(times) or times[i] != ts:
-            return
-        del times[i]
-        self._set(times or None)
-        store = self._handle._store
-        store.index_delete(store.timers_cf, ts, self._handle._scope.key_bytes)
-
-    def list(self) -> list[int]:
-        return list(self._payload() or ())
-
-
 class SessionState:
     """sessionstore's own state: the sessions of the current grouping key in a
     session store (KIP-94 layout), for processors that merge sessions themselves.
     Sessions are ``[start, end]`` in ms with any msgpack-able value."""
 
-    def __init__(self, handle: ProcessorHandle, store: Any) -> None:
-        self._handle = handle
+    def __init__(self, core: ProcessorCore, store: Any) -> None:
+        self._core = core
         self._store = store
-
-    def _key(self) -> Any:
-        return self._handle._current_scope("session state").key
 
     def fetch(self) -> list[tuple[int, int, Any]]:
         """Every visible session of the key as ``(start, end, value)``, by end."""
@@ -516,20 +492,19 @@ class SessionState:
         self._store.remove(self._store_key(), start, end)
 
     def _store_key(self) -> Any:
-        return self._handle._store_key(self._key())
+        return self._core.current_store_key("session state")
 
 
 class VersionedState:
     """sessionstore's own state: a versioned value per grouping key (KIP-889), for
     as-of lookups (``get(as_of=t)``) inside a processor."""
 
-    def __init__(self, handle: ProcessorHandle, store: Any) -> None:
-        self._handle = handle
+    def __init__(self, core: ProcessorCore, store: Any) -> None:
+        self._core = core
         self._store = store
 
     def _store_key(self) -> Any:
-        scope = self._handle._current_scope("versioned state")
-        return self._handle._store_key(scope.key)
+        return self._core.current_store_key("versioned state")
 
     def put(self, value: Any, timestamp: int) -> None:
         """Record ``value`` valid from ``timestamp`` (older than the history retention
