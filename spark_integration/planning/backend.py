@@ -13,6 +13,7 @@ from sessionstore.checkpoint.orphans import DEFAULT_ORPHAN_GRACE_S, check_orphan
 from sessionstore.checkpoint.provider import MIN_RETAIN_VERSIONS, CommitObserver
 from sessionstore.checkpoint.retry import MAX_ATTEMPTS_OPTION, MAX_SECONDS_OPTION, RetryPolicy
 from sessionstore.engine.memory import check_memory_max_mb
+from spark_integration.planning.session import driver_conf
 
 __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
 
@@ -127,7 +128,7 @@ class StateBackend:
             )
         # the SparkContext's conf (spark-submit --conf, the builder), then the
         # session's (spark.conf.set), which is where checkpointUri is read too
-        settings = dict(spark.sparkContext.getConf().getAll())
+        settings = driver_conf(spark)
         settings.update(conf.getAll)
         options = {
             key[len(STORAGE_PREFIX) :]: value
