@@ -138,5 +138,5 @@ def require_classic(spark: Any, what: str, instead: str) -> None:
     if is_connect(spark):
         raise ClassicSessionRequired(
             f"{what} needs a classic SparkSession (it runs RDD jobs from the driver's "
-            f"process), and {spark!r} is a Spark Connect client; {instead}"
+            f"process), and this one is a Spark Connect client; {instead}"
         )
