@@ -27,9 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.spark.streams import json_source, write_json
+from tests.spark.streams import drive, json_source, write_json
+from tests.spark.test_sessionize import generated, rows_of
 
 EVENTS = "user string, ts long, amount long"
+ITEMS = "id string, item string, ts long"
 
 
 def _ordered(rows: list[Any], columns: list[str]) -> list[list[Any]]:
@@ -49,36 +51,22 @@ def _run_memory(spark: Any, out: Any, folder: Path, steps: list[Callable[[], Non
         .option("checkpointLocation", str(folder / "spark-ckpt"))
         .start()
     )
-    try:
-        for step in steps:
-            step()
-            query.processAllAvailable()
-    finally:
-        query.stop()
+    drive(query, steps)
     rows = spark.table(name).collect()
     return {"columns": out.columns, "rows": _ordered(rows, out.columns)}
 
 
-def _events(seed: int, batches: int = 3, per_batch: int = 25) -> list[list[dict]]:
-    """Events of five users, some out of order, then two far-future events that
-    close every session and window (event time lags a batch)."""
-    rng = random.Random(seed)
-    out, t = [], 0
-    for _ in range(batches):
-        rows = []
-        for _ in range(per_batch):
-            t += rng.randrange(0, 3_000)
-            ts = t - rng.randrange(0, 2_000)
-            rows.append({"user": f"u{rng.randrange(5)}", "ts": ts, "amount": rng.randrange(1, 9)})
-        out.append(rows)
-    far = t + 10**6
-    out += [[{"user": "zz", "ts": far, "amount": 0}], [{"user": "zz", "ts": far + 1, "amount": 0}]]
-    return out
+def _events(seed: int) -> list[list[dict]]:
+    """Three micro-batches of events of six users, some out of order, then two
+    far-future events that close every session and window."""
+    return [rows_of(rows) for rows in generated(seed, batches=3, per_batch=25)]
 
 
-def _one_stream(spark: Any, folder: Path, batches: list[list[dict]], build: Callable) -> dict:
+def _one_stream(
+    spark: Any, folder: Path, batches: list[list[dict]], build: Callable, schema: str = EVENTS
+) -> dict:
     source = folder / "in"
-    out = build(json_source(spark, source, EVENTS))
+    out = build(json_source(spark, source, schema))
     steps = [lambda i=i, rows=rows: write_json(source, i, rows) for i, rows in enumerate(batches)]
     return _run_memory(spark, out, folder, steps)
 
@@ -153,10 +141,22 @@ def temporal_join_case(spark: Any, folder: Path) -> dict:
     rng = random.Random(4)
     batches = [
         (
-            [{"currency": rng.choice("ABCD"), "ts": b * 100 + rng.randrange(100),
-              "amount": rng.randrange(100)} for _ in range(10)],
-            [{"currency": rng.choice("ABC"), "rate_ts": b * 100 + rng.randrange(100),
-              "rate": rng.randrange(1, 9)} for _ in range(6)],
+            [
+                {
+                    "currency": rng.choice("ABCD"),
+                    "ts": b * 100 + rng.randrange(100),
+                    "amount": rng.randrange(100),
+                }
+                for _ in range(10)
+            ],
+            [
+                {
+                    "currency": rng.choice("ABC"),
+                    "rate_ts": b * 100 + rng.randrange(100),
+                    "rate": rng.randrange(1, 9),
+                }
+                for _ in range(6)
+            ],
         )  # fmt: skip
         for b in range(3)
     ]
@@ -178,8 +178,10 @@ def window_join_case(spark: Any, folder: Path) -> dict:
     batches = [
         (
             [{"ad": rng.choice("xyz"), "click_ts": b * 100 + rng.randrange(100)} for _ in range(8)],
-            [{"ad": rng.choice("xyz"), "view_ts": b * 100 + rng.randrange(100), "n": i}
-             for i in range(8)],
+            [
+                {"ad": rng.choice("xyz"), "view_ts": b * 100 + rng.randrange(100), "n": i}
+                for i in range(8)
+            ],
         )  # fmt: skip
         for b in range(3)
     ]
@@ -197,8 +199,10 @@ def window_join_case(spark: Any, folder: Path) -> dict:
 def _items(seed: int) -> list[list[dict]]:
     rng = random.Random(seed)
     return [
-        [{"id": f"k{rng.randrange(4)}", "item": rng.choice("abcde"), "ts": b * 1000 + i * 10}
-         for i in range(12)]  # fmt: skip
+        [
+            {"id": f"k{rng.randrange(4)}", "item": rng.choice("abcde"), "ts": b * 1000 + i * 10}
+            for i in range(12)
+        ]  # fmt: skip
         for b in range(3)
     ] + [[{"id": "flush", "item": "f", "ts": 10**6}]]
 
@@ -207,14 +211,12 @@ def transform_with_state_case(spark: Any, folder: Path) -> dict:
     from spark_integration import transform_with_state
     from tests.spark import processors as P
 
-    source = folder / "in"
-    df = json_source(spark, source, "id string, item string, ts long")
-    out = transform_with_state(
-        df, "id", P.RowTracker(), P.OUT_SCHEMA, backend=_backend(folder), name="tws-rows"
-    )
-    batches = _items(5)
-    steps = [lambda i=i, rows=rows: write_json(source, i, rows) for i, rows in enumerate(batches)]
-    return _run_memory(spark, out, folder, steps)
+    def build(df):
+        return transform_with_state(
+            df, "id", P.RowTracker(), P.OUT_SCHEMA, backend=_backend(folder), name="tws-rows"
+        )
+
+    return _one_stream(spark, folder, _items(5), build, ITEMS)
 
 
 def transform_with_state_in_pandas_case(spark: Any, folder: Path) -> dict:
@@ -223,16 +225,14 @@ def transform_with_state_in_pandas_case(spark: Any, folder: Path) -> dict:
     from spark_integration import transform_with_state_in_pandas
     from tests.spark import processors as P
 
-    source = folder / "in"
-    df = json_source(spark, source, "id string, item string, ts long")
-    df = df.withColumn("event", F.timestamp_millis("ts")).withWatermark("event", "0 seconds")
-    out = transform_with_state_in_pandas(
-        df, "id", P.PandasExpiry(), P.TIMER_SCHEMA, time_mode="EventTime",
-        backend=_backend(folder), name="tws-pandas",
-    )  # fmt: skip
-    batches = _items(6)
-    steps = [lambda i=i, rows=rows: write_json(source, i, rows) for i, rows in enumerate(batches)]
-    return _run_memory(spark, out, folder, steps)
+    def build(df):
+        df = df.withColumn("event", F.timestamp_millis("ts")).withWatermark("event", "0 seconds")
+        return transform_with_state_in_pandas(
+            df, "id", P.PandasExpiry(), P.TIMER_SCHEMA, time_mode="EventTime",
+            backend=_backend(folder), name="tws-pandas",
+        )  # fmt: skip
+
+    return _one_stream(spark, folder, _items(6), build, ITEMS)
 
 
 def _read_state(spark: Any, folder: Path) -> dict:

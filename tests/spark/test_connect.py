@@ -149,7 +149,9 @@ def test_log_state_metrics_prints_the_classic_lines_over_connect(results):
     the driver's coordinator."""
     ours, theirs = _sessionize(results, "connect"), _sessionize(results, "classic")
     lines = theirs["metrics"]
-    assert len(lines) == 5 and all(line.startswith("sessionstore sessionize batch") for line in lines)
+    assert len(lines) == 5 and all(
+        line.startswith("sessionstore sessionize batch") for line in lines
+    )
     assert ours["metrics"] == lines
 
 
