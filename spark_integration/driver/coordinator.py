@@ -87,6 +87,7 @@ from sessionstore.checkpoint.lineage import CommitArbiter
 from sessionstore.checkpoint.metrics import TASK_FIELDS
 from sessionstore.checkpoint.request_server import NO_REPLY, RequestServer
 from sessionstore.errors import SessionStoreError
+from spark_integration.planning.session import can_coordinate
 
 __all__ = [
     "CoordinatorAddress",
@@ -573,10 +574,9 @@ def coordinator_for(
     (:data:`ENABLED_CONF`), cannot listen, or this process is not the driver (Spark
     Connect); then tasks read the durable records."""
     global _coordinator
-    try:
-        conf = spark.sparkContext.getConf()
-    except Exception:  # Spark Connect: this process is not the driver
+    if not can_coordinate(spark):
         return None
+    conf = spark.sparkContext.getConf()
     enabled = spark.conf.get(ENABLED_CONF, conf.get(ENABLED_CONF, "true"))
     if str(enabled).strip().lower() in ("false", "0", "no"):
         return None

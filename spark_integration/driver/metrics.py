@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from sessionstore.checkpoint.metrics import LOAD_KINDS, summarize_batch
 from spark_integration.execution.runtime import ContextTask, SparkTask, TaskContext
+from spark_integration.planning.session import can_coordinate
 
 __all__ = [
     "METRICS_COLUMN",
@@ -244,7 +245,8 @@ def log_state_metrics(spark: Any, out: Callable[[str], None] | None = None) -> A
     operators built after this call and prints their observed metrics instead."""
     from spark_integration.driver.coordinator import ENABLED_CONF
 
-    if str(spark.conf.get(ENABLED_CONF, "true")).strip().lower() in ("false", "0", "no"):
+    off = str(spark.conf.get(ENABLED_CONF, "true")).strip().lower() in ("false", "0", "no")
+    if off or not can_coordinate(spark):
         spark.conf.set(METRICS_CONF, "true")
     listener = StateMetricsListener(out)
     spark.streams.addListener(listener)

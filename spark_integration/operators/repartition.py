@@ -26,6 +26,7 @@ from sessionstore.checkpoint.repartition import (
     routed_rows,
     summary,
 )
+from spark_integration.planning.session import require_classic
 
 __all__ = ["repartition_state"]
 
@@ -48,6 +49,7 @@ def repartition_state(
     :func:`~sessionstore.checkpoint.repartition.repartition_checkpoint`;
     :class:`~sessionstore.checkpoint.repartition.RepartitionError` (before any task
     runs) names what is wrong."""
+    require_classic(spark, "repartition_state", "run `sessionstore repartition` (the CLI)")
     plan = plan_repartition(
         uri, operator, partitions, to, version, key_types, storage_options,
         target_storage_options, allow_pickle,

@@ -17,6 +17,7 @@ from sessionstore.checkpoint.retry import (
     policy_from_options,
 )
 from sessionstore.engine.memory import check_memory_max_mb
+from spark_integration.planning.session import driver_conf
 
 __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
 
@@ -154,7 +155,7 @@ class StateBackend:
             )
         # the SparkContext's conf (spark-submit --conf, the builder), then the
         # session's (spark.conf.set), which is where checkpointUri is read too
-        settings = dict(spark.sparkContext.getConf().getAll())
+        settings = driver_conf(spark)
         settings.update(conf.getAll)
         options = {
             key[len(STORAGE_PREFIX) :]: value

@@ -50,6 +50,7 @@ from spark_integration.execution.runtime import (
 from spark_integration.execution.state_server import served
 from spark_integration.planning.backend import CONF_PREFIX
 from spark_integration.planning.resolve import PARTITIONS_PER_CORE
+from spark_integration.planning.session import default_parallelism
 
 __all__ = ["TASKS_CONF", "SHARD", "ShardedTask", "state_map", "task_count"]
 
@@ -72,7 +73,7 @@ def task_count(spark: Any, partitions: int) -> int:
                 f"{partitions} partitions, got {value!r}"
             )
         return tasks
-    cores = max(1, int(spark.sparkContext.defaultParallelism))
+    cores = default_parallelism(spark)
     if partitions <= cores:
         return partitions
     # a task per core: every task costs Spark a fixed share of a slot, more than a

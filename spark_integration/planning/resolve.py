@@ -19,6 +19,7 @@ from typing import Any
 from sessionstore.checkpoint.provider import check_partition_count, recorded_partitions
 from spark_integration.dev.local import UNIX_SOCKET_CONF
 from spark_integration.planning.backend import CONF_PREFIX, StateBackend
+from spark_integration.planning.session import conf_value, default_parallelism
 
 __all__ = [
     "resolve",
@@ -158,7 +159,7 @@ def partition_count(
     configured = spark.conf.get(PARTITIONS_CONF, None)
     if configured:
         return _positive(configured, PARTITIONS_CONF)
-    return PARTITIONS_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism))
+    return PARTITIONS_PER_CORE * default_parallelism(spark)
 
 
 def operator_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
@@ -187,7 +188,7 @@ def warn_tcp_workers(spark: Any) -> bool:
     major, minor = (int(p) for p in spark.version.split(".")[:2])
     if _warned_tcp or (major, minor) < (4, 1):
         return False
-    if spark.sparkContext.getConf().get(UNIX_SOCKET_CONF, "false").lower() == "true":
+    if str(conf_value(spark, UNIX_SOCKET_CONF, "false")).lower() == "true":
         return False
     _warned_tcp = True
     warnings.warn(

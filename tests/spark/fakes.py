@@ -14,7 +14,7 @@ def fake_session(
     context_conf: dict[str, Any] | None = None,
 ) -> Any:
     """``spark.conf.get`` over ``conf``; ``spark.sparkContext`` with
-    ``defaultParallelism`` = ``cores``, ``master`` and ``getConf().get`` over
+    ``defaultParallelism`` = ``cores``, ``master`` and ``getConf().get``/``getAll`` over
     ``context_conf`` (the SparkContext's settings)."""
     conf = dict(conf or {})
     context = dict(context_conf or {})
@@ -23,7 +23,9 @@ def fake_session(
         sparkContext=SimpleNamespace(
             defaultParallelism=cores,
             master=master,
-            getConf=lambda: SimpleNamespace(get=lambda k, d=None: context.get(k, d)),
+            getConf=lambda: SimpleNamespace(
+                get=lambda k, d=None: context.get(k, d), getAll=lambda: list(context.items())
+            ),
         ),
     )
 

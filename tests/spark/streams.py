@@ -40,10 +40,16 @@ def run_stream_batches(
         .foreachBatch(lambda batch, _: collected.append([r.asDict() for r in batch.collect()]))
         .start()
     )
+    drive(query, steps)
+    return collected
+
+
+def drive(query: Any, steps: Sequence[Callable[[], None]]) -> None:
+    """Run each step and let ``query`` process what it wrote before the next; stop
+    ``query`` at the end, also on an error."""
     try:
         for step in steps:
             step()
             query.processAllAvailable()
     finally:
         query.stop()
-    return collected

@@ -21,13 +21,14 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "MARKER", "StandaloneCluster", "Proc", "spark_home", "processes_of", "standalone", "free_port",
+    "MARKER", "StandaloneCluster", "Proc", "spark_home", "processes_of", "end_processes",
+    "standalone", "free_port",
 ]  # fmt: skip
 
 #: The environment variable that tags every process of a cluster (value: its id).
@@ -85,6 +86,27 @@ def processes_of(cluster_id: str) -> list[Proc]:
             if proc is not None and proc.env.get(MARKER) == cluster_id:
                 found.append(proc)
     return found
+
+
+def end_processes(
+    cluster_id: str, grace: float = 10.0, reap: Callable[[], None] = lambda: None
+) -> list[Proc]:
+    """End every process tagged with ``cluster_id``, each by its pid: SIGTERM, then
+    SIGKILL after ``grace`` seconds (``reap`` collects the exit status of the
+    caller's own children meanwhile); return those still there (none, normally)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for proc in processes_of(cluster_id):
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while processes_of(cluster_id) and time.monotonic() < deadline:
+            reap()
+            time.sleep(0.2)
+        if not processes_of(cluster_id):
+            break
+    return processes_of(cluster_id)
 
 
 class StandaloneCluster:
@@ -190,20 +212,9 @@ class StandaloneCluster:
     def stop(self, grace: float = 10.0) -> list[Proc]:
         """End every process of the cluster: SIGTERM, then SIGKILL after ``grace``
         seconds; return the processes still there after that (none, normally)."""
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            for proc in self.processes():
-                try:
-                    os.kill(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while self.processes() and time.monotonic() < deadline:
-                self._reap()
-                time.sleep(0.2)
-            if not self.processes():
-                break
+        left = end_processes(self.id, grace, self._reap)
         self._reap()
-        return self.processes()
+        return left
 
     def _reap(self) -> None:
         for proc in self._started:

@@ -9,6 +9,8 @@ from typing import Any
 
 from sessionstore.engine.memory import DEFAULT_MEMORY_MAX_MB
 from spark_integration.planning.backend import CONF_PREFIX
+from spark_integration.planning.session import driver_conf
+from spark_integration.planning.session import master as session_master
 
 __all__ = [
     "SERVERS_CONF",
@@ -63,9 +65,7 @@ def server_count(spark: Any) -> int | None:
 def executor_slots(spark: Any) -> int | None:
     """Task slots per executor: from a local master, else ``spark.executor.cores``
     over ``spark.task.cpus``; None if the driver cannot tell."""
-    sc = spark.sparkContext
-    conf = sc.getConf()
-    master = sc.master.replace(" ", "")
+    conf, master = driver_conf(spark), session_master(spark).replace(" ", "")
     local = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
     if local:
         given = local.group(1)

@@ -1,0 +1,171 @@
+"""The operators, the data source and ``log_state_metrics`` on a Spark Connect session
+give what they give on a classic session, on the same input.
+
+A real Connect server (``spark-submit --class ...SparkConnectServer``, the class
+``sbin/start-connect-server.sh`` runs, from the PySpark distribution) runs as its
+own process with a ``local[2]`` driver that has no Python of ours; a client process
+(``tests.spark.connect_cases``) runs every case on one Connect session to it. The
+classic side runs the same cases here, on the suite's ``local[2]`` session: one
+Python process cannot hold both kinds of session (see ``connect_cases``). Every
+server process is tagged and ended by pid when the module ends, whatever failed,
+and the module fails if one survives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.spark.connect_cases import CASES, run_case
+from tests.standalone.cluster import MARKER, end_processes, free_port, spark_home
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The JVM class of a Spark Connect server.
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+OPERATORS = [
+    "sessionize", "window_aggregate", "temporal_join", "window_join", "transform_with_state",
+    "transform_with_state_in_pandas",
+]  # fmt: skip
+
+
+@contextmanager
+def connect_server(workdir: Path, timeout: float = 180.0) -> Iterator[str]:
+    """A Spark Connect server on 127.0.0.1 (``local[2]``, the suite's settings),
+    its log in ``workdir``; yields its ``sc://`` URL. Every process it started
+    (the JVM, its Python workers and state servers) is ended when the block ends;
+    ``RuntimeError`` if one survives."""
+    tag, port = uuid.uuid4().hex, free_port()
+    env = {
+        **os.environ, MARKER: tag, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT),
+        "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": str(spark_home()),
+    }  # fmt: skip
+    conf = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.ui.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.python.unix.domain.socket.enabled": "true",
+        "spark.sessionstore.partitions": "2",
+    }
+    args = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS]
+    args += ["--master", "local[2,2]"]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "connect-server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cwd=workdir, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout
+        while not _listening(port):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the Connect server exited with {proc.returncode}; see {log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Connect server did not listen within {timeout:.0f} s")
+            time.sleep(0.5)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        left = end_processes(tag, reap=proc.poll)
+        proc.poll()
+        if left:
+            raise RuntimeError(f"processes survived the Connect server's stop: {left}")
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def results(spark, tmp_path_factory):
+    """Every case's result on the suite's classic session (``"classic"``) and on one
+    Connect session (``"connect"``, with the lines the client's
+    ``spark_integration`` loggers printed: ``"log"``). The Connect client runs while
+    the classic side does."""
+    workdir = tmp_path_factory.mktemp("connect")
+    out, tag = workdir / "results.json", uuid.uuid4().hex
+    with connect_server(workdir) as url:
+        with open(workdir / "client.log", "wb") as log:
+            client = subprocess.Popen(
+                [sys.executable, "-m", "tests.spark.connect_cases", url, str(out)],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), MARKER: tag},
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        try:
+            classic = {name: run_case(spark, name) for name in CASES}
+            returncode = client.wait(timeout=900)
+        finally:
+            end_processes(tag, reap=client.poll)  # the client, if it is still running
+    assert returncode == 0, (workdir / "client.log").read_text()[-4000:]
+    return {"classic": classic, **json.loads(out.read_text())}
+
+
+@pytest.mark.parametrize("name", OPERATORS)
+def test_an_operator_gives_the_classic_output_over_connect(results, name):
+    ours, theirs = results["cases"][name], results["classic"][name]
+    assert theirs["error"] is None, theirs["error"]
+    assert ours["error"] is None, ours["error"]
+    ours, theirs = ours["result"], theirs["result"]
+    if name == "sessionize":
+        ours, theirs = ours["output"], theirs["output"]
+    assert len(theirs["rows"]) > 0
+    assert ours == theirs
+
+
+def _sessionize(results: dict, side: str) -> dict:
+    case = results["cases" if side == "connect" else "classic"]["sessionize"]
+    assert case["error"] is None, case["error"]
+    return case["result"]
+
+
+def test_the_data_source_reads_the_classic_rows_over_connect(results):
+    ours, theirs = _sessionize(results, "connect"), _sessionize(results, "classic")
+    assert len(theirs["datasource"]["rows"]) > 3
+    assert ours["datasource"] == theirs["datasource"]
+
+
+def test_log_state_metrics_prints_the_classic_lines_over_connect(results):
+    """Over Connect the listener runs in the client and reads observed metrics (no
+    coordinator); the counts per batch equal the classic session's, which come from
+    the driver's coordinator."""
+    ours, theirs = _sessionize(results, "connect"), _sessionize(results, "classic")
+    lines = theirs["metrics"]
+    assert len(lines) == 5 and all(
+        line.startswith("sessionstore sessionize batch") for line in lines
+    )
+    assert ours["metrics"] == lines
+
+
+def test_without_a_coordinator_one_log_line_says_so(results):
+    """The coordinator needs the driver's Python: a Connect client runs the
+    operators without it, and says so once, not as an error."""
+    assert len(results["log"]) == 1, results["log"]
+    line = results["log"][0]
+    assert line.startswith("INFO spark_integration.planning.session:")
+    assert "Spark Connect session: no event-time coordinator" in line
+
+
+def test_repartition_state_needs_a_classic_session(results):
+    assert _sessionize(results, "classic")["repartition_state"]["rows"] > 0
+    error = _sessionize(results, "connect")["repartition_state"]["error"]
+    assert error.startswith("ClassicSessionRequired: repartition_state needs a classic")
+    assert "run `sessionstore repartition` (the CLI)" in error
