@@ -81,6 +81,7 @@ class _WindowTask(AggregatorTask):
             aggregations=self.aggregation,
             emit=self.emit,
             early_every_ms=self.early_every_ms,
+            closes_on="advance",  # a batch is judged by the shared event time before it
         )
 
     def output_batches(

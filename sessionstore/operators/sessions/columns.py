@@ -223,7 +223,7 @@ class _Batch:
         Returns the runs that close in this batch and their close steps."""
         state, n, kb_of, key_values = self.state, self.n, self.kb_of, self.key_values
         store, index, close_l = state.store, state.index, self.timing.close_l
-        final_vis = int(self.timing.prefix[-1]) - store.retention_ms + 1
+        final_vis = self.timing.final_vis
         for g, start, end in removals:
             store.remove(key_values[g], start, end)
             index.discard(kb_of(g), start, end)

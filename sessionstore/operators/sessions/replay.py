@@ -269,9 +269,9 @@ def settle(
     the end index as the batch read it (nothing writes it before this), which
     spares a second read."""
     store, final, n = state.store, state.final, len(timing.ts_l)
-    prefix, close_l, emitted_close = timing.prefix, timing.close_l, state.emitted_close
+    close_l, emitted_close = timing.close_l, state.emitted_close
     finish, track = state.aggregation.finish, state.track_offsets
-    final_vis = int(prefix[-1]) - store.retention_ms + 1
+    final_vis = timing.final_vis
     index = state.index
     if final:
         final_close = close_l[-1]
@@ -324,9 +324,9 @@ def settle(
                     index.add(kb, s.start, s.end)
         if not s.loaded and s.end >= final_vis:
             store.put(key, s.start, s.end, [s.acc, s.offsets] if track else s.acc)
-    if state.stream_time is None or int(prefix[-1]) > state.stream_time:
-        state.stream_time = int(prefix[-1])
-    if final:
+    if state.stream_time is None or timing.end_time > state.stream_time:
+        state.stream_time = timing.end_time
+    if final and int(timing.prefix[-1]) != FAR_PAST:  # FAR_PAST: held, never advanced
         last_close = close_l[-1]
         if emitted_close is None or last_close > emitted_close:
             state.emitted_close = last_close

@@ -28,9 +28,12 @@ __all__ = ["SessionState", "Session", "Timing"]
 
 class Timing(NamedTuple):
     """How each row of a batch sees time: its own time (``FAR_PAST`` when dropped),
-    the stream time after it, the close time after it, the store's visibility bound
-    before it, and whether it may take a vectorised path (never late, and every
-    session within gap of it visible and, in final mode, open)."""
+    the time it is judged by (the stream time after it, or with ``closes_on="advance"``
+    the time of the last advance), the close time it sees, the store's visibility
+    bound before it, and whether it may take a vectorised path (never late, and
+    every session within gap of it visible and, in final mode, open). After the
+    batch: the stream time (``end_time``) and the store's visibility bound
+    (``final_vis``)."""
 
     ts: np.ndarray
     ts_l: list[int]
@@ -39,6 +42,8 @@ class Timing(NamedTuple):
     close_l: list[int]
     vis_l: list[int]
     ok: np.ndarray
+    end_time: int
+    final_vis: int
 
 
 class Session:
@@ -67,8 +72,14 @@ class SessionState:
         *,
         final: bool,
         track_offsets: bool,
+        held: bool = False,
     ) -> None:
         self.store = store
+        #: ``closes_on="advance"``: rows are judged by the time of the last advance
+        #: (see :meth:`judged_time`), and the store's time moves only with it.
+        self.held = held
+        if held:
+            store.hold_stream_time()
         self.aggregation = aggregation
         self.gap, self.grace = windows.gap_ms, windows.grace_ms
         self.final = final
@@ -112,15 +123,26 @@ class SessionState:
         self.stream_time = self._read_time("stream_time")
         self.emitted_close = self._read_time("emitted_close")
 
+    def judged_time(self) -> int | None:
+        """The time rows are judged by (which are late, what is visible, what is
+        closed): the stream time, or when held the time of the last advance, which
+        is the store's time (writes do not move it then; the minimum also reads a
+        store written before, whose time followed the writes)."""
+        st = self.stream_time
+        if not self.held or st is None:
+            return st
+        store_time = self.store.observed_stream_time
+        return None if store_time is None else min(st, store_time)
+
     def close_time(self) -> int | None:
         """Sessions ending before this are closed (None before the first record)."""
-        st = self.stream_time
-        return None if st is None else st - self.gap - self.grace
+        judged = self.judged_time()
+        return None if judged is None else judged - self.gap - self.grace
 
     def follows_store(self) -> bool:
-        """Whether the store's visibility still follows our stream time (nobody else
+        """Whether the store's visibility still follows the judged time (nobody else
         wrote to it), which the batch paths' visibility bounds assume."""
-        return self.store.observed_stream_time == self.stream_time
+        return self.store.observed_stream_time == self.judged_time()
 
     def check_offset(self, offset: Any) -> int | None:
         """A record's offset as an int when offsets are tracked (else None)."""
@@ -139,17 +161,28 @@ class SessionState:
         (``times`` is ``ts_fill`` as a list)."""
         n = len(times)
         st0 = FAR_PAST if self.stream_time is None else self.stream_time
-        prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
+        end_time = max(st0, int(ts_fill.max()))
+        if self.held:
+            # every row is judged by the time of the last advance
+            judged = self.judged_time()
+            prefix = np.full(n, FAR_PAST if judged is None else judged, dtype=np.int64)
+            before = prefix
+        else:
+            prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
+            # store visibility during record i's lookup uses the stream time before it
+            before = np.empty(n, dtype=np.int64)
+            before[0] = st0
+            before[1:] = prefix[:-1]
         close_arr = prefix - (self.gap + self.grace)
-        # store visibility during record i's lookup uses the stream time before it
-        before = np.empty(n, dtype=np.int64)
-        before[0] = st0
-        before[1:] = prefix[:-1]
         vis_arr = before - self.store.retention_ms + 1
         ok = (ts_fill >= close_arr) & (ts_fill - self.gap >= vis_arr)
         if self.final:
             ok &= ts_fill - self.gap >= close_arr
-        return Timing(ts_fill, times, prefix, close_arr, close_arr.tolist(), vis_arr.tolist(), ok)
+        final_vis = int(prefix[-1]) - self.store.retention_ms + 1
+        return Timing(
+            ts_fill, times, prefix, close_arr, close_arr.tolist(), vis_arr.tolist(), ok,
+            end_time, final_vis,
+        )  # fmt: skip
 
     def open_entries(self) -> list[tuple[int, int, bytes]] | None:
         """Final mode: every open session ``(end, start, encoded key)``, read once per

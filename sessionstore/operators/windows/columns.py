@@ -53,8 +53,8 @@ def run_final(state: WindowState, batch_in: Prepared, timestamp: str, value: Any
     rows = np.flatnonzero(valid)
     if len(rows) == 0:
         return _with_kind(empty_result(table, key_names, out_type))
-    st0 = FAR_PAST if state.stream_time is None else state.stream_time
-    prefix = np.maximum.accumulate(np.maximum(np.where(valid, ts, FAR_PAST), st0))
+    # the time each row is judged by (see WindowState.judged_times)
+    prefix, end_time = state.judged_times(np.where(valid, ts, FAR_PAST))
 
     # every (record, window) pair whose window is still open after the record
     r_ts, r_st = ts[rows], prefix[rows]
@@ -139,7 +139,7 @@ def run_final(state: WindowState, batch_in: Prepared, timestamp: str, value: Any
         if acc is not None:
             j = int(np.searchsorted(prefix, end + grace, side="left"))
             emitted.append((j, end, start, kb, decode(kb), finish(acc)))
-    state.advance(int(prefix[-1]))
+    state.advance(end_time)
     state.fired_due = final_due
     emitted.sort(key=lambda e: e[:4])
     return _with_kind(_emitted_table(table, key_names, emitted, out_type))
