@@ -89,7 +89,8 @@ class _SessionizeTask(AggregatorTask):
     grace_ms: int
 
     def store_spec(self) -> StoreSpec:
-        return StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
+        windows = SessionWindows(self.gap_ms, self.grace_ms)
+        return StoreSpec("sessions", "session", windows.retention_ms)
 
     def aggregator(self, store: Any) -> SessionWindowAggregator:
         windows = SessionWindows(self.gap_ms, self.grace_ms)

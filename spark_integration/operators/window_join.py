@@ -119,7 +119,7 @@ class _WindowJoinTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         info = task_info()
-        retention = 2 * self.within_ms + self.grace_ms + 1
+        retention = WindowedJoin.retention_ms(self.within_ms, self.grace_ms)
         specs = [
             StoreSpec("left", "messages", retention),
             StoreSpec("right", "messages", retention),
