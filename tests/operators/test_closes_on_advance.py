@@ -63,7 +63,9 @@ def _run_partitioned(make, stream, parts, path):
         for p, agg in enumerate(aggs):
             if shared is not None:
                 batch += [_plain(u) for u in agg.advance_to(shared)]
-            mine = sorted((r for r in rows if crc32(r[0].encode()) % parts == p), key=lambda r: r[1])
+            mine = sorted(
+                (r for r in rows if crc32(r[0].encode()) % parts == p), key=lambda r: r[1]
+            )
             if not mine:
                 continue
             if path == "record":
@@ -138,8 +140,9 @@ def test_session_batch_paths_equal_the_record_path_when_held(
     windows = SessionWindows(gap, grace)
     stores = {name: memory_store(name, gap + grace + 1) for name in ("rec", "rows", "table")}
     aggs = {
-        name: SessionWindowAggregator(store, windows, aggregations=SESSION_AGGS, emit=emit,
-                                      closes_on="advance")  # fmt: skip
+        name: SessionWindowAggregator(
+            store, windows, aggregations=SESSION_AGGS, emit=emit, closes_on="advance"
+        )  # fmt: skip
         for name, store in stores.items()
     }
     for rows, adv in zip(_shifted(stream, shift), advance, strict=False):

@@ -36,7 +36,7 @@ use lists, not tuples).
 This module holds the record path (:meth:`SessionWindowAggregator.process`, the
 reference the batch paths are held equal to) and chooses a batch's path: the
 record-exact replay (:mod:`.replay`, which hands in-order keys to the vectorised
-:mod:`.batch`) or the columnar path (:mod:`.columns`). Every path works on the
+:mod:`.vectorised_keys`) or the columnar path (:mod:`.columns`). Every path works on the
 aggregator's :class:`~.state.SessionState`, never on the aggregator itself.
 """
 
@@ -51,6 +51,12 @@ from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute, c
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.sessions.model import SessionUpdate, SessionWindows
 from sessionstore.operators.sessions.replay import net_changes, replay_rows, stored_values
+from sessionstore.operators.sessions.rule import (
+    candidate_bounds,
+    close_time,
+    is_late,
+    merged_window,
+)
 from sessionstore.operators.sessions.state import SessionState
 from sessionstore.operators.vectorised import FAR_PAST
 
@@ -133,7 +139,7 @@ class SessionWindowAggregator(ArrowBatches):
                 judged = min(judged, ts if before is None else max(before, ts))
             if state.final:
                 # read with the store's visibility from before the advance
-                out = self._close_until(judged - state.gap - state.grace)
+                out = self._close_until(close_time(judged, state.gap, state.grace))
             state.save_times()
             # the store follows, so its visibility keeps matching the judged time
             self.store.advance_stream_time(judged)
@@ -186,7 +192,8 @@ class SessionWindowAggregator(ArrowBatches):
             close = FAR_PAST
         elif state.final and not state.held:
             out.extend(self._close_until(close))
-        candidates = list(store.find_sessions(key, ts - gap, ts + gap))
+        lo_end, hi_start = candidate_bounds(ts, gap)
+        candidates = list(store.find_sessions(key, lo_end, hi_start))
         if state.final:
             candidates = [c for c in candidates if c[0].end >= close]
         offsets: list[int] = []
@@ -199,9 +206,8 @@ class SessionWindowAggregator(ArrowBatches):
             offsets.append(offset)
             offsets.sort()
             candidates = [(w, stored[0]) for w, stored in candidates]
-        start = min([ts] + [w.start for w, _ in candidates])
-        end = max([ts] + [w.end for w, _ in candidates])
-        if end < close:
+        start, end = merged_window(ts, [w for w, _ in candidates])
+        if is_late(end, close):
             state.dropped_records += 1
             return out
         acc = agg.initializer()

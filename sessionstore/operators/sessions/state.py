@@ -5,7 +5,7 @@ stream time and last close time it keeps beside the store (saved in the store's
 metadata with each batch), and its counters. The aggregator's record path works
 on it, and so do the batch paths, which never see the aggregator: the
 record-exact replay (:mod:`~sessionstore.operators.sessions.replay`), its
-vectorised part (:mod:`~sessionstore.operators.sessions.batch`) and the columnar
+vectorised part (:mod:`~sessionstore.operators.sessions.vectorised_keys`) and the columnar
 path (:mod:`~sessionstore.operators.sessions.columns`). :class:`Timing` is how each row of
 one batch sees time; :class:`Session` is a session held in memory while a batch
 is replayed.
@@ -18,9 +18,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sessionstore.encoding.ints import INT64 as _I64
+from sessionstore.encoding.serde import key_codec
 from sessionstore.operators.aggregations import Aggregation
-from sessionstore.operators.arrow_batches import batch_restoring
+from sessionstore.operators.arrow_batches import batch_restoring, judged_time
 from sessionstore.operators.sessions.model import SessionWindows
+from sessionstore.operators.sessions.rule import close_time
 from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["SessionState", "Session", "Timing"]
@@ -84,17 +86,15 @@ class SessionState:
         self.gap, self.grace = windows.gap_ms, windows.grace_ms
         self.final = final
         self.track_offsets = track_offsets
-        # Open sessions must stay visible: Kafka's default retention (gap + grace)
-        # would hide a session that can still be merged into.
-        store.set_min_retention(windows.gap_ms + windows.grace_ms + 1)
+        store.set_min_retention(windows.retention_ms)
         self.index = store.end_index() if final else None
         # The end index holds every open session only if the store was never
         # written in update mode (which keeps no index): remember such writes.
         if not final and store.read_aux("update_mode") is None:
             store.write_aux("update_mode", b"1")
         self.index_complete = final and store.read_aux("update_mode") is None
-        self.encode = store._encode_key
-        self.decode = store._decode_key
+        #: The store's key codec (the same functions the store uses).
+        self.encode, self.decode = key_codec(store.key_serde)
         #: The largest timestamp seen (None before the first record).
         self.stream_time = self._read_time("stream_time")
         #: Final mode: sessions ending before this were emitted (None: none yet).
@@ -124,20 +124,13 @@ class SessionState:
         self.emitted_close = self._read_time("emitted_close")
 
     def judged_time(self) -> int | None:
-        """The time rows are judged by (which are late, what is visible, what is
-        closed): the stream time, or when held the time of the last advance, which
-        is the store's time (writes do not move it then; the minimum also reads a
-        store written before, whose time followed the writes)."""
-        st = self.stream_time
-        if not self.held or st is None:
-            return st
-        store_time = self.store.observed_stream_time
-        return None if store_time is None else min(st, store_time)
+        """The time rows are judged by (see :func:`~.arrow_batches.judged_time`)."""
+        return judged_time(self.held, self.stream_time, self.store.observed_stream_time)
 
     def close_time(self) -> int | None:
         """Sessions ending before this are closed (None before the first record)."""
         judged = self.judged_time()
-        return None if judged is None else judged - self.gap - self.grace
+        return None if judged is None else close_time(judged, self.gap, self.grace)
 
     def follows_store(self) -> bool:
         """Whether the store's visibility still follows the judged time (nobody else
@@ -173,7 +166,7 @@ class SessionState:
             before = np.empty(n, dtype=np.int64)
             before[0] = st0
             before[1:] = prefix[:-1]
-        close_arr = prefix - (self.gap + self.grace)
+        close_arr = close_time(prefix, self.gap, self.grace)
         vis_arr = before - self.store.retention_ms + 1
         ok = (ts_fill >= close_arr) & (ts_fill - self.gap >= vis_arr)
         if self.final:

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from sessionstore.encoding.ints import INT64 as _I64
+from sessionstore.encoding.serde import key_codec
 from sessionstore.operators.aggregations import Aggregation
-from sessionstore.operators.arrow_batches import batch_restoring
+from sessionstore.operators.arrow_batches import batch_restoring, judged_time
 from sessionstore.operators.vectorised import FAR_PAST
 from sessionstore.operators.windows.model import TimeWindows
 from sessionstore.stores.window import WindowStore
@@ -41,7 +42,9 @@ class WindowState:
         held: bool = False,
     ) -> None:
         self.store, self.windows, self.aggregation = store, windows, aggregation
-        store.set_min_retention(windows.size_ms + windows.grace_ms)
+        #: The store's key codec (the same functions the store uses).
+        self.encode, self.decode = key_codec(store.key_serde)
+        store.set_min_retention(windows.retention_ms)
         #: ``closes_on="advance"``: rows are judged by the time of the last advance
         #: (see :meth:`judged_time`), and the store's time moves only with it.
         self.held = held
@@ -71,15 +74,8 @@ class WindowState:
         return True
 
     def judged_time(self) -> int | None:
-        """The time rows are judged by (which windows are closed, which are due): the
-        stream time, or when held the time of the last advance, which is the store's
-        time (writes do not move it then; the minimum also reads a store written
-        before, whose time followed the window ends)."""
-        st = self.stream_time
-        if not self.held or st is None:
-            return st
-        store_time = self.store.observed_stream_time
-        return None if store_time is None else min(st, store_time)
+        """The time rows are judged by (see :func:`~.arrow_batches.judged_time`)."""
+        return judged_time(self.held, self.stream_time, self.store.observed_stream_time)
 
     def judged_times(self, times: np.ndarray) -> tuple[np.ndarray, int]:
         """The time each row of a batch is judged by (``times``: the rows' times,
