@@ -263,3 +263,33 @@ def test_a_window_fires_at_the_next_advance_not_with_the_rows(emit):
     finally:
         for db in dbs:
             db.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_a_held_store_keeps_its_time_through_writes(tmp_path, kind):
+    """hold_stream_time: put and put_many write what is visible at the held time and
+    never move it (nor drop a row as late by a time the writes would have moved to);
+    advance_stream_time still does, and the time survives a commit and reopen."""
+    if kind == "memory":
+        store = InMemorySessionStore("s", 10, segment_interval_ms=7)
+    else:
+        db = StateDB.open(str(tmp_path / "db"))
+        store = db.session_store("s", retention_ms=10, segment_interval_ms=7)
+    store.hold_stream_time()
+    store.advance_stream_time(100)
+    with store.batch():
+        store.put("a", 500, 500, 1)  # would move the time to 500 and hide the next
+        store.put_many([("b", 95, 95, 2), ("c", 91, 91, 3), ("d", 90, 90, 4)])
+    assert store.observed_stream_time == 100
+    got = sorted((w.key, w.end, v) for w, v in store.fetch_range(None, None))
+    assert got == [("a", 500, 1), ("b", 95, 2), ("c", 91, 3)]  # 90 <= 100 - 10: late
+    assert store.dropped_records == 1
+    with store.batch():  # as an aggregator's advance_to: committed with its batch
+        store.advance_stream_time(104)
+    assert store.observed_stream_time == 104
+    assert sorted(w.key for w, _ in store.fetch_range(None, None)) == ["a", "b"]
+    if kind == "rocksdb":
+        db.close()
+        db = StateDB.open(str(tmp_path / "db"))
+        assert db.session_store("s", retention_ms=10).observed_stream_time == 104
+        db.close()
