@@ -14,7 +14,7 @@ from typing import Any
 
 from sessionstore.operators.gc_pause import gc_paused
 
-__all__ = ["ArrowBatches", "StateAttribute", "batch_restoring"]
+__all__ = ["ArrowBatches", "StateAttribute", "batch_restoring", "CLOSES_ON", "check_closes_on", "judged_time"]
 
 
 class ArrowBatches:
@@ -116,3 +116,28 @@ def batch_restoring(store: Any, restore: Callable[[], None]) -> Iterator[None]:
     except BaseException:
         restore()
         raise
+
+
+#: When an event-time aggregator closes: at each record's stream time (Kafka's
+#: KIP-94 and Samza's semantics), or only when advanced (``advance_to``), every row
+#: in between judged by the time of the last advance (Spark's watermark, which a
+#: micro-batch takes from the batch before it).
+CLOSES_ON = ("record", "advance")
+
+
+def check_closes_on(closes_on: str) -> None:
+    """Raise ``ValueError`` for a ``closes_on`` not in :data:`CLOSES_ON`."""
+    if closes_on not in CLOSES_ON:
+        raise ValueError(f"closes_on must be 'record' or 'advance', got {closes_on!r}")
+
+
+def judged_time(held: bool, stream_time: int | None, store_time: int | None) -> int | None:
+    """The time an aggregator judges records by (what is closed, late, due): its
+    stream time, or when held (``closes_on="advance"``) the time of its last advance,
+    which is its store's (writes do not move it then; the minimum also reads a store
+    written before, whose time followed the writes). None: nothing is judged yet."""
+    if not held:
+        return stream_time
+    if stream_time is None or store_time is None:
+        return None
+    return min(stream_time, store_time)

@@ -1,6 +1,6 @@
 """What the vectorised batch paths of sessions and windows share.
 
-The numpy paths (:mod:`~sessionstore.operators.sessions.batch` and the columnar
+The numpy paths (:mod:`~sessionstore.operators.sessions.vectorised_keys` and the columnar
 paths of :mod:`~sessionstore.operators.sessions.columns` and
 :mod:`~sessionstore.operators.windows.columns`) compute only built-in aggregates
 whose result cannot depend on the order numpy adds them in: count, sum, min, max,

@@ -47,6 +47,12 @@ def _pair(left: Any, right: Any) -> tuple[Any, Any]:
 class WindowedJoin:
     """Inner join of two keyed streams over an event-time window."""
 
+    @staticmethod
+    def retention_ms(within_ms: int, grace_ms: int) -> int:
+        """The buffers' retention: a message must stay until every partner that can
+        still arrive (``within`` either side, ``grace`` late) has met it."""
+        return 2 * within_ms + grace_ms + 1
+
     def __init__(
         self,
         left_store: MessageStore,
@@ -66,7 +72,7 @@ class WindowedJoin:
         self.left, self.right = left_store, right_store
         self.within_ms, self.grace_ms, self.joiner = within_ms, grace_ms, joiner
         for store in (left_store, right_store):
-            store.set_min_retention(2 * within_ms + grace_ms + 1)
+            store.set_min_retention(self.retention_ms(within_ms, grace_ms))
         raw = left_store.read_aux("join_stream_time")
         self._stream_time = None if raw is None else _I64.unpack(raw)[0]
         self._next_offset = {LEFT: 0, RIGHT: 0}

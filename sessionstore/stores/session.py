@@ -72,6 +72,8 @@ class SessionStoreBase(TimedStore):
         self._init_timed(name, retention_ms, segment_interval_ms, key_serde, value_serde)
         self._aux: dict[str, bytes] = {}
         self._end_index = None
+        #: False once :meth:`hold_stream_time` is called: writes leave the time alone.
+        self.writes_move_time = True
 
     # ----------------------------------------------------------- row storage API
     def _write(self, kb: bytes, start: int, end: int, value: bytes | None) -> None:
@@ -134,6 +136,13 @@ class SessionStoreBase(TimedStore):
             start, end = self._window(start, end)
         return self._put_checked(kb, start, end, value)
 
+    def hold_stream_time(self) -> None:
+        """From now on (for this object's life) writes never move the stream time;
+        only :meth:`advance_stream_time` does. For an operator that judges a whole
+        micro-batch by the time it advanced to before it (Spark's watermark), so
+        that what it has not emitted yet stays visible until its next advance."""
+        self.writes_move_time = False
+
     def _put_checked(self, kb: bytes, start: int, end: int, value: Any) -> None:
         if value is None:
             if end >= self.min_visible_end():
@@ -142,7 +151,8 @@ class SessionStoreBase(TimedStore):
         vb = self._dumps(value)
         st = self._stream_time
         if st is None or end > st:
-            self._advance(end)
+            if self.writes_move_time:
+                self._advance(end)
         elif end <= st - self.retention_ms:
             self.dropped_records += 1
             return
@@ -404,8 +414,9 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
                     kb = encode(key)
                 vb = dumps(value)
                 if end > st:
-                    self._advance(end)
-                    st, late_below = end, end - retention
+                    if self.writes_move_time:
+                        self._advance(end)
+                        st, late_below = end, end - retention
                 elif end <= late_below:
                     self.dropped_records += 1
                     continue

@@ -11,7 +11,11 @@ output is the same: exactly-once with idempotent or replay-tolerant sinks.
 Event time is shared across partitions (:mod:`sessionstore.checkpoint.event_time`,
 through the driver's :mod:`~spark_integration.driver.coordinator`): before batch N every
 partition advances to the largest event time of batch N-1, so sessions close in
-partitions that receive no data.
+partitions that receive no data. That advance is the only thing that closes
+(``closes_on="advance"``): the rows of batch N extend and merge sessions, and are
+late or not, judged by that shared time, never by the partition's own, so which
+sessions a batch emits does not depend on which keys share a partition (Spark's
+watermark, which batch N also takes from batch N-1).
 """
 
 from __future__ import annotations
@@ -86,12 +90,17 @@ class _SessionizeTask(AggregatorTask):
     grace_ms: int
 
     def store_spec(self) -> StoreSpec:
-        return StoreSpec("sessions", "session", self.gap_ms + self.grace_ms + 1)
+        windows = SessionWindows(self.gap_ms, self.grace_ms)
+        return StoreSpec("sessions", "session", windows.retention_ms)
 
     def aggregator(self, store: Any) -> SessionWindowAggregator:
         windows = SessionWindows(self.gap_ms, self.grace_ms)
         return SessionWindowAggregator(
-            store, windows, aggregations=self.aggregation, emit=self.emit
+            store,
+            windows,
+            aggregations=self.aggregation,
+            emit=self.emit,
+            closes_on="advance",  # a batch is judged by the shared event time before it
         )
 
     def output_batches(

@@ -72,7 +72,7 @@ class _WindowTask(AggregatorTask):
 
     def store_spec(self) -> StoreSpec:
         w = self.windows
-        return StoreSpec("windows", "window", w.size_ms + w.grace_ms, window_size_ms=w.size_ms)
+        return StoreSpec("windows", "window", w.retention_ms, window_size_ms=w.size_ms)
 
     def aggregator(self, store: Any) -> WindowAggregator:
         return WindowAggregator(
@@ -81,6 +81,7 @@ class _WindowTask(AggregatorTask):
             aggregations=self.aggregation,
             emit=self.emit,
             early_every_ms=self.early_every_ms,
+            closes_on="advance",  # a batch is judged by the shared event time before it
         )
 
     def output_batches(

@@ -119,7 +119,7 @@ class _WindowJoinTask:
 
     def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
         info = context.info
-        retention = 2 * self.within_ms + self.grace_ms + 1
+        retention = WindowedJoin.retention_ms(self.within_ms, self.grace_ms)
         specs = [
             StoreSpec("left", "messages", retention),
             StoreSpec("right", "messages", retention),

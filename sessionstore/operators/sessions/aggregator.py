@@ -17,6 +17,13 @@ Rules (docs/operators.md, "Session windows (KIP-94)", has the full list):
   (end, start, key); a closed session is never merged into or re-emitted.
 * ``net=True`` on the batch paths (update mode): a batch's net change, at most one
   update per session identity (see :meth:`SessionWindowAggregator.process_rows`).
+* ``closes_on="advance"`` (the Spark operator's, like Spark's watermark): only
+  :meth:`~SessionWindowAggregator.advance_to` closes; every record in between is
+  judged (late, closed candidates, visibility) by the time of the last advance, and
+  moves only ``stream_time``, which the engine shares for the next advance. The
+  store's time is the last advance's (writes do not move it), so a session the
+  records passed stays visible until the next advance emits it. Default
+  ``"record"``: each record's stream time closes, as in KIP-94.
 
 :meth:`SessionWindowAggregator.process_batch` gives exactly the updates and final
 state of calling :meth:`~SessionWindowAggregator.process` on each record in order,
@@ -29,7 +36,7 @@ use lists, not tuples).
 This module holds the record path (:meth:`SessionWindowAggregator.process`, the
 reference the batch paths are held equal to) and chooses a batch's path: the
 record-exact replay (:mod:`.replay`, which hands in-order keys to the vectorised
-:mod:`.batch`) or the columnar path (:mod:`.columns`). Every path works on the
+:mod:`.vectorised_keys`) or the columnar path (:mod:`.columns`). Every path works on the
 aggregator's :class:`~.state.SessionState`, never on the aggregator itself.
 """
 
@@ -40,11 +47,18 @@ from typing import Any
 
 from sessionstore.encoding.keys import TS_MAX, check_timestamp
 from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
-from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute
+from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute, check_closes_on
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.sessions.model import SessionUpdate, SessionWindows
 from sessionstore.operators.sessions.replay import net_changes, replay_rows, stored_values
+from sessionstore.operators.sessions.rule import (
+    candidate_bounds,
+    close_time,
+    is_late,
+    merged_window,
+)
 from sessionstore.operators.sessions.state import SessionState
+from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
 
@@ -63,9 +77,11 @@ class SessionWindowAggregator(ArrowBatches):
         aggregations: Aggregation | Mapping | None = None,
         emit: str = "update",
         track_offsets: bool = False,
+        closes_on: str = "record",
     ) -> None:
         if emit not in ("update", "final"):
             raise ValueError(f"emit must be 'update' or 'final', got {emit!r}")
+        check_closes_on(closes_on)
         if not isinstance(windows, SessionWindows):
             raise TypeError(f"windows must be SessionWindows, got {type(windows).__name__}")
         self.windows = windows
@@ -75,7 +91,12 @@ class SessionWindowAggregator(ArrowBatches):
         aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         #: What every path reads and moves: store, end index, times, counters.
         self.state = SessionState(
-            store, windows, aggregation, final=emit == "final", track_offsets=track_offsets
+            store,
+            windows,
+            aggregation,
+            final=emit == "final",
+            track_offsets=track_offsets,
+            held=closes_on == "advance",
         )
         record_output_plan(store, self.aggregation, "acc_offsets" if track_offsets else "acc")
 
@@ -100,18 +121,28 @@ class SessionWindowAggregator(ArrowBatches):
     def advance_to(self, event_time: int) -> list[SessionUpdate]:
         """Move stream time to ``event_time`` without a record (never back): in final
         mode this closes and emits the sessions it passes. Engines call it with the
-        query's event time, so sessions close in partitions that get no data."""
+        query's event time, so sessions close in partitions that get no data.
+
+        With ``closes_on="advance"`` this is the only thing that closes: the judged
+        time becomes ``event_time`` (or stays, if later), and every session ending
+        before it minus gap and grace is emitted, however far the records since the
+        last advance moved the stream time."""
         ts = check_timestamp("event_time", event_time)
         state = self.state
         with state.rolling_back():
             out: list[SessionUpdate] = []
             if state.stream_time is None or ts > state.stream_time:
                 state.stream_time = ts
-                if state.final:
-                    out = self._close_until(ts - state.gap - state.grace)
-                state.save_times()
-            # the store follows, so its visibility keeps matching our stream time
-            self.store.advance_stream_time(state.stream_time)
+            judged = state.stream_time
+            if state.held:
+                before = self.store.observed_stream_time
+                judged = min(judged, ts if before is None else max(before, ts))
+            if state.final:
+                # read with the store's visibility from before the advance
+                out = self._close_until(close_time(judged, state.gap, state.grace))
+            state.save_times()
+            # the store follows, so its visibility keeps matching the judged time
+            self.store.advance_stream_time(judged)
         return out
 
     def finish_input(self) -> list[SessionUpdate]:
@@ -155,11 +186,14 @@ class SessionWindowAggregator(ArrowBatches):
         gap = state.gap
         if state.stream_time is None or ts > state.stream_time:
             state.stream_time = ts
-        close = state.stream_time - gap - state.grace
+        close = state.close_time()
         out: list[SessionUpdate] = []
-        if state.final:
+        if close is None:  # held and never advanced: nothing is closed or late yet
+            close = FAR_PAST
+        elif state.final and not state.held:
             out.extend(self._close_until(close))
-        candidates = list(store.find_sessions(key, ts - gap, ts + gap))
+        lo_end, hi_start = candidate_bounds(ts, gap)
+        candidates = list(store.find_sessions(key, lo_end, hi_start))
         if state.final:
             candidates = [c for c in candidates if c[0].end >= close]
         offsets: list[int] = []
@@ -172,9 +206,8 @@ class SessionWindowAggregator(ArrowBatches):
             offsets.append(offset)
             offsets.sort()
             candidates = [(w, stored[0]) for w, stored in candidates]
-        start = min([ts] + [w.start for w, _ in candidates])
-        end = max([ts] + [w.end for w, _ in candidates])
-        if end < close:
+        start, end = merged_window(ts, [w for w, _ in candidates])
+        if is_late(end, close):
             state.dropped_records += 1
             return out
         acc = agg.initializer()

@@ -18,7 +18,7 @@ for all keys at once, from the Arrow columns:
 
 Rows stay on the record-exact replay of the batch path when they could behave
 differently: every record of a key that has a late record, or a record near a
-closed or hidden session (the conditions of :mod:`.batch`). Keys with open
+closed or hidden session (the conditions of :mod:`.vectorised_keys`). Keys with open
 stored sessions read them once and merge them with their runs in Python, with the
 replay's tie rules (:func:`~sessionstore.operators.vectorised.merge_slot`). A batch qualifies only when the
 aggregation is built-in count/sum/min/max/first/last or count(c)/avg/moments/
@@ -51,6 +51,7 @@ from sessionstore.operators.columnar import (
 )
 from sessionstore.operators.sessions.model import SessionUpdate
 from sessionstore.operators.sessions.replay import replay, settle
+from sessionstore.operators.sessions.rule import components, gap_breaks
 from sessionstore.operators.sessions.state import SessionState
 from sessionstore.operators.vectorised import FAR_PAST, merge_slot
 
@@ -223,7 +224,7 @@ class _Batch:
         Returns the runs that close in this batch and their close steps."""
         state, n, kb_of, key_values = self.state, self.n, self.kb_of, self.key_values
         store, index, close_l = state.store, state.index, self.timing.close_l
-        final_vis = int(self.timing.prefix[-1]) - store.retention_ms + 1
+        final_vis = self.timing.final_vis
         for g, start, end in removals:
             store.remove(key_values[g], start, end)
             index.discard(kb_of(g), start, end)
@@ -292,10 +293,7 @@ class _Runs(GroupAggregates):
     run's key group, ``start``/``end`` its first and last time."""
 
     def __init__(self, srows, sg, sts, gap, slots) -> None:
-        brk = np.ones(len(srows), dtype=bool)
-        if len(srows):
-            brk[1:] = (sg[1:] != sg[:-1]) | (sts[1:] - sts[:-1] > gap)
-        super().__init__(srows, sts, brk, slots)
+        super().__init__(srows, sts, gap_breaks(sg, sts, gap), slots)
         self.g = sg[self.a]
         self.plain = np.ones(len(self.a), dtype=bool)
 
@@ -321,17 +319,7 @@ def _merge_stored(runs: _Runs, g, lo, hi, stored, gap, py_sessions, removals) ->
             zip(runs.start[idx].tolist(), runs.end[idx].tolist(), strict=True)
         )
     ]
-    items.sort()
-    comps: list[list] = []  # [start, end, run numbers, stored numbers]
-    for start, end, kind, k in items:
-        if comps and start - comps[-1][1] <= gap:
-            comp = comps[-1]
-            comp[1] = max(comp[1], end)
-        else:
-            comp = [start, end, [], []]
-            comps.append(comp)
-        (comp[3] if kind == 0 else comp[2]).append(k)
-    for start, end, run_ks, stored_ks in comps:
+    for start, end, run_ks, stored_ks in components(items, gap):
         if not run_ks:
             continue
         acc = list(accs[run_ks[0]])

@@ -16,6 +16,12 @@ class SessionWindows:
     gap_ms: int
     grace_ms: int = 0
 
+    @property
+    def retention_ms(self) -> int:
+        """The store retention that keeps every open session visible (Kafka's default,
+        gap + grace, would hide one that can still be merged into)."""
+        return self.gap_ms + self.grace_ms + 1
+
     def __post_init__(self) -> None:
         for name in ("gap_ms", "grace_ms"):
             value = getattr(self, name)

@@ -5,7 +5,7 @@ stream-time prefix of the whole batch (:meth:`SessionState.timing`), which decid
 closing and visibility exactly as the record path does; the store is read once per
 key and each surviving session written once (:func:`settle`). Keys whose records
 provably behave like a sorted stream take the vectorised path of
-:mod:`~sessionstore.operators.sessions.batch` instead. The columnar path replays
+:mod:`~sessionstore.operators.sessions.vectorised_keys` instead. The columnar path replays
 its irregular keys here too. The property tests hold the replay equal to the
 record path, state included.
 """
@@ -19,9 +19,14 @@ from typing import Any
 import numpy as np
 
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp
-from sessionstore.operators.sessions.batch import fast_path_columns, run_fast_final, run_fast_keys
 from sessionstore.operators.sessions.model import SessionUpdate
+from sessionstore.operators.sessions.rule import candidate_bounds, is_late, merged_window
 from sessionstore.operators.sessions.state import Session, SessionState, Timing
+from sessionstore.operators.sessions.vectorised_keys import (
+    fast_path_columns,
+    run_fast_final,
+    run_fast_keys,
+)
 from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["replay_rows", "replay", "settle", "group", "net_of", "stored_values", "net_changes"]
@@ -159,101 +164,139 @@ def replay(
     """Replay each group's records (vectorised for keys that qualify), collecting
     emissions, every session touched and the ids of the stored sessions loaded.
     With ``net`` (update mode) only the sessions count, not each record's updates."""
-    store, agg = state.store, state.aggregation
-    gap, final = state.gap, state.final
+    agg, gap, final = state.aggregation, state.gap, state.final
     each = not final and not net  # update mode: every record's updates
-    track = state.track_offsets
-    ts_l, close_l, vis_l = timing.ts_l, timing.close_l, timing.vis_l
+    ts_l = timing.ts_l
     # keys that provably behave like a sorted stream take the vectorised path
-    fast_columns = None if track or not allow_fast else fast_path_columns(agg, values)
-    if fast_columns is not None:
-        ok_l = timing.ok.tolist()
-        ok_at = ok_l.__getitem__
-    fast_keys: list[tuple[Any, bytes, list[int], Session | None]] = []
-    emitted_close = state.emitted_close
-    add, merger, init, finish = agg.add, agg.merger, agg.initializer, agg.finish
-    # Final mode: a key's stored sessions matter only while open, and every open
-    # session is in the end index, so keys absent from it need no store read.
-    at = ts_l.__getitem__
+    fast_columns = None if state.track_offsets or not allow_fast else fast_path_columns(agg, values)
+    ok_l = timing.ok.tolist() if fast_columns is not None else []
+    fast_keys: list[tuple[Any, bytes, list[int], Any]] = []
     for kb, idxs in groups.items():
         key = keys[idxs[0]]
-        tmin = min(map(at, idxs))
-        tmax = max(map(at, idxs))
-        sessions: list[Session] = []
-        if open_kbs is not None and kb not in open_kbs:
-            found: Any = ()
-        else:
-            found = store.find_sessions(key, tmin - gap, tmax + gap)
-        for window, acc in found:
-            held = None
-            if track:
-                acc, held = acc
-            s = Session(window.start, window.end, acc, held, True)
-            sessions.append(s)
-            tracked.append((key, kb, s))
-            loaded_ids.add((kb, window.start, window.end))
+        sessions = _load_sessions(state, key, kb, idxs, ts_l, open_kbs, tracked, loaded_ids)
         if fast_columns is not None:
-            if not each:
-                # only closures or the final sessions count: any arrival order will do
-                if all(map(ok_at, idxs)):
-                    ordered = sorted(idxs, key=ts_l.__getitem__)  # stable
-                    # Closed sessions end before tmin - gap and are not even
-                    # loaded here; the filter keeps the sweep from relying on it.
-                    # (Update mode merges into closed sessions: all are candidates.)
-                    open_stored = [
-                        s
-                        for s in sessions
-                        if not final or emitted_close is None or s.end >= emitted_close
-                    ]
-                    fast_keys.append((key, kb, ordered, open_stored))
-                    continue
-            elif _sorted_stream(idxs, ts_l, ok_l, sessions, gap):
-                fast_keys.append((key, kb, idxs, sessions[-1] if sessions else None))
+            fast = _fast_entry(state, key, kb, idxs, ts_l, ok_l, sessions, each)
+            if fast is not None:
+                fast_keys.append(fast)
                 continue
-        for i in idxs:
-            t, close, vis = ts_l[i], close_l[i], vis_l[i]
-            lo_end, hi_start = t - gap, t + gap
-            lo_end = max(lo_end, vis)
-            if final:
-                lo_end = max(lo_end, close)
-            cands = [s for s in sessions if s.end >= lo_end and s.start <= hi_start]
-            merged_offsets = None
-            if track:
-                offset = offsets[i]
-                if any(offset in s.offsets for s in cands):
-                    state.replayed_records += 1
-                    continue
-                merged_offsets = sorted([o for s in cands for o in s.offsets] + [offset])
-            start, end = t, t
-            for s in cands:
-                if s.start < start:
-                    start = s.start
-                if s.end > end:
-                    end = s.end
-            if end < close:
-                state.dropped_records += 1
-                continue
-            acc = init()
-            for s in cands:
-                acc = merger(key, acc, s.acc)
-            acc = add(key, values[i], t, acc)
-            seq = 0
-            for s in cands:
-                s.removed_at = i
-                sessions.remove(s)
-                if each and (s.start != start or s.end != end):  # as the record path
-                    emitted.append(((i, seq), SessionUpdate(key, s.start, s.end, None, s.end)))
-                    seq += 1
-            new = Session(start, end, acc, merged_offsets, False)
-            insert_sorted(sessions, new)
-            tracked.append((key, kb, new))
-            if each:
-                emitted.append(((i, seq), SessionUpdate(key, start, end, finish(acc), end)))
-
+        _replay_key(state, key, kb, idxs, sessions, values, offsets, timing, emitted, tracked, each)
     if fast_keys and not each:
         run_fast_final(fast_keys, ts_l, fast_columns, agg, gap, tracked)
     elif fast_keys:
         run_fast_keys(fast_keys, ts_l, fast_columns, agg, gap, emitted, tracked)
+
+
+def _load_sessions(
+    state: SessionState,
+    key: Any,
+    kb: bytes,
+    idxs: list[int],
+    ts_l: list[int],
+    open_kbs: set[bytes] | None,
+    tracked: Tracked,
+    loaded_ids: set[SessionId],
+) -> list[Session]:
+    """The stored sessions of ``key`` within gap of its records, in (end, start)
+    order, each tracked and its id noted. Final mode: a key's stored sessions matter
+    only while open, and every open session is in the end index, so keys absent
+    from it (``open_kbs``) need no store read."""
+    if open_kbs is not None and kb not in open_kbs:
+        return []
+    gap, track = state.gap, state.track_offsets
+    at = ts_l.__getitem__
+    sessions: list[Session] = []
+    for window, acc in state.store.find_sessions(
+        key, min(map(at, idxs)) - gap, max(map(at, idxs)) + gap
+    ):
+        held = None
+        if track:
+            acc, held = acc
+        s = Session(window.start, window.end, acc, held, True)
+        sessions.append(s)
+        tracked.append((key, kb, s))
+        loaded_ids.add((kb, window.start, window.end))
+    return sessions
+
+
+def _fast_entry(
+    state: SessionState,
+    key: Any,
+    kb: bytes,
+    idxs: list[int],
+    ts_l: list[int],
+    ok_l: list[bool],
+    sessions: list[Session],
+    each: bool,
+) -> tuple[Any, bytes, list[int], Any] | None:
+    """The key's entry for the vectorised path of :mod:`.vectorised_keys`, or None when its
+    records must be replayed one by one."""
+    if each:
+        if _sorted_stream(idxs, ts_l, ok_l, sessions, state.gap):
+            return key, kb, idxs, sessions[-1] if sessions else None
+        return None
+    # only closures or the final sessions count: any arrival order will do
+    if not all(map(ok_l.__getitem__, idxs)):
+        return None
+    ordered = sorted(idxs, key=ts_l.__getitem__)  # stable
+    # Closed sessions end before tmin - gap and are not even loaded; the filter
+    # keeps the sweep from relying on it. (Update mode merges into closed
+    # sessions: all are candidates.)
+    emitted_close = state.emitted_close
+    open_stored = [
+        s for s in sessions if not state.final or emitted_close is None or s.end >= emitted_close
+    ]
+    return key, kb, ordered, open_stored
+
+
+def _replay_key(
+    state: SessionState,
+    key: Any,
+    kb: bytes,
+    idxs: list[int],
+    sessions: list[Session],
+    values: Sequence[Any],
+    offsets: Sequence[int | None],
+    timing: Timing,
+    emitted: Emitted,
+    tracked: Tracked,
+    each: bool,
+) -> None:
+    """Replay one key's records in arrival order against ``sessions`` (its stored
+    ones, kept in (end, start) order), as the record path would process them."""
+    agg, gap, final, track = state.aggregation, state.gap, state.final, state.track_offsets
+    add, merger, init, finish = agg.add, agg.merger, agg.initializer, agg.finish
+    ts_l, close_l, vis_l = timing.ts_l, timing.close_l, timing.vis_l
+    for i in idxs:
+        t, close, vis = ts_l[i], close_l[i], vis_l[i]
+        lo_end, hi_start = candidate_bounds(t, gap, max(vis, close) if final else vis)
+        cands = [s for s in sessions if s.end >= lo_end and s.start <= hi_start]
+        merged_offsets = None
+        if track:
+            offset = offsets[i]
+            if any(offset in s.offsets for s in cands):
+                state.replayed_records += 1
+                continue
+            merged_offsets = sorted([o for s in cands for o in s.offsets] + [offset])
+        start, end = merged_window(t, cands)
+        if is_late(end, close):
+            state.dropped_records += 1
+            continue
+        acc = init()
+        for s in cands:
+            acc = merger(key, acc, s.acc)
+        acc = add(key, values[i], t, acc)
+        seq = 0
+        for s in cands:
+            s.removed_at = i
+            sessions.remove(s)
+            if each and (s.start != start or s.end != end):  # as the record path
+                emitted.append(((i, seq), SessionUpdate(key, s.start, s.end, None, s.end)))
+                seq += 1
+        new = Session(start, end, acc, merged_offsets, False)
+        insert_sorted(sessions, new)
+        tracked.append((key, kb, new))
+        if each:
+            emitted.append(((i, seq), SessionUpdate(key, start, end, finish(acc), end)))
 
 
 def settle(
@@ -269,9 +312,9 @@ def settle(
     the end index as the batch read it (nothing writes it before this), which
     spares a second read."""
     store, final, n = state.store, state.final, len(timing.ts_l)
-    prefix, close_l, emitted_close = timing.prefix, timing.close_l, state.emitted_close
+    close_l, emitted_close = timing.close_l, state.emitted_close
     finish, track = state.aggregation.finish, state.track_offsets
-    final_vis = int(prefix[-1]) - store.retention_ms + 1
+    final_vis = timing.final_vis
     index = state.index
     if final:
         final_close = close_l[-1]
@@ -324,9 +367,9 @@ def settle(
                     index.add(kb, s.start, s.end)
         if not s.loaded and s.end >= final_vis:
             store.put(key, s.start, s.end, [s.acc, s.offsets] if track else s.acc)
-    if state.stream_time is None or int(prefix[-1]) > state.stream_time:
-        state.stream_time = int(prefix[-1])
-    if final:
+    if state.stream_time is None or timing.end_time > state.stream_time:
+        state.stream_time = timing.end_time
+    if final and int(timing.prefix[-1]) != FAR_PAST:  # FAR_PAST: held, never advanced
         last_close = close_l[-1]
         if emitted_close is None or last_close > emitted_close:
             state.emitted_close = last_close
@@ -361,7 +404,7 @@ def _sorted_stream(
     idxs: list[int], ts: list[int], ok: list[bool], sessions: list[Session], gap: int
 ) -> bool:
     """True when a key's records (in the order given) may take the vectorised path
-    (see :mod:`.batch`): none late or near a hidden or closed session, in time
+    (see :mod:`.vectorised_keys`): none late or near a hidden or closed session, in time
     order, and starting at or after its latest stored session, which is then the
     only possible candidate."""
     prev = ts[idxs[0]]

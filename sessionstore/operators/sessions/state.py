@@ -5,7 +5,7 @@ stream time and last close time it keeps beside the store (saved in the store's
 metadata with each batch), and its counters. The aggregator's record path works
 on it, and so do the batch paths, which never see the aggregator: the
 record-exact replay (:mod:`~sessionstore.operators.sessions.replay`), its
-vectorised part (:mod:`~sessionstore.operators.sessions.batch`) and the columnar
+vectorised part (:mod:`~sessionstore.operators.sessions.vectorised_keys`) and the columnar
 path (:mod:`~sessionstore.operators.sessions.columns`). :class:`Timing` is how each row of
 one batch sees time; :class:`Session` is a session held in memory while a batch
 is replayed.
@@ -18,9 +18,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sessionstore.encoding.ints import INT64 as _I64
+from sessionstore.encoding.serde import key_codec
 from sessionstore.operators.aggregations import Aggregation
-from sessionstore.operators.arrow_batches import batch_restoring
+from sessionstore.operators.arrow_batches import batch_restoring, judged_time
 from sessionstore.operators.sessions.model import SessionWindows
+from sessionstore.operators.sessions.rule import close_time
 from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["SessionState", "Session", "Timing"]
@@ -28,9 +30,12 @@ __all__ = ["SessionState", "Session", "Timing"]
 
 class Timing(NamedTuple):
     """How each row of a batch sees time: its own time (``FAR_PAST`` when dropped),
-    the stream time after it, the close time after it, the store's visibility bound
-    before it, and whether it may take a vectorised path (never late, and every
-    session within gap of it visible and, in final mode, open)."""
+    the time it is judged by (the stream time after it, or with ``closes_on="advance"``
+    the time of the last advance), the close time it sees, the store's visibility
+    bound before it, and whether it may take a vectorised path (never late, and
+    every session within gap of it visible and, in final mode, open). After the
+    batch: the stream time (``end_time``) and the store's visibility bound
+    (``final_vis``)."""
 
     ts: np.ndarray
     ts_l: list[int]
@@ -39,6 +44,8 @@ class Timing(NamedTuple):
     close_l: list[int]
     vis_l: list[int]
     ok: np.ndarray
+    end_time: int
+    final_vis: int
 
 
 class Session:
@@ -67,23 +74,27 @@ class SessionState:
         *,
         final: bool,
         track_offsets: bool,
+        held: bool = False,
     ) -> None:
         self.store = store
+        #: ``closes_on="advance"``: rows are judged by the time of the last advance
+        #: (see :meth:`judged_time`), and the store's time moves only with it.
+        self.held = held
+        if held:
+            store.hold_stream_time()
         self.aggregation = aggregation
         self.gap, self.grace = windows.gap_ms, windows.grace_ms
         self.final = final
         self.track_offsets = track_offsets
-        # Open sessions must stay visible: Kafka's default retention (gap + grace)
-        # would hide a session that can still be merged into.
-        store.set_min_retention(windows.gap_ms + windows.grace_ms + 1)
+        store.set_min_retention(windows.retention_ms)
         self.index = store.end_index() if final else None
         # The end index holds every open session only if the store was never
         # written in update mode (which keeps no index): remember such writes.
         if not final and store.read_aux("update_mode") is None:
             store.write_aux("update_mode", b"1")
         self.index_complete = final and store.read_aux("update_mode") is None
-        self.encode = store._encode_key
-        self.decode = store._decode_key
+        #: The store's key codec (the same functions the store uses).
+        self.encode, self.decode = key_codec(store.key_serde)
         #: The largest timestamp seen (None before the first record).
         self.stream_time = self._read_time("stream_time")
         #: Final mode: sessions ending before this were emitted (None: none yet).
@@ -112,15 +123,19 @@ class SessionState:
         self.stream_time = self._read_time("stream_time")
         self.emitted_close = self._read_time("emitted_close")
 
+    def judged_time(self) -> int | None:
+        """The time rows are judged by (see :func:`~.arrow_batches.judged_time`)."""
+        return judged_time(self.held, self.stream_time, self.store.observed_stream_time)
+
     def close_time(self) -> int | None:
         """Sessions ending before this are closed (None before the first record)."""
-        st = self.stream_time
-        return None if st is None else st - self.gap - self.grace
+        judged = self.judged_time()
+        return None if judged is None else close_time(judged, self.gap, self.grace)
 
     def follows_store(self) -> bool:
-        """Whether the store's visibility still follows our stream time (nobody else
+        """Whether the store's visibility still follows the judged time (nobody else
         wrote to it), which the batch paths' visibility bounds assume."""
-        return self.store.observed_stream_time == self.stream_time
+        return self.store.observed_stream_time == self.judged_time()
 
     def check_offset(self, offset: Any) -> int | None:
         """A record's offset as an int when offsets are tracked (else None)."""
@@ -139,17 +154,28 @@ class SessionState:
         (``times`` is ``ts_fill`` as a list)."""
         n = len(times)
         st0 = FAR_PAST if self.stream_time is None else self.stream_time
-        prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
-        close_arr = prefix - (self.gap + self.grace)
-        # store visibility during record i's lookup uses the stream time before it
-        before = np.empty(n, dtype=np.int64)
-        before[0] = st0
-        before[1:] = prefix[:-1]
+        end_time = max(st0, int(ts_fill.max()))
+        if self.held:
+            # every row is judged by the time of the last advance
+            judged = self.judged_time()
+            prefix = np.full(n, FAR_PAST if judged is None else judged, dtype=np.int64)
+            before = prefix
+        else:
+            prefix = np.maximum.accumulate(np.maximum(ts_fill, st0))
+            # store visibility during record i's lookup uses the stream time before it
+            before = np.empty(n, dtype=np.int64)
+            before[0] = st0
+            before[1:] = prefix[:-1]
+        close_arr = close_time(prefix, self.gap, self.grace)
         vis_arr = before - self.store.retention_ms + 1
         ok = (ts_fill >= close_arr) & (ts_fill - self.gap >= vis_arr)
         if self.final:
             ok &= ts_fill - self.gap >= close_arr
-        return Timing(ts_fill, times, prefix, close_arr, close_arr.tolist(), vis_arr.tolist(), ok)
+        final_vis = int(prefix[-1]) - self.store.retention_ms + 1
+        return Timing(
+            ts_fill, times, prefix, close_arr, close_arr.tolist(), vis_arr.tolist(), ok,
+            end_time, final_vis,
+        )  # fmt: skip
 
     def open_entries(self) -> list[tuple[int, int, bytes]] | None:
         """Final mode: every open session ``(end, start, encoded key)``, read once per

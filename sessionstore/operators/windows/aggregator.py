@@ -20,6 +20,12 @@ Emission policies (``emit=``), after the Samza design's triggers:
   crosses a multiple of N, the current value of every window whose end has not
   been reached yet (kind ``"early"``).
 
+With ``closes_on="advance"`` (the Spark operator's, like Spark's watermark) only
+:meth:`WindowAggregator.advance_to` fires (and ticks early results); every record in
+between is judged by the time of the last advance, which is also the store's (writes
+do not move it, so a window the records made due stays visible until the next
+advance fires it). Default ``"record"``: each record's stream time fires.
+
 A record's emissions come in this order: early values, windows whose trigger time
 its stream time reached (by end, start, key), then its own updates (by window
 start). Everything that decides an emission (stream time,
@@ -39,7 +45,8 @@ from typing import Any
 
 from sessionstore.encoding.keys import check_timestamp
 from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
-from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute
+from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute, check_closes_on
+from sessionstore.operators.vectorised import FAR_PAST
 from sessionstore.operators.windows.model import TimeWindows, WindowUpdate
 from sessionstore.operators.windows.state import WindowState
 from sessionstore.stores.window import WindowStore
@@ -61,8 +68,10 @@ class WindowAggregator(ArrowBatches):
         aggregations: Aggregation | Mapping | None = None,
         emit: str = "update",
         early_every_ms: int | None = None,
+        closes_on: str = "record",
     ) -> None:
         self.check_settings(emit, early_every_ms)
+        check_closes_on(closes_on)
         if not isinstance(store, WindowStore):
             raise TypeError(f"store must be a WindowStore, got {type(store).__name__}")
         if store.window_size_ms != windows.size_ms:
@@ -77,7 +86,9 @@ class WindowAggregator(ArrowBatches):
         aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         record_output_plan(store, aggregation, "acc")
         #: What both paths read and move: store, pending index, times, counter.
-        self.state = WindowState(store, windows, aggregation, pending=emit != "update")
+        self.state = WindowState(
+            store, windows, aggregation, pending=emit != "update", held=closes_on == "advance"
+        )
 
     @staticmethod
     def check_settings(emit: str, early_every_ms: int | None = None) -> None:
@@ -108,7 +119,16 @@ class WindowAggregator(ArrowBatches):
         ts = check_timestamp("event_time", event_time)
         state = self.state
         with state.rolling_back():
-            if not state.advance(ts):
+            moved = state.advance(ts)
+            if state.held:
+                # the only thing that fires: up to the new judged time, read with
+                # the store's visibility from before it moves
+                before = self.store.observed_stream_time
+                judged = min(state.stream_time, ts if before is None else max(before, ts))
+                out = self._fire(judged) if state.pending is not None else []
+                self.store.advance_stream_time(judged)
+                return out
+            if not moved:
                 return []
             return self._fire(ts) if state.pending is not None else []
 
@@ -143,11 +163,15 @@ class WindowAggregator(ArrowBatches):
         state, store, agg, windows = self.state, self.store, self.aggregation, self.windows
         size, grace = windows.size_ms, windows.grace_ms
         state.advance(ts)
-        st = state.stream_time
-        # Fire due windows before this record's puts move the store's own stream
-        # time: with retention >= size + grace they are still visible now.
-        out = self._fire(st) if state.pending is not None else []
-        kb = store._encode_key(key)
+        st = state.judged_time()
+        out: list[WindowUpdate] = []
+        if st is None:  # held and never advanced: nothing is closed or due yet
+            st = FAR_PAST
+        elif state.pending is not None and not state.held:
+            # Fire due windows before this record's puts move the store's own stream
+            # time: with retention >= size + grace they are still visible now.
+            out = self._fire(st)
+        kb = state.encode(key)
         accepted = False
         for start in windows.starts_for(ts):
             end = start + size
@@ -184,7 +208,7 @@ class WindowAggregator(ArrowBatches):
                 if state.early_tick is not None:  # the first record starts the clock
                     for end, start, kb in pending.all():
                         if end > st:
-                            key = store._decode_key(kb)
+                            key = self.state.decode(kb)
                             value = finish(store.fetch_window(key, start))
                             out.append(WindowUpdate(key, start, end, value, st, "early"))
                 state.set_early_tick(tick)
@@ -209,7 +233,7 @@ class WindowAggregator(ArrowBatches):
         out = []
         for end, start, kb in entries:
             pending.discard(kb, start, end)
-            key = store._decode_key(kb)
+            key = self.state.decode(kb)
             value = store.fetch_window(key, start)
             if value is not None:
                 out.append(WindowUpdate(key, start, end, finish(value), end, kind))
@@ -237,7 +261,7 @@ class WindowAggregator(ArrowBatches):
                 out.extend(self._checked(key, value, ts, before))
         if before is None:
             return out
-        encode = self.store._encode_key
+        encode = self.state.encode
         last = {(encode(u.key), u.start): u for u in out}
         return [last[w] for w in sorted(last) if before[w] != last[w].value]
 

@@ -46,43 +46,23 @@ def run_final(state: WindowState, batch_in: Prepared, timestamp: str, value: Any
     table, key_names, slots = batch_in.table, batch_in.key_names, batch_in.slots
     ts, valid, codes = batch_in.ts, batch_in.valid, batch_in.codes
     store, pending, windows = state.store, state.pending, state.windows
-    size, advance, grace = windows.size_ms, windows.advance_ms, windows.grace_ms
+    size, grace = windows.size_ms, windows.grace_ms
     n = table.num_rows
     out_type = value_struct_type(state.aggregation, slots)
     state.dropped_records += int(n - np.count_nonzero(valid))
     rows = np.flatnonzero(valid)
     if len(rows) == 0:
         return _with_kind(empty_result(table, key_names, out_type))
-    st0 = FAR_PAST if state.stream_time is None else state.stream_time
-    prefix = np.maximum.accumulate(np.maximum(np.where(valid, ts, FAR_PAST), st0))
+    # the time each row is judged by (see WindowState.judged_times)
+    prefix, end_time = state.judged_times(np.where(valid, ts, FAR_PAST))
 
-    # every (record, window) pair whose window is still open after the record
-    r_ts, r_st = ts[rows], prefix[rows]
-    first = (r_ts - size) // advance * advance + advance
-    per = -(-size // advance)  # windows a record can fall in
-    pair_row = np.repeat(np.arange(len(rows)), per)
-    pair_start = (first[:, None] + advance * np.arange(per)[None, :]).ravel()
-    keep = (pair_start <= np.repeat(r_ts, per)) & (pair_start + size + grace > np.repeat(r_st, per))
-    pair_row, pair_start = pair_row[keep], pair_start[keep]
-    accepted = np.zeros(len(rows), dtype=bool)
-    accepted[pair_row] = True
-    state.dropped_records += int(len(rows) - np.count_nonzero(accepted))
-
-    # group the pairs by (key, window); records by time within, ties by arrival
+    pair_row, pair_start = _open_pairs(state, ts, rows, prefix)
     _, first_idx, inv = np.unique(codes[rows], return_index=True, return_inverse=True)
     key_values = group_key_values(table, key_names, rows[first_idx])
-    pair_g = inv[pair_row]
-    pair_rows = rows[pair_row]
-    order = np.lexsort((pair_rows, ts[pair_rows], pair_start, pair_g))
-    pg, pstart, prow = pair_g[order], pair_start[order], pair_rows[order]
-    brk = np.ones(len(order), dtype=bool)
-    if len(order):
-        brk[1:] = (pg[1:] != pg[:-1]) | (pstart[1:] != pstart[:-1])
-    groups = GroupAggregates(prow, ts[prow], brk, slots)
-    w_g, w_start = pg[groups.a], pstart[groups.a]
+    groups, w_g, w_start = _window_groups(ts, rows, inv, pair_row, pair_start, slots)
     w_end = w_start + size
 
-    encode = store._encode_key
+    encode = state.encode
     kbs = {g: encode(key_values[g]) for g in np.unique(w_g).tolist()}
     w_kb = [kbs[g] for g in w_g.tolist()]
     stored = store.fetch_encoded(
@@ -104,14 +84,8 @@ def run_final(state: WindowState, batch_in: Prepared, timestamp: str, value: Any
     # before the writes move the store's stream time (the record path fires them
     # before the puts of the record that makes them due)
     starts, ends, fires = w_start.tolist(), w_end.tolist(), w_fire.tolist()
-    touched = set(zip(w_kb, starts, strict=True))
     final_due = int(prefix[-1]) - grace + 1
-    fired_due = FAR_PAST if state.fired_due is None else state.fired_due
-    untouched = [
-        (kb, start, end)
-        for end, start, kb in open_entries
-        if fired_due <= end < final_due and (kb, start) not in touched
-    ]
+    untouched = _untouched_due(state, open_entries, set(zip(w_kb, starts, strict=True)), final_due)
     values = store.fetch_encoded([(kb, start, end - 1) for kb, start, end in untouched])
 
     # writes: every touched window's value; the pending index as the record path leaves it
@@ -133,16 +107,63 @@ def run_final(state: WindowState, batch_in: Prepared, timestamp: str, value: Any
                 pending.discard(kb, start, end)
         elif stored[i] is None:
             pending.add(kb, start, end)
-    decode = store._decode_key
+    decode = state.decode
     for (kb, start, end), acc in zip(untouched, values, strict=True):
         pending.discard(kb, start, end)
         if acc is not None:
             j = int(np.searchsorted(prefix, end + grace, side="left"))
             emitted.append((j, end, start, kb, decode(kb), finish(acc)))
-    state.advance(int(prefix[-1]))
+    state.advance(end_time)
     state.fired_due = final_due
     emitted.sort(key=lambda e: e[:4])
     return _with_kind(_emitted_table(table, key_names, emitted, out_type))
+
+
+def _open_pairs(
+    state: WindowState, ts: np.ndarray, rows: np.ndarray, prefix: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every (record, window start) pair whose window is still open at the time the
+    record is judged by (record numbers index ``rows``); counts the records that
+    land in no open window as dropped."""
+    windows = state.windows
+    size, advance, grace = windows.size_ms, windows.advance_ms, windows.grace_ms
+    r_ts, r_st = ts[rows], prefix[rows]
+    first = (r_ts - size) // advance * advance + advance
+    per = -(-size // advance)  # windows a record can fall in
+    pair_row = np.repeat(np.arange(len(rows)), per)
+    pair_start = (first[:, None] + advance * np.arange(per)[None, :]).ravel()
+    keep = (pair_start <= np.repeat(r_ts, per)) & (pair_start + size + grace > np.repeat(r_st, per))
+    pair_row, pair_start = pair_row[keep], pair_start[keep]
+    accepted = np.zeros(len(rows), dtype=bool)
+    accepted[pair_row] = True
+    state.dropped_records += int(len(rows) - np.count_nonzero(accepted))
+    return pair_row, pair_start
+
+
+def _window_groups(ts, rows, inv, pair_row, pair_start, slots):
+    """The pairs grouped by (key group, window), records by time within (ties by
+    arrival), with their aggregates; each group's key group and window start."""
+    pair_g = inv[pair_row]
+    pair_rows = rows[pair_row]
+    order = np.lexsort((pair_rows, ts[pair_rows], pair_start, pair_g))
+    pg, pstart, prow = pair_g[order], pair_start[order], pair_rows[order]
+    brk = np.ones(len(order), dtype=bool)
+    if len(order):
+        brk[1:] = (pg[1:] != pg[:-1]) | (pstart[1:] != pstart[:-1])
+    groups = GroupAggregates(prow, ts[prow], brk, slots)
+    return groups, pg[groups.a], pstart[groups.a]
+
+
+def _untouched_due(state: WindowState, open_entries, touched, final_due: int) -> list:
+    """Pending windows the batch did not touch that its time makes due ``(kb, start,
+    end)``, read before the writes move the store's stream time (the record path
+    fires them before the puts of the record that makes them due)."""
+    fired_due = FAR_PAST if state.fired_due is None else state.fired_due
+    return [
+        (kb, start, end)
+        for end, start, kb in open_entries
+        if fired_due <= end < final_due and (kb, start) not in touched
+    ]
 
 
 def _emitted_table(table, key_names, emitted, out_type) -> pa.Table:

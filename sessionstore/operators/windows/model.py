@@ -29,6 +29,11 @@ class TimeWindows:
         if type(self.grace_ms) is not int or self.grace_ms < 0:
             raise ValueError(f"grace_ms must be a non-negative int, got {self.grace_ms!r}")
 
+    @property
+    def retention_ms(self) -> int:
+        """The store retention that keeps a window visible until it closes."""
+        return self.size_ms + self.grace_ms
+
     def starts_for(self, ts: int) -> range:
         """Starts of every window containing ``ts``, ascending."""
         advance = self.advance_ms

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from sessionstore.encoding.ints import INT64 as _I64
+from sessionstore.encoding.serde import key_codec
 from sessionstore.operators.aggregations import Aggregation
-from sessionstore.operators.arrow_batches import batch_restoring
+from sessionstore.operators.arrow_batches import batch_restoring, judged_time
+from sessionstore.operators.vectorised import FAR_PAST
 from sessionstore.operators.windows.model import TimeWindows
 from sessionstore.stores.window import WindowStore
 
@@ -35,9 +39,17 @@ class WindowState:
         aggregation: Aggregation,
         *,
         pending: bool,
+        held: bool = False,
     ) -> None:
         self.store, self.windows, self.aggregation = store, windows, aggregation
-        store.set_min_retention(windows.size_ms + windows.grace_ms)
+        #: The store's key codec (the same functions the store uses).
+        self.encode, self.decode = key_codec(store.key_serde)
+        store.set_min_retention(windows.retention_ms)
+        #: ``closes_on="advance"``: rows are judged by the time of the last advance
+        #: (see :meth:`judged_time`), and the store's time moves only with it.
+        self.held = held
+        if held:
+            store.hold_stream_time()
         #: Windows waiting to fire, by end (None in update mode, which fires none).
         self.pending = store.end_index() if pending else None
         #: The largest timestamp seen (None before the first record).
@@ -60,6 +72,21 @@ class WindowState:
         self.stream_time = ts
         self.store.write_aux("stream_time", _I64.pack(ts))
         return True
+
+    def judged_time(self) -> int | None:
+        """The time rows are judged by (see :func:`~.arrow_batches.judged_time`)."""
+        return judged_time(self.held, self.stream_time, self.store.observed_stream_time)
+
+    def judged_times(self, times: np.ndarray) -> tuple[np.ndarray, int]:
+        """The time each row of a batch is judged by (``times``: the rows' times,
+        ``FAR_PAST`` for a dropped row), and the stream time after the batch."""
+        st0 = FAR_PAST if self.stream_time is None else self.stream_time
+        end_time = max(st0, int(times.max()))
+        if self.held:
+            judged = self.judged_time()
+            full = np.full(len(times), FAR_PAST if judged is None else judged, dtype=np.int64)
+            return full, end_time
+        return np.maximum.accumulate(np.maximum(times, st0)), end_time
 
     def set_early_tick(self, tick: int) -> None:
         """Record the early tick reached (saved with the batch)."""

@@ -63,7 +63,7 @@ def test_batch_equals_records(batches, size, advance_div, grace, emit, early, sh
             records = [(k, None if t is None else t + 30 * n * shift) for k, t in records]
             expected = []
             for key, ts in records:
-                rec._fired_due = None  # the reference scans every pending window
+                rec.state.fired_due = None  # the reference scans every pending window
                 expected.extend(rec.process(key, key, ts))
             got = bat.process_rows([k for k, _ in records], [t for _, t in records],
                                    [k for k, _ in records])  # fmt: skip

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from sessionstore.operators.sessions.model import SessionUpdate
+from sessionstore.operators.sessions.rule import gap_breaks, within_gap
 from sessionstore.operators.sessions.state import Session
 from sessionstore.operators.vectorised import (
     FAR_PAST,
@@ -91,11 +92,10 @@ def run_fast_keys(
     stored_end = np.array(
         [s.end if s is not None else FAR_PAST for *_, s in fast_keys], dtype=np.int64
     )
-    continues = group_first & (ts - stored_end[group] <= gap)
-    breaks = np.zeros(n, dtype=bool)
-    breaks[1:] = (ts[1:] - ts[:-1]) > gap
-    first_pos = np.flatnonzero(group_first | breaks)
-    sid = np.cumsum(group_first | breaks) - 1
+    continues = group_first & within_gap(stored_end[group], ts, gap)
+    starts_new = gap_breaks(group, ts, gap)
+    first_pos = np.flatnonzero(starts_new)
+    sid = np.cumsum(starts_new) - 1
     last_pos = np.append(first_pos[1:] - 1, n - 1)
     position = np.arange(n)
 
@@ -174,16 +174,45 @@ def run_fast_final(
     takes ``last`` on a tie, and among records the earliest arrival is first and the
     latest is last (the sort is stable).
     """
-    functions = aggregation.functions
     order = [i for _, _, idxs, _ in fast_keys for i in idxs]
     if not order:
         return
     # components: (key index, first record position, end position, stored sessions,
     # start, end). Keys without stored sessions (most, in a stream) are split on
     # gaps with numpy; the others merge records and stored sessions one by one.
-    comps: list[tuple[int, int, int, list[Any], int, int]] = _record_components(
-        fast_keys, ts_l, order, gap
-    )
+    comps = _record_components(fast_keys, ts_l, order, gap)
+    _add_stored_components(fast_keys, ts_l, order, gap, comps)
+    with_records = [c for c in comps if c[2] > c[1]]
+    if not with_records:
+        return
+    with_records.sort(key=lambda c: c[1])  # reduceat needs them in record order
+    functions = aggregation.functions
+    reduced = _reduce_components(with_records, functions, columns, ts_l, order)
+    width = range(len(functions))
+    append = tracked.append
+    all_slots = zip(*reduced, strict=True) if reduced else [()] * len(with_records)
+    for (g, a, _b, stored, start, end), slots in zip(with_records, all_slots, strict=True):
+        key, kb, _, _ = fast_keys[g]
+        acc = list(slots)
+        if stored:
+            for s in sorted(stored, key=lambda s: (s.end, s.start)):
+                acc = [merge_slot(functions[j], s.acc[j], acc[j]) for j in width]
+                s.removed_at = order[a]
+        append((key, kb, Session(start, end, acc, None, False)))
+
+
+Component = tuple[int, int, int, list[Any], int, int]
+
+
+def _add_stored_components(
+    fast_keys: list[tuple[Any, bytes, list[int], list[Session]]],
+    ts_l: list[int],
+    order: list[int],
+    gap: int,
+    comps: list[Component],
+) -> None:
+    """Append the components of the keys with stored sessions: their records (in
+    ``order``) and stored sessions swept by start, merged while within gap."""
     pos = 0
     for g, (_, _, idxs, stored) in enumerate(fast_keys):
         if not stored:
@@ -204,7 +233,7 @@ def run_fast_final(
                 item_start, item_end = s.start, s.end
             else:
                 item_start = item_end = ts_l[order[p]]
-            if comps and comps[-1][0] == g and item_start - comps[-1][5] <= gap:
+            if comps and comps[-1][0] == g and within_gap(comps[-1][5], item_start, gap):
                 kg, ca, cb, cst, cstart, cend = comps[-1]
                 if take_stored:
                     cst = [*cst, s]
@@ -221,10 +250,16 @@ def run_fast_final(
                     comps.append((g, p, p + 1, [], item_start, item_end))
                     p += 1
         pos = b
-    with_records = [c for c in comps if c[2] > c[1]]
-    if not with_records:
-        return
-    with_records.sort(key=lambda c: c[1])  # reduceat needs them in record order
+
+
+def _reduce_components(
+    with_records: list[Component],
+    functions: list[str],
+    columns: list[list[Any]],
+    ts_l: list[int],
+    order: list[int],
+) -> list[list[Any]]:
+    """Each slot's value over the records of each component (in record order)."""
     starts = np.array([c[1] for c in with_records], dtype=np.int64)
     reduced: list[list[Any]] = []
     for fn, col in zip(functions, columns, strict=True):
@@ -238,17 +273,7 @@ def run_fast_final(
             reduced.append([[ts_l[order[c[1]]], col[order[c[1]]]] for c in with_records])
         else:
             reduced.append([[ts_l[order[c[2] - 1]], col[order[c[2] - 1]]] for c in with_records])
-    width = range(len(functions))
-    append = tracked.append
-    all_slots = zip(*reduced, strict=True) if reduced else [()] * len(with_records)
-    for (g, a, _b, stored, start, end), slots in zip(with_records, all_slots, strict=True):
-        key, kb, _, _ = fast_keys[g]
-        acc = list(slots)
-        if stored:
-            for s in sorted(stored, key=lambda s: (s.end, s.start)):
-                acc = [merge_slot(functions[j], s.acc[j], acc[j]) for j in width]
-                s.removed_at = order[a]
-        append((key, kb, Session(start, end, acc, None, False)))
+    return reduced
 
 
 def _record_components(
@@ -269,8 +294,8 @@ def _record_components(
     times = np.asarray(ts_l, dtype=np.int64)[np.asarray(order, dtype=np.int64)]
     positions = np.flatnonzero(keep)
     g, t = gid[keep], times[keep]
-    new = np.ones(len(t), dtype=bool)
-    new[1:] = (g[1:] != g[:-1]) | (t[1:] - t[:-1] > gap) | (positions[1:] != positions[:-1] + 1)
+    new = gap_breaks(g, t, gap)
+    new[1:] |= positions[1:] != positions[:-1] + 1
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(t)) - 1
     return [
