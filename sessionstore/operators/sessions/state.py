@@ -82,8 +82,8 @@ class SessionState:
         if not final and store.read_aux("update_mode") is None:
             store.write_aux("update_mode", b"1")
         self.index_complete = final and store.read_aux("update_mode") is None
-        self.encode = store._encode_key
-        self.decode = store._decode_key
+        self.encode = store.encode_key
+        self.decode = store.decode_key
         #: The largest timestamp seen (None before the first record).
         self.stream_time = self._read_time("stream_time")
         #: Final mode: sessions ending before this were emitted (None: none yet).

@@ -147,7 +147,7 @@ class WindowAggregator(ArrowBatches):
         # Fire due windows before this record's puts move the store's own stream
         # time: with retention >= size + grace they are still visible now.
         out = self._fire(st) if state.pending is not None else []
-        kb = store._encode_key(key)
+        kb = store.encode_key(key)
         accepted = False
         for start in windows.starts_for(ts):
             end = start + size
@@ -184,7 +184,7 @@ class WindowAggregator(ArrowBatches):
                 if state.early_tick is not None:  # the first record starts the clock
                     for end, start, kb in pending.all():
                         if end > st:
-                            key = store._decode_key(kb)
+                            key = store.decode_key(kb)
                             value = finish(store.fetch_window(key, start))
                             out.append(WindowUpdate(key, start, end, value, st, "early"))
                 state.set_early_tick(tick)
@@ -209,7 +209,7 @@ class WindowAggregator(ArrowBatches):
         out = []
         for end, start, kb in entries:
             pending.discard(kb, start, end)
-            key = store._decode_key(kb)
+            key = store.decode_key(kb)
             value = store.fetch_window(key, start)
             if value is not None:
                 out.append(WindowUpdate(key, start, end, finish(value), end, kind))
@@ -237,7 +237,7 @@ class WindowAggregator(ArrowBatches):
                 out.extend(self._checked(key, value, ts, before))
         if before is None:
             return out
-        encode = self.store._encode_key
+        encode = self.store.encode_key
         last = {(encode(u.key), u.start): u for u in out}
         return [last[w] for w in sorted(last) if before[w] != last[w].value]
 

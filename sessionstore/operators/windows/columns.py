@@ -82,7 +82,7 @@ def run_final(state: WindowState, batch_in: Prepared, timestamp: str, value: Any
     w_g, w_start = pg[groups.a], pstart[groups.a]
     w_end = w_start + size
 
-    encode = store._encode_key
+    encode = store.encode_key
     kbs = {g: encode(key_values[g]) for g in np.unique(w_g).tolist()}
     w_kb = [kbs[g] for g in w_g.tolist()]
     stored = store.fetch_encoded(
@@ -133,7 +133,7 @@ def run_final(state: WindowState, batch_in: Prepared, timestamp: str, value: Any
                 pending.discard(kb, start, end)
         elif stored[i] is None:
             pending.add(kb, start, end)
-    decode = store._decode_key
+    decode = store.decode_key
     for (kb, start, end), acc in zip(untouched, values, strict=True):
         pending.discard(kb, start, end)
         if acc is not None:
