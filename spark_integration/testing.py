@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint import StateStoreProvider
 from sessionstore.operators.processors import (
     BatchTimes,
     ProcessorHandle,
@@ -31,6 +31,7 @@ from sessionstore.operators.processors import (
     extra_store_name,
     normalise_time_mode,
 )
+from sessionstore.stores.spec import StoreSpec
 from spark_integration.datasource import ddl_parts
 from spark_integration.execution.output import arrow_schema
 from spark_integration.operators.transform_with_state import STORE, ProcessorTask, parse_schema

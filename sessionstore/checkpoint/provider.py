@@ -111,13 +111,13 @@ from sessionstore.checkpoint.snapshot import (
     referenced,
     upload_snapshot,
 )
-from sessionstore.checkpoint.spec import StoreSpec
 from sessionstore.encoding.serde import PickleSerde
 from sessionstore.engine.db import process_native_memory
 from sessionstore.engine.memory import check_memory_max_mb
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import check_store_name, is_data_family
+from sessionstore.stores.spec import StoreSpec
 from sessionstore.stores.state_db import StateDB
 
 __all__ = [

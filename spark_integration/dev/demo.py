@@ -17,8 +17,9 @@ import shutil
 import time
 from collections import Counter
 
-from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint import StateStoreProvider
 from sessionstore.checkpoint.provider import recorded_partitions
+from sessionstore.stores.spec import StoreSpec
 from sessionstore.tools.cli import main as cli_main
 from sessionstore.tools.demo import click_stream
 

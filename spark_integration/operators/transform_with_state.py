@@ -42,7 +42,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessionstore.checkpoint import StoreSpec
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
     INITIAL_STATE_DIR,
@@ -60,6 +59,7 @@ from sessionstore.operators.processors import (
     extra_store_name,
     normalise_time_mode,
 )
+from sessionstore.stores.spec import StoreSpec
 from spark_integration.driver.coordinator import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema
 from spark_integration.execution.runtime import deterministic_order, state_and_inputs, task_info
