@@ -7,7 +7,7 @@ Remote, under the checkpoint URI (object storage)::
       <operator>/
         _metadata                    msgpack map: format, operator_id, num_partitions,
                                      stores (their specs), checkpoint_id (the
-                                     checkpoint's identity, see provider.py),
+                                     checkpoint's identity, see identity.py),
                                      key_types (Spark types of the key columns
                                      the operator partitions by, see
                                      repartition.py)
