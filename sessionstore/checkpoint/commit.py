@@ -31,13 +31,12 @@ import msgpack
 from sessionstore.checkpoint.changelog import encode_changelog
 from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.identity import CheckpointIdentity
+from sessionstore.checkpoint.identity import CheckpointPartition
 from sessionstore.checkpoint.layout import (
     COMMIT_KEY,
     IDENTITY_KEY,
     LAST_COMMIT_KEY,
     VERSION_KEY,
-    LocalPartition,
     changelog_name,
     commit_of,
     encode_version,
@@ -218,10 +217,8 @@ class Committer:
 
     def __init__(
         self,
+        partition: CheckpointPartition,
         operator: Storage,
-        remote: Storage,
-        local: LocalPartition,
-        identity: CheckpointIdentity,
         operator_id: str,
         partition_id: int,
         snapshot_interval: int,
@@ -229,8 +226,8 @@ class Committer:
         maintenance: Maintenance,
         observer: CommitObserver | None = None,
     ) -> None:
-        self._operator, self._remote, self._local = operator, remote, local
-        self._identity = identity
+        self._operator, self._remote = operator, partition.remote
+        self._local, self._identity = partition.local, partition.identity
         self._operator_id, self._partition_id = operator_id, partition_id
         self._snapshot_interval = snapshot_interval
         self._loader, self._maintenance = loader, maintenance

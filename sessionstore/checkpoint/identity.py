@@ -17,7 +17,7 @@ other stores or another count is refused (:class:`CheckpointMismatchError`).
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -28,6 +28,7 @@ from sessionstore.checkpoint.layout import (
     IDENTITY_KEY,
     KEY_TYPES_FIELD,
     METADATA,
+    LocalPartition,
     PartitionFiles,
     read_metadata,
     write_metadata,
@@ -44,6 +45,7 @@ __all__ = [
     "FORMAT",
     "CheckpointIdentity",
     "CheckpointMismatchError",
+    "CheckpointPartition",
     "check_partition_count",
     "recorded_partitions",
     "with_recorded_intervals",
@@ -250,3 +252,14 @@ class CheckpointIdentity:
             except FileNotFoundError:  # the checkpoint is gone: nothing here is its state
                 return False
         return record == self.record
+
+
+@dataclass(frozen=True)
+class CheckpointPartition:
+    """One partition of a checkpoint, as the provider's parts share it: its remote
+    storage and files, its local paths and the identity of its checkpoint."""
+
+    remote: Storage
+    files: PartitionFiles
+    local: LocalPartition
+    identity: CheckpointIdentity

@@ -25,12 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sessionstore.checkpoint.changelog import decode_changelog
-from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.identity import CheckpointIdentity
+from sessionstore.checkpoint.identity import CheckpointPartition
 from sessionstore.checkpoint.layout import (
     IDENTITY_KEY,
-    LocalPartition,
-    PartitionFiles,
     changelog_name,
     commit_of,
     committed_version,
@@ -84,15 +81,12 @@ class PartitionLoader:
 
     def __init__(
         self,
-        remote: Storage,
-        files: PartitionFiles,
-        local: LocalPartition,
-        identity: CheckpointIdentity,
+        partition: CheckpointPartition,
         memory_max_mb: int | None,
         progress: Callable[[str, int, int], None],
     ) -> None:
-        self._remote, self._files, self._local = remote, files, local
-        self._identity = identity
+        self._remote, self._files = partition.remote, partition.files
+        self._local, self._identity = partition.local, partition.identity
         self._memory_max_mb = memory_max_mb
         self._progress = progress
         #: the local database, while open

@@ -15,13 +15,10 @@ import shutil
 import time
 from typing import Any
 
-from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.identity import CheckpointIdentity
+from sessionstore.checkpoint.identity import CheckpointPartition
 from sessionstore.checkpoint.layout import (
     CHANGELOG_GROUP,
     FILES_DIR,
-    LocalPartition,
-    PartitionFiles,
     changelog_group,
     changelog_name,
     content_name,
@@ -47,16 +44,10 @@ class Maintenance:
     of one partition."""
 
     def __init__(
-        self,
-        remote: Storage,
-        files: PartitionFiles,
-        local: LocalPartition,
-        identity: CheckpointIdentity,
-        retain_versions: int,
-        orphan_grace_s: float,
+        self, partition: CheckpointPartition, retain_versions: int, orphan_grace_s: float
     ) -> None:
-        self._remote, self._files, self._local = remote, files, local
-        self._identity = identity
+        self._remote, self._files = partition.remote, partition.files
+        self._local, self._identity = partition.local, partition.identity
         self._retain_versions = retain_versions
         self._sweep = OrphanSweep(orphan_grace_s)
         #: manifests read, by version, with the listing's stamp of the object read:

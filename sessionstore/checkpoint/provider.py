@@ -33,6 +33,7 @@ from sessionstore.checkpoint.identity import (
     FORMAT,
     CheckpointIdentity,
     CheckpointMismatchError,
+    CheckpointPartition,
     check_partition_count,
     recorded_partitions,
 )
@@ -121,17 +122,15 @@ class StateStoreProvider:
         self.store_specs = identity.check(list(store_specs), num_partitions)
         local = LocalPartition(local_dir, operator_id, partition_id)
         self._local_db_path = local.db
+        partition = CheckpointPartition(self._remote, self._files, local, identity)
         self._loader = PartitionLoader(
-            self._remote, self._files, local, identity, memory_max_mb,
-            progress or (lambda label, done, total: None),
-        )  # fmt: skip
-        self._maintenance = Maintenance(
-            self._remote, self._files, local, identity, retain_versions, orphan_grace_s
+            partition, memory_max_mb, progress or (lambda label, done, total: None)
         )
+        self._maintenance = Maintenance(partition, retain_versions, orphan_grace_s)
         #: the commits of this partition (and their metrics)
         self.committer = Committer(
-            self._operator, self._remote, local, identity, operator_id, partition_id,
-            snapshot_interval, self._loader, self._maintenance, commit_observer,
+            partition, self._operator, operator_id, partition_id, snapshot_interval,
+            self._loader, self._maintenance, commit_observer,
         )  # fmt: skip
         self._handle: StoreHandle | None = None
 
