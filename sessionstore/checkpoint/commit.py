@@ -285,14 +285,18 @@ class Committer:
     def _snapshot(self, db: StateDB, version: int, commit: str) -> None:
         """Take the local snapshot of ``version``; maintenance uploads it."""
         os.makedirs(self._local.snapshots, exist_ok=True)
-        target = self._local.snapshot(version)
+        target, staging = self._local.snapshot(version), self._local.snapshot_staging(version)
         shutil.rmtree(target, ignore_errors=True)
-        db.checkpoint(target)  # hard links: the upload waits for maintenance
+        shutil.rmtree(staging, ignore_errors=True)
+        db.checkpoint(staging)  # hard links: the upload waits for maintenance
         # written once the snapshot is whole: whose state it is (never uploaded
         # by a provider of another checkpoint that shares this local_dir)
         write_snapshot_record(
             self._local.snapshot_record(version), SnapshotRecord(self._identity.record, commit)
         )
+        # pending only now, its record beside it: a maintenance running meanwhile
+        # (a background upload) would take a snapshot without one for a foreign one
+        os.rename(staging, target)
 
     def _adopt(self, db: StateDB, version: int, header: dict[str, Any], writes: Any) -> None:
         """Drop this attempt's writes and apply the winning attempt's commit of
