@@ -79,7 +79,7 @@ def build(remote: str, local: str) -> None:
         for j in range(2_000):
             key = f"user-{j:06d}"
             store.put(key, base + j, base + j + 10, {"count": j})
-            index.add(store._encode_key(key), base + j, base + j + 10)
+            index.add(store.encode_key(key), base + j, base + j + 10)
         h.commit()
     p.close()
 

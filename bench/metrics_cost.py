@@ -59,10 +59,10 @@ def main() -> None:
         db = h.db
         buf = db._buffer
         stats = store_stats(db, h.stores, buf)
-        metrics = p._metrics(h, 2, stats, db.get_meta(LAST_COMMIT_KEY))
+        metrics = p.committer.metrics(h, 2, stats, db.get_meta(LAST_COMMIT_KEY))
         results = {
             "_metrics (lag, memory, sums)": best_ms(
-                lambda: p._metrics(h, 2, stats, db.get_meta(LAST_COMMIT_KEY)), args.repeat
+                lambda: p.committer.metrics(h, 2, stats, db.get_meta(LAST_COMMIT_KEY)), args.repeat
             ),
             # the metrics add header packs only (the body does not change): timed on an
             # empty body, since the body's own time would drown the difference in noise

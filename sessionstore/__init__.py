@@ -10,7 +10,6 @@ from sessionstore.checkpoint import (
     CorruptSnapshotError,
     StateStoreProvider,
     StoreHandle,
-    StoreSpec,
     VersionNotFoundError,
 )
 from sessionstore.encoding.keys import decode_key, encode_key
@@ -48,6 +47,7 @@ from sessionstore.stores.records import (
     VersionedRecord,
 )
 from sessionstore.stores.session import SessionStore
+from sessionstore.stores.spec import StoreSpec
 from sessionstore.stores.state_db import StateDB
 from sessionstore.stores.versioned import VersionedStore
 

@@ -8,7 +8,7 @@ from sessionstore.checkpoint.provider import (
     VersionNotFoundError,
 )
 from sessionstore.checkpoint.snapshot import CorruptSnapshotError
-from sessionstore.checkpoint.spec import StoreSpec
+from sessionstore.stores.spec import StoreSpec
 
 __all__ = [
     "StateStoreProvider",

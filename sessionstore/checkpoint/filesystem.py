@@ -266,22 +266,30 @@ class Storage:
         """Write ``data`` so that readers see the old file or the whole new one."""
         self._call("write", rel, lambda: self._write(rel, lambda out: out.write(data)))
 
-    def _write(self, rel: str, fill: Callable[[Any], Any]) -> None:
-        """Create ``rel`` atomically with what ``fill(stream)`` writes."""
+    def _write(
+        self,
+        rel: str,
+        fill: Callable[[Any], Any],
+        publish: Callable[[str, str], None] = os.replace,
+    ) -> None:
+        """Create ``rel`` atomically with what ``fill(stream)`` writes.
+
+        On a local filesystem the bytes go to a temporary file beside the target,
+        which ``publish(tmp, target)`` makes visible at once (``os.replace``, or
+        ``os.link``, which refuses an existing name); the temporary file is gone
+        afterwards whether writing or publishing failed or not."""
         target = self.path(rel)
         parent = target.rsplit("/", 1)[0]
         if self._local:
-            # write then rename: rename is atomic on a local filesystem
             self.fs.create_dir(parent, recursive=True)
             tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
             try:
                 with self.fs.open_output_stream(tmp) as out:
                     fill(out)
-                os.replace(tmp, target)
-            except BaseException:
-                with suppress(OSError):
+                publish(tmp, target)
+            finally:
+                with suppress(OSError):  # gone already if a replace consumed it
                     os.unlink(tmp)
-                raise
         else:
             # No rename on object stores (on GCS and S3 it is a copy and a
             # delete, so not atomic): a single-object PUT is. S3 and GCS show
@@ -304,19 +312,11 @@ class Storage:
         :attr:`exclusive_create` holds."""
         if not self._local:
             raise NotImplementedError(f"{self.uri} offers no exclusive create")
-        target = self.path(rel)
-        parent = target.rsplit("/", 1)[0]
-        tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
         with self._naming("write", rel):
-            self.fs.create_dir(parent, recursive=True)
-            with self.fs.open_output_stream(tmp) as out:
-                out.write(data)
             try:
-                os.link(tmp, target)  # atomic, and fails if the name exists
+                self._write(rel, lambda out: out.write(data), publish=os.link)
             except FileExistsError:
                 return False
-            finally:
-                os.unlink(tmp)
         return True
 
     def upload_file(self, local_path: str, rel: str) -> None:

@@ -7,7 +7,7 @@ Remote, under the checkpoint URI (object storage)::
       <operator>/
         _metadata                    msgpack map: format, operator_id, num_partitions,
                                      stores (their specs), checkpoint_id (the
-                                     checkpoint's identity, see provider.py),
+                                     checkpoint's identity, see identity.py),
                                      key_types (Spark types of the key columns
                                      the operator partitions by, see
                                      repartition.py)
@@ -49,7 +49,9 @@ Local, under an executor's ``local_dir`` (one partition's working copy)::
           owner                      pid of the process holding db (store_service.py)
           maintenance.lock           flock: one snapshot upload/prune at a time
           snapshots/<N>/             RocksDB checkpoint of version N (hard links), until
-                                     uploaded; RocksDB builds it as snapshots/<N>.tmp
+                                     uploaded; built as snapshots/.<N>.staging (RocksDB
+                                     via .<N>.staging.tmp), renamed once its record
+                                     below is written
           snapshots/<N>.lineage      msgpack: the checkpoint identity and commit id
                                      whose state snapshots/<N> holds (lineage.py),
                                      written once it is whole; without it, or of
@@ -426,6 +428,12 @@ class LocalPartition:
     def snapshot(self, version: int) -> str:
         """Where the local checkpoint of ``version`` waits for its upload."""
         return os.path.join(self.snapshots, str(version))
+
+    def snapshot_staging(self, version: int) -> str:
+        """Where the local checkpoint of ``version`` is built and given its record,
+        before it is renamed to :meth:`snapshot`: a name maintenance never lists, so
+        it never meets a pending snapshot without its record."""
+        return os.path.join(self.snapshots, f".{version}.staging")
 
     def snapshot_record(self, version: int) -> str:
         """The lineage record beside the pending snapshot of ``version``."""

@@ -31,7 +31,7 @@ Header metrics (format 1), per task:
   failed transiently and were tried again (sessionstore/checkpoint/retry.py) since
   its previous commit in this process, maintenance included;
 * ``repaired``: restores since the previous commit that went around an unusable
-  snapshot (an older snapshot or version 0 plus the changelogs; provider.py);
+  snapshot (an older snapshot or version 0 plus the changelogs; load.py);
   absent in changelogs written before it (read as unknown);
 * ``previous``: ``{version, prepare_ms, upload_ms, apply_ms}`` of the commit before.
 """

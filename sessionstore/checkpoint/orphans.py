@@ -12,7 +12,7 @@ nothing orders two maintenances of one partition. The rule:
   its clock;
 * an uploader skips a file only when a listed manifest uses it, never merely
   because ``files/`` lists it: an unreferenced file is uploaded again, which
-  renews its stamp (see provider.py).
+  renews its stamp (see maintenance.py).
 
 So a manifest written more than ``grace_s`` after its uploader renewed the files
 it uses is the only way to lose one: ``grace_s`` must exceed the longest

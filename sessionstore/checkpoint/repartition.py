@@ -62,7 +62,6 @@ from sessionstore.checkpoint.layout import (
 )
 from sessionstore.checkpoint.provider import FORMAT, StateStoreProvider
 from sessionstore.checkpoint.snapshot import upload_snapshot
-from sessionstore.checkpoint.spec import StoreSpec, refuse_pickle
 from sessionstore.encoding.ints import INT64
 from sessionstore.encoding.keys import decode_key
 from sessionstore.encoding.spark_hash import check_key_types, partition_ids
@@ -70,6 +69,7 @@ from sessionstore.engine.db import META_CF
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import DEFAULT_KEY_SERDE, aux_key, stream_time_key
 from sessionstore.stores.registry import row_key_of
+from sessionstore.stores.spec import StoreSpec, refuse_pickle
 from sessionstore.stores.state_db import StateDB
 
 __all__ = [
@@ -156,7 +156,7 @@ def plan_repartition(
     for checkpoints that do not record them (written before they were recorded);
     given for one that does, they must agree. ``target_storage_options`` default to
     ``storage_options``. A source with a pickled store is refused unless
-    ``allow_pickle`` (:func:`~sessionstore.checkpoint.spec.refuse_pickle`).
+    ``allow_pickle`` (:func:`~sessionstore.stores.spec.refuse_pickle`).
     """
     if type(partitions) is not int or partitions < 1:
         raise RepartitionError(f"the partition count must be a positive int, got {partitions!r}")

@@ -26,8 +26,8 @@ from sessionstore.checkpoint.layout import (
 )
 from sessionstore.checkpoint.provider import StateStoreProvider
 from sessionstore.checkpoint.snapshot import download_snapshot
-from sessionstore.checkpoint.spec import StoreSpec, refuse_pickle
 from sessionstore.errors import SessionStoreError
+from sessionstore.stores.spec import StoreSpec, refuse_pickle
 
 __all__ = ["Verification", "verify_checkpoint", "verify_partition"]
 
@@ -57,7 +57,7 @@ def verify_checkpoint(
     """Check every partition of ``operator_ids`` (default: every operator) of the
     checkpoint at ``checkpoint_uri``. An operator with a pickled store is refused
     before anything is read unless ``allow_pickle``
-    (:func:`~sessionstore.checkpoint.spec.refuse_pickle`): the replay opens its stores."""
+    (:func:`~sessionstore.stores.spec.refuse_pickle`): the replay opens its stores."""
     root = open_filesystem(checkpoint_uri, storage_options)
     result = Verification(operators(root) if operator_ids is None else list(operator_ids))
     for operator in result.operators:

@@ -70,7 +70,7 @@ class TemporalJoin:
             return None
         ts = check_timestamp("timestamp", timestamp)
         table = self.table
-        if ts < table._grace_floor():  # the store's history rule
+        if ts < table.grace_floor():  # the store's history rule
             self.dropped_records += 1
             return None
         return self._joined(key, value, ts, table.get(key, ts))
@@ -82,7 +82,7 @@ class TemporalJoin:
         the same results in the same order, but the store is read once per key (all
         the key's versions in the batch's time span) instead of once per record."""
         table = self.table
-        floor = table._grace_floor()
+        floor = table.grace_floor()
         out: list[JoinedRecord | None] = [None] * len(keys)
         groups: dict[bytes, list[tuple[int, int]]] = {}
         for i, (key, timestamp) in enumerate(zip(keys, timestamps, strict=True)):
@@ -93,7 +93,7 @@ class TemporalJoin:
             if ts < floor:
                 self.dropped_records += 1
                 continue
-            groups.setdefault(table._encode_key(key), []).append((i, ts))
+            groups.setdefault(table.encode_key(key), []).append((i, ts))
         for rows in groups.values():
             key = keys[rows[0][0]]
             if len(rows) == 1:
@@ -130,7 +130,7 @@ class TemporalJoin:
     ) -> list[JoinedRecord]:
         """Process interleaved table and stream records in arrival order, atomically."""
         out: list[JoinedRecord] = []
-        with self.table._db.batch():
+        with self.table.batch():
             for side, key, ts, value in zip(sides, keys, timestamps, values, strict=True):
                 if side == TABLE:
                     if key is None or ts is None:

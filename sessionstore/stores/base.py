@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
     from sessionstore.engine.db import Database
 
 __all__ = [
-    "DBStoreMixin",
+    "Store",
+    "DBStore",
+    "SegmentedDBStore",
     "DEFAULT_KEY_SERDE",
     "DEFAULT_VALUE_SERDE",
     "TimedStore",
@@ -153,17 +156,40 @@ def record_store_spec(
     return effective
 
 
-# ------------------------------------------------------------------ stream time
-class TimedStore:
-    """Serdes, observed stream time and segment expiry of a store with retention
-    (the session-layout stores, in RocksDB or in memory, and the versioned store).
+# ---------------------------------------------------------------- the parts
+class Store:
+    """What every store kind has: a name, serdes and the key codec.
 
-    Subclasses give :meth:`_live_from` (the oldest time still live at a stream
-    time) and :meth:`_expire`; the RocksDB stores persist the time through
-    :meth:`_stream_time_changed`.
+    :attr:`encode_key` and :attr:`decode_key` are the codec's own functions
+    (:func:`~sessionstore.encoding.serde.key_codec`) bound as attributes, so an
+    operator that caches them in a local pays no extra call per key.
     """
 
     name: str
+    key_serde: Any
+    value_serde: Any
+    #: ``encode_key(key) -> bytes``: the order-preserving bytes of a user key, the
+    #: prefix of every row of that key (what operators group, sort and look up by).
+    encode_key: Callable[[Any], bytes]
+    #: ``decode_key(raw) -> key``: the inverse of :attr:`encode_key`.
+    decode_key: Callable[[bytes], Any]
+
+    def _init_store(self, name: str, key_serde: Any, value_serde: Any) -> None:
+        self.name = name
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.encode_key, self.decode_key = key_codec(key_serde)
+
+
+class TimedStore(Store):
+    """Observed stream time, retention and segment expiry of a store with retention
+    (the session-layout stores, in RocksDB or in memory, and the versioned store).
+
+    Subclasses give :meth:`spec`, :meth:`_set_retention`, :meth:`_live_from` (the
+    oldest time still live at a stream time) and :meth:`_expire`; the RocksDB stores
+    persist the time through :meth:`_stream_time_changed`.
+    """
+
     segment_interval_ms: int
 
     def _init_timed(
@@ -174,13 +200,13 @@ class TimedStore:
         key_serde: Any,
         value_serde: Any,
     ) -> None:
-        self.name = name
+        self._set_retention(retention_ms)  # validates
+        self._init_store(
+            name, key_serde, value_serde if value_serde is not None else MsgpackSerde()
+        )
         if segment_interval_ms is None:
             segment_interval_ms = default_segment_interval(retention_ms)
         self.segment_interval_ms = segment_interval_ms
-        self.key_serde = key_serde
-        self.value_serde = value_serde if value_serde is not None else MsgpackSerde()
-        self._encode_key, self._decode_key = key_codec(key_serde)
         self._dumps = self.value_serde.dumps
         self._loads = self.value_serde.loads
         self._stream_time: int | None = None
@@ -188,6 +214,14 @@ class TimedStore:
         self._first_live_segment = TS_MIN  # expiry has run up to this segment
         #: Writes dropped because they were already outside retention (grace).
         self.dropped_records = 0
+
+    def spec(self) -> dict[str, Any]:
+        """The recorded description of this store (:func:`describe_store`)."""
+        raise NotImplementedError
+
+    def _set_retention(self, retention_ms: int) -> None:
+        """Check and set the retention (the kind names its field)."""
+        raise NotImplementedError
 
     @property
     def observed_stream_time(self) -> int | None:
@@ -229,11 +263,17 @@ class TimedStore:
             self._expire(min_live)
 
 
-class AuxMixin:
-    """Operator metadata a store keeps next to its rows, in the ``meta`` family."""
+class DBStore(Store):
+    """A store inside a :class:`~sessionstore.engine.db.Database`: its write scope
+    (:meth:`batch`) and the operator metadata it keeps next to its rows."""
 
-    name: str
     _db: Database
+
+    def batch(self) -> AbstractContextManager[Any]:
+        """One atomic write scope on the store's database: the writes made inside
+        (to any store of that database) commit together when the outermost scope
+        exits and are all discarded if it raises. Re-entrant."""
+        return self._db.batch()
 
     def read_aux(self, name: str) -> bytes | None:
         """Operator metadata saved with :meth:`write_aux`, or None."""
@@ -244,20 +284,15 @@ class AuxMixin:
         self._db.put_meta(aux_key(self.name, name), value)
 
 
-class DBStoreMixin(AuxMixin):
-    """Spec, segments and persisted stream time of a store inside a database.
+class SegmentedDBStore(DBStore, TimedStore):
+    """A store with retention inside a database: its recorded spec, its segments
+    as column families and its persisted stream time.
 
     It is a :class:`~sessionstore.engine.db.Participant` of the batches that move
     its stream time, and :meth:`reload` re-reads what it caches.
     """
 
-    name: str
-    _stream_time: int | None
-    _db: Database
     _segments: Segments
-
-    # The store class provides spec() -> dict and _set_retention(ms); they are not
-    # declared here because this mixin comes first in the method resolution order.
 
     def _attach(self, db: Database, requested_interval: int | None) -> None:
         """Record (or check) the spec, then load segments and stream time."""
@@ -317,7 +352,7 @@ class DBStoreMixin(AuxMixin):
 
 
 # ----------------------------------------------------------- no retention
-class UntimedStore(AuxMixin):
+class UntimedStore(DBStore):
     """A store without retention or segments (key-value, processor): rows keyed by
     the encoded key first in ``<store>.kv``, and the other column families its kind
     names in :attr:`families`.
@@ -355,10 +390,11 @@ class UntimedStore(AuxMixin):
         value_serde: Any = None,
     ) -> None:
         self._db = db
-        self.name = name
-        self.key_serde = None if self.codec_keys_only else key_serde
-        self.value_serde = value_serde if value_serde is not None else self.default_value_serde()
-        self._encode_key, self._decode_key = key_codec(self.key_serde)
+        self._init_store(
+            name,
+            None if self.codec_keys_only else key_serde,
+            value_serde if value_serde is not None else self.default_value_serde(),
+        )
         self._families = [f"{name}.{suffix}" for suffix in self.families]
         self._cf = self._families[0]
         with db.batch():
@@ -379,7 +415,7 @@ class UntimedStore(AuxMixin):
     def _scan(self, key_from: Any, key_to: Any) -> Iterator[tuple[bytes, bytes]]:
         """Raw ``(row key, value)`` rows of ``<store>.kv`` whose key is in
         ``[key_from, key_to]`` (None is open), in key order, streamed."""
-        bounds = key_range(self._encode_key, key_from, key_to)
+        bounds = key_range(self.encode_key, key_from, key_to)
         return iter(()) if bounds is None else self._db.scan(self._cf, *bounds)
 
     def read_rows(

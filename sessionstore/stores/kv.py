@@ -34,12 +34,12 @@ class KeyValueStore(UntimedStore):
 
     def get(self, key: Any) -> Any:
         """The value of ``key``, or None."""
-        raw = self._db.get(self._cf, self._encode_key(key))
+        raw = self._db.get(self._cf, self.encode_key(key))
         return None if raw is None else self.value_serde.loads(raw)
 
     def put(self, key: Any, value: Any) -> None:
         """Set ``key`` to ``value``; None deletes."""
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         self._db.put(self._cf, kb, None if value is None else self.value_serde.dumps(value))
 
     def delete(self, key: Any) -> None:
@@ -48,10 +48,10 @@ class KeyValueStore(UntimedStore):
     def items(self, key_from: Any = None, key_to: Any = None) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, value)`` with ``key_from <= key <= key_to`` (None is open),
         in key order, streamed."""
-        loads, decode = self.value_serde.loads, self._decode_key
+        loads, decode = self.value_serde.loads, self.decode_key
         for kb, raw in self._scan(key_from, key_to):
             yield decode(kb), loads(raw)
 
     def _row(self, raw: bytes, value: bytes) -> dict[str, Any]:
         # rows as the reader shows them: {key, value}
-        return {"key": self._decode_key(raw), "value": self.value_serde.loads(value)}
+        return {"key": self.decode_key(raw), "value": self.value_serde.loads(value)}

@@ -32,7 +32,7 @@ class MessageStore(SessionStore):
 
     def put(self, key: Any, start: int, end: int, value: Any) -> None:
         """Store a message with offset ``start`` and timestamp ``end``; None deletes."""
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         start, end = self._window(start, end)
         self._put_checked(kb, start, end, value)
 

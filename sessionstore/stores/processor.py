@@ -236,10 +236,6 @@ class ProcessorStore(UntimedStore):
         """The TTL index, ``<store>.ttl``."""
         return self._families[2]
 
-    def encode_key(self, key: Any) -> bytes:
-        """The ordered encoding of a grouping key (the prefix of all its rows)."""
-        return self._encode_key(key)
-
     # ------------------------------------------------------------------ variables
     def load(self, key_bytes: bytes, variables: list[bytes]) -> list[Any]:
         """The payloads of ``variables`` (encoded names) of one key: one multi-get."""

@@ -3,7 +3,7 @@
 A store class names its kind in its ``kind`` attribute, which is its key here. The
 registry is what every kind-dependent place asks: the openers of
 :class:`~sessionstore.stores.state_db.StateDB`, the checkpoint's
-:class:`~sessionstore.checkpoint.spec.StoreSpec` (valid kinds, opening a store from
+:class:`~sessionstore.stores.spec.StoreSpec` (valid kinds, opening a store from
 its spec) and the reader (which filters a kind's rows take).
 
 Every store class takes the same constructor arguments::

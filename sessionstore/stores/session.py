@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from sessionstore.encoding.keys import (
@@ -31,7 +31,7 @@ from sessionstore.encoding.keys import (
     prefix_upper_bound,
 )
 from sessionstore.encoding.session_key import TIME_SIGN, TIMES, session_key, times_of
-from sessionstore.stores.base import DBStoreMixin, TimedStore, describe_store
+from sessionstore.stores.base import SegmentedDBStore, TimedStore, describe_store
 from sessionstore.stores.records import SessionWindow
 
 if TYPE_CHECKING:
@@ -68,7 +68,6 @@ class SessionStoreBase(TimedStore):
         key_serde: Any,
         value_serde: Any,
     ) -> None:
-        self.retention_ms = _check_retention("retention_ms", retention_ms)
         self._init_timed(name, retention_ms, segment_interval_ms, key_serde, value_serde)
         self._aux: dict[str, bytes] = {}
         self._end_index = None
@@ -131,7 +130,7 @@ class SessionStoreBase(TimedStore):
 
     def put(self, key: Any, start: int, end: int, value: Any) -> None:
         """Store ``value`` for the session ``[start, end]`` of ``key``; None deletes."""
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         if not (type(start) is int and type(end) is int and TS_MIN <= start <= end <= TS_MAX):
             start, end = self._window(start, end)
         return self._put_checked(kb, start, end, value)
@@ -161,22 +160,22 @@ class SessionStoreBase(TimedStore):
     def put_many(self, rows: Iterable[tuple[Any, int, int, Any]]) -> None:
         """``put`` each ``(key, start, end, value)`` in order, as one atomic batch."""
         put = self.put
-        with self._batch():
+        with self.batch():
             for key, start, end, value in rows:
                 put(key, start, end, value)
 
-    def _batch(self):
-        """Context manager grouping writes atomically (a no-op in memory)."""
+    def batch(self) -> AbstractContextManager[Any]:
+        """Group writes into one atomic unit (the database's batch in RocksDB, a
+        no-op in memory)."""
         return nullcontext()
+
+    def _set_retention(self, retention_ms: int) -> None:
+        self.retention_ms = _check_retention("retention_ms", retention_ms)
 
     def set_min_retention(self, retention_ms: int) -> None:
         """Raise retention to at least ``retention_ms``."""
         if retention_ms > self.retention_ms:
-            self.retention_ms = _check_retention("retention_ms", retention_ms)
-
-    def batch(self):
-        """Group writes into one atomic unit (the StateDB's batch; a no-op in memory)."""
-        return self._batch()
+            self._set_retention(retention_ms)
 
     # Operators keep a little state of their own next to the store (stream time,
     # emitted close time); it is written atomically with the store's rows.
@@ -202,7 +201,7 @@ class SessionStoreBase(TimedStore):
     # ---------------------------------------------------------------------- reads
     def fetch_session(self, key: Any, start: int, end: int) -> Any:
         """Value of exactly the session ``[start, end]`` of ``key``, or None."""
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         start, end = self._window(start, end)
         if end < self.min_visible_end():
             return None
@@ -224,7 +223,7 @@ class SessionStoreBase(TimedStore):
         self, key: Any, earliest_end: int, latest_start: int, backward: bool = False
     ) -> Iterator[tuple[SessionWindow, Any]]:
         """Sessions of ``key`` with ``end >= earliest_end`` and ``start <= latest_start``."""
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         if not (type(earliest_end) is int and type(latest_start) is int):
             earliest_end = check_timestamp("earliest_end", earliest_end)
             latest_start = check_timestamp("latest_start", latest_start)
@@ -253,7 +252,7 @@ class SessionStoreBase(TimedStore):
         """Like :meth:`find_sessions` for keys in ``[key_from, key_to]``; None is open."""
         earliest_end = check_timestamp("earliest_end", earliest_end)
         latest_start = check_timestamp("latest_start", latest_start)
-        bounds = key_range(self._encode_key, key_from, key_to)
+        bounds = key_range(self.encode_key, key_from, key_to)
         if bounds is None:
             return iter(())
         lo, hi = bounds
@@ -262,7 +261,7 @@ class SessionStoreBase(TimedStore):
         return self._range_results(rows)
 
     def _range_results(self, rows: Iterable[Row]):
-        loads, decode = self._loads, self._decode_key
+        loads, decode = self._loads, self.decode_key
         last_kb, last_key = None, None
         for kb, start, end, vb in rows:
             if kb != last_kb:
@@ -318,7 +317,7 @@ class SessionStoreBase(TimedStore):
         )
 
 
-class SessionStore(DBStoreMixin, SessionStoreBase):
+class SessionStore(SegmentedDBStore, SessionStoreBase):
     """Session store in a :class:`~sessionstore.stores.state_db.StateDB`; segments are
     column families.
 
@@ -338,9 +337,6 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         self._attach(db, segment_interval_ms)
         if self._stream_time is not None:
             self._segments.expire_below(self.min_visible_end())
-
-    def _set_retention(self, retention_ms: int) -> None:
-        self.retention_ms = _check_retention("retention_ms", retention_ms)
 
     @classmethod
     def row_key(cls, family: str, raw: bytes) -> bytes:
@@ -363,9 +359,6 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         # Outside a batch db.put commits at once, stream time included.
         self._db.put(cf, session_key(kb, start, end), value)
 
-    def _batch(self):
-        return self._db.batch()
-
     def end_index(self):
         from sessionstore.stores.end_index import RocksDBEndIndex
 
@@ -384,7 +377,7 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         Same rules as :meth:`put` (the property tests hold them equal), with the
         per-row work inlined: this is the path micro-batch operators use.
         """
-        encode, dumps, pack = self._encode_key, self._dumps, TIMES.pack
+        encode, dumps, pack = self.encode_key, self._dumps, TIMES.pack
         cached_key = getattr(encode, "cache", {}).get  # encoded str keys, if cached
         names, interval, db = self._segments.names, self.segment_interval_ms, self._db
         retention, sign = self.retention_ms, TIME_SIGN
@@ -463,12 +456,12 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         lo = session_key(kb, TS_MIN, min_end)
         hi = prefix_upper_bound(kb)
         scan_list, loads = self._db.scan_list, self._loads
-        unpack, sign = TIMES.unpack_from, TIME_SIGN
+        unpack, sign, times_len = TIMES.unpack_from, TIME_SIGN, TIMES.size
         new, window = tuple.__new__, SessionWindow
         out: list[tuple[SessionWindow, Any]] = []
         for cf in segments.live_names_from(segments.segment_id(min_end), backward):
             for raw, vb in scan_list(cf, lo, hi, backward):
-                end, start = unpack(raw, len(raw) - 16)
+                end, start = unpack(raw, len(raw) - times_len)
                 start -= sign
                 if start <= latest_start:
                     out.append((new(window, (key, start, end - sign)), loads(vb)))
@@ -495,7 +488,7 @@ class SessionStore(DBStoreMixin, SessionStoreBase):
         for raw, vb in self._db.scan(cf, lo, hi, backward):
             start, end = times_of(raw)
             if end >= min_end and start <= latest_start:
-                yield raw[:-16], start, end, vb
+                yield raw[: -TIMES.size], start, end, vb
 
 
 def _row_sort_key(row: Row) -> tuple[bytes, int, int]:

@@ -13,7 +13,7 @@ Rules (see README "Versioned stores"):
 * History retention doubles as the grace period: a put or delete with
   ``timestamp < stream_time - history_retention_ms`` is rejected and counted.
 * ``get(key, as_of)`` is inclusive. When ``as_of < stream_time - history_retention_ms``
-  only the latest version may answer (``_grace_floor``). ``get_versions(key, a, b)``
+  only the latest version may answer (``grace_floor``). ``get_versions(key, a, b)``
   returns exactly the distinct versions ``get(key, t)`` returns for ``t`` in ``[a, b]``.
 * :meth:`VersionedStore.stream_time_held` judges the writes and reads of a block
   against the stream time at its start, and moves it to the latest write at its
@@ -49,7 +49,7 @@ from sessionstore.encoding.versioned_row import (
     lookup,
     push_newest,
 )
-from sessionstore.stores.base import DBStoreMixin, TimedStore, describe_store
+from sessionstore.stores.base import SegmentedDBStore, describe_store
 from sessionstore.stores.records import PUT_REJECTED, VALID_TO_UNDEFINED, VersionedRecord
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _check_history(value: Any) -> int:
     return value
 
 
-class VersionedStore(DBStoreMixin, TimedStore):
+class VersionedStore(SegmentedDBStore):
     """Versioned store in a :class:`~sessionstore.stores.state_db.StateDB`.
 
     Create it with ``db.versioned_store(name, history_retention_ms, ...)``.
@@ -89,7 +89,6 @@ class VersionedStore(DBStoreMixin, TimedStore):
         key_serde: Any = None,
         value_serde: Any = None,
     ) -> None:
-        self.history_retention_ms = _check_history(history_retention_ms)
         self._init_timed(name, history_retention_ms, segment_interval_ms, key_serde, value_serde)
         self._attach(db, segment_interval_ms)
         self._latest = f"{name}.latest"
@@ -118,7 +117,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
     def _set_retention(self, retention_ms: int) -> None:
         self.history_retention_ms = _check_history(retention_ms)
 
-    def _grace_floor(self) -> int:
+    def grace_floor(self) -> int:
         """Oldest timestamp still accepted, and oldest ``as_of`` history can answer
         (older ones see only the latest version). The one rule ``get``,
         ``get_versions`` and the temporal join's drops share."""
@@ -127,7 +126,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
 
     def _min_live(self) -> int:
         # A history version with valid_to <= floor can never answer a valid query.
-        return self._grace_floor() + 1
+        return self.grace_floor() + 1
 
     def _live_from(self, stream_time: int) -> int:
         return max(TS_MIN, stream_time - self.history_retention_ms) + 1
@@ -165,9 +164,9 @@ class VersionedStore(DBStoreMixin, TimedStore):
         ``VALID_TO_UNDEFINED`` (-1) if it is the newest version, or ``PUT_REJECTED``
         if it is older than the grace period.
         """
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         ts = check_timestamp("timestamp", timestamp)
-        if ts < self._grace_floor():
+        if ts < self.grace_floor():
             self.dropped_records += 1
             return PUT_REJECTED
         vb = None if value is None else self._dumps(value)
@@ -183,9 +182,9 @@ class VersionedStore(DBStoreMixin, TimedStore):
 
     def delete(self, key: Any, timestamp: int) -> VersionedRecord | None:
         """Put a tombstone at ``timestamp``; return the version valid just before it."""
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         ts = check_timestamp("timestamp", timestamp)
-        if ts < self._grace_floor():
+        if ts < self.grace_floor():
             self.dropped_records += 1
             return None
         with self._db.batch():
@@ -294,7 +293,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
         # One function, its helpers inlined (but the retention rule, off the latest
         # path): this is the temporal join's lookup.
         # tuple.__new__ skips VersionedRecord's Python-level __new__.
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         if as_of is not None and (type(as_of) is not int or not TS_MIN <= as_of <= TS_MAX):
             as_of = check_timestamp("as_of", as_of)
         raw = self._db.get(self._latest, kb)
@@ -305,7 +304,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
                 return tuple.__new__(VersionedRecord, (value, ts, None))
         if as_of is None:
             return None
-        if as_of < self._grace_floor():
+        if as_of < self.grace_floor():
             return None  # outside history retention only the latest may answer
         get = self._db.get
         for cf in self._segments.live_names_from(as_of // self.segment_interval_ms):
@@ -334,7 +333,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
         than ``stream_time - history_retention_ms`` (the latest always may).
         Newest first unless ``ascending``.
         """
-        kb = self._encode_key(key)
+        kb = self.encode_key(key)
         lo = TS_MIN if from_ts is None else check_timestamp("from_ts", from_ts)
         hi = TS_MAX if to_ts is None else check_timestamp("to_ts", to_ts)
         out: list[VersionedRecord] = []
@@ -342,7 +341,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
             return out
         loads = self._loads
         # the part of the range history may answer, by get's rule
-        history_lo = max(lo, self._grace_floor())
+        history_lo = max(lo, self.grace_floor())
         get = self._db.get
         segments = self._segments
         names = (
@@ -369,7 +368,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
     def iter_keys(self, key_from: Any = None, key_to: Any = None) -> Iterator[Any]:
         """Keys in ``[key_from, key_to]`` (None is open) with a latest version or a
         history row, in key order. Streams: one merged pass over the families."""
-        bounds = key_range(self._encode_key, key_from, key_to)
+        bounds = key_range(self.encode_key, key_from, key_to)
         if bounds is None:
             return
         families = [self._latest] + [self._segments.name(s) for s in self._segments.ids()]
@@ -378,7 +377,7 @@ class VersionedStore(DBStoreMixin, TimedStore):
         for kb in heapq.merge(*scans):
             if kb != last:
                 last = kb
-                yield self._decode_key(kb)
+                yield self.decode_key(kb)
 
     def read_rows(
         self,

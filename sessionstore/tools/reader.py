@@ -44,11 +44,11 @@ from sessionstore.checkpoint.layout import (
 )
 from sessionstore.checkpoint.metrics import summarize_batch, task_records
 from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
-from sessionstore.checkpoint.spec import StoreSpec, refuse_pickle
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.operators.aggregations import recorded_output
 from sessionstore.stores.registry import kinds_with, store_class
+from sessionstore.stores.spec import StoreSpec, refuse_pickle
 from sessionstore.stores.state_db import StateDB
 
 #: How a CLI user opts in to reading pickled stores (the data source names its own).

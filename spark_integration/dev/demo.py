@@ -18,8 +18,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint import StateStoreProvider
 from sessionstore.checkpoint.provider import recorded_partitions
+from sessionstore.stores.spec import StoreSpec
 from sessionstore.tools.cli import main as cli_main
 from sessionstore.tools.demo import click_stream
 

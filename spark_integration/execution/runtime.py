@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessionstore.checkpoint import StateStoreProvider, StoreHandle, StoreSpec
+from sessionstore.checkpoint import StateStoreProvider, StoreHandle
 from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.metrics import millis
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.stores.segments import operator_segment_interval
+from sessionstore.stores.spec import StoreSpec
 from spark_integration.driver.coordinator import CoordinatorAddress, commit_arbiter, report
 from spark_integration.driver.coordinator import shared_event_time as event_time_after
 from spark_integration.planning.backend import StateBackend

@@ -25,9 +25,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
+from sessionstore.stores.spec import StoreSpec
 from spark_integration.driver.coordinator import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.runtime import (

@@ -14,8 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators import TimeWindows, WindowAggregator
+from sessionstore.stores.spec import StoreSpec
 from spark_integration.execution.runtime import AggregatorTask
 from spark_integration.planning.aggregate_operator import aggregate_input
 from spark_integration.planning.backend import StateBackend

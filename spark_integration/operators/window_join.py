@@ -17,9 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.checkpoint import StoreSpec
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
+from sessionstore.stores.spec import StoreSpec
 from spark_integration.driver.coordinator import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.runtime import (

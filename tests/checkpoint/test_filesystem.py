@@ -143,3 +143,33 @@ def test_deleting_what_is_gone_is_no_error_but_other_failures_raise(
     else:
         with pytest.raises(OSError):
             getattr(storage, method)("x")
+
+
+def _leftovers(root):
+    return sorted(p.name for p in root.rglob("*") if p.name.endswith(".tmp"))
+
+
+def test_a_failed_exclusive_publish_leaves_no_temporary_file(tmp_path, monkeypatch):
+    storage = open_filesystem(str(tmp_path))
+    assert storage.write_exclusive("d/claim", b"mine") is True
+    assert storage.write_exclusive("d/claim", b"theirs") is False  # refused, kept
+    assert (tmp_path / "d" / "claim").read_bytes() == b"mine"
+
+    def no_link(src, dst):
+        raise PermissionError(13, "link refused", dst)
+
+    monkeypatch.setattr("os.link", no_link)
+    with pytest.raises(PermissionError, match="cannot write .*d/other.*link refused"):
+        storage.write_exclusive("d/other", b"x")
+    assert not (tmp_path / "d" / "other").exists()
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive", "atomic"])
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, exclusive):
+    storage = open_filesystem(str(tmp_path))
+    write = storage.write_exclusive if exclusive else storage.write_atomic
+    with pytest.raises(TypeError):
+        write("d/f", object())  # the stream refuses it after the temporary file exists
+    assert not (tmp_path / "d" / "f").exists()
+    assert _leftovers(tmp_path) == []

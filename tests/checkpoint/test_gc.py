@@ -172,3 +172,28 @@ def hand_off(tmp_path, seed):
         assert contents(fresh, version) == model[version], version
         assert fresh.repairs == []
         fresh.close()
+
+
+def test_a_maintenance_while_a_snapshot_is_taken_leaves_it_for_the_next(tmp_path, monkeypatch):
+    """A background maintenance can run while the task's commit takes a snapshot.
+    Between the RocksDB checkpoint and its lineage record it must not see the
+    snapshot (it would drop it as another checkpoint's); the next one uploads it."""
+    from sessionstore.checkpoint import commit as committing
+
+    p = provider(f"file://{tmp_path}/remote", tmp_path / "local", snapshot_interval=2)
+    real, during = committing.write_snapshot_record, []
+
+    def racing(path, record):
+        during.append(p.do_maintenance())  # the background thread's turn
+        real(path, record)
+
+    monkeypatch.setattr(committing, "write_snapshot_record", racing)
+    commit(p, 0, {"a": 1})
+    commit(p, 1, {"b": 2})
+    assert [(r["snapshots"], r["foreign"]) for r in during] == [([], [])]
+    report = p.do_maintenance()
+    assert (report["snapshots"], report["foreign"]) == ([2], [])
+    assert PartitionFiles(
+        open_filesystem(f"file://{tmp_path}/remote").child("op/0")
+    ).snapshots() == {2}
+    p.close()

@@ -13,7 +13,7 @@ import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.filesystem import StorageOptionError, open_filesystem
-from sessionstore.checkpoint.retry import RetryPolicy, is_transient
+from sessionstore.checkpoint.retry import RetryCounter, RetryPolicy, is_transient
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,
@@ -34,6 +34,7 @@ def failing(errors):
             raise errors[len(calls) - 1]
         return len(calls)
 
+    fn.calls = calls
     return fn
 
 
@@ -51,9 +52,13 @@ def test_transient_errors_are_retried_and_permanent_ones_are_not():
         OSError("AWS Error NO_SUCH_BUCKET during PutObject: The bucket does not exist"),
         OSError("Could not connect to the metadata server to fetch credentials"),
     ):
-        fn = failing([permanent])
-        with pytest.raises(type(permanent)):
-            policy.call(fn)
+        fn = failing([permanent] * 3)  # a retry would meet it again
+        counter = RetryCounter()
+        with pytest.raises(type(permanent)) as err:
+            policy.call(fn, counter)
+        # raised at once, as it was: one attempt, no retry counted, nothing added
+        assert (len(fn.calls), counter.retries) == (1, 0)
+        assert err.value is permanent and str(err.value) == str(permanent)
         assert not is_transient(permanent)
     assert is_transient(OSError("curlCode: 7, Couldn't connect to server"))
     assert not is_transient(OSError("object of 5000 bytes is shorter than expected 9"))

@@ -56,7 +56,8 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
 
 def checkpoint_with(tmp_path, partitions):
     """A file:// backend whose operator "op" was created with ``partitions``."""
-    from sessionstore.checkpoint import StateStoreProvider, StoreSpec
+    from sessionstore.checkpoint import StateStoreProvider
+    from sessionstore.stores.spec import StoreSpec
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))

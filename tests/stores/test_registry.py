@@ -148,3 +148,42 @@ def test_each_kind_shapes_its_rows(db):
     kv.put("a", 1)
     kv.put("b", 2)
     assert list(RowFilter(key="b").rows(kv)) == [{"key": "b", "value": 2}]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        StoreSpec("s", "session", 1000),
+        StoreSpec("w", "window", 1000, window_size_ms=100),
+        StoreSpec("v", "versioned", 500),
+    ],
+    ids=lambda s: s.kind,
+)
+def test_opening_a_store_asks_the_registry_once_and_sets_retention_once(
+    tmp_path, monkeypatch, spec
+):
+    import importlib
+
+    from sessionstore.stores import state_db
+
+    spec_module = importlib.import_module(type(spec).__module__)
+    asked, set_to = [], []
+    real_class = state_db.store_class
+
+    def counting(kind):
+        asked.append(kind)
+        return real_class(kind)
+
+    for module in (state_db, spec_module):
+        monkeypatch.setattr(module, "store_class", counting)
+    cls = real_class(spec.kind)
+    real_set = cls._set_retention
+    monkeypatch.setattr(
+        cls, "_set_retention", lambda self, ms: (set_to.append(ms), real_set(self, ms))
+    )
+    with StateDB.open(str(tmp_path / "db")) as db:
+        store = spec.open(db)
+        assert (asked, set_to) == ([spec.kind], [spec.retention_ms])
+        assert store.spec()["retention_ms"] == spec.retention_ms
+        if spec.window_size_ms is not None:
+            assert store.window_size_ms == spec.window_size_ms

@@ -12,9 +12,9 @@ import msgpack
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.spec import refuse_pickle
 from sessionstore.encoding.serde import BytesSerde
 from sessionstore.errors import PickleRefusedError
+from sessionstore.stores.spec import refuse_pickle
 from tests.tools.test_cli import run
 
 

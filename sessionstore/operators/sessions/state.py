@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sessionstore.encoding.ints import INT64 as _I64
-from sessionstore.encoding.serde import key_codec
 from sessionstore.operators.aggregations import Aggregation
 from sessionstore.operators.arrow_batches import batch_restoring, judged_time
 from sessionstore.operators.sessions.model import SessionWindows
@@ -94,7 +93,7 @@ class SessionState:
             store.write_aux("update_mode", b"1")
         self.index_complete = final and store.read_aux("update_mode") is None
         #: The store's key codec (the same functions the store uses).
-        self.encode, self.decode = key_codec(store.key_serde)
+        self.encode, self.decode = store.encode_key, store.decode_key
         #: The largest timestamp seen (None before the first record).
         self.stream_time = self._read_time("stream_time")
         #: Final mode: sessions ending before this were emitted (None: none yet).

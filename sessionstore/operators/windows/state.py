@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from sessionstore.encoding.ints import INT64 as _I64
-from sessionstore.encoding.serde import key_codec
 from sessionstore.operators.aggregations import Aggregation
 from sessionstore.operators.arrow_batches import batch_restoring, judged_time
 from sessionstore.operators.vectorised import FAR_PAST
@@ -43,7 +42,7 @@ class WindowState:
     ) -> None:
         self.store, self.windows, self.aggregation = store, windows, aggregation
         #: The store's key codec (the same functions the store uses).
-        self.encode, self.decode = key_codec(store.key_serde)
+        self.encode, self.decode = store.encode_key, store.decode_key
         store.set_min_retention(windows.retention_ms)
         #: ``closes_on="advance"``: rows are judged by the time of the last advance
         #: (see :meth:`judged_time`), and the store's time moves only with it.

@@ -32,7 +32,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessionstore.checkpoint import StoreSpec
 from sessionstore.encoding.ints import INT64
 from sessionstore.operators.arrow_io import epoch_millis_array
 from sessionstore.operators.gc_pause import gc_paused
@@ -42,6 +41,7 @@ from sessionstore.operators.processors import (
     ProcessorRunner,
     extra_store_name,
 )
+from sessionstore.stores.spec import StoreSpec
 from spark_integration.driver.coordinator import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema
 from spark_integration.execution.runtime import TaskContext, deterministic_order, state_and_inputs

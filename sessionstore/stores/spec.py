@@ -1,4 +1,5 @@
-"""StoreSpec: the stores an operator keeps, recorded with its checkpoints."""
+"""StoreSpec: a store an operator keeps (its name, kind, retention, serdes and
+layout), recorded with its checkpoints and opened from them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from sessionstore.errors import PickleRefusedError
 from sessionstore.stores.base import DEFAULT_KEY_SERDE, DEFAULT_VALUE_SERDE, describe_store
 from sessionstore.stores.registry import kinds_with, store_class
 
-__all__ = ["StoreSpec", "refuse_pickle"]
+__all__ = ["LAYOUT_FIELDS", "StoreSpec", "refuse_pickle"]
+
+#: The spec fields that are layout fields of some kind (a class's ``layout``).
+LAYOUT_FIELDS = ("window_size_ms",)
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,12 @@ class StoreSpec:
             )
 
     def open(self, db: Any) -> Any:
-        """Open (or create) this store in a :class:`~sessionstore.stores.state_db.StateDB`."""
-        layout = {field: getattr(self, field) for field in store_class(self.kind).layout}
+        """Open (or create) this store in a :class:`~sessionstore.stores.state_db.StateDB`.
+
+        The layout fields are those set: :meth:`__post_init__` checked that they are
+        exactly the kind's, so the database's opener is the one place that asks the
+        registry for the class."""
+        layout = {f: getattr(self, f) for f in LAYOUT_FIELDS if getattr(self, f) is not None}
         return db.open_store(
             self.kind,
             self.name,
