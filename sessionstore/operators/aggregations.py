@@ -26,7 +26,8 @@ operator's output with :func:`recorded_output`, without the job's code.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import msgpack
@@ -36,6 +37,7 @@ from sessionstore.operators.aggregate_functions import (
     AggregateSpec,
     Slot,
     bind,
+    decimal_type,
     parse_spec,
 )
 
@@ -84,7 +86,32 @@ BUILTINS: dict[str, tuple[Callable[[], Any], Callable, Callable, Callable]] = {
 }
 
 # How a part reads its input from a record's value
-_WHOLE, _FIELD, _PAIR, _CUSTOM = range(4)
+_WHOLE, _FIELD, _PAIR, _CUSTOM, _CONVERTED = range(5)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_DAY = date(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _epoch_micros(value: Any) -> Any:
+    """A ``datetime`` as epoch microseconds (a naive one read as UTC); other
+    values as they are."""
+    if not isinstance(value, datetime):
+        return value
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def _epoch_days(value: Any) -> Any:
+    """A ``date`` as days since 1970-01-01; other values as they are."""
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return (value - _EPOCH_DAY).days
+    return value
+
+
+#: The number a built-in reads for a value of each type that arrives as an object.
+_AS_NUMBER: dict[str, Callable[[Any], Any]] = {"timestamp": _epoch_micros, "date": _epoch_days}
 
 
 class Aggregations(Aggregation):
@@ -97,11 +124,29 @@ class Aggregations(Aggregation):
     which sees the whole value. A column of ``None`` aggregates the whole value;
     otherwise values must be mappings (rows). A bad spec raises ``ValueError``
     naming the aggregate.
+
+    ``types`` names the type of the value columns whose values the built-ins must
+    know it for: ``"decimal(p,s)"`` (``Decimal`` values, aggregated exactly with
+    Spark's result types, see :mod:`~sessionstore.operators.aggregate_functions`),
+    and ``"timestamp"`` or ``"date"`` for columns whose values arrive as
+    ``datetime``/``date`` (the built-ins read them as epoch microseconds / days,
+    the numbers their slots store; custom aggregations see them as they are).
+    ``overflow``: what a decimal sum or average its type cannot hold gives,
+    ``"error"`` (Spark's ANSI mode) or ``"null"``.
     """
 
-    def __init__(self, spec: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        types: Mapping[str, str] | None = None,
+        overflow: str = "error",
+    ) -> None:
         if not isinstance(spec, Mapping) or not spec:
             raise ValueError(f"aggregations must be a non-empty dict, got {spec!r}")
+        if overflow not in ("error", "null"):
+            raise ValueError(f"overflow must be 'error' or 'null', got {overflow!r}")
+        types = dict(types or {})
+        converters = {c: _AS_NUMBER[t] for c, t in types.items() if t in _AS_NUMBER}
         specs: list[AggregateSpec] = []
         slots: list[Slot] = []
         customs: list[Aggregation | None] = []
@@ -114,10 +159,18 @@ class Aggregations(Aggregation):
             if how == ("count", None) or how == ["count", None]:
                 how = "count"
             parsed = parse_spec(name, how)
+            decimals = tuple(decimal_type(types.get(c)) for c in parsed.columns)
+            if any(decimals):
+                parsed = replace(parsed, decimals=decimals, overflow=overflow)
             specs.append(parsed)
             slots.append(bind(parsed))
             customs.append(None)
         self.spec = dict(spec)
+        #: the value columns' types the built-ins were bound to (see above)
+        self.types = types
+        #: whether a built-in reads a decimal column (its slots hold decimal text,
+        #: which only the record path's slot functions compare)
+        self.decimals = any(any(s.decimals) for s in specs)
         #: every aggregate, parsed (``fn`` "custom" for an Aggregation)
         self.specs = specs
         self.names = [s.name for s in specs]
@@ -134,7 +187,11 @@ class Aggregations(Aggregation):
                 reads.append(None)
             elif s.fn in ("min_by", "max_by"):
                 kinds.append(_PAIR)
-                reads.append((s.column, s.extra[0]))
+                pair = (s.column, s.extra[0])
+                reads.append((*pair, *(converters.get(c, _identity) for c in pair)))
+            elif s.column in converters:
+                kinds.append(_CONVERTED)
+                reads.append((s.column, converters[s.column]))
             else:
                 kinds.append(_WHOLE if s.column is None else _FIELD)
                 reads.append(s.column)
@@ -152,7 +209,12 @@ class Aggregations(Aggregation):
                 elif kind == _WHOLE:
                     v = value
                 elif kind == _PAIR:
-                    v = (None, None) if value is None else (value[read[0]], value[read[1]])
+                    if value is None:
+                        v = (None, None)
+                    else:
+                        v = (read[2](value[read[0]]), read[3](value[read[1]]))
+                elif kind == _CONVERTED:
+                    v = None if value is None else read[1](value[read[0]])
                 else:
                     acc[i] = customs[i].add(key, value, ts, acc[i])
                     continue
@@ -242,7 +304,15 @@ def output_plan(aggregation: Aggregation, layout: str) -> dict[str, Any] | None:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
     if not isinstance(aggregation, Aggregations):
         return None
-    return {"layout": layout, "aggregates": [s.recorded() for s in aggregation.specs]}
+    plan: dict[str, Any] = {
+        "layout": layout,
+        "aggregates": [s.recorded() for s in aggregation.specs],
+    }
+    # the decimal columns' types: a reader finishes their slots as the operator does
+    decimals = {c: t for c, t in aggregation.types.items() if decimal_type(t) is not None}
+    if decimals:
+        plan["types"] = decimals
+    return plan
 
 
 def record_output_plan(store: Any, aggregation: Aggregation, layout: str) -> None:
@@ -274,7 +344,8 @@ def recorded_output(store: Any) -> Callable[[Any], tuple[dict[str, Any], dict[st
             name: _RAW if fn == "custom" else (fn, column, *extra)
             for name, fn, column, *extra in plan["aggregates"]
         }
-        finish = Aggregations(spec).finish
+        # a reader shows what it can: a sum or average past its type as null
+        finish = Aggregations(spec, plan.get("types"), overflow="null").finish
     except ValueError:  # a function of a newer release
         return None
 
