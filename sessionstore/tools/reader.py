@@ -26,13 +26,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 from sessionstore.checkpoint.changelog import read_changelog_header
-from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.filesystem import Storage
+from sessionstore.checkpoint.first_contact import reach
 from sessionstore.checkpoint.layout import (
     PartitionFiles,
     committed_version,
@@ -149,9 +150,11 @@ class CheckpointSource(_PickleGuard):
         storage_options: dict[str, Any] | None = None,
         allow_pickle: bool = False,
         pickle_option: str = PICKLE_OPTION,
+        waiting: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.uri, self.storage_options = uri, storage_options
-        self.root = open_filesystem(uri, storage_options)
+        # answered within a bounded time, or one line saying what to fix
+        self.root = reach(uri, storage_options, waiting)
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
         #: read stores recorded with the pickle serde (see refuse_pickle)
         self.allow_pickle, self.pickle_option = allow_pickle, pickle_option
@@ -382,18 +385,21 @@ def open_source(
     storage_options: dict[str, Any] | None = None,
     allow_pickle: bool = False,
     pickle_option: str = PICKLE_OPTION,
+    waiting: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> CheckpointSource | LocalSource:
     """The source at ``uri``: local databases if the path holds RocksDB databases,
-    otherwise a checkpoint root (object storage or a local folder). Stores recorded
-    with the pickle serde are read only with ``allow_pickle`` (``pickle_option``
-    names how the user says so, in the refusal)."""
+    otherwise a checkpoint root (object storage or a local folder), first reached
+    within a bounded time (:func:`~sessionstore.checkpoint.first_contact.reach`;
+    ``waiting``, a spinner, shows while it takes more than a second). Stores
+    recorded with the pickle serde are read only with ``allow_pickle``
+    (``pickle_option`` names how the user says so, in the refusal)."""
     path = _local_path(uri)
     if path is not None:
         if not os.path.exists(path):
             raise NotFoundError(f"{uri} does not exist")
         if local_databases(path):
             return LocalSource(path, allow_pickle, pickle_option)
-    return CheckpointSource(uri, storage_options, allow_pickle, pickle_option)
+    return CheckpointSource(uri, storage_options, allow_pickle, pickle_option, waiting)
 
 
 # ---------------------------------------------------------------------- rows
