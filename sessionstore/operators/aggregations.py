@@ -50,6 +50,7 @@ __all__ = [
     "output_plan",
     "record_output_plan",
     "recorded_output",
+    "recorded_time_type",
 ]
 
 
@@ -132,7 +133,9 @@ class Aggregations(Aggregation):
     ``datetime``/``date`` (the built-ins read them as epoch microseconds / days,
     the numbers their slots store; custom aggregations see them as they are).
     ``overflow``: what a decimal sum or average its type cannot hold gives,
-    ``"error"`` (Spark's ANSI mode) or ``"null"``.
+    ``"error"`` (Spark's ANSI mode) or ``"null"``. ``time_type``: ``"timestamp"``
+    when the operator's event time (its windows' bounds) is a timestamp where it
+    is shown (a Spark timestamp column), recorded in the output plan for readers.
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class Aggregations(Aggregation):
         spec: Mapping[str, Any],
         types: Mapping[str, str] | None = None,
         overflow: str = "error",
+        time_type: str | None = None,
     ) -> None:
         if not isinstance(spec, Mapping) or not spec:
             raise ValueError(f"aggregations must be a non-empty dict, got {spec!r}")
@@ -168,6 +172,8 @@ class Aggregations(Aggregation):
         self.spec = dict(spec)
         #: the value columns' types the built-ins were bound to (see above)
         self.types = types
+        #: "timestamp" when the operator shows its event times as timestamps
+        self.time_type = time_type
         #: whether a built-in reads a decimal column (its slots hold decimal text,
         #: which only the record path's slot functions compare)
         self.decimals = any(any(s.decimals) for s in specs)
@@ -312,6 +318,8 @@ def output_plan(aggregation: Aggregation, layout: str) -> dict[str, Any] | None:
     decimals = {c: t for c, t in aggregation.types.items() if decimal_type(t) is not None}
     if decimals:
         plan["types"] = decimals
+    if aggregation.time_type is not None:
+        plan["time"] = aggregation.time_type
     return plan
 
 
@@ -325,17 +333,29 @@ def record_output_plan(store: Any, aggregation: Aggregation, layout: str) -> Non
         store.write_aux(OUTPUT_PLAN_AUX, packed)
 
 
+def _recorded_plan(store: Any) -> dict[str, Any] | None:
+    read = getattr(store, "read_aux", None)
+    packed = None if read is None else read(OUTPUT_PLAN_AUX)
+    return None if packed is None else msgpack.unpackb(packed, raw=False)
+
+
+def recorded_time_type(store: Any) -> str | None:
+    """``"timestamp"`` when the operator that recorded ``store``'s output plan shows
+    its event times (window bounds) as timestamps, else None (epoch milliseconds,
+    or no plan)."""
+    plan = _recorded_plan(store)
+    return None if plan is None else plan.get("time")
+
+
 def recorded_output(store: Any) -> Callable[[Any], tuple[dict[str, Any], dict[str, Any]]] | None:
     """The output plan recorded in ``store`` as a function ``stored value ->
     (fields beside the aggregates, {aggregate name: result})``, or None when the
     store has no plan (a plain store, a custom aggregation, an older checkpoint, or
     a layout this release does not know). Results come from the operators' own
     :meth:`Aggregations.finish`."""
-    read = getattr(store, "read_aux", None)
-    packed = None if read is None else read(OUTPUT_PLAN_AUX)
-    if packed is None:
+    plan = _recorded_plan(store)
+    if plan is None:
         return None
-    plan = msgpack.unpackb(packed, raw=False)
     unwrap = _LAYOUTS.get(plan.get("layout"))
     if unwrap is None:
         return None

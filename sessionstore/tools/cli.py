@@ -58,6 +58,7 @@ from sessionstore.stores.registry import store_class
 from sessionstore.tools.reader import (
     Aggregates,
     CheckpointSource,
+    Instant,
     LocalSource,
     RowFilter,
     open_source,
@@ -477,9 +478,16 @@ def _write_chunk(writer: Any, buffer: list[dict], output: str) -> Any:
     flat = [_flat(row) for row in buffer]
     if writer is None:
         # the row's own columns are integers, except the key (and a processor
-        # store's state variable name); everything else is text
+        # store's state variable name), and event times of an operator whose input
+        # time was a timestamp, which are timestamps (UTC, milliseconds); everything
+        # else is text
         ints = {n for n in buffer[0] if n not in ("key", "value", "state")}
-        fields = [(n, pa.int64() if n in ints else pa.string()) for n in flat[0]]
+        times = {n for n in ints if any(isinstance(r.get(n), Instant) for r in buffer)}
+        instant = pa.timestamp("ms", tz="UTC")
+        fields = [
+            (n, instant if n in times else pa.int64() if n in ints else pa.string())
+            for n in flat[0]
+        ]
         writer = pq.ParquetWriter(output, pa.schema(fields))
     writer.write_table(pa.Table.from_pylist(flat, schema=writer.schema))
     buffer.clear()

@@ -48,7 +48,7 @@ from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
 from sessionstore.checkpoint.spec import StoreSpec, refuse_pickle
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
-from sessionstore.operators.aggregations import recorded_output
+from sessionstore.operators.aggregations import recorded_output, recorded_time_type
 from sessionstore.stores.registry import kinds_with, store_class
 from sessionstore.stores.state_db import StateDB
 
@@ -80,6 +80,22 @@ class NotFoundError(SessionStoreError, LookupError):
 class Aggregates(dict):
     """A row's value finished by its store's recorded output plan: each aggregate's
     result by name, as the operator emits it (flat formats show one column each)."""
+
+
+class Instant(int):
+    """An event time (epoch milliseconds) of a store whose operator shows its times
+    as timestamps (its output plan says so): an int everywhere, a timestamp column
+    where a format has types (Parquet)."""
+
+    __slots__ = ()
+
+
+def _instants(rows: Iterator[dict[str, Any]], columns: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    for row in rows:
+        for c in columns:
+            if row.get(c) is not None:
+                row[c] = Instant(row[c])
+        yield row
 
 
 # ----------------------------------------------------------- checkpoint metadata
@@ -470,7 +486,8 @@ def store_rows(
 
     Where an operator recorded its output plan in the store, a row's ``value`` is
     :class:`Aggregates` (and count windows add ``window`` and ``count`` before it);
-    ``raw`` keeps the stored value (the accumulator)."""
+    ``raw`` keeps the stored value (the accumulator). Event times are epoch
+    milliseconds, as :class:`Instant` where the operator shows them as timestamps."""
     source.check_pickle(operator)  # before anything is read
     kind = _kind_of(source.store_records(operator), operator, store)
     row_filter.check(kind, store)  # clear errors before any restore
@@ -490,6 +507,8 @@ def store_rows(
             finish = None if raw else recorded_output(stores[store])
             if finish is not None:
                 rows = _finished(rows, finish, f"{operator}/{partition} store {store!r}")
+            if recorded_time_type(stores[store]) == "timestamp":
+                rows = _instants(rows, store_class(kind).time_columns)
             for row in rows:
                 yield {"partition": partition, **row}
                 count += 1

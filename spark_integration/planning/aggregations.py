@@ -55,6 +55,7 @@ def parse_aggregations(
     columns: Sequence[str],
     fields: Mapping[str, Any] | None = None,
     overflow: str = "error",
+    time_type: str | None = None,
 ):
     """``(Aggregation, value columns, [(output name, function, input column)])``.
 
@@ -64,7 +65,8 @@ def parse_aggregations(
     type the function does not take. Given ``fields``, the built-ins are bound to
     the types of the columns they read (:func:`value_types`); ``overflow`` is what a
     decimal sum or average past its type gives ("error" under Spark's ANSI mode,
-    else "null")."""
+    else "null"); ``time_type`` "timestamp" when the output's time columns are
+    timestamps (recorded for readers)."""
     if not isinstance(aggregations, Mapping) or not aggregations:
         raise ValueError(f"aggregations must be a non-empty dict, got {aggregations!r}")
     if len(aggregations) == 1:
@@ -102,7 +104,7 @@ def parse_aggregations(
     if raw:
         needed = list(columns)  # a custom aggregate sees every value column
     types = {} if fields is None else value_types(fields, needed, raw)
-    return Aggregations(spec, types, overflow), needed, plan
+    return Aggregations(spec, types, overflow, time_type), needed, plan
 
 
 def value_types(fields: Mapping[str, Any], columns: Sequence[str], raw: bool) -> dict[str, str]:
@@ -249,8 +251,9 @@ def aggregate_input(
     others = [c for c in fields if c not in keys and c != timestamp]
     aggregations = aggregations or {"count": "count"}
     ansi = str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true"
+    as_timestamp = "timestamp" if isinstance(time_type, T.TimestampType) else None
     aggregation, value_cols, plan = parse_aggregations(
-        aggregations, others, fields, "error" if ansi else "null"
+        aggregations, others, fields, "error" if ansi else "null", as_timestamp
     )
     out_fields = [fields[k] for k in keys]
     out_fields += [T.StructField(start, time_type), T.StructField(end, time_type)]

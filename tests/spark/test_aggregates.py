@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from datetime import UTC
 from decimal import Decimal
 
 import pytest
@@ -523,3 +524,54 @@ def test_a_lone_session_aggregation_keeps_its_stored_layout():
     both, _, _ = parse_aggregations({"p": double, "n": "count"}, ["v"])
     acc = both.add("k", {"v": 1}, 0, both.initializer())
     assert (acc, both.finish(acc)) == ([2, 1], {"p": 2, "n": 1})
+
+
+def test_parquet_dumps_show_the_bounds_of_timestamp_operators_as_timestamps(spark, tmp_path):
+    """An operator whose input time is a timestamp records so in its output plan:
+    ``dump --format parquet`` writes its session and window bounds as
+    timestamp[ms, UTC] columns, equal to the operator's own output; one over epoch
+    milliseconds keeps int64 columns, and jsonl keeps integers either way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from tests.tools.test_cli import run as cli
+
+    rows = [("a", 1_000_123), ("a", 1_004_000), ("b", 2_000_000), ("a", 1_100_000)]
+    longs = spark.createDataFrame(rows, "user string, ts long")
+    stamped = longs.withColumn("ts", F.timestamp_millis("ts"))
+    ms = pa.timestamp("ms", tz="UTC")
+    for name, df, build, stored in [
+        ("s", stamped, lambda df, b: sessionize(df, "user", "ts", gap="10 seconds", backend=b),
+         "sessions"),
+        ("w", stamped, lambda df, b: window_aggregate(df, "user", "ts", size="1 minute",
+                                                       backend=b), "windows"),
+        ("l", longs, lambda df, b: sessionize(df, "user", "ts", gap="10 seconds", backend=b),
+         "sessions"),
+    ]:  # fmt: skip
+        backend = StateBackend(f"file://{tmp_path}/{name}", local_dir=str(tmp_path / f"l-{name}"))
+        out = build(df, backend).collect()
+        start, end = (
+            ("window_start", "window_end") if name == "w" else ("session_start", "session_end")
+        )
+        expected = sorted((r.user, r[start], r[end]) for r in out)
+        target = tmp_path / f"{name}.parquet"
+        dumped = cli("dump", backend.checkpoint_uri, "--store", stored, "--format", "parquet",
+                     "--output", str(target))  # fmt: skip
+        assert dumped.returncode == 0, dumped.stderr
+        table = pq.read_table(target)
+        want = ms if name != "l" else pa.int64()
+        assert table.schema.field("start").type == want and table.schema.field("end").type == want
+        got = sorted(
+            zip(*(table.column(c).to_pylist() for c in ("key", "start", "end")), strict=True)
+        )
+        # the sessions and windows the store still holds (closed ones are dropped)
+        assert len(got) >= 2
+        if name == "l":
+            assert set(got) <= set(expected)
+        else:  # the operator's bounds (naive local datetimes from collect), as instants
+            instants = {(k, s.timestamp(), e.timestamp()) for k, s, e in expected}
+            assert {(k, s.timestamp(), e.timestamp()) for k, s, e in got} <= instants
+            assert all(s.utcoffset() == e.utcoffset() == UTC.utcoffset(None) for _, s, e in got)
+        lines = cli("dump", backend.checkpoint_uri, "--store", stored)
+        assert all(type(json.loads(line)["start"]) is int for line in lines.stdout.splitlines())
