@@ -35,6 +35,7 @@ the column is a string, and an error naming the row otherwise.
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -60,6 +61,8 @@ def _text(value: Any) -> str | None:
         return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, Decimal):  # an exact decimal aggregate: its digits
+        return str(value)
     return json.dumps(value, default=str)
 
 

@@ -30,6 +30,17 @@ gives what Spark gives: null, except the counts (0). ``first``, ``last`` and
 ``collect`` keep the meaning they always had here (event time order, nulls kept).
 Ties: ``min_by``/``max_by`` keep the value of the earliest event time (then the
 first arrival, and in a merge the older session's), as ``first`` does.
+
+**Exact decimals.** A spec bound to a decimal input column (its ``decimals``, see
+:class:`AggregateSpec`) keeps every decimal of its slot as the value's exact text
+(``"12.30"``: msgpack stores no Decimal), compares them as decimals and gives
+``Decimal`` results of Spark's types: ``min``, ``max``, ``first``, ``last``, the
+lists and sets and ``min_by``/``max_by`` keep the column's ``decimal(p,s)``;
+``sum`` is ``decimal(min(38, p+10), s)``; ``avg`` is ``decimal(min(38, p+4),
+min(38, s+4))`` with slot ``[n, sum's text]``, computed as Spark does (the sum
+divided by n at scale 39, then rounded half up to the result's scale). A sum or
+average that the result type cannot hold is an ``ArithmeticError`` (Spark's ANSI
+mode, its default) or null (``overflow="null"``, Spark without ANSI).
 The slot layouts of count(*), sum, min, max, first, last and collect are those of
 the checkpoints written before the others existed.
 """
@@ -37,16 +48,18 @@ the checkpoints written before the others existed.
 from __future__ import annotations
 
 import math
+import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any
 
 from sessionstore.operators import sketches
 
 __all__ = [
     "AggregateSpec", "Slot", "FUNCTIONS", "MERGES", "parse_spec", "bind",
-    "MOMENTS", "ONE_COLUMN", "FOLDED",
+    "MOMENTS", "ONE_COLUMN", "FOLDED", "decimal_type", "decimal_result_type",
 ]  # fmt: skip
 
 #: Functions of one column (``(fn, c)``); count takes a column or none.
@@ -87,6 +100,11 @@ class AggregateSpec:
     fn: str
     column: str | None
     extra: tuple = ()
+    #: ``(precision, scale)`` of each of :attr:`columns` that holds decimals (None
+    #: for the others); empty when none does
+    decimals: tuple = ()
+    #: a decimal sum or average that its type cannot hold: "error" or "null"
+    overflow: str = "error"
 
     @property
     def columns(self) -> list[str]:
@@ -183,10 +201,14 @@ def _count_col_add(slot, value, ts):
     return slot if value is None else slot + 1
 
 
+#: Adds decimals exactly: no sum of 2**63 values of decimal(38) has 100 digits.
+_EXACT = Context(prec=100)
+
+
 def _add_numbers(a: Any, b: Any) -> Any:
     # a decimal sum is kept as its text: msgpack stores no Decimal
     if isinstance(a, (str, Decimal)) or isinstance(b, (str, Decimal)):
-        return str(Decimal(a) + Decimal(b))
+        return str(_EXACT.add(Decimal(a), Decimal(b)))
     return a + b
 
 
@@ -196,7 +218,7 @@ def _sum_add(slot, value, ts):
     if slot is None:
         return str(value) if type(value) is Decimal else value
     if type(slot) is str or type(value) is Decimal:
-        return str(Decimal(slot) + value)
+        return str(_EXACT.add(Decimal(slot), value))
     return slot + value
 
 
@@ -348,35 +370,34 @@ _MOMENT_RESULTS = {
 # -- min_by, max_by ----------------------------------------------------------------
 # A slot is [order, value, time]: a tie on the order goes to the earlier time, and
 # on the same time to the value seen first (the older session's in a merge), so
-# the result does not depend on the order records arrive in.
-def _min_by_add(slot, pair, ts):
-    value, order = pair
-    if order is None:
-        return slot
-    if slot is None or order < slot[0] or (order == slot[0] and ts < slot[2]):
+# the result does not depend on the order records arrive in. A decimal order or
+# value is kept as its text; orders then compare as decimals.
+def _by_slot(better: Callable[[Any, Any], bool], order_decimal: bool, value_decimal: bool) -> Slot:
+    def add(slot, pair, ts):
+        value, order = pair
+        if order is None:
+            return slot
+        if order_decimal:
+            order = Decimal(order)  # a Decimal, or the text of a merged slot
+        if slot is not None:
+            held = Decimal(slot[0]) if order_decimal else slot[0]
+            if not (better(order, held) or (order == held and ts < slot[2])):
+                return slot
+        if order_decimal:
+            order = str(order)
+        if value_decimal and value is not None:
+            value = str(value)
         return [order, value, ts]
-    return slot
 
+    def merge(a, b):
+        return a if b is None else add(a, (b[1], b[0]), b[2])
 
-def _max_by_add(slot, pair, ts):
-    value, order = pair
-    if order is None:
-        return slot
-    if slot is None or order > slot[0] or (order == slot[0] and ts < slot[2]):
-        return [order, value, ts]
-    return slot
+    def result(slot):
+        if slot is None or slot[1] is None:
+            return None
+        return Decimal(slot[1]) if value_decimal else slot[1]
 
-
-def _min_by_merge(a, b):
-    return a if b is None else _min_by_add(a, (b[1], b[0]), b[2])
-
-
-def _max_by_merge(a, b):
-    return a if b is None else _max_by_add(a, (b[1], b[0]), b[2])
-
-
-def _by_result(slot):
-    return None if slot is None else slot[1]
+    return Slot(_none, add, merge, result)
 
 
 def _zero() -> int:
@@ -399,8 +420,8 @@ _FIXED: dict[str, Slot] = {
     "collect_set": Slot(list, _set_add, _set_merge, _identity),
     "count_distinct": Slot(list, _set_add, _set_merge, len),
     "avg": Slot(lambda: [0, 0.0], _avg_add, _avg_merge, _avg_result),
-    "min_by": Slot(_none, _min_by_add, _min_by_merge, _by_result),
-    "max_by": Slot(_none, _max_by_add, _max_by_merge, _by_result),
+    "min_by": _by_slot(operator.lt, False, False),
+    "max_by": _by_slot(operator.gt, False, False),
 }
 for _fn, _result in _MOMENT_RESULTS.items():
     _FIXED[_fn] = Slot(lambda: [0, 0.0, 0.0], _moments_add, _moments_merge, _result)
@@ -417,6 +438,10 @@ def bind(spec: AggregateSpec) -> Slot:
     fn = spec.fn
     if fn == "count" and spec.column is not None:
         return Slot(_zero, _count_col_add, _FIXED["count"].merge, _identity)
+    if any(spec.decimals):
+        decimal = _decimal_slot(spec)
+        if decimal is not None:
+            return decimal
     if fn in _FIXED:
         return _FIXED[fn]
     if fn == "approx_count_distinct":
@@ -443,3 +468,181 @@ def bind(spec: AggregateSpec) -> Slot:
         sketches.kll_merge,
         result,
     )
+
+
+# -- exact decimals ----------------------------------------------------------------
+_DECIMAL_TYPE = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+#: Spark's largest decimal precision and scale.
+_MAX_DIGITS = 38
+#: The scale Spark divides a decimal average at before rounding to its result.
+_DIVIDE_SCALE = 39
+
+
+def decimal_type(name: str | None) -> tuple[int, int] | None:
+    """``(precision, scale)`` of a type name ``"decimal(p,s)"``, else None."""
+    match = None if name is None else _DECIMAL_TYPE.fullmatch(name.strip().lower())
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def decimal_result_type(fn: str, precision: int, scale: int) -> tuple[int, int]:
+    """Spark's result type of ``fn`` over a ``decimal(precision, scale)`` column
+    (sum and avg widen it; the functions returning the column's values keep it)."""
+    if fn == "sum":
+        return min(_MAX_DIGITS, precision + 10), scale
+    if fn == "avg":
+        return min(_MAX_DIGITS, precision + 4), min(_MAX_DIGITS, scale + 4)
+    return precision, scale
+
+
+def _text(value: Any) -> Any:
+    return None if value is None else str(value)
+
+
+def _round_half_up(numerator: int, denominator: int) -> int:
+    """``numerator / denominator`` (denominator > 0) rounded half away from zero,
+    as Java's ``RoundingMode.HALF_UP``."""
+    q, r = divmod(abs(numerator), denominator)
+    if 2 * r >= denominator:
+        q += 1
+    return q if numerator >= 0 else -q
+
+
+def _fits(unscaled: int, spec: AggregateSpec, precision: int, scale: int) -> bool:
+    """Whether ``unscaled`` has at most ``precision`` digits; if not, an
+    ``ArithmeticError`` (overflow "error") or False (overflow "null")."""
+    if abs(unscaled) < 10**precision:
+        return True
+    if spec.overflow == "null":
+        return False
+    value = Decimal(f"{unscaled}E-{scale}")
+    raise ArithmeticError(
+        f"aggregation {spec.name!r} = ({spec.fn!r}, {spec.column!r}): {value} cannot be "
+        f"represented as decimal({precision},{scale}), its result type, as in Spark; set "
+        "spark.sql.ansi.enabled=false to get null instead"
+    )
+
+
+def _decimal_sum_result(spec: AggregateSpec, precision: int, scale: int) -> Callable:
+    def result(slot):
+        if slot is None:
+            return None
+        total = Decimal(slot)
+        return total if _fits(int(total.scaleb(scale, _EXACT)), spec, precision, scale) else None
+
+    return result
+
+
+def _decimal_avg(spec: AggregateSpec, precision: int, scale: int) -> Slot:
+    """``avg`` over ``decimal(precision, scale)``: slot ``[n, exact sum's text]``;
+    the result is Spark's: the sum (null past ``decimal(min(38, p+10), s)``) divided
+    by n at scale 39 half up, then rounded half up to ``decimal(min(38, p+4),
+    min(38, s+4))``."""
+    sum_digits = decimal_result_type("sum", precision, scale)[0]
+    out_precision, out_scale = decimal_result_type("avg", precision, scale)
+
+    def add(slot, value, ts):
+        if value is None:
+            return slot
+        return [slot[0] + 1, str(_EXACT.add(Decimal(slot[1]), value))]
+
+    def merge(a, b):
+        return [a[0] + b[0], str(_EXACT.add(Decimal(a[1]), Decimal(b[1])))]
+
+    def result(slot):
+        n = slot[0]
+        if n == 0:
+            return None
+        unscaled_sum = int(Decimal(slot[1]).scaleb(scale, _EXACT))
+        if not _fits(unscaled_sum, spec, sum_digits, scale):
+            return None
+        at_39 = _round_half_up(unscaled_sum * 10 ** (_DIVIDE_SCALE - scale), n)
+        unscaled = _round_half_up(at_39, 10 ** (_DIVIDE_SCALE - out_scale))
+        if not _fits(unscaled, spec, out_precision, out_scale):
+            return None
+        return Decimal(f"{unscaled}E-{out_scale}")
+
+    return Slot(lambda: [0, "0"], add, merge, result)
+
+
+def _decimal_min_max(better: Callable[[Any, Any], bool]) -> Slot:
+    def add(slot, value, ts):
+        if value is None:
+            return slot
+        if slot is None or better(Decimal(value), Decimal(slot)):
+            return str(value)
+        return slot
+
+    def merge(a, b):
+        return a if b is None else add(a, b, 0)
+
+    return Slot(_none, add, merge, _to_decimal)
+
+
+def _to_decimal(text: Any) -> Any:
+    return None if text is None else Decimal(text)
+
+
+def _texts_added(slot: Slot, result: Callable[[Any], Any]) -> Slot:
+    """``slot`` fed each decimal as its text, its result turned by ``result``."""
+    add = slot.add
+    return Slot(slot.init, lambda acc, value, ts: add(acc, _text(value), ts), slot.merge, result)
+
+
+def _decimals(texts: list) -> list:
+    return [_to_decimal(t) for t in texts]
+
+
+def _stamped_decimal(slot):
+    return None if slot is None else _to_decimal(slot[1])
+
+
+def _decimal_slot(spec: AggregateSpec) -> Slot | None:
+    """The slot of ``spec`` over a decimal column, or None where the plain slot
+    takes decimals as they are (counts, moments)."""
+    fn = spec.fn
+    value_type = spec.decimals[0] if spec.decimals else None
+    if fn in ("min_by", "max_by"):
+        order_type = spec.decimals[1] if len(spec.decimals) > 1 else None
+        better = operator.lt if fn == "min_by" else operator.gt
+        return _by_slot(better, order_type is not None, value_type is not None)
+    if value_type is None:
+        return None
+    precision, scale = value_type
+    if fn == "sum":
+        out = decimal_result_type("sum", precision, scale)
+        return Slot(_none, _sum_add, _sum_merge, _decimal_sum_result(spec, *out))
+    if fn == "avg":
+        return _decimal_avg(spec, precision, scale)
+    if fn in ("min", "max"):
+        return _decimal_min_max(operator.lt if fn == "min" else operator.gt)
+    if fn in ("first", "last"):
+        return _texts_added(_FIXED[fn], _stamped_decimal)
+    if fn in ("collect", "collect_list", "collect_set"):
+        return _texts_added(_FIXED[fn], _decimals)
+    if fn == "count_distinct":
+        return _texts_added(_FIXED[fn], len)
+    if fn == "approx_count_distinct":
+        plain = bind(AggregateSpec(spec.name, fn, spec.column, spec.extra))
+        return _texts_added(plain, plain.result)
+    if fn == "percentile_approx":
+        plain = bind(AggregateSpec(spec.name, fn, spec.column, spec.extra))
+        exponent = Decimal(1).scaleb(-scale)
+
+        def as_decimal(v: float) -> Decimal:
+            return Decimal(repr(v)).quantize(exponent, context=_EXACT)
+
+        def result(slot):
+            got = plain.result(slot)
+            if got is None:
+                return None
+            return [as_decimal(v) for v in got] if isinstance(got, list) else as_decimal(got)
+
+        # the sketch holds doubles (Spark's holds doubles too)
+        return Slot(
+            plain.init, lambda acc, v, ts: plain.add(acc, _float(v), ts), plain.merge, result
+        )
+    return None
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -26,7 +26,8 @@ operator's output with :func:`recorded_output`, without the job's code.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import msgpack
@@ -35,6 +36,7 @@ from sessionstore.operators.aggregate_functions import (
     AggregateSpec,
     Slot,
     bind,
+    decimal_type,
     parse_spec,
 )
 
@@ -46,6 +48,7 @@ __all__ = [
     "output_plan",
     "record_output_plan",
     "recorded_output",
+    "recorded_time_type",
 ]
 
 
@@ -75,7 +78,84 @@ class Aggregation:
 
 
 # How a part reads its input from a record's value
-_WHOLE, _FIELD, _PAIR, _CUSTOM = range(4)
+_WHOLE, _FIELD, _PAIR, _CUSTOM, _CONVERTED = range(5)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_DAY = date(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _epoch_micros(value: Any) -> Any:
+    """A ``datetime`` as epoch microseconds (a naive one read as UTC); other
+    values as they are."""
+    if not isinstance(value, datetime):
+        return value
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def _epoch_days(value: Any) -> Any:
+    """A ``date`` as days since 1970-01-01; other values as they are."""
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return (value - _EPOCH_DAY).days
+    return value
+
+
+#: The number a built-in reads for a value of each type that arrives as an object.
+_AS_NUMBER: dict[str, Callable[[Any], Any]] = {"timestamp": _epoch_micros, "date": _epoch_days}
+
+
+def _parsed(
+    spec: Mapping[str, Any], types: Mapping[str, str], overflow: str
+) -> tuple[list[AggregateSpec], list[Slot], list[Aggregation | None]]:
+    """Each aggregate of ``spec`` parsed and bound to its slot functions (a custom
+    :class:`Aggregation` as itself, beside a placeholder spec and slot)."""
+    specs: list[AggregateSpec] = []
+    slots: list[Slot] = []
+    customs: list[Aggregation | None] = []
+    for name, how in spec.items():
+        if isinstance(how, Aggregation):
+            specs.append(AggregateSpec(name, "custom", None))
+            slots.append(Slot(how.initializer, _no_add, _no_merge, how.finish))
+            customs.append(how)
+            continue
+        if how == ("count", None) or how == ["count", None]:
+            how = "count"
+        parsed = parse_spec(name, how)
+        decimals = tuple(decimal_type(types.get(c)) for c in parsed.columns)
+        if any(decimals):
+            parsed = replace(parsed, decimals=decimals, overflow=overflow)
+        specs.append(parsed)
+        slots.append(bind(parsed))
+        customs.append(None)
+    return specs, slots, customs
+
+
+def _reads(
+    specs: list[AggregateSpec],
+    customs: list[Aggregation | None],
+    converters: Mapping[str, Callable[[Any], Any]],
+) -> tuple[list[int], list[Any]]:
+    """How each aggregate reads its input from a record's value: its kind
+    (``_WHOLE``, ``_FIELD``, ``_PAIR``, ``_CUSTOM``, ``_CONVERTED``) and what it
+    reads (a column, a pair of columns with their converters, ...)."""
+    kinds, reads = [], []
+    for s, custom in zip(specs, customs, strict=True):
+        if custom is not None:
+            kinds.append(_CUSTOM)
+            reads.append(None)
+        elif s.fn in ("min_by", "max_by"):
+            kinds.append(_PAIR)
+            pair = (s.column, s.extra[0])
+            reads.append((*pair, *(converters.get(c, _identity) for c in pair)))
+        elif s.column in converters:
+            kinds.append(_CONVERTED)
+            reads.append((s.column, converters[s.column]))
+        else:
+            kinds.append(_WHOLE if s.column is None else _FIELD)
+            reads.append(s.column)
+    return kinds, reads
 
 
 class Aggregations(Aggregation):
@@ -88,27 +168,41 @@ class Aggregations(Aggregation):
     which sees the whole value. A column of ``None`` aggregates the whole value;
     otherwise values must be mappings (rows). A bad spec raises ``ValueError``
     naming the aggregate.
+
+    ``types`` names the type of the value columns whose values the built-ins must
+    know it for: ``"decimal(p,s)"`` (``Decimal`` values, aggregated exactly with
+    Spark's result types, see :mod:`~sessionstore.operators.aggregate_functions`),
+    and ``"timestamp"`` or ``"date"`` for columns whose values arrive as
+    ``datetime``/``date`` (the built-ins read them as epoch microseconds / days,
+    the numbers their slots store; custom aggregations see them as they are).
+    ``overflow``: what a decimal sum or average its type cannot hold gives,
+    ``"error"`` (Spark's ANSI mode) or ``"null"``. ``time_type``: ``"timestamp"``
+    when the operator's event time (its windows' bounds) is a timestamp where it
+    is shown (a Spark timestamp column), recorded in the output plan for readers.
     """
 
-    def __init__(self, spec: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        types: Mapping[str, str] | None = None,
+        overflow: str = "error",
+        time_type: str | None = None,
+    ) -> None:
         if not isinstance(spec, Mapping) or not spec:
             raise ValueError(f"aggregations must be a non-empty dict, got {spec!r}")
-        specs: list[AggregateSpec] = []
-        slots: list[Slot] = []
-        customs: list[Aggregation | None] = []
-        for name, how in spec.items():
-            if isinstance(how, Aggregation):
-                specs.append(AggregateSpec(name, "custom", None))
-                slots.append(Slot(how.initializer, _no_add, _no_merge, how.finish))
-                customs.append(how)
-                continue
-            if how == ("count", None) or how == ["count", None]:
-                how = "count"
-            parsed = parse_spec(name, how)
-            specs.append(parsed)
-            slots.append(bind(parsed))
-            customs.append(None)
+        if overflow not in ("error", "null"):
+            raise ValueError(f"overflow must be 'error' or 'null', got {overflow!r}")
+        types = dict(types or {})
+        converters = {c: _AS_NUMBER[t] for c, t in types.items() if t in _AS_NUMBER}
+        specs, slots, customs = _parsed(spec, types, overflow)
         self.spec = dict(spec)
+        #: the value columns' types the built-ins were bound to (see above)
+        self.types = types
+        #: "timestamp" when the operator shows its event times as timestamps
+        self.time_type = time_type
+        #: whether a built-in reads a decimal column (its slots hold decimal text,
+        #: which only the record path's slot functions compare)
+        self.decimals = any(any(s.decimals) for s in specs)
         #: every aggregate, parsed (``fn`` "custom" for an Aggregation)
         self.specs = specs
         self.names = [s.name for s in specs]
@@ -118,17 +212,7 @@ class Aggregations(Aggregation):
         adds = [s.add for s in slots]
         merges = [s.merge for s in slots]
         results = [s.result for s in slots]
-        kinds, reads = [], []
-        for s, custom in zip(specs, customs, strict=True):
-            if custom is not None:
-                kinds.append(_CUSTOM)
-                reads.append(None)
-            elif s.fn in ("min_by", "max_by"):
-                kinds.append(_PAIR)
-                reads.append((s.column, s.extra[0]))
-            else:
-                kinds.append(_WHOLE if s.column is None else _FIELD)
-                reads.append(s.column)
+        kinds, reads = _reads(specs, customs, converters)
         names = self.names
         width = range(len(specs))
         parts = list(zip(width, kinds, reads, adds, strict=True))
@@ -143,7 +227,12 @@ class Aggregations(Aggregation):
                 elif kind == _WHOLE:
                     v = value
                 elif kind == _PAIR:
-                    v = (None, None) if value is None else (value[read[0]], value[read[1]])
+                    if value is None:
+                        v = (None, None)
+                    else:
+                        v = (read[2](value[read[0]]), read[3](value[read[1]]))
+                elif kind == _CONVERTED:
+                    v = None if value is None else read[1](value[read[0]])
                 else:
                     acc[i] = customs[i].add(key, value, ts, acc[i])
                     continue
@@ -233,7 +322,17 @@ def output_plan(aggregation: Aggregation, layout: str) -> dict[str, Any] | None:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
     if not isinstance(aggregation, Aggregations):
         return None
-    return {"layout": layout, "aggregates": [s.recorded() for s in aggregation.specs]}
+    plan: dict[str, Any] = {
+        "layout": layout,
+        "aggregates": [s.recorded() for s in aggregation.specs],
+    }
+    # the decimal columns' types: a reader finishes their slots as the operator does
+    decimals = {c: t for c, t in aggregation.types.items() if decimal_type(t) is not None}
+    if decimals:
+        plan["types"] = decimals
+    if aggregation.time_type is not None:
+        plan["time"] = aggregation.time_type
+    return plan
 
 
 def record_output_plan(store: Any, aggregation: Aggregation, layout: str) -> None:
@@ -246,17 +345,29 @@ def record_output_plan(store: Any, aggregation: Aggregation, layout: str) -> Non
         store.write_aux(OUTPUT_PLAN_AUX, packed)
 
 
+def _recorded_plan(store: Any) -> dict[str, Any] | None:
+    read = getattr(store, "read_aux", None)
+    packed = None if read is None else read(OUTPUT_PLAN_AUX)
+    return None if packed is None else msgpack.unpackb(packed, raw=False)
+
+
+def recorded_time_type(store: Any) -> str | None:
+    """``"timestamp"`` when the operator that recorded ``store``'s output plan shows
+    its event times (window bounds) as timestamps, else None (epoch milliseconds,
+    or no plan)."""
+    plan = _recorded_plan(store)
+    return None if plan is None else plan.get("time")
+
+
 def recorded_output(store: Any) -> Callable[[Any], tuple[dict[str, Any], dict[str, Any]]] | None:
     """The output plan recorded in ``store`` as a function ``stored value ->
     (fields beside the aggregates, {aggregate name: result})``, or None when the
     store has no plan (a plain store, a custom aggregation, an older checkpoint, or
     a layout this release does not know). Results come from the operators' own
     :meth:`Aggregations.finish`."""
-    read = getattr(store, "read_aux", None)
-    packed = None if read is None else read(OUTPUT_PLAN_AUX)
-    if packed is None:
+    plan = _recorded_plan(store)
+    if plan is None:
         return None
-    plan = msgpack.unpackb(packed, raw=False)
     unwrap = _LAYOUTS.get(plan.get("layout"))
     if unwrap is None:
         return None
@@ -265,7 +376,8 @@ def recorded_output(store: Any) -> Callable[[Any], tuple[dict[str, Any], dict[st
             name: _RAW if fn == "custom" else (fn, column, *extra)
             for name, fn, column, *extra in plan["aggregates"]
         }
-        finish = Aggregations(spec).finish
+        # a reader shows what it can: a sum or average past its type as null
+        finish = Aggregations(spec, plan.get("types"), overflow="null").finish
     except ValueError:  # a function of a newer release
         return None
 

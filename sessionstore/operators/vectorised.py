@@ -55,6 +55,8 @@ def columnar_functions(aggregation: Any) -> list[str] | None:
     functions = getattr(aggregation, "functions", None)
     if functions is None or not set(functions) <= COLUMNAR_FUNCTIONS:
         return None
+    if getattr(aggregation, "decimals", False):
+        return None  # exact decimals: only the record path's slots compare their text
     return functions
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -43,6 +44,7 @@ from typing import Any
 
 import click
 
+from sessionstore.checkpoint.first_contact import StoreUnreachableError
 from sessionstore.checkpoint.layout import LocalPartition
 from sessionstore.checkpoint.retry import (
     DEFAULT_MAX_ATTEMPTS,
@@ -56,6 +58,7 @@ from sessionstore.stores.registry import store_class
 from sessionstore.tools.reader import (
     Aggregates,
     CheckpointSource,
+    Instant,
     LocalSource,
     RowFilter,
     open_source,
@@ -197,7 +200,18 @@ allow_pickle_option = click.option(
 def _source(
     uri: str, storage_options: tuple[str, ...], allow_pickle: bool = False
 ) -> CheckpointSource | LocalSource:
-    return open_source(uri, _options(storage_options), allow_pickle)
+    return open_source(uri, _options(storage_options), allow_pickle, waiting=_spinner(uri))
+
+
+def _spinner(uri: str) -> Callable[[], Any] | None:
+    """A spinner on stderr while the store is first reached, when stderr is a
+    terminal (shown once the wait passes a second)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return None
+    return lambda: console.status(f"reaching {uri} ...", spinner="dots")
 
 
 def _operator(source: CheckpointSource | LocalSource, operator: str | None) -> str:
@@ -464,9 +478,16 @@ def _write_chunk(writer: Any, buffer: list[dict], output: str) -> Any:
     flat = [_flat(row) for row in buffer]
     if writer is None:
         # the row's own columns are integers, except the key (and a processor
-        # store's state variable name); everything else is text
+        # store's state variable name), and event times of an operator whose input
+        # time was a timestamp, which are timestamps (UTC, milliseconds); everything
+        # else is text
         ints = {n for n in buffer[0] if n not in ("key", "value", "state")}
-        fields = [(n, pa.int64() if n in ints else pa.string()) for n in flat[0]]
+        times = {n for n in ints if any(isinstance(r.get(n), Instant) for r in buffer)}
+        instant = pa.timestamp("ms", tz="UTC")
+        fields = [
+            (n, instant if n in times else pa.int64() if n in ints else pa.string())
+            for n in flat[0]
+        ]
         writer = pq.ParquetWriter(output, pa.schema(fields))
     writer.write_table(pa.Table.from_pylist(flat, schema=writer.schema))
     buffer.clear()
@@ -731,6 +752,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         click.echo(f"sessionstore: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except StoreUnreachableError as exc:
+        click.echo(f"sessionstore: {exc}", err=True)
+        if exc.timed_out:
+            # the unanswered request still runs in a helper thread, and pyarrow's
+            # exit handlers would wait for it: leave now, nothing is open yet
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
         sys.exit(2)
     except (SessionStoreError, FileNotFoundError, ValueError, OSError) as exc:
         click.echo(f"sessionstore: {exc}", err=True)

@@ -26,13 +26,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 from sessionstore.checkpoint.changelog import read_changelog_header
-from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.filesystem import Storage
+from sessionstore.checkpoint.first_contact import reach
 from sessionstore.checkpoint.layout import (
     PartitionFiles,
     committed_version,
@@ -46,7 +47,7 @@ from sessionstore.checkpoint.metrics import summarize_batch, task_records
 from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
-from sessionstore.operators.aggregations import recorded_output
+from sessionstore.operators.aggregations import recorded_output, recorded_time_type
 from sessionstore.stores.registry import kinds_with, store_class
 from sessionstore.stores.spec import StoreSpec, refuse_pickle
 from sessionstore.stores.state_db import StateDB
@@ -79,6 +80,22 @@ class NotFoundError(SessionStoreError, LookupError):
 class Aggregates(dict):
     """A row's value finished by its store's recorded output plan: each aggregate's
     result by name, as the operator emits it (flat formats show one column each)."""
+
+
+class Instant(int):
+    """An event time (epoch milliseconds) of a store whose operator shows its times
+    as timestamps (its output plan says so): an int everywhere, a timestamp column
+    where a format has types (Parquet)."""
+
+    __slots__ = ()
+
+
+def _instants(rows: Iterator[dict[str, Any]], columns: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    for row in rows:
+        for c in columns:
+            if row.get(c) is not None:
+                row[c] = Instant(row[c])
+        yield row
 
 
 # ----------------------------------------------------------- checkpoint metadata
@@ -149,9 +166,11 @@ class CheckpointSource(_PickleGuard):
         storage_options: dict[str, Any] | None = None,
         allow_pickle: bool = False,
         pickle_option: str = PICKLE_OPTION,
+        waiting: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.uri, self.storage_options = uri, storage_options
-        self.root = open_filesystem(uri, storage_options)
+        # answered within a bounded time, or one line saying what to fix
+        self.root = reach(uri, storage_options, waiting)
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
         #: read stores recorded with the pickle serde (see refuse_pickle)
         self.allow_pickle, self.pickle_option = allow_pickle, pickle_option
@@ -382,18 +401,21 @@ def open_source(
     storage_options: dict[str, Any] | None = None,
     allow_pickle: bool = False,
     pickle_option: str = PICKLE_OPTION,
+    waiting: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> CheckpointSource | LocalSource:
     """The source at ``uri``: local databases if the path holds RocksDB databases,
-    otherwise a checkpoint root (object storage or a local folder). Stores recorded
-    with the pickle serde are read only with ``allow_pickle`` (``pickle_option``
-    names how the user says so, in the refusal)."""
+    otherwise a checkpoint root (object storage or a local folder), first reached
+    within a bounded time (:func:`~sessionstore.checkpoint.first_contact.reach`;
+    ``waiting``, a spinner, shows while it takes more than a second). Stores
+    recorded with the pickle serde are read only with ``allow_pickle``
+    (``pickle_option`` names how the user says so, in the refusal)."""
     path = _local_path(uri)
     if path is not None:
         if not os.path.exists(path):
             raise NotFoundError(f"{uri} does not exist")
         if local_databases(path):
             return LocalSource(path, allow_pickle, pickle_option)
-    return CheckpointSource(uri, storage_options, allow_pickle, pickle_option)
+    return CheckpointSource(uri, storage_options, allow_pickle, pickle_option, waiting)
 
 
 # ---------------------------------------------------------------------- rows
@@ -464,7 +486,8 @@ def store_rows(
 
     Where an operator recorded its output plan in the store, a row's ``value`` is
     :class:`Aggregates` (and count windows add ``window`` and ``count`` before it);
-    ``raw`` keeps the stored value (the accumulator)."""
+    ``raw`` keeps the stored value (the accumulator). Event times are epoch
+    milliseconds, as :class:`Instant` where the operator shows them as timestamps."""
     source.check_pickle(operator)  # before anything is read
     kind = _kind_of(source.store_records(operator), operator, store)
     row_filter.check(kind, store)  # clear errors before any restore
@@ -484,6 +507,8 @@ def store_rows(
             finish = None if raw else recorded_output(stores[store])
             if finish is not None:
                 rows = _finished(rows, finish, f"{operator}/{partition} store {store!r}")
+            if recorded_time_type(stores[store]) == "timestamp":
+                rows = _instants(rows, store_class(kind).time_columns)
             for row in rows:
                 yield {"partition": partition, **row}
                 count += 1

@@ -119,7 +119,11 @@ def aggregate_input(
     ts_col, time_type = time_column(fields, timestamp)
     others = [c for c in fields if c not in keys and c != timestamp]
     aggregations = aggregations or {"count": "count"}
-    aggregation, value_cols, plan = parse_aggregations(aggregations, others, fields)
+    ansi = str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true"
+    as_timestamp = "timestamp" if isinstance(time_type, T.TimestampType) else None
+    aggregation, value_cols, plan = parse_aggregations(
+        aggregations, others, fields, "error" if ansi else "null", as_timestamp
+    )
     out_fields = [fields[k] for k in keys]
     out_fields += [T.StructField(start, time_type), T.StructField(end, time_type)]
     for out_name, fn, column in plan:

@@ -11,14 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessionstore.operators import Aggregation, Aggregations
-from sessionstore.operators.aggregate_functions import MOMENTS, parse_spec
+from sessionstore.operators.aggregate_functions import MOMENTS, decimal_result_type, parse_spec
 
 __all__ = ["SessionAggregation", "parse_aggregations", "value_type"]
 
 #: Functions whose input must be numeric (Spark casts strings; say so instead).
 _NUMERIC = {"sum", "avg", "percentile_approx"} | MOMENTS
-#: Functions that keep a decimal's value in their slot (as text or as a double).
-_DECIMAL_OK = {"sum", "avg", "percentile_approx", "count", "approx_count_distinct"} | MOMENTS
 
 
 @dataclass(frozen=True)
@@ -41,14 +39,22 @@ class SessionAggregation:
 
 
 def parse_aggregations(
-    aggregations: Mapping[str, Any], columns: Sequence[str], fields: Mapping[str, Any] | None = None
+    aggregations: Mapping[str, Any],
+    columns: Sequence[str],
+    fields: Mapping[str, Any] | None = None,
+    overflow: str = "error",
+    time_type: str | None = None,
 ):
     """``(Aggregation, value columns, [(output name, function, input column)])``.
 
     Every bad spec fails here, on the driver, with one message naming the
     aggregate: an unknown function, a wrong arity, an argument out of range, a
     column the input lacks (``columns``) or, given the input's ``fields``, of a
-    type the function does not take."""
+    type the function does not take. Given ``fields``, the built-ins are bound to
+    the types of the columns they read (:func:`value_types`); ``overflow`` is what a
+    decimal sum or average past its type gives ("error" under Spark's ANSI mode,
+    else "null"); ``time_type`` "timestamp" when the output's time columns are
+    timestamps (recorded for readers)."""
     if not isinstance(aggregations, Mapping) or not aggregations:
         raise ValueError(f"aggregations must be a non-empty dict, got {aggregations!r}")
     if len(aggregations) == 1:
@@ -82,22 +88,41 @@ def parse_aggregations(
                 needed.append(column)
         spec[out_name] = "count" if parsed.fn == "count" and parsed.column is None else how
         plan.append((out_name, parsed.fn, parsed.column))
-    if any(fn == "custom" for _, fn, _ in plan):
+    raw = any(fn == "custom" for _, fn, _ in plan)
+    if raw:
         needed = list(columns)  # a custom aggregate sees every value column
-    return Aggregations(spec), needed, plan
+    types = {} if fields is None else value_types(fields, needed, raw)
+    return Aggregations(spec, types, overflow, time_type), needed, plan
+
+
+def value_types(fields: Mapping[str, Any], columns: Sequence[str], raw: bool) -> dict[str, str]:
+    """The types of ``columns`` the built-in aggregates must know (see
+    :class:`~sessionstore.operators.Aggregations`): decimals, and, when the
+    columns reach the operator as Spark gives them (``raw``: a custom aggregate
+    sees them), timestamps and dates, which the built-ins then read as numbers.
+    Without a custom aggregate the query itself turns those into numbers
+    (:func:`_time_as_number`)."""
+    from pyspark.sql import types as T
+
+    out = {}
+    for c in columns:
+        dtype = fields[c].dataType
+        if isinstance(dtype, T.DecimalType):
+            out[c] = dtype.simpleString()
+        elif raw and isinstance(dtype, T.TimestampType):
+            out[c] = "timestamp"
+        elif raw and isinstance(dtype, T.DateType):
+            out[c] = "date"
+    return out
 
 
 def _check_type(out_name: str, how: Any, fn: str, column: str, dtype: Any) -> None:
     from pyspark.sql import types as T
 
-    why = None
     if fn in _NUMERIC and not isinstance(dtype, T.NumericType):
-        why = f"{fn} needs a numeric column"
-    elif isinstance(dtype, T.DecimalType) and fn not in _DECIMAL_OK:
-        why = f"{fn} does not take decimals here: cast the column to double or string"
-    if why is not None:
         raise ValueError(
-            f"aggregation {out_name!r} = {how!r}: {why}, and {column!r} is {dtype.simpleString()}"
+            f"aggregation {out_name!r} = {how!r}: {fn} needs a numeric column, and "
+            f"{column!r} is {dtype.simpleString()}"
         )
 
 
@@ -111,15 +136,13 @@ def value_type(fn: str, column: str | None, fields: dict[str, Any], custom: Any 
     if fn == "custom":
         dtype = custom.output_type
         return T._parse_datatype_string(dtype) if isinstance(dtype, str) else dtype
+    source = fields[column].dataType
+    if fn in ("sum", "avg") and isinstance(source, T.DecimalType):
+        return T.DecimalType(*decimal_result_type(fn, source.precision, source.scale))
     if fn == "avg" or fn in MOMENTS:
         return T.DoubleType()
-    source = fields[column].dataType
     if fn == "sum":
-        if isinstance(source, T.IntegralType):
-            return T.LongType()
-        if isinstance(source, T.DecimalType):
-            return T.DecimalType(min(38, source.precision + 10), source.scale)
-        return T.DoubleType()
+        return T.LongType() if isinstance(source, T.IntegralType) else T.DoubleType()
     if fn in ("collect", "collect_list", "collect_set"):
         return T.ArrayType(source)
     return source  # min, max, first, last, min_by, max_by, percentile_approx (one p)

@@ -9,6 +9,8 @@ import math
 import random
 import statistics
 import tempfile
+from datetime import UTC
+from decimal import ROUND_HALF_UP, Decimal
 
 import msgpack
 import pyarrow as pa
@@ -225,6 +227,145 @@ def test_new_plans_record_arguments_and_show_sketches_by_estimate():
     acc = _aggregate(aggs, [{"s": s, "x": x} for s, x in [("a", 3), ("b", 1), ("a", 2)]])
     fields, shown = recorded_output(store)(msgpack.unpackb(msgpack.packb(acc), raw=False))
     assert shown == {"u": 2, "q": [2.0], "mb": "b", "mine": 3}  # a custom one: its accumulator
+
+
+# -- exact decimals ----------------------------------------------------------------
+#: Averages a real Spark 4 query gave (``groupBy().avg(v)`` over ``decimal(p,s)``):
+#: the sum divided at scale 39, rounded half up (away from zero) to decimal(p+4, s+4),
+#: both capped at 38.
+SPARK_AVERAGES = [
+    ("decimal(10,0)", ["1"] + ["0"] * 31, "0.0313"),
+    ("decimal(10,0)", ["-1"] + ["0"] * 31, "-0.0313"),
+    ("decimal(10,0)", ["3", "3", "3", "2"], "2.7500"),
+    ("decimal(10,0)", ["1000000000"] * 3, "1000000000.0000"),
+    ("decimal(10,2)", ["0.01", "0.02", "0.02"], "0.016667"),
+    ("decimal(10,2)", ["-0.05"] + ["0.00"] * 15, "-0.003125"),
+    ("decimal(38,10)", ["0.0000000001", "0.0000000002", "0.0000000002"], "1.6667E-10"),
+    ("decimal(38,10)", ["0", "0", "0"], "0E-14"),
+    ("decimal(20,18)", ["1.000000000000000001", "0", "0"], "0.3333333333333333336667"),
+    ("decimal(5,5)", ["0.00001"] + ["0"] * 31, "3.13E-7"),
+    ("decimal(38,36)", ["1.5", "0.000000000000000000000000000000000001"],
+     "0.75000000000000000000000000000000000050"),
+    ("decimal(38,36)", ["0.1", "0.2", "0.2"], "0.16666666666666666666666666666666666667"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype, values, expected", SPARK_AVERAGES)
+def test_a_decimal_average_is_sparks_to_the_last_digit(dtype, values, expected):
+    aggs = Aggregations({"a": ("avg", "v")}, {"v": dtype})
+    got = aggs.finish(_aggregate(aggs, [{"v": Decimal(v)} for v in values]))["a"]
+    assert str(got) == expected
+
+
+def test_a_decimal_sum_or_average_past_its_type_is_an_error_or_null():
+    """Spark (ANSI, its default) fails the query; without ANSI it gives null."""
+    rows = [{"v": Decimal("1234567890123456789012345678.0123456789")}, {"v": Decimal(1)}]
+    # the average of two: 27 integer digits, past decimal(38,14); the sum of 100: 30,
+    # past decimal(38,10)
+    for fn, many in (("avg", 1), ("sum", 50)):
+        spec = {"a": (fn, "v")}
+        errors = Aggregations(spec, {"v": "decimal(38,10)"})
+        acc = _aggregate(errors, rows * many)
+        with pytest.raises(ArithmeticError, match=r"'a'.*cannot be represented as decimal\(38,"):
+            errors.finish(acc)
+        nulls = Aggregations(spec, {"v": "decimal(38,10)"}, overflow="null")
+        assert nulls.finish(acc) == {"a": None}
+    # the sum of two fits decimal(38,10) exactly (no rounding to 28 digits)
+    both = Aggregations({"s": ("sum", "v")}, {"v": "decimal(38,10)"})
+    assert (
+        str(both.finish(_aggregate(both, rows))["s"]) == "1234567890123456789012345679.0123456789"
+    )
+
+
+DECIMAL_SPEC = {
+    "avg": ("avg", "d"), "sum": ("sum", "d"), "min": ("min", "d"), "max": ("max", "d"),
+    "first": ("first", "d"), "last": ("last", "d"), "cl": ("collect_list", "d"),
+    "cs": ("collect_set", "d"), "cd": ("count_distinct", "d"), "minby": ("min_by", "d", "o"),
+    "maxby": ("max_by", "s", "d"), "all": ("collect", "d"),
+}  # fmt: skip
+DECIMALS = st.one_of(
+    st.none(), st.decimals(-(10**6), 10**6, places=2, allow_nan=False, allow_infinity=False)
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(
+        st.fixed_dictionaries({"d": DECIMALS, "o": DECIMALS, "s": st.sampled_from("abc")}),
+        max_size=30,
+    ),
+    cuts=st.lists(st.integers(0, 30), max_size=5),
+)
+def test_decimal_aggregates_are_exact_in_any_grouping(rows, cuts):
+    """Over a decimal(9,2) column: accumulators of consecutive groups merged (each
+    through msgpack: decimals are stored as text) give the exact results of a
+    model, as Decimals of the column's scale."""
+    rows = [{**r, "d": _scaled(r["d"]), "o": _scaled(r["o"])} for r in rows]
+    aggs = Aggregations(DECIMAL_SPEC, {"d": "decimal(9,2)", "o": "decimal(9,2)"})
+    bounds = sorted({0, len(rows), *[c for c in cuts if c <= len(rows)]})
+    acc = aggs.initializer()
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        part = msgpack.unpackb(msgpack.packb(_aggregate(aggs, rows[a:b], a)), raw=False)
+        acc = msgpack.unpackb(msgpack.packb(aggs.merger("k", acc, part)), raw=False)
+    got = aggs.finish(acc)
+    ds = [r["d"] for r in rows if r["d"] is not None]
+    by_o = [r for r in rows if r["o"] is not None]
+    by_d = [r for r in rows if r["d"] is not None]
+    want = {
+        "sum": sum(ds) if ds else None,
+        "avg": (sum(ds) / len(ds)).quantize(Decimal("0.000001"), ROUND_HALF_UP) if ds else None,
+        "min": min(ds, default=None), "max": max(ds, default=None),
+        "first": rows[0]["d"] if rows else None, "last": rows[-1]["d"] if rows else None,
+        "cl": ds, "cs": list(dict.fromkeys(ds)), "cd": len(set(ds)), "all": [r["d"] for r in rows],
+        "minby": min(by_o, key=lambda r: r["o"])["d"] if by_o else None,
+        "maxby": max(by_d, key=lambda r: r["d"])["s"] if by_d else None,
+    }  # fmt: skip
+    assert got == want
+    for v in [got["min"], got["max"], got["sum"], *got["cl"]]:
+        assert v is None or v.as_tuple().exponent == -2  # the column's scale
+    assert got["avg"] is None or got["avg"].as_tuple().exponent == -6
+
+
+def _scaled(v: Decimal | None) -> Decimal | None:
+    # as Arrow gives a decimal(9,2) value: exponent -2
+    return None if v is None else v.quantize(Decimal("0.01"))
+
+
+def test_a_recorded_plan_finishes_decimal_slots_as_the_operator_does():
+    store = InMemorySessionStore("s", 100)
+    spec = {"a": ("avg", "d"), "m": ("max", "d"), "n": "count"}
+    agg = SessionWindowAggregator(
+        store, SessionWindows(5), aggregations=Aggregations(spec, {"d": "decimal(10,2)"})
+    )
+    acc = _aggregate(agg.aggregation, [{"d": Decimal("0.05")}] + [{"d": Decimal("0.00")}] * 15)
+    _, shown = recorded_output(store)(msgpack.unpackb(msgpack.packb(acc), raw=False))
+    assert shown == {"a": Decimal("0.003125"), "m": Decimal("0.05"), "n": 16}
+
+
+def test_built_ins_read_datetimes_and_dates_as_numbers_beside_a_custom_one():
+    """Values that arrive as datetime/date (a custom aggregate sees them so) are
+    read by the built-ins as epoch microseconds / days, which msgpack stores."""
+    from datetime import date, datetime
+
+    custom = Aggregation(
+        list, lambda k, v, acc: acc + [type(v["t"]).__name__], lambda k, a, b: a + b
+    )
+    aggs = Aggregations(
+        {"seen": custom, "max": ("max", "t"), "first": ("min_by", "d", "t"), "lo": ("min", "d")},
+        {"t": "timestamp", "d": "date"},
+    )
+    rows = [
+        {"t": datetime(2024, 1, 1, 0, 0, 1, 5, tzinfo=UTC), "d": date(1970, 1, 3)},
+        {"t": datetime(2024, 1, 1, 0, 0, 0), "d": date(1969, 12, 31)},
+        {"t": None, "d": None},
+    ]
+    acc = msgpack.unpackb(msgpack.packb(_aggregate(aggs, rows)), raw=False)
+    assert aggs.finish(acc) == {
+        "seen": ["datetime", "datetime", "NoneType"],
+        "max": 1_704_067_201_000_005,
+        "first": -1,
+        "lo": -1,
+    }
 
 
 # -- the columnar paths -------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from datetime import UTC
 from decimal import Decimal
 
 import pytest
@@ -19,7 +20,10 @@ pytestmark = pytest.mark.slow
 
 GAP_MS = 10_000
 SIZE_MS = 20_000
-SCHEMA = "user string, ts long, amount long, price double, page string, at long, cost decimal(10,2)"
+SCHEMA = (
+    "user string, ts long, amount long, price double, page string, at long, cost decimal(10,2), "
+    "big decimal(38,18)"
+)
 RSD = 0.05
 
 #: Every function, as sessionize spells it.
@@ -48,12 +52,43 @@ OURS = {
     "maxby": ("max_by", "amount", "price"),
     "minp": ("min", "page"),
     "maxt": ("max", "t2"),
+    # over decimals: exact, of Spark's types (avg of decimal(38,18) is decimal(38,22))
+    "ac": ("avg", "cost"),
+    "ab": ("avg", "big"),
+    "sb": ("sum", "big"),
+    "minc": ("min", "cost"),
+    "maxb": ("max", "big"),
+    "clc": ("collect_list", "cost"),
+    "csc": ("collect_set", "cost"),
+    "cdc": ("count_distinct", "cost"),
+    "minbyb": ("min_by", "big", "price"),
+    "maxbyb": ("max_by", "page", "big"),
+    "fc": ("first", "cost"),
+    "lb": ("last", "big"),
+    "sdc": ("stddev", "cost"),
+    "acdc": ("approx_count_distinct", "cost"),
+    "p50c": ("percentile_approx", "cost", 0.5),
+}
+#: The aggregates over decimal columns (their batches take the record path).
+DECIMALS = {
+    k for k, v in OURS.items() if isinstance(v, tuple) and any(c in ("cost", "big") for c in v[1:3])
 }
 #: The functions the columnar path computes (over numeric columns without a sum of
 #: nulls or doubles, a decimal or a string minimum): a batch with only these takes it.
-COLUMNAR = {k: v for k, v in OURS.items() if k not in ("s", "sp", "sc", "minp")}
-DOUBLES = {"sp", "avg", "mean", "sd", "sds", "sdp", "var", "vs", "vp"}
-SETS = {"cs", "cl"}
+COLUMNAR = {k: v for k, v in OURS.items() if k not in {"s", "sp", "minp", *DECIMALS}}
+DOUBLES = {"sp", "avg", "mean", "sd", "sds", "sdp", "var", "vs", "vp", "sdc"}
+SETS = {"cs", "cl", "csc", "clc"}
+#: first/last by event time: Spark's first/last follow row order, so they are
+#: checked against the events (the value at the earliest / latest time).
+BY_TIME = {"fc": ("cost", min), "lb": ("big", max)}
+#: Spark's result types of the decimal aggregates.
+DECIMAL_TYPES = {
+    "ac": "decimal(14,6)", "ab": "decimal(38,22)", "sb": "decimal(38,18)",
+    "minc": "decimal(10,2)", "maxb": "decimal(38,18)", "clc": "array<decimal(10,2)>",
+    "csc": "array<decimal(10,2)>", "cdc": "bigint", "minbyb": "decimal(38,18)",
+    "maxbyb": "string", "fc": "decimal(10,2)", "lb": "decimal(38,18)", "sdc": "double",
+    "acdc": "bigint", "p50c": "decimal(10,2)", "sc": "decimal(20,2)",
+}  # fmt: skip
 
 
 def spark_aggs():
@@ -73,6 +108,11 @@ def spark_aggs():
         F.collect_set("page").alias("cs"), F.collect_list("page").alias("cl"),
         F.min_by("page", "price").alias("minby"), F.max_by("amount", "price").alias("maxby"),
         F.min("page").alias("minp"), F.max("t2").alias("maxt"),
+        F.avg("cost").alias("ac"), F.avg("big").alias("ab"), F.sum("big").alias("sb"),
+        F.min("cost").alias("minc"), F.max("big").alias("maxb"),
+        F.collect_list("cost").alias("clc"), F.collect_set("cost").alias("csc"),
+        F.min_by("big", "price").alias("minbyb"), F.max_by("page", "big").alias("maxbyb"),
+        F.stddev("cost").alias("sdc"), F.percentile_approx("cost", 0.5).alias("p50c"),
     ]  # fmt: skip
 
 
@@ -84,6 +124,12 @@ def events(seed=5):
     Then two events that close every session and window."""
     rng = random.Random(seed)
     prices = iter(rng.sample(range(1, 100_000), 400))
+    # distinct decimal(38,18) values (orderings without ties) as JSON text, 5% null,
+    # from their own generator (the other columns stay as they were)
+    brng = random.Random(seed + 1)
+    unscaled = sorted({brng.randrange(-(10**28), 10**28) for _ in range(400)})
+    brng.shuffle(unscaled)
+    bigs = iter(None if brng.random() < 0.05 else str(Decimal(v).scaleb(-18)) for v in unscaled)
     pages = ["/", "/a", "/b", "/c", "/d", "/e"]
 
     def row(user, ts):
@@ -94,6 +140,7 @@ def events(seed=5):
             "user": user, "ts": ts, "amount": maybe(rng.randrange(-5, 50)),
             "price": maybe(next(prices) / 7.0), "page": maybe(rng.choice(pages)),
             "at": ts + rng.randrange(0, 5_000), "cost": maybe(rng.randrange(0, 9999) / 100),
+            "big": next(bigs),
         }  # fmt: skip
 
     base = 1_000_000
@@ -105,7 +152,7 @@ def events(seed=5):
         first.append(row(f"u{rng.randrange(3)}", t))
     first.append(row("u0", t))  # a tie in time
     first.append(row("nulls", base))
-    first[-1].update(amount=None, price=None, page=None, cost=None)
+    first[-1].update(amount=None, price=None, page=None, cost=None, big=None)
     out.append(first)
     second = [row("m", base + GAP_MS), row("m", base + 3 * GAP_MS)]  # merges m's three
     for _ in range(30):
@@ -138,6 +185,7 @@ def _spark_rows(rows, start, end, extra_end=0):
         w = d.pop("w")
         ident = (d["user"], _ms(w["start"]), _ms(w["end"]) - extra_end)
         d["cd"] = len(d.pop("cd_set"))
+        d["cdc"] = len(d["csc"])
         d["maxt"] = None if d["maxt"] is None else _ms(d["maxt"])
         out[ident] = d
     return out
@@ -181,19 +229,29 @@ def _check(ours, theirs, evs, inclusive_end, names=OURS):
         for name in names:
             a, b = mine[name], spark.get(name)
             where = f"{name} of {ident}: ours {a!r}, Spark's {b!r}"
-            if name in ("acd", "acd2"):
-                exact = spark["cd"]
-                rsd = RSD if name == "acd" else 0.1
+            if name in ("acd", "acd2", "acdc"):
+                exact = spark["cdc" if name == "acdc" else "cd"]
+                rsd = 0.1 if name == "acd2" else RSD
                 assert abs(a - exact) <= 3 * rsd * max(exact, 1), where
-            elif name in ("p50", "pq"):
-                column = "amount" if name == "p50" else "price"
+            elif name in BY_TIME:
+                column, pick = BY_TIME[name]
+                rows = [e for b_ in evs for e in b_ if e["user"] == user and lo <= e["ts"] <= hi]
+                at = pick(e["ts"] for e in rows)
+                held = [e[column] for e in rows if e["ts"] == at]
+                assert a in {v if v is None else Decimal(str(v)) for v in held}, where
+                assert a is None or a.as_tuple().exponent == (-2 if column == "cost" else -18)
+            elif name in ("p50", "pq", "p50c"):
+                column = {"p50": "amount", "pq": "price", "p50c": "cost"}[name]
                 values = _exact_values(evs, user, lo, hi, column)
-                ps = [0.5] if name == "p50" else [0.25, 0.75]
-                got = [a] if name == "p50" else a
+                ps = [0.25, 0.75] if name == "pq" else [0.5]
+                got = a if name == "pq" else [a]
                 if not values:
                     assert a is None and b is None, where
                     continue
-                bound = 1.0 / (10000 if name == "p50" else 100)
+                bound = 1.0 / (100 if name == "pq" else 10000)
+                if name == "p50c":
+                    assert isinstance(a, Decimal) and isinstance(b, Decimal), where
+                    values = [Decimal(str(x)) for x in values]  # as the column holds them
                 for p, v in zip(ps, got, strict=True):
                     rank = sum(1 for x in values if x <= v) / len(values)
                     lower = sum(1 for x in values if x < v) / len(values)
@@ -205,6 +263,8 @@ def _check(ours, theirs, evs, inclusive_end, names=OURS):
                     assert a is b, where
                 else:
                     assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9), where
+            elif name in DECIMALS:  # exact: the same digits, scale included
+                assert str(a) == str(b), where
             else:
                 assert a == b, where
         assert mine["n"] == spark["n"]
@@ -240,20 +300,35 @@ def _ours_windows(df, backend, name, aggregations=OURS):
     )  # fmt: skip
 
 
+def _decimal_rows(evs):
+    """The events with their decimals as ``Decimal`` (for createDataFrame)."""
+
+    def exact(v):
+        return None if v is None else Decimal(str(v))
+
+    return [{**e, "cost": exact(e["cost"]), "big": exact(e["big"])} for b in evs for e in b]
+
+
+def _check_types(ours, spark_schema):
+    """Our output types of the decimal aggregates are Spark's, and are those of
+    :data:`DECIMAL_TYPES`."""
+    for name, expected in DECIMAL_TYPES.items():
+        assert ours[name].dataType.simpleString() == expected, name
+        if name in spark_schema.names:
+            assert spark_schema[name].dataType.simpleString() == expected, name
+
+
 def test_every_function_on_a_batch_dataframe_equals_spark(spark, tmp_path):
     """A batch DataFrame: every session and window is emitted (the last of each key
     too, which nothing after them closes), with every aggregate equal to Spark's."""
     evs = events()[:3]  # no closing events: a bounded input ends by itself
-    rows = [
-        {**e, "cost": None if e["cost"] is None else Decimal(str(e["cost"]))}
-        for batch in evs
-        for e in batch
-    ]
-    df = _timed(spark.createDataFrame(rows, SCHEMA))
+    df = _timed(spark.createDataFrame(_decimal_rows(evs), SCHEMA))
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
 
     theirs = _spark_rows(_sessions_builtin(df).collect(), None, None, GAP_MS)
-    ours = _our_rows(_ours_sessions(df, backend, "s").collect(), "session_start", "session_end")
+    built = _ours_sessions(df, backend, "s")
+    _check_types(built.schema, _sessions_builtin(df).schema)
+    ours = _our_rows(built.collect(), "session_start", "session_end")
     _check(ours, theirs, evs, inclusive_end=True)
     assert any(user == "m" and hi - lo >= 4 * GAP_MS for user, lo, hi in ours)  # merged
     columnar = _ours_sessions(df, backend, "sc", COLUMNAR).collect()
@@ -266,6 +341,19 @@ def test_every_function_on_a_batch_dataframe_equals_spark(spark, tmp_path):
     _check(_our_rows(columnar, "window_start", "window_end"), theirs, evs, False, COLUMNAR)
 
 
+def _streamed(spark, tmp_path, folder, build, evs):
+    """The rows ``build`` gives over a streaming JSON source of ``evs`` (one file per
+    micro-batch, a 1 minute watermark)."""
+    out = build(
+        _timed(json_source(spark, tmp_path / folder, SCHEMA)).withWatermark("t", "1 minute")
+    )
+    steps = [
+        (lambda i=i, rows=rows: write_json(tmp_path / folder, i, rows))
+        for i, rows in enumerate(evs)
+    ]
+    return run_stream(out, tmp_path / f"ck-{folder}", steps)
+
+
 def test_every_function_on_a_stream_equals_spark(spark, tmp_path):
     """A streaming query, one file per micro-batch, 1 minute watermark: the same
     sessions and windows as Spark's, three sessions merged by a later batch and a
@@ -274,14 +362,7 @@ def test_every_function_on_a_stream_equals_spark(spark, tmp_path):
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
 
     def run(folder, build):
-        out = build(
-            _timed(json_source(spark, tmp_path / folder, SCHEMA)).withWatermark("t", "1 minute")
-        )
-        steps = [
-            (lambda i=i, rows=rows: write_json(tmp_path / folder, i, rows))
-            for i, rows in enumerate(evs)
-        ]
-        return run_stream(out, tmp_path / f"ck-{folder}", steps)
+        return _streamed(spark, tmp_path, folder, build, evs)
 
     theirs = _spark_rows(run("spark-s", _sessions_builtin), None, None, GAP_MS)
     ours = _our_rows(
@@ -316,6 +397,40 @@ def test_custom_aggregations_beside_built_ins(spark, tmp_path):
     ).collect()  # fmt: skip
     got = sorted((r.user, r.session_start, r.p, r.avg, r.k, r.n) for r in out)
     assert got == [("a", 1, 3, 3.0, 2, 2), ("a", 50_000, 4, 4.0, 1, 1), ("b", 5, 7, 7.0, 1, 1)]
+
+
+def test_custom_aggregations_beside_built_ins_over_times_and_decimals_in_a_stream(spark, tmp_path):
+    """A custom SessionAggregation beside built-ins reading a timestamp and
+    decimals, in a streaming query: the custom one sees the values as Spark gives
+    them (datetime, Decimal), the built-ins equal Spark's (the accumulators of
+    open sessions are stored between micro-batches)."""
+    from datetime import datetime
+
+    evs = events()
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+
+    def as_given(key, value, acc):
+        typed = isinstance(value["t2"], datetime) and all(
+            value[c] is None or isinstance(value[c], Decimal) for c in ("cost", "big")
+        )
+        return acc + (1 if typed else 1000)
+
+    seen = SessionAggregation(lambda: 0, as_given, lambda k, a, b: a + b, "bigint")
+    names = ["n", "maxt", "ac", "maxb", "maxbyb", "minc", "csc"]
+    ours_spec = {"seen": seen, **{k: OURS[k] for k in names}}
+
+    theirs = _spark_rows(
+        _streamed(spark, tmp_path, "spark", _sessions_builtin, evs), None, None, GAP_MS
+    )
+    ours = _our_rows(
+        _streamed(
+            spark, tmp_path, "ours", lambda df: _ours_sessions(df, backend, "s", ours_spec), evs
+        ),
+        "session_start",
+        "session_end",
+    )
+    _check(ours, theirs, evs, True, names)
+    assert all(row["seen"] == row["n"] for row in ours.values())
 
 
 @pytest.mark.parametrize(
@@ -409,3 +524,54 @@ def test_a_lone_session_aggregation_keeps_its_stored_layout():
     both, _, _ = parse_aggregations({"p": double, "n": "count"}, ["v"])
     acc = both.add("k", {"v": 1}, 0, both.initializer())
     assert (acc, both.finish(acc)) == ([2, 1], {"p": 2, "n": 1})
+
+
+def test_parquet_dumps_show_the_bounds_of_timestamp_operators_as_timestamps(spark, tmp_path):
+    """An operator whose input time is a timestamp records so in its output plan:
+    ``dump --format parquet`` writes its session and window bounds as
+    timestamp[ms, UTC] columns, equal to the operator's own output; one over epoch
+    milliseconds keeps int64 columns, and jsonl keeps integers either way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from tests.tools.test_cli import run as cli
+
+    rows = [("a", 1_000_123), ("a", 1_004_000), ("b", 2_000_000), ("a", 1_100_000)]
+    longs = spark.createDataFrame(rows, "user string, ts long")
+    stamped = longs.withColumn("ts", F.timestamp_millis("ts"))
+    ms = pa.timestamp("ms", tz="UTC")
+    for name, df, build, stored in [
+        ("s", stamped, lambda df, b: sessionize(df, "user", "ts", gap="10 seconds", backend=b),
+         "sessions"),
+        ("w", stamped, lambda df, b: window_aggregate(df, "user", "ts", size="1 minute",
+                                                       backend=b), "windows"),
+        ("l", longs, lambda df, b: sessionize(df, "user", "ts", gap="10 seconds", backend=b),
+         "sessions"),
+    ]:  # fmt: skip
+        backend = StateBackend(f"file://{tmp_path}/{name}", local_dir=str(tmp_path / f"l-{name}"))
+        out = build(df, backend).collect()
+        start, end = (
+            ("window_start", "window_end") if name == "w" else ("session_start", "session_end")
+        )
+        expected = sorted((r.user, r[start], r[end]) for r in out)
+        target = tmp_path / f"{name}.parquet"
+        dumped = cli("dump", backend.checkpoint_uri, "--store", stored, "--format", "parquet",
+                     "--output", str(target))  # fmt: skip
+        assert dumped.returncode == 0, dumped.stderr
+        table = pq.read_table(target)
+        want = ms if name != "l" else pa.int64()
+        assert table.schema.field("start").type == want and table.schema.field("end").type == want
+        got = sorted(
+            zip(*(table.column(c).to_pylist() for c in ("key", "start", "end")), strict=True)
+        )
+        # the sessions and windows the store still holds (closed ones are dropped)
+        assert len(got) >= 2
+        if name == "l":
+            assert set(got) <= set(expected)
+        else:  # the operator's bounds (naive local datetimes from collect), as instants
+            instants = {(k, s.timestamp(), e.timestamp()) for k, s, e in expected}
+            assert {(k, s.timestamp(), e.timestamp()) for k, s, e in got} <= instants
+            assert all(s.utcoffset() == e.utcoffset() == UTC.utcoffset(None) for _, s, e in got)
+        lines = cli("dump", backend.checkpoint_uri, "--store", stored)
+        assert all(type(json.loads(line)["start"]) is int for line in lines.stdout.splitlines())
