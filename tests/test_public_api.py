@@ -32,10 +32,8 @@ def _readme_operators() -> set[str]:
     # the section under the "Operators" heading (any level), up to the next heading
     section = re.split(r"\n#+ Operators\n", text, maxsplit=1)[1]
     section = re.split(r"\n#+ ", section, maxsplit=1)[0]
-    names = set()
-    for line in re.findall(r"^- (.+?):", section, re.M):
-        names.update(re.findall(r"`([A-Z]\w+)`", line))
-    return names
+    prose = re.sub(r"```.*?```", "", section, flags=re.S)
+    return set(re.findall(r"`([A-Z]\w+)`", prose))
 
 
 def test_every_exported_name_imports():
