@@ -243,14 +243,16 @@ class SessionWindowAggregator(ArrowBatches):
             state.index,
             state.decode,
         )
-        for end, start, kb in index.below(close, from_end):
-            index.discard(kb, start, end)
-            key = decode(kb)
-            acc = store.fetch_session(key, start, end)
+        # one index read and delete, one multi-get per segment: a close after a
+        # micro-batch emits every session the batch passed
+        entries = index.take_below(close, from_end)
+        values = store.fetch_encoded([(kb, start, end) for end, start, kb in entries])
+        offsets = self.track_offsets
+        for (end, start, kb), acc in zip(entries, values, strict=True):
             if acc is not None:
-                if self.track_offsets:
+                if offsets:
                     acc = acc[0]
-                out.append(SessionUpdate(key, start, end, finish(acc), end))
+                out.append(SessionUpdate(decode(kb), start, end, finish(acc), end))
         return out
 
     # ------------------------------------------------------------- batch paths

@@ -240,11 +240,12 @@ class _Batch:
                 )
             )  # fmt: skip
         stays_open = plain[p_close >= n]
-        for g, start, end in zip(
-            runs.g[stays_open].tolist(), runs.start[stays_open].tolist(),
-            runs.end[stays_open].tolist(), strict=True,
-        ):  # fmt: skip
-            index.add(kb_of(g), start, end)
+        index.add_many(
+            zip(
+                [kb_of(g) for g in runs.g[stays_open].tolist()],
+                runs.start[stays_open].tolist(), runs.end[stays_open].tolist(), strict=True,
+            )
+        )  # fmt: skip
         finish = state.aggregation.finish
         for g, start, end, acc in py_sessions:
             kb = kb_of(g)
