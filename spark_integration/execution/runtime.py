@@ -426,7 +426,8 @@ def run_aggregator(
     updates: list[Any] = []
     table_out = None
     if shared is not None:
-        updates += agg.advance_to(shared)
+        with gc_paused():  # an object per session the advance closes, no cycles
+            updates += agg.advance_to(shared)
     if inputs:
         with gc_paused():  # Python objects for every row, and no cycles among them
             table = deterministic_order(pa.Table.from_batches(inputs), [TS])
