@@ -20,7 +20,10 @@ An operator that keeps accumulators of built-in aggregates in a store records an
 and columns, and how its stored values wrap the accumulator. It is written in the
 store's metadata, so it travels in the checkpoint's changelogs and snapshots, and a
 reader (the CLI, the Spark data source) turns stored values back into the
-operator's output with :func:`recorded_output`, without the job's code.
+operator's output with :func:`recorded_output`, without the job's code. The plan
+also says whether the operator shows its event times as timestamps
+(:func:`recorded_time_type`); an operator without aggregates records only that
+(:func:`record_time_type`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ __all__ = [
     "make_aggregation",
     "output_plan",
     "record_output_plan",
+    "record_time_type",
     "recorded_output",
     "recorded_time_type",
 ]
@@ -339,7 +343,20 @@ def record_output_plan(store: Any, aggregation: Aggregation, layout: str) -> Non
     """Record in ``store``'s metadata how a reader finishes its values (or that it
     cannot, for a custom aggregation); written only when it changes, in the
     store's current batch, so it is committed with the operator's state."""
-    plan = output_plan(aggregation, layout)
+    _record_plan(store, output_plan(aggregation, layout))
+
+
+def record_time_type(store: Any, time_type: str | None) -> None:
+    """Record in ``store``'s metadata the type of its event times for an operator
+    whose stored values are shown as they are (a temporal join's versioned table):
+    an output plan with no layout, holding only ``"time"``. ``time_type``:
+    ``"timestamp"`` when the operator's input time column is a timestamp, None
+    (nothing recorded) for epoch milliseconds. Written as
+    :func:`record_output_plan` writes, so committed with the operator's state."""
+    _record_plan(store, None if time_type is None else {"time": time_type})
+
+
+def _record_plan(store: Any, plan: dict[str, Any] | None) -> None:
     packed = None if plan is None else msgpack.packb(plan)
     if store.read_aux(OUTPUT_PLAN_AUX) != packed:
         store.write_aux(OUTPUT_PLAN_AUX, packed)
@@ -353,8 +370,8 @@ def _recorded_plan(store: Any) -> dict[str, Any] | None:
 
 def recorded_time_type(store: Any) -> str | None:
     """``"timestamp"`` when the operator that recorded ``store``'s output plan shows
-    its event times (window bounds) as timestamps, else None (epoch milliseconds,
-    or no plan)."""
+    its event times (window bounds, version validity) as timestamps, else None
+    (epoch milliseconds, or no plan)."""
     plan = _recorded_plan(store)
     return None if plan is None else plan.get("time")
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from sessionstore.encoding.keys import check_timestamp
+from sessionstore.operators.aggregations import record_time_type
 from sessionstore.stores.versioned import VersionedStore
 
 __all__ = ["TemporalJoin", "JoinedRecord", "STREAM", "TABLE"]
@@ -41,18 +42,26 @@ def _pair(stream_value: Any, table_value: Any) -> tuple[Any, Any]:
 
 
 class TemporalJoin:
-    """Join a stream with a versioned table, as of each stream record's event time."""
+    """Join a stream with a versioned table, as of each stream record's event time.
+
+    ``time_type``: ``"timestamp"`` when the table's times are timestamps where the
+    job shows them (a Spark timestamp column); recorded in the table's metadata
+    (written in its current batch), so readers show its versions' times as
+    timestamps. None: epoch milliseconds, nothing recorded.
+    """
 
     def __init__(
         self,
         table: VersionedStore,
         joiner: Callable[[Any, Any], Any] = _pair,
         how: str = "inner",
+        time_type: str | None = None,
     ) -> None:
         if how not in ("inner", "left"):
             raise ValueError(f"how must be 'inner' or 'left', got {how!r}")
         if not isinstance(table, VersionedStore):
             raise TypeError(f"table must be a VersionedStore, got {type(table).__name__}")
+        record_time_type(table, time_type)
         self.table = table
         self.joiner = joiner
         self.how = how

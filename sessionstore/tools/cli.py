@@ -376,13 +376,14 @@ def dump(
         rows = _counted(rows, progress)
         first = next(rows, None)  # errors surface before an output file is created
         rows = _chain(first, rows)
+        times = () if fmt == "jsonl" else _time_columns(source, operator, store_name)
         if fmt in ("table", "csv") and not epoch_ms:
-            rows = _readable_times(rows, _time_columns(source, operator, store_name))
+            rows = _readable_times(rows, times)
         out = (
             open(output, "w", encoding="utf-8", newline="") if output and fmt != "parquet" else None
         )
         try:
-            _write_rows(rows, fmt, out, output)
+            _write_rows(rows, fmt, out, output, times)
         finally:
             if out is not None:
                 out.close()
@@ -414,7 +415,11 @@ def _flat(row: dict[str, Any]) -> dict[str, Any]:
     return {k: _as_text(v) if k in text and v is not None else v for k, v in columns.items()}
 
 
-def _write_rows(rows: Iterator[dict], fmt: str, out, output: str | None) -> None:
+def _write_rows(
+    rows: Iterator[dict], fmt: str, out, output: str | None, times: tuple[str, ...] = ()
+) -> None:
+    """``rows`` in ``fmt`` to ``out`` (or the file ``output``, Parquet); ``times``:
+    the columns that are event times (timestamps in Parquet where marked so)."""
     if fmt == "jsonl":
         dumps, write = json.dumps, (out or sys.stdout).write
         for row in rows:
@@ -432,7 +437,7 @@ def _write_rows(rows: Iterator[dict], fmt: str, out, output: str | None) -> None
             writer.writerow(flat)
         return
     if fmt == "parquet":
-        _write_parquet(rows, output)
+        _write_parquet(rows, output, times)
         return
     from rich.console import Console
     from rich.table import Table
@@ -446,8 +451,11 @@ def _write_rows(rows: Iterator[dict], fmt: str, out, output: str | None) -> None
     Console(width=200, file=out).print(table)
 
 
-def _write_parquet(rows: Iterator[dict], output: str, chunk: int = 65536) -> None:
-    """Row groups of ``chunk`` rows, so memory stays flat for any store size."""
+def _write_parquet(
+    rows: Iterator[dict], output: str, times: tuple[str, ...] = (), chunk: int = 65536
+) -> None:
+    """Row groups of ``chunk`` rows, so memory stays flat for any store size;
+    ``times``: the event-time columns (see :func:`_write_chunk`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -457,9 +465,9 @@ def _write_parquet(rows: Iterator[dict], output: str, chunk: int = 65536) -> Non
             buffer.append(row)
             total += 1
             if len(buffer) >= chunk:
-                writer = _write_chunk(writer, buffer, output)
+                writer = _write_chunk(writer, buffer, output, times)
         if buffer:
-            writer = _write_chunk(writer, buffer, output)
+            writer = _write_chunk(writer, buffer, output, times)
         elif writer is None:
             empty = pa.schema([("partition", pa.int64()), ("key", pa.string()),
                                ("value", pa.string())])  # fmt: skip
@@ -470,8 +478,12 @@ def _write_parquet(rows: Iterator[dict], output: str, chunk: int = 65536) -> Non
     click.echo(f"wrote {total:,} rows to {output}")
 
 
-def _write_chunk(writer: Any, buffer: list[dict], output: str) -> Any:
-    """Append ``buffer`` (rows) as a row group (opening the writer on the first one)."""
+def _write_chunk(writer: Any, buffer: list[dict], output: str, times: tuple[str, ...]) -> Any:
+    """Append ``buffer`` (rows) as a row group (opening the writer on the first one).
+    The event-time columns ``times`` are timestamps when the reader marked a time
+    of the first chunk as an :class:`Instant` (the store's operator records that its
+    times are timestamps), so a column whose first values are all null (a
+    version's open ``valid_to``) gets the type of its siblings."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -482,10 +494,11 @@ def _write_chunk(writer: Any, buffer: list[dict], output: str) -> Any:
         # time was a timestamp, which are timestamps (UTC, milliseconds); everything
         # else is text
         ints = {n for n in buffer[0] if n not in ("key", "value", "state")}
-        times = {n for n in ints if any(isinstance(r.get(n), Instant) for r in buffer)}
+        stamped = any(isinstance(r.get(n), Instant) for r in buffer for n in times)
+        instants = set(times) & ints if stamped else set()
         instant = pa.timestamp("ms", tz="UTC")
         fields = [
-            (n, instant if n in times else pa.int64() if n in ints else pa.string())
+            (n, instant if n in instants else pa.int64() if n in ints else pa.string())
             for n in flat[0]
         ]
         writer = pq.ParquetWriter(output, pa.schema(fields))

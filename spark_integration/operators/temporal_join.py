@@ -95,10 +95,11 @@ def temporal_join(
     out_schema = T.StructType(out_fields)
 
     stream_cols = list(s_fields)
+    table_time, table_time_type = time_column(t_fields, table_timestamp)
     combined = tagged_union(
         keys,
         [
-            (table_df, time_column(t_fields, table_timestamp)[0], table_values, _TABLE),
+            (table_df, table_time, table_values, _TABLE),
             (stream_df, time_column(s_fields, stream_timestamp)[0], stream_cols, _STREAM),
         ],
     )
@@ -117,6 +118,8 @@ def temporal_join(
         out_schema_json=out_schema.json(),
         key_types=key_types(combined, keys),
         coordinator=coordinator,
+        # the table's versions are its rows' times: timestamps where its column is
+        time_type="timestamp" if isinstance(table_time_type, T.TimestampType) else None,
     )
     return state_map(combined, keys, n, task, out_schema, name)
 
@@ -135,6 +138,7 @@ class _TemporalJoinTask:
     out_schema_json: str
     key_types: list[str]
     coordinator: CoordinatorAddress | None = None
+    time_type: str | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
         spec = StoreSpec("table", "versioned", self.retention_ms)
@@ -158,7 +162,9 @@ class _TemporalJoinTask:
             # output is the same at any partition count (and after a rescale).
             if shared is not None:
                 table.advance_stream_time(shared)
-            join = TemporalJoin(table, joiner=lambda s, t: (s, t), how=self.how)
+            join = TemporalJoin(
+                table, joiner=lambda s, t: (s, t), how=self.how, time_type=self.time_type
+            )
             if inputs:
                 with table.stream_time_held():
                     joined = self._join(

@@ -63,3 +63,66 @@ def test_matches_a_brute_force_as_of_join(spark, tmp_path, how):
                 expected.append((p["currency"], p["ts"], p["amount"], None))
     got = sorted((r["currency"], r["ts"], r["amount"], r["rate"]) for r in collected)
     assert got == sorted(expected, key=lambda r: (r[0], r[1], r[2], r[3] is None, r[3] or 0))
+
+
+def test_parquet_dumps_of_the_table_hold_its_versions_times_as_timestamps(spark, tmp_path):
+    """Over a timestamp table input the versioned store records so: ``dump --format
+    parquet`` writes ``valid_from``/``valid_to`` as timestamp[ms, UTC] columns, the
+    instants of the table's rows; over epoch milliseconds they stay int64. jsonl
+    and the data source keep integers (its schema declares the times bigint)."""
+    import json
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from spark_integration.datasource import register
+    from tests.tools.test_cli import run as cli
+
+    register(spark)
+    rates = [("A", 1_000_123, 5), ("A", 1_004_000, 6), ("B", 2_000_000, 7)]
+    payments = [("A", 1_002_000, 10), ("B", 2_500_000, 20)]
+    # (key, valid_from, valid_to, rate) of every version the table holds
+    versions = sorted([("A", 1_000_123, 1_004_000, 5), ("A", 1_004_000, None, 6),
+                       ("B", 2_000_000, None, 7)])  # fmt: skip
+
+    def instant(ms):
+        return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+    for name, stamped in [("ts", True), ("ms", False)]:
+        table = spark.createDataFrame(rates, "currency string, rate_ts long, rate long")
+        stream = spark.createDataFrame(payments, "currency string, ts long, amount long")
+        if stamped:
+            table = table.withColumn("rate_ts", F.timestamp_millis("rate_ts"))
+            stream = stream.withColumn("ts", F.timestamp_millis("ts"))
+        backend = StateBackend(f"file://{tmp_path}/{name}", local_dir=str(tmp_path / f"l-{name}"))
+        out = temporal_join(
+            stream, table, key="currency", stream_timestamp="ts", table_timestamp="rate_ts",
+            history_retention=10**9, backend=backend,
+        )  # fmt: skip
+        assert sorted((r.currency, r.amount, r.rate) for r in out.collect()) == [
+            ("A", 10, 5), ("B", 20, 7),
+        ]  # fmt: skip
+        target = tmp_path / f"{name}.parquet"
+        dumped = cli("dump", backend.checkpoint_uri, "--store", "table", "--format", "parquet",
+                     "--output", str(target))  # fmt: skip
+        assert dumped.returncode == 0, dumped.stderr
+        dump = pq.read_table(target)
+        want = pa.timestamp("ms", tz="UTC") if stamped else pa.int64()
+        assert dump.schema.field("valid_from").type == want
+        assert dump.schema.field("valid_to").type == want
+        got = sorted(
+            (r["key"], r["valid_from"], r["valid_to"], json.loads(r["value"])["rate"])
+            for r in dump.to_pylist()
+        )
+        shown = instant if stamped else (lambda ms: ms)
+        assert got == [(k, shown(f), shown(t), rate) for k, f, t, rate in versions]
+        lines = cli("dump", backend.checkpoint_uri, "--store", "table").stdout.splitlines()
+        assert sorted((r["valid_from"], r["valid_to"]) for r in map(json.loads, lines)) == sorted(
+            (f, t) for _, f, t, _ in versions
+        )
+        read = spark.read.format("sessionstore").option("path", backend.checkpoint_uri)
+        df = read.option("store", "table").load()
+        assert df.schema["valid_from"].dataType.simpleString() == "bigint"
+        assert sorted(r.valid_from for r in df.collect()) == sorted(f for _, f, _, _ in versions)

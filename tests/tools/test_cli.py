@@ -408,3 +408,51 @@ def test_retry_options_bound_a_failing_store_and_the_error_says_what_was_tried()
     assert len(out.stderr.strip().splitlines()) == 1
     out = run("ls", "s3://bucket/ck", *flags, "--retry-max-attempts", "0")
     assert out.returncode == 2 and "--retry-max-attempts" in out.stderr
+
+
+def test_parquet_dumps_of_a_temporal_join_table_hold_timestamps_only_when_recorded(tmp_path):
+    """A temporal join over epoch milliseconds records no time type: its table's
+    ``valid_from``/``valid_to`` dump to Parquet as int64. One told its times are
+    timestamps records so, and both columns are timestamp[ms, UTC], also where
+    every ``valid_to`` dumped is open (null)."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sessionstore.operators import TemporalJoin
+
+    def instant(ms):
+        return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+    spec = [StoreSpec("table", "versioned", 10**12)]
+    for time_type in (None, "timestamp"):
+        uri = f"file://{tmp_path}/{time_type}"
+        provider = StateStoreProvider(uri, "temporal_join", 0, spec, tmp_path / f"l-{time_type}")
+        handle = provider.get_store(0)
+        join = TemporalJoin(handle["table"], time_type=time_type)
+        join.process_table("a", "free", 1_700_000_000_000)
+        join.process_table("a", "pro", 1_700_000_060_123)
+        join.process_table("b", "free", 1_700_000_000_500)
+        handle.commit()
+        provider.close()
+        shown = instant if time_type else (lambda ms: ms)
+        want = pa.timestamp("ms", tz="UTC") if time_type else pa.int64()
+        for key, rows in [
+            ([], [("a", "pro", 1_700_000_060_123, None),
+                  ("a", "free", 1_700_000_000_000, 1_700_000_060_123),
+                  ("b", "free", 1_700_000_000_500, None)]),
+            (["--key", "b"], [("b", "free", 1_700_000_000_500, None)]),
+        ]:  # fmt: skip
+            target = tmp_path / f"{time_type}{len(key)}.parquet"
+            out = run("dump", uri, "--store", "table", *key, "--format", "parquet",
+                      "--output", str(target))  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            dump = pq.read_table(target)
+            assert [dump.schema.field(c).type for c in ("valid_from", "valid_to")] == [want, want]
+            assert [
+                (r["key"], r["value"], r["valid_from"], r["valid_to"]) for r in dump.to_pylist()
+            ] == [(k, v, shown(f), shown(t)) for k, v, f, t in rows]
+        # jsonl keeps the integers
+        out = run("dump", uri, "--store", "table", "--key", "b")
+        assert json.loads(out.stdout)["valid_from"] == 1_700_000_000_500
