@@ -56,16 +56,18 @@ class RocksDBEndIndex:
     def below(self, end: int, from_end: int | None = None) -> list[Entry]:
         """Entries with ``from_end <= end' < end``, in (end, start, key) order (no
         lower bound when ``from_end`` is None)."""
+        return [self._decode(raw) for raw in self._raw_below(end, from_end)]
+
+    def _raw_below(self, end: int, from_end: int | None) -> list[bytes]:
+        """The index keys :meth:`below` decodes."""
         hi = encode_times(TS_MIN, end)
         lo = None if from_end is None else encode_times(TS_MIN, from_end)
-        return [self._decode(raw) for raw, _ in self._db.scan_list(self._cf, lo, hi)]
+        return [raw for raw, _ in self._db.scan_list(self._cf, lo, hi)]
 
     def take_below(self, end: int, from_end: int | None = None) -> list[Entry]:
         """:meth:`below`, and forget those entries: what a close emits, read and
         deleted in one pass (one pending-write dict, no call per entry)."""
-        hi = encode_times(TS_MIN, end)
-        lo = None if from_end is None else encode_times(TS_MIN, from_end)
-        raws = [raw for raw, _ in self._db.scan_list(self._cf, lo, hi)]
+        raws = self._raw_below(end, from_end)
         if raws:
             with self._db.batch():
                 self._db.bulk_writer(self._cf).update(dict.fromkeys(raws))
