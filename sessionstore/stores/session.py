@@ -147,7 +147,11 @@ class SessionStoreBase(TimedStore):
             if end >= self.min_visible_end():
                 self._write(kb, start, end, None)
             return
-        vb = self._dumps(value)
+        self.put_encoded(kb, start, end, self._dumps(value))
+
+    def put_encoded(self, kb: bytes, start: int, end: int, vb: bytes) -> None:
+        """:meth:`put` of a session given as its encoded key and its value as the
+        value serde stored it (a valid window: ``start <= end``)."""
         st = self._stream_time
         if st is None or end > st:
             if self.writes_move_time:
@@ -193,6 +197,17 @@ class SessionStoreBase(TimedStore):
         if self._end_index is None:
             self._end_index = MemoryEndIndex()
         return self._end_index
+
+    def closing_sessions(self) -> Any:
+        """The sessions kept to close at the next advance
+        (:class:`~sessionstore.stores.closing.ClosingSessions`), or None where the
+        store keeps none (in memory)."""
+        return None
+
+    def _closing_entries(self) -> list[tuple[int, int, bytes, bytes]]:
+        """What :meth:`closing_sessions` keeps, read without creating anything
+        (readers open checkpoints they must not change)."""
+        return []
 
     def remove(self, key: Any, start: int, end: int) -> None:
         """Delete the session ``[start, end]`` of ``key`` (no-op if absent)."""
@@ -287,10 +302,39 @@ class SessionStoreBase(TimedStore):
             found = self.find_sessions(key, lo, latest_start)
         else:
             found = self.find_sessions_in_range(key_from, key_to, lo, latest_start)
+        closing = self._closing_entries()
+        if closing:  # stored sessions too, until the advance that emits them
+            found = self._with_closing(found, closing, key, key_from, key_to, lo, latest_start)
         for window, value in found:
             row = self._row(window, value, hi)
             if row is not None:
                 yield row
+
+    def _with_closing(self, found, closing, key, key_from, key_to, lo, latest_start) -> list:
+        """``found`` and the kept closing sessions in the same key and time bounds,
+        in (encoded key, end, start) order, as the segments give them."""
+        if key is not None:
+            kb = self.encode_key(key)
+            bounds: tuple[bytes | None, bytes | None] | None = (kb, kb + b"\x00")
+        else:
+            bounds = key_range(self.encode_key, key_from, key_to)
+        if bounds is None:
+            return list(found)
+        kb_lo, kb_hi = bounds
+        encode, decode, loads = self.encode_key, self.decode_key, self._loads
+        rows = [(encode(w.key), w.end, w.start, w, v) for w, v in found]
+        for end, start, kb, vb in closing:
+            if (
+                end >= lo
+                and start <= latest_start
+                and (kb_lo is None or kb >= kb_lo)
+                and (kb_hi is None or kb < kb_hi)
+                and (key is None or kb == kb_lo)
+            ):
+                window = SessionWindow(decode(kb), start, end)
+                rows.append((kb, end, start, window, loads(vb)))
+        rows.sort(key=lambda r: r[:3])
+        return [(w, v) for *_, w, v in rows]
 
     def _latest_start(self, to_ts: int) -> int:
         """The latest row start a read up to ``to_ts`` may meet."""
@@ -334,6 +378,7 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
         value_serde: Any = None,
     ) -> None:
         super().__init__(name, retention_ms, segment_interval_ms, key_serde, value_serde)
+        self._closing = None
         self._attach(db, segment_interval_ms)
         if self._stream_time is not None:
             self._segments.expire_below(self.min_visible_end())
@@ -342,8 +387,9 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
     def row_key(cls, family: str, raw: bytes) -> bytes:
         """The encoded user key of the raw row ``raw`` of this store's family
         ``<store>.<family>``: a segment row is ``enc(key) ‖ end ‖ start``, an end-index
-        (``open``) row ``end ‖ start ‖ enc(key)``. What a repartition routes by."""
-        return raw[TIMES.size :] if family == "open" else raw[: -TIMES.size]
+        (``open``) or closing (``closing``) row ``end ‖ start ‖ enc(key)``. What a
+        repartition routes by."""
+        return raw[TIMES.size :] if family in ("open", "closing") else raw[: -TIMES.size]
 
     # ---------------------------------------------------------------- row storage
     def _expire(self, min_visible_end: int) -> None:
@@ -365,6 +411,20 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
         if self._end_index is None:
             self._end_index = RocksDBEndIndex(self._db, self.name)
         return self._end_index
+
+    def closing_sessions(self):
+        from sessionstore.stores.closing import ClosingSessions
+
+        if self._closing is None:
+            self._closing = ClosingSessions(self._db, self.name)
+        return self._closing
+
+    def _closing_entries(self) -> list[tuple[int, int, bytes, bytes]]:
+        from sessionstore.stores.closing import ClosingSessions
+
+        if self._closing is None and f"{self.name}.closing" not in self._db.column_families():
+            return []
+        return (self._closing or ClosingSessions.reading(self._db, self.name)).all()
 
     def set_min_retention(self, retention_ms: int) -> None:
         """Raise retention to at least ``retention_ms`` (recorded in the spec)."""

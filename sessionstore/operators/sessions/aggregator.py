@@ -63,6 +63,11 @@ from sessionstore.operators.vectorised import FAR_PAST
 __all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
 
 
+def _close_order(entry: tuple) -> tuple:
+    """(end, start, encoded key): the order a close emits in, the end index's."""
+    return entry[:3]
+
+
 class SessionWindowAggregator(ArrowBatches):
     """The KIP-94 session-window processor over a session store (RocksDB or memory)."""
 
@@ -175,6 +180,7 @@ class SessionWindowAggregator(ArrowBatches):
         offset = state.check_offset(offset)
         kb = state.encode(key)
         with state.rolling_back():
+            state.resolve_closing(None)  # rows before an advance may merge with them
             out = self._process(key, kb, value, ts, offset)
             state.save_times()
         return out
@@ -248,7 +254,13 @@ class SessionWindowAggregator(ArrowBatches):
         entries = index.take_below(close, from_end)
         values = store.fetch_encoded([(kb, start, end) for end, start, kb in entries])
         offsets = self.track_offsets
-        for (end, start, kb), acc in zip(entries, values, strict=True):
+        merged = [(*e, acc) for e, acc in zip(entries, values, strict=True)]
+        due = state.resolve_closing(close)
+        if due:  # sessions kept apart to close now: merged in (end, start, key) order
+            loads = store.value_serde.loads
+            merged += [(end, start, kb, loads(vb)) for end, start, kb, vb in due]
+            merged.sort(key=_close_order)
+        for end, start, kb, acc in merged:
             if acc is not None:
                 if offsets:
                     acc = acc[0]
@@ -303,6 +315,7 @@ class SessionWindowAggregator(ArrowBatches):
             after = {(encode(u.key), u.start, u.end): (u.key, u.value) for u in out}
             return net_changes(before, after)
         with state.rolling_back(), gc_paused():
+            state.resolve_closing(None)  # rows before an advance may merge with them
             out = replay_rows(state, keys, timestamps, values, offsets, net)
             state.save_times()
         return out

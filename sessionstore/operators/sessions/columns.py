@@ -62,6 +62,7 @@ def run_final(state: SessionState, batch_in: Prepared, timestamp: str, value: An
     """Process a prepared batch in emit-on-close mode, inside the store's batch;
     return the closed sessions as a table (key columns, ``start``, ``end``, ``value``
     struct, ``timestamp``) in the order :meth:`process_rows` emits them."""
+    state.resolve_closing(None)  # rows before an advance may merge with them
     out = _run(state, batch_in, timestamp, value)
     state.save_times()
     return out
@@ -230,7 +231,27 @@ class _Batch:
             index.discard(kb_of(g), start, end)
         plain = np.flatnonzero(runs.plain)
         p_close = np.searchsorted(self.timing.close_arr, runs.end[plain], side="right")
-        to_put = plain[runs.end[plain] >= final_vis]
+        stays = p_close >= n
+        keep = runs.end[plain] >= final_vis
+        certain = state.certain_close()
+        if certain is not None:
+            # open after the batch, but certain to close at the next advance: kept
+            # apart, one row each, instead of a segment row and an index entry
+            apart = stays & (runs.end[plain] < certain)
+            if apart.any():
+                idx = plain[apart]
+                dumps = store.value_serde.dumps
+                state.closing.add_many(
+                    zip(
+                        [kb_of(g) for g in runs.g[idx].tolist()],
+                        runs.start[idx].tolist(), runs.end[idx].tolist(),
+                        map(dumps, runs.accs(idx)), strict=True,
+                    )
+                )  # fmt: skip
+                state.closing_pending = True
+                stays &= ~apart
+                keep &= ~apart
+        to_put = plain[keep]
         if len(to_put):
             store.put_many(
                 zip(
@@ -239,7 +260,7 @@ class _Batch:
                     runs.accs(to_put), strict=True,
                 )
             )  # fmt: skip
-        stays_open = plain[p_close >= n]
+        stays_open = plain[stays]
         index.add_many(
             zip(
                 [kb_of(g) for g in runs.g[stays_open].tolist()],

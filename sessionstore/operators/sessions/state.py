@@ -92,6 +92,12 @@ class SessionState:
         if not final and store.read_aux("update_mode") is None:
             store.write_aux("update_mode", b"1")
         self.index_complete = final and store.read_aux("update_mode") is None
+        #: Emit-on-close judged by the last advance: the sessions a batch passes
+        #: that are certain to close at the next advance, kept apart (see
+        #: :mod:`sessionstore.stores.closing`), or None where the store keeps none.
+        self.closing = store.closing_sessions() if final and held else None
+        #: Whether :attr:`closing` may hold sessions (read once, then followed).
+        self.closing_pending = self.closing is not None and self.closing.any()
         #: The store's key codec (the same functions the store uses).
         self.encode, self.decode = store.encode_key, store.decode_key
         #: The largest timestamp seen (None before the first record).
@@ -121,6 +127,37 @@ class SessionState:
     def _reread_times(self) -> None:
         self.stream_time = self._read_time("stream_time")
         self.emitted_close = self._read_time("emitted_close")
+        self.closing_pending = self.closing is not None and self.closing.any()
+
+    def certain_close(self) -> int | None:
+        """Sessions ending before this are certain to close at the next advance
+        (None: keep none apart): the partition's own close time after the rows so
+        far. The next advance is to the event time shared by every partition, which
+        is at least this one's stream time, and no later row merges with a closed
+        session."""
+        if self.closing is None or self.stream_time is None:
+            return None
+        return close_time(self.stream_time, self.gap, self.grace)
+
+    def resolve_closing(self, close: int | None) -> list[tuple[int, int, bytes, bytes]]:
+        """Take the kept closing sessions: those ending before ``close`` are returned
+        to be emitted (``(end, start, encoded key, value bytes)`` in that order); the
+        others (all, when ``close`` is None: rows come before an advance) go where
+        the batch that made them would have put them, a row and an end-index entry,
+        and stay open."""
+        if not self.closing_pending:
+            return []
+        self.closing_pending = False
+        due: list[tuple[int, int, bytes, bytes]] = []
+        store, index = self.store, self.index
+        for entry in self.closing.take_all():
+            end, start, kb, vb = entry
+            if close is not None and end < close:
+                due.append(entry)
+            else:
+                store.put_encoded(kb, start, end, vb)
+                index.add(kb, start, end)
+        return due
 
     def judged_time(self) -> int | None:
         """The time rows are judged by (see :func:`~.arrow_batches.judged_time`)."""
