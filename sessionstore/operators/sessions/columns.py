@@ -233,22 +233,20 @@ class _Batch:
         p_close = np.searchsorted(self.timing.close_arr, runs.end[plain], side="right")
         stays = p_close >= n
         keep = runs.end[plain] >= final_vis
-        certain = state.certain_close()
+        certain = state.certain_close(state.stream_time)
         if certain is not None:
             # open after the batch, but certain to close at the next advance: kept
             # apart, one row each, instead of a segment row and an index entry
             apart = stays & (runs.end[plain] < certain)
             if apart.any():
                 idx = plain[apart]
-                dumps = store.value_serde.dumps
-                state.closing.add_many(
+                state.keep_apart(
                     zip(
                         [kb_of(g) for g in runs.g[idx].tolist()],
-                        runs.start[idx].tolist(), runs.end[idx].tolist(),
-                        map(dumps, runs.accs(idx)), strict=True,
+                        runs.start[idx].tolist(), runs.end[idx].tolist(), runs.accs(idx),
+                        strict=True,
                     )
                 )  # fmt: skip
-                state.closing_pending = True
                 stays &= ~apart
                 keep &= ~apart
         to_put = plain[keep]

@@ -345,8 +345,20 @@ def settle(
             store.remove(key, s.start, s.end)
             if final:
                 index.discard(kb, s.start, s.end)
+    after = timing.end_time if state.stream_time is None else max(state.stream_time, timing.end_time)
+    certain = state.certain_close(after) if final else None
+    apart: list[tuple[bytes, int, int, Any]] = []
     for key, kb, s in tracked:
         if s.removed_at is not None:
+            continue
+        if (
+            certain is not None
+            and not s.loaded
+            and s.end < certain
+            and bisect_right(close_l, s.end) == n
+        ):
+            # closes at the next advance: kept apart, as the store would hold it
+            apart.append((kb, s.start, s.end, [s.acc, s.offsets] if track else s.acc))
             continue
         closes_at = None
         if final:
@@ -367,6 +379,8 @@ def settle(
                     index.add(kb, s.start, s.end)
         if not s.loaded and s.end >= final_vis:
             store.put(key, s.start, s.end, [s.acc, s.offsets] if track else s.acc)
+    if apart:
+        state.keep_apart(apart)
     if state.stream_time is None or timing.end_time > state.stream_time:
         state.stream_time = timing.end_time
     if final and int(timing.prefix[-1]) != FAR_PAST:  # FAR_PAST: held, never advanced

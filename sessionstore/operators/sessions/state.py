@@ -129,15 +129,24 @@ class SessionState:
         self.emitted_close = self._read_time("emitted_close")
         self.closing_pending = self.closing is not None and self.closing.any()
 
-    def certain_close(self) -> int | None:
+    def certain_close(self, stream_time: int | None) -> int | None:
         """Sessions ending before this are certain to close at the next advance
-        (None: keep none apart): the partition's own close time after the rows so
-        far. The next advance is to the event time shared by every partition, which
-        is at least this one's stream time, and no later row merges with a closed
-        session."""
-        if self.closing is None or self.stream_time is None:
+        (None: keep none apart): the close time at ``stream_time``, the partition's
+        own after a batch. The next advance is to the event time shared by every
+        partition, which is at least this one's stream time, and no later row
+        merges with a closed session. (Exactness does not rest on it: an advance to
+        an earlier time, or rows before an advance, put back what they do not
+        close, see :meth:`resolve_closing`.)"""
+        if self.closing is None or stream_time is None or stream_time == FAR_PAST:
             return None
-        return close_time(self.stream_time, self.gap, self.grace)
+        return close_time(stream_time, self.gap, self.grace)
+
+    def keep_apart(self, sessions: Any) -> None:
+        """Keep ``(encoded key, start, end, stored value)`` of sessions certain to
+        close at the next advance (see :meth:`certain_close`)."""
+        dumps = self.store.value_serde.dumps
+        self.closing.add_many((kb, start, end, dumps(acc)) for kb, start, end, acc in sessions)
+        self.closing_pending = True
 
     def resolve_closing(self, close: int | None) -> list[tuple[int, int, bytes, bytes]]:
         """Take the kept closing sessions: those ending before ``close`` are returned

@@ -1,0 +1,269 @@
+"""Sessions kept apart to close at the next advance (stores/closing.py).
+
+A RocksDB session store keeps the sessions a batch passes that are certain to
+close at the next advance in ``<store>.closing``, one row each, instead of a
+segment row and an end-index entry. The model is the per-session path itself: an
+in-memory store keeps none apart. The property test runs a stream through
+partitioned RocksDB stores behind the checkpoint provider (a commit per batch, as
+Spark's tasks do), with a restore from checkpoint and changelog and a repartition
+between batches, and holds every batch's output, and every stored session the
+reader shows, equal to one in-memory aggregator's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionstore import InMemorySessionStore, StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.repartition import repartition_checkpoint
+from sessionstore.encoding.spark_hash import partition_ids
+from sessionstore.operators import SessionWindowAggregator, SessionWindows
+from sessionstore.stores.session import SessionStore
+from sessionstore.tools.reader import CheckpointSource, store_rows
+
+KEYS = st.sampled_from(["a", "b", "c", "d", "e", "f"])
+ROW = st.tuples(KEYS, st.integers(0, 80), st.integers(0, 9))
+STREAM = st.lists(st.lists(ROW, max_size=25), min_size=2, max_size=7)
+AGGS = {"n": "count", "total": ("sum", "v"), "avg": ("avg", "v"), "last": ("last", "v")}
+OP = "op"
+
+
+def _table(rows):
+    return pa.table({
+        "key": pa.array([r[0] for r in rows], pa.string()),
+        "ts": pa.array([r[1] for r in rows], pa.int64()),
+        "v": pa.array([r[2] for r in rows], pa.int64()),
+    })  # fmt: skip
+
+
+def _value(value):
+    return None if value is None else tuple(sorted((k, repr(v)) for k, v in value.items()))
+
+
+def _aggregator(store, windows, emit):
+    return SessionWindowAggregator(
+        store, windows, aggregations=AGGS, emit=emit, closes_on="advance"
+    )
+
+
+def _batch_out(agg, shared, rows, emit, path):
+    """What one partition emits in a micro-batch, as the Spark task runs it."""
+    out = []
+    if shared is not None:
+        closed = agg.advance_to(shared)
+        # in the end index's order, as the per-session path emits them
+        order = [(u.end, u.start, agg.store.encode_key(u.key)) for u in closed]
+        assert order == sorted(order)
+        out += [(u.key, u.start, u.end, _value(u.value)) for u in closed]
+    if rows:
+        rows = sorted(rows, key=lambda r: r[1])
+        if path == "rows":
+            ups = agg.process_rows(
+                [r[0] for r in rows], [r[1] for r in rows], [{"v": r[2]} for r in rows],
+                net=emit == "update",
+            )  # fmt: skip
+            out += [(u.key, u.start, u.end, _value(u.value)) for u in ups]
+        else:
+            table = agg.process_batch(_table(rows), "key", "ts", ["v"], net=emit == "update")
+            out += [(r["key"], r["start"], r["end"], _value(r["value"])) for r in table.to_pylist()]
+    return out
+
+
+def _visible(rows):
+    return sorted((r["key"], r["start"], r["end"], repr(r["value"])) for r in rows)
+
+
+def run_model(stream, windows, emit, skip=()):
+    """Every batch's output and stored sessions from one in-memory aggregator (no
+    sessions kept apart: the per-session path). Batches numbered in ``skip`` start
+    without an advance."""
+    agg = _aggregator(InMemorySessionStore("m", windows.retention_ms), windows, emit)
+    outs, states = [], []
+    for n, rows in enumerate(stream):
+        shared = None if n in skip else agg.stream_time
+        outs.append(Counter(_batch_out(agg, shared, rows, emit, "rows")))
+        states.append(_visible(agg.store.read_rows()))
+    return outs, states
+
+
+class Partitioned:
+    """The stream's keys over partitions, each a provider-backed RocksDB store."""
+
+    def __init__(self, tmp, windows, emit, parts):
+        self.tmp, self.windows, self.emit = tmp, windows, emit
+        self.uri, self.parts, self.opened = f"file://{tmp}/ck0", parts, 0
+        self.spec = StoreSpec("sessions", "session", windows.retention_ms)
+        self.kept = 0  # sessions found kept apart after a batch
+        self._open()
+
+    def _open(self):
+        self.opened += 1
+        self.providers = [
+            StateStoreProvider(
+                self.uri, OP, p, [self.spec], str(self.tmp / f"local{self.opened}"),
+                num_partitions=self.parts, key_types=["string"],
+            )  # fmt: skip
+            for p in range(self.parts)
+        ]
+
+    def close(self):
+        for provider in self.providers:
+            provider.close()
+
+    def restore(self):
+        """New providers on a new local folder: every partition loads its version
+        from the checkpoint (snapshot and changelogs)."""
+        self.close()
+        self._open()
+
+    def repartition(self, version, parts):
+        self.close()
+        target = f"file://{self.tmp}/ck{self.opened}"
+        repartition_checkpoint(self.uri, OP, parts, target, version)
+        self.uri, self.parts = target, parts
+        self._open()
+
+    def batch(self, version, shared, rows, path):
+        owner = partition_ids([[r[0] for r in rows]], ["string"], self.parts).tolist()
+        out, visible, times = [], [], []
+        for p, provider in enumerate(self.providers):
+            handle = provider.get_store(version)
+            agg = _aggregator(handle["sessions"], self.windows, self.emit)
+            mine = [r for r, o in zip(rows, owner, strict=True) if o == p]
+            out += _batch_out(agg, shared, mine, self.emit, path)
+            visible += handle["sessions"].read_rows()
+            if agg.state.closing is not None:
+                self.kept += len(agg.state.closing.all())
+            if agg.stream_time is not None:
+                handle.note_event_time(agg.stream_time)
+                times.append(agg.stream_time)
+            handle.commit()
+        return Counter(out), _visible(visible), max([*times, shared or times[0]]) if times else shared
+
+
+def run_partitioned(tmp, stream, windows, emit, path, restore_at, rescale_at, skip=()):
+    system = Partitioned(tmp, windows, emit, 2)
+    outs, states, shared = [], [], None
+    try:
+        for version, rows in enumerate(stream):
+            if version == restore_at:
+                system.restore()
+            if version == rescale_at:
+                system.repartition(version, 3)
+            advance = None if version in skip else shared
+            out, visible, shared = system.batch(version, advance, rows, path)
+            outs.append(out)
+            states.append(visible)
+    finally:
+        system.close()
+    return outs, states, system.kept
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    stream=STREAM,
+    gap=st.integers(0, 12),
+    grace=st.integers(0, 8),
+    emit=st.sampled_from(["final", "update"]),
+    path=st.sampled_from(["rows", "table"]),
+    restore_at=st.integers(1, 6),
+    rescale_at=st.integers(1, 6),
+    skip=st.sets(st.integers(1, 6), max_size=2),
+)
+def test_kept_apart_sessions_equal_the_per_session_path(
+    tmp_path_factory, stream, gap, grace, emit, path, restore_at, rescale_at, skip
+):
+    """Batch by batch, the output and the stored sessions (as the reader shows them)
+    equal the model's, through a restore and a repartition between batches, and
+    with batches that start without an advance (their rows meet the kept sessions)."""
+    windows = SessionWindows(gap, grace)
+    # later batches mostly later, as a stream's are (rows may still be late)
+    stream = [[(k, t + 40 * n, v) for k, t, v in rows] for n, rows in enumerate(stream)]
+    tmp = tmp_path_factory.mktemp("closing")
+    outs, states, _ = run_partitioned(
+        tmp, stream, windows, emit, path, restore_at, rescale_at, skip
+    )
+    assert (outs, states) == run_model(stream, windows, emit, skip)
+
+
+#: two sessions per key and batch: the first ends well before the batch's own close
+STEADY = [[(k, 100 * n + t, t) for t in (0, 7, 14, 60, 67, 74) for k in "abcdef"] for n in range(6)]
+
+
+@pytest.mark.parametrize("path", ["rows", "table"])
+def test_a_steady_stream_keeps_its_passed_sessions_apart_and_emits_them_the_same(tmp_path, path):
+    """Sessions a batch passes are kept apart (not in the segments and end index),
+    through a restore and a repartition, and the output stays the model's."""
+    windows = SessionWindows(10, 5)
+    outs, states, kept = run_partitioned(tmp_path, STEADY, windows, "final", path, 2, 4)
+    assert kept > 0
+    assert (outs, states) == run_model(STEADY, windows, "final")
+
+
+def test_the_reader_shows_kept_sessions_and_rows_before_an_advance_merge_them(tmp_path):
+    """A committed version holding kept-apart sessions: ``dump`` shows each as the
+    stored session it is; rows processed without an advance first put them back
+    into the segments and the end index, and merge with them as before."""
+    windows = SessionWindows(10, 0)
+    spec = StoreSpec("sessions", "session", windows.retention_ms)
+    uri = f"file://{tmp_path}/ck"
+    provider = StateStoreProvider(uri, OP, 0, [spec], str(tmp_path / "l"), key_types=["string"])
+    handle = provider.get_store(0)
+    agg = _aggregator(handle["sessions"], windows, "final")
+    agg.advance_to(0)
+    agg.process_rows(["a", "a", "b"], [1, 3, 100], [{"v": 1}, {"v": 2}, {"v": 3}])
+    assert [e[:3] for e in agg.state.closing.all()] == [(3, 1, handle["sessions"].encode_key("a"))]
+    handle.note_event_time(agg.stream_time)
+    handle.commit()
+    provider.close()
+    shown = [
+        (r["key"], r["start"], r["end"], r["value"])
+        for r in store_rows(CheckpointSource(uri), OP, "sessions")
+    ]
+    assert shown == [
+        ("a", 1, 3, {"n": 2, "total": 3, "avg": 1.5, "last": 2}),
+        ("b", 100, 100, {"n": 1, "total": 3, "avg": 3.0, "last": 3}),
+    ]
+    provider = StateStoreProvider(uri, OP, 0, [spec], str(tmp_path / "l2"), key_types=["string"])
+    handle = provider.get_store(1)
+    agg = _aggregator(handle["sessions"], windows, "final")
+    # no advance: the judged time is still 0, so a row at 12 merges with [1, 3]
+    assert agg.process_rows(["a"], [12], [{"v": 5}]) == []
+    store = handle["sessions"]
+    # the merged session is itself certain to close (12 < 100 - 10): kept apart
+    assert [e[:3] for e in agg.state.closing.all()] == [(12, 1, store.encode_key("a"))]
+    assert [(r["start"], r["end"]) for r in store.read_rows(key="a")] == [(1, 12)]
+    ups = agg.advance_to(200)
+    assert [(u.key, u.start, u.end, u.value["n"]) for u in ups] == [
+        ("a", 1, 12, 3), ("b", 100, 100, 1)
+    ]
+    handle.abort()
+    provider.close()
+
+
+def test_a_checkpoint_written_without_kept_sessions_loads_and_continues(tmp_path, monkeypatch):
+    """State as the per-session path leaves it (every passed session a segment row
+    and an end-index entry, no ``closing`` family), loaded by this code: it
+    continues exactly as the model, and keeps sessions apart from then on."""
+    windows = SessionWindows(10, 5)
+    with monkeypatch.context() as m:  # the per-session layout, as written before
+        m.setattr(SessionStore, "closing_sessions", lambda self: None)
+        first = run_partitioned(tmp_path / "a", STEADY[:3], windows, "final", "table", 99, 99)
+    assert first[2] == 0
+    system = Partitioned(tmp_path / "a", windows, "final", 2)
+    outs, states = list(first[0]), list(first[1])
+    shared = 100 * 2 + 74
+    try:
+        for version in range(3, 6):
+            out, visible, shared = system.batch(version, shared, STEADY[version], "table")
+            outs.append(out)
+            states.append(visible)
+    finally:
+        system.close()
+    assert system.kept > 0
+    assert (outs, states) == run_model(STEADY, windows, "final")
