@@ -15,7 +15,6 @@ import tempfile
 from collections import Counter
 from zlib import crc32
 
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,6 +26,7 @@ from sessionstore.operators import (
     TimeWindows,
     WindowAggregator,
 )
+from tests.operators.sessions.records import kv_table
 from tests.operators.store_factories import memory_store
 
 KEYS = st.sampled_from(["a", "b", "c", "d", "e"])
@@ -39,14 +39,6 @@ WINDOW_AGGS = {"n": "count", "total": ("sum", "v")}
 def _shifted(stream, shift):
     """Later batches mostly later, as a stream's are (rows may still be late)."""
     return [[(k, t + 40 * n * shift, v) for k, t, v in rows] for n, rows in enumerate(stream)]
-
-
-def _table(rows):
-    return pa.table({
-        "key": pa.array([r[0] for r in rows], pa.string()),
-        "ts": pa.array([r[1] for r in rows], pa.int64()),
-        "v": pa.array([r[2] for r in rows], pa.int64()),
-    })  # fmt: skip
 
 
 def _run_partitioned(make, stream, parts, path):
@@ -76,7 +68,7 @@ def _run_partitioned(make, stream, parts, path):
                     [r[0] for r in mine], [r[1] for r in mine], [{"v": r[2]} for r in mine]
                 )]  # fmt: skip
             else:
-                table = agg.process_batch(_table(mine), "key", "ts", ["v"])
+                table = agg.process_batch(kv_table(mine), "key", "ts", ["v"])
                 batch += [
                     (r["key"], r["start"], r["end"], _value(r["value"]), r.get("kind"))
                     for r in table.to_pylist()
@@ -160,7 +152,7 @@ def test_session_batch_paths_equal_the_record_path_when_held(
             [r[0] for r in rows], [r[1] for r in rows], [{"v": r[2]} for r in rows]
         )
         assert [_plain(u) for u in got] == want
-        table = aggs["table"].process_batch(_table(rows), "key", "ts", ["v"])
+        table = aggs["table"].process_batch(kv_table(rows), "key", "ts", ["v"])
         assert Counter(
             (r["key"], r["start"], r["end"], _value(r["value"]), None) for r in table.to_pylist()
         ) == Counter(want)

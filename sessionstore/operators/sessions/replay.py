@@ -345,7 +345,9 @@ def settle(
             store.remove(key, s.start, s.end)
             if final:
                 index.discard(kb, s.start, s.end)
-    after = timing.end_time if state.stream_time is None else max(state.stream_time, timing.end_time)
+    after = (
+        timing.end_time if state.stream_time is None else max(state.stream_time, timing.end_time)
+    )
     certain = state.certain_close(after) if final else None
     apart: list[tuple[bytes, int, int, Any]] = []
     for key, kb, s in tracked:

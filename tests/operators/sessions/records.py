@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from sessionstore.operators import SessionUpdate, SessionWindowAggregator
 
 
@@ -17,3 +19,13 @@ def process_tuples(
     values = [r[1] for r in records]
     timestamps = [r[2] for r in records]
     return agg.process_rows(keys, timestamps, values, offsets, net=net)
+
+
+def kv_table(rows: Sequence[tuple]) -> pa.Table:
+    """``(key, ts, v)`` tuples as an Arrow table of ``key`` (string), ``ts`` and ``v``
+    (int64)."""
+    return pa.table({
+        "key": pa.array([r[0] for r in rows], pa.string()),
+        "ts": pa.array([r[1] for r in rows], pa.int64()),
+        "v": pa.array([r[2] for r in rows], pa.int64()),
+    })  # fmt: skip

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,20 +24,13 @@ from sessionstore.encoding.spark_hash import partition_ids
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from sessionstore.stores.session import SessionStore
 from sessionstore.tools.reader import CheckpointSource, store_rows
+from tests.operators.sessions.records import kv_table
 
 KEYS = st.sampled_from(["a", "b", "c", "d", "e", "f"])
 ROW = st.tuples(KEYS, st.integers(0, 80), st.integers(0, 9))
 STREAM = st.lists(st.lists(ROW, max_size=25), min_size=2, max_size=7)
 AGGS = {"n": "count", "total": ("sum", "v"), "avg": ("avg", "v"), "last": ("last", "v")}
 OP = "op"
-
-
-def _table(rows):
-    return pa.table({
-        "key": pa.array([r[0] for r in rows], pa.string()),
-        "ts": pa.array([r[1] for r in rows], pa.int64()),
-        "v": pa.array([r[2] for r in rows], pa.int64()),
-    })  # fmt: skip
 
 
 def _value(value):
@@ -69,7 +61,7 @@ def _batch_out(agg, shared, rows, emit, path):
             )  # fmt: skip
             out += [(u.key, u.start, u.end, _value(u.value)) for u in ups]
         else:
-            table = agg.process_batch(_table(rows), "key", "ts", ["v"], net=emit == "update")
+            table = agg.process_batch(kv_table(rows), "key", "ts", ["v"], net=emit == "update")
             out += [(r["key"], r["start"], r["end"], _value(r["value"])) for r in table.to_pylist()]
     return out
 
@@ -105,8 +97,13 @@ class Partitioned:
         self.opened += 1
         self.providers = [
             StateStoreProvider(
-                self.uri, OP, p, [self.spec], str(self.tmp / f"local{self.opened}"),
-                num_partitions=self.parts, key_types=["string"],
+                self.uri,
+                OP,
+                p,
+                [self.spec],
+                str(self.tmp / f"local{self.opened}"),
+                num_partitions=self.parts,
+                key_types=["string"],
             )  # fmt: skip
             for p in range(self.parts)
         ]
@@ -143,7 +140,11 @@ class Partitioned:
                 handle.note_event_time(agg.stream_time)
                 times.append(agg.stream_time)
             handle.commit()
-        return Counter(out), _visible(visible), max([*times, shared or times[0]]) if times else shared
+        return (
+            Counter(out),
+            _visible(visible),
+            max([*times, shared or times[0]]) if times else shared,
+        )
 
 
 def run_partitioned(tmp, stream, windows, emit, path, restore_at, rescale_at, skip=()):
@@ -240,7 +241,8 @@ def test_the_reader_shows_kept_sessions_and_rows_before_an_advance_merge_them(tm
     assert [(r["start"], r["end"]) for r in store.read_rows(key="a")] == [(1, 12)]
     ups = agg.advance_to(200)
     assert [(u.key, u.start, u.end, u.value["n"]) for u in ups] == [
-        ("a", 1, 12, 3), ("b", 100, 100, 1)
+        ("a", 1, 12, 3),
+        ("b", 100, 100, 1),
     ]
     handle.abort()
     provider.close()
