@@ -3,8 +3,9 @@
 This module owns the names a store leaves in a database:
 
 * the store name itself (:func:`check_store_name`), which prefixes its column
-  families ``<store>.<segment id>``, ``<store>.latest``, ``<store>.kv`` (its rows,
-  :func:`is_data_family`) and ``<store>.open`` (the end index);
+  families ``<store>.<segment id>``, ``<store>.latest``, ``<store>.kv``,
+  ``<store>.closing`` (its rows, :func:`is_data_family`) and ``<store>.open`` (the
+  end index);
 * its keys in the ``meta`` family: ``store:<name>`` (the spec recorded by
   :func:`record_store_spec`, msgpack), ``stream_time:<name>`` (the observed stream
   time, :data:`~sessionstore.encoding.ints.INT64`) and ``aux:<name>:<aux>``
@@ -72,10 +73,13 @@ def check_store_name(name: Any) -> None:
 
 
 def is_data_family(store: str, family: str) -> bool:
-    """Whether ``family`` holds ``store``'s rows (a segment, ``.latest`` or ``.kv``)
-    rather than an index such as the end index ``.open``."""
+    """Whether ``family`` holds ``store``'s rows (a segment, ``.latest``, ``.kv`` or
+    the sessions kept to close at the next advance, ``.closing``) rather than an
+    index such as the end index ``.open``."""
     prefix, _, suffix = family.partition(".")
-    return prefix == store and (suffix.lstrip("-").isdigit() or suffix in ("latest", "kv"))
+    return prefix == store and (
+        suffix.lstrip("-").isdigit() or suffix in ("latest", "kv", "closing")
+    )
 
 
 def spec_key(store: str) -> bytes:

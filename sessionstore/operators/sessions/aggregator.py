@@ -256,10 +256,13 @@ class SessionWindowAggregator(ArrowBatches):
         offsets = self.track_offsets
         merged = [(*e, acc) for e, acc in zip(entries, values, strict=True)]
         due = state.resolve_closing(close)
-        if due:  # sessions kept apart to close now: merged in (end, start, key) order
+        if due:  # sessions kept apart to close now, in (end, start, key) order as well
             loads = store.value_serde.loads
-            merged += [(end, start, kb, loads(vb)) for end, start, kb, vb in due]
-            merged.sort(key=_close_order)
+            kept = [(end, start, kb, loads(vb)) for end, start, kb, vb in due]
+            if merged:  # two sorted runs: one merge pass
+                merged = sorted(merged + kept, key=_close_order)
+            else:
+                merged = kept
         for end, start, kb, acc in merged:
             if acc is not None:
                 if offsets:
