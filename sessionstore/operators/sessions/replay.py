@@ -317,28 +317,7 @@ def settle(
     final_vis = timing.final_vis
     index = state.index
     if final:
-        final_close = close_l[-1]
-        # open sessions the replay did not load close by time alone (all those
-        # ending before the last close time were emitted then)
-        closing = [
-            (kb, start, end)
-            for end, start, kb in (
-                index.below(final_close, emitted_close)
-                if open_entries is None
-                else [e for e in open_entries if e[0] < final_close]
-            )
-            if (kb, start, end) not in loaded_ids
-        ]
-        decode = state.decode
-        for (kb, start, end), acc in zip(closing, store.fetch_encoded(closing), strict=True):
-            index.discard(kb, start, end)
-            if acc is None:
-                continue
-            if track:
-                acc = acc[0]
-            j = bisect_right(close_l, end)  # close_l is non-decreasing
-            key = decode(kb)
-            emitted.append(((j, end, start, kb), SessionUpdate(key, start, end, finish(acc), end)))
+        _close_unloaded(state, timing, emitted, loaded_ids, open_entries)
     # write back: removals first, so that a re-put of the same window wins
     for key, kb, s in tracked:
         if s.loaded and s.removed_at is not None:
@@ -389,6 +368,39 @@ def settle(
         last_close = close_l[-1]
         if emitted_close is None or last_close > emitted_close:
             state.emitted_close = last_close
+
+
+def _close_unloaded(
+    state: SessionState,
+    timing: Timing,
+    emitted: Emitted,
+    loaded_ids: set[SessionId],
+    open_entries: list[tuple[int, int, bytes]] | None,
+) -> None:
+    """Final mode: the open sessions the replay did not load close by time alone
+    (all those ending before the last close time were emitted then)."""
+    store, index, close_l = state.store, state.index, timing.close_l
+    finish, track, decode = state.aggregation.finish, state.track_offsets, state.decode
+    final_close = close_l[-1]
+    closing = [
+        (kb, start, end)
+        for end, start, kb in (
+            index.below(final_close, state.emitted_close)
+            if open_entries is None
+            else [e for e in open_entries if e[0] < final_close]
+        )
+        if (kb, start, end) not in loaded_ids
+    ]
+    for (kb, start, end), acc in zip(closing, store.fetch_encoded(closing), strict=True):
+        index.discard(kb, start, end)
+        if acc is None:
+            continue
+        if track:
+            acc = acc[0]
+        j = bisect_right(close_l, end)  # close_l is non-decreasing
+        emitted.append(
+            ((j, end, start, kb), SessionUpdate(decode(kb), start, end, finish(acc), end))
+        )
 
 
 def net_changes(
