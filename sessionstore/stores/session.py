@@ -198,10 +198,10 @@ class SessionStoreBase(TimedStore):
             self._end_index = MemoryEndIndex()
         return self._end_index
 
-    def closing_sessions(self) -> Any:
+    def closing_sessions(self, create: bool = True) -> Any:
         """The sessions kept to close at the next advance
         (:class:`~sessionstore.stores.closing.ClosingSessions`), or None where the
-        store keeps none (in memory)."""
+        store keeps none (in memory; with ``create=False``, a store that never did)."""
         return None
 
     def _closing_entries(self) -> list[tuple[int, int, bytes, bytes]]:
@@ -412,10 +412,12 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
             self._end_index = RocksDBEndIndex(self._db, self.name)
         return self._end_index
 
-    def closing_sessions(self):
+    def closing_sessions(self, create: bool = True):
         from sessionstore.stores.closing import ClosingSessions
 
         if self._closing is None:
+            if not create and f"{self.name}.closing" not in self._db.column_families():
+                return None
             self._closing = ClosingSessions(self._db, self.name)
         return self._closing
 

@@ -92,12 +92,17 @@ class SessionState:
         if not final and store.read_aux("update_mode") is None:
             store.write_aux("update_mode", b"1")
         self.index_complete = final and store.read_aux("update_mode") is None
-        #: Emit-on-close judged by the last advance: the sessions a batch passes
-        #: that are certain to close at the next advance, kept apart (see
-        #: :mod:`sessionstore.stores.closing`), or None where the store keeps none.
-        self.closing = store.closing_sessions() if final and held else None
+        #: Emit-on-close judged by the last advance keeps the sessions a batch
+        #: passes that are certain to close at the next advance apart (see
+        #: :mod:`sessionstore.stores.closing`), where the store can.
+        self.keeps_apart = final and held
+        self.closing = store.closing_sessions(create=self.keeps_apart)
         #: Whether :attr:`closing` may hold sessions (read once, then followed).
         self.closing_pending = self.closing is not None and self.closing.any()
+        if self.closing_pending and not self.keeps_apart:
+            # kept by a run in the other mode: back into the segments (and index)
+            with store.batch():
+                self.resolve_closing(None)
         #: The store's key codec (the same functions the store uses).
         self.encode, self.decode = store.encode_key, store.decode_key
         #: The largest timestamp seen (None before the first record).
@@ -137,7 +142,7 @@ class SessionState:
         merges with a closed session. (Exactness does not rest on it: an advance to
         an earlier time, or rows before an advance, put back what they do not
         close, see :meth:`resolve_closing`.)"""
-        if self.closing is None or stream_time is None or stream_time == FAR_PAST:
+        if not self.keeps_apart or self.closing is None or stream_time in (None, FAR_PAST):
             return None
         return close_time(stream_time, self.gap, self.grace)
 
@@ -165,7 +170,8 @@ class SessionState:
                 due.append(entry)
             else:
                 store.put_encoded(kb, start, end, vb)
-                index.add(kb, start, end)
+                if index is not None:
+                    index.add(kb, start, end)
         return due
 
     def judged_time(self) -> int | None:

@@ -254,7 +254,7 @@ def test_a_checkpoint_written_without_kept_sessions_loads_and_continues(tmp_path
     continues exactly as the model, and keeps sessions apart from then on."""
     windows = SessionWindows(10, 5)
     with monkeypatch.context() as m:  # the per-session layout, as written before
-        m.setattr(SessionStore, "closing_sessions", lambda self: None)
+        m.setattr(SessionStore, "closing_sessions", lambda self, create=True: None)
         first = run_partitioned(tmp_path / "a", STEADY[:3], windows, "final", "table", 99, 99)
     assert first[2] == 0
     system = Partitioned(tmp_path / "a", windows, "final", 2)
@@ -269,3 +269,30 @@ def test_a_checkpoint_written_without_kept_sessions_loads_and_continues(tmp_path
         system.close()
     assert system.kept > 0
     assert (outs, states) == run_model(STEADY, windows, "final")
+
+
+@pytest.mark.parametrize("emit, closes_on", [("update", "advance"), ("final", "record")])
+def test_an_aggregator_that_keeps_none_apart_puts_kept_sessions_back(tmp_path, emit, closes_on):
+    """The same store opened in a mode that keeps nothing apart (update mode, or
+    closing on each record) finds the kept sessions where the per-session path
+    leaves them: in the segments (and the end index, in final mode)."""
+    windows = SessionWindows(10, 0)
+    spec = StoreSpec("sessions", "session", windows.retention_ms)
+    provider = StateStoreProvider(f"file://{tmp_path}/ck", OP, 0, [spec], str(tmp_path / "l"))
+    handle = provider.get_store(0)
+    agg = _aggregator(handle["sessions"], windows, "final")
+    agg.advance_to(0)
+    agg.process_batch(kv_table([("a", 1, 1), ("a", 3, 2), ("b", 100, 3)]), "key", "ts", ["v"])
+    handle.commit()
+    handle = provider.get_store(1)
+    store = handle["sessions"]
+    other = SessionWindowAggregator(
+        store, windows, aggregations=AGGS, emit=emit, closes_on=closes_on
+    )
+    assert other.state.closing.all() == []
+    assert [(w.start, w.end) for w, _ in store.find_sessions("a", 0, 100)] == [(1, 3)]
+    if emit == "final":
+        kb = store.encode_key("a")
+        assert (3, 1, kb) in other.state.index.all()
+    handle.abort()
+    provider.close()
