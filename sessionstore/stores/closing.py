@@ -24,10 +24,11 @@ Example: the session ``[1000, 5000]`` of ``"a"`` (count 2) is the row
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from sessionstore.encoding.session_key import TIMES_LEN, decode_times, encode_times
+import numpy as np
+
+from sessionstore.encoding.session_key import TIME_SIGN, TIMES_LEN
 
 if TYPE_CHECKING:
     from sessionstore.engine.db import Database
@@ -36,6 +37,8 @@ __all__ = ["ClosingSessions", "ClosingEntry"]
 
 #: ``(end, start, encoded key, stored value bytes)``, in (end, start, key) order.
 ClosingEntry = tuple[int, int, bytes, bytes]
+#: Times are stored with the sign bit flipped (``+ 2**63`` modulo ``2**64``).
+_SIGN = np.uint64(TIME_SIGN)
 
 
 class ClosingSessions:
@@ -52,17 +55,24 @@ class ClosingSessions:
         """A reader of an existing family (creates nothing)."""
         return cls(db, store, create=False)
 
-    def add_many(self, sessions: Iterable[tuple[bytes, int, int, bytes]]) -> None:
-        """Keep each ``(encoded key, start, end, value bytes)``, in one pending-write
-        dict (no call per session)."""
+    def add_many(
+        self, kbs: list[bytes], starts: np.ndarray, ends: np.ndarray, values: list[bytes]
+    ) -> None:
+        """Keep the sessions given as columns (encoded keys, starts, ends, value
+        bytes), in one pending-write dict: the time prefixes are packed at once."""
+        times = np.empty((len(kbs), 2), dtype=">u8")
+        times[:, 0] = np.asarray(ends, dtype=np.int64).view(np.uint64) ^ _SIGN
+        times[:, 1] = np.asarray(starts, dtype=np.int64).view(np.uint64) ^ _SIGN
+        packed = times.tobytes()
+        prefixes = [packed[i : i + TIMES_LEN] for i in range(0, len(packed), TIMES_LEN)]
         with self._db.batch():
             self._db.bulk_writer(self._cf).update(
-                (encode_times(start, end) + kb, vb) for kb, start, end, vb in sessions
+                zip(map(bytes.__add__, prefixes, kbs), values, strict=True)
             )
 
     def all(self) -> list[ClosingEntry]:
         """Every kept session, in (end, start, key) order."""
-        return [self._decode(raw, vb) for raw, vb in self._db.scan_list(self._cf)]
+        return _decoded(self._db.scan_list(self._cf))
 
     def take_all(self) -> list[ClosingEntry]:
         """:meth:`all`, and forget them (one range read, one pending-write dict)."""
@@ -70,8 +80,7 @@ class ClosingSessions:
         if rows:
             with self._db.batch():
                 self._db.bulk_writer(self._cf).update(dict.fromkeys(raw for raw, _ in rows))
-        decode = self._decode
-        return [decode(raw, vb) for raw, vb in rows]
+        return _decoded(rows)
 
     def any(self) -> bool:
         """Whether any session is kept."""
@@ -81,7 +90,15 @@ class ClosingSessions:
         finally:
             rows.close()
 
-    @staticmethod
-    def _decode(raw: bytes, vb: bytes) -> ClosingEntry:
-        start, end = decode_times(raw)
-        return end, start, raw[TIMES_LEN:], vb
+
+def _decoded(rows: list[tuple[bytes, bytes]]) -> list[ClosingEntry]:
+    """Raw rows as entries: the time prefixes unpacked at once."""
+    if not rows:
+        return []
+    raws = [raw for raw, _ in rows]
+    times = np.frombuffer(b"".join([raw[:TIMES_LEN] for raw in raws]), dtype=">u8")
+    signed = (times.astype(np.uint64) ^ _SIGN).view(np.int64).reshape(-1, 2)
+    kbs = [raw[TIMES_LEN:] for raw in raws]
+    return list(
+        zip(signed[:, 0].tolist(), signed[:, 1].tolist(), kbs, [vb for _, vb in rows], strict=True)
+    )

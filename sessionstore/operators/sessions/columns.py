@@ -240,13 +240,8 @@ class _Batch:
             apart = stays & (runs.end[plain] < certain)
             if apart.any():
                 idx = plain[apart]
-                state.keep_apart(
-                    zip(
-                        [kb_of(g) for g in runs.g[idx].tolist()],
-                        runs.start[idx].tolist(), runs.end[idx].tolist(), runs.accs(idx),
-                        strict=True,
-                    )
-                )  # fmt: skip
+                kbs = [kb_of(g) for g in runs.g[idx].tolist()]
+                state.keep_apart(kbs, runs.start[idx], runs.end[idx], runs.accs(idx))
                 stays &= ~apart
                 keep &= ~apart
         to_put = plain[keep]

@@ -361,7 +361,8 @@ def settle(
         if not s.loaded and s.end >= final_vis:
             store.put(key, s.start, s.end, [s.acc, s.offsets] if track else s.acc)
     if apart:
-        state.keep_apart(apart)
+        kbs, starts, ends, accs = (list(column) for column in zip(*apart, strict=True))
+        state.keep_apart(kbs, starts, ends, accs)
     if state.stream_time is None or timing.end_time > state.stream_time:
         state.stream_time = timing.end_time
     if final and int(timing.prefix[-1]) != FAR_PAST:  # FAR_PAST: held, never advanced

@@ -146,11 +146,11 @@ class SessionState:
             return None
         return close_time(stream_time, self.gap, self.grace)
 
-    def keep_apart(self, sessions: Any) -> None:
-        """Keep ``(encoded key, start, end, stored value)`` of sessions certain to
-        close at the next advance (see :meth:`certain_close`)."""
-        dumps = self.store.value_serde.dumps
-        self.closing.add_many((kb, start, end, dumps(acc)) for kb, start, end, acc in sessions)
+    def keep_apart(self, kbs: list[bytes], starts: Any, ends: Any, accs: list[Any]) -> None:
+        """Keep sessions certain to close at the next advance (see
+        :meth:`certain_close`), given as columns: encoded keys, starts, ends and
+        the values the store would hold."""
+        self.closing.add_many(kbs, starts, ends, list(map(self.store.value_serde.dumps, accs)))
         self.closing_pending = True
 
     def resolve_closing(self, close: int | None) -> list[tuple[int, int, bytes, bytes]]:

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore import InMemorySessionStore, StateStoreProvider, StoreSpec
+from sessionstore import InMemorySessionStore, StateDB, StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.repartition import repartition_checkpoint
 from sessionstore.encoding.spark_hash import partition_ids
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
@@ -296,3 +296,23 @@ def test_an_aggregator_that_keeps_none_apart_puts_kept_sessions_back(tmp_path, e
         assert (3, 1, kb) in other.state.index.all()
     handle.abort()
     provider.close()
+
+
+def test_the_closing_row_format_is_the_documented_one(tmp_path):
+    """``end ‖ start ‖ enc(key)`` → the value bytes (stores/closing.py's example),
+    read back in (end, start, key) order, negative times included."""
+    with StateDB.open(str(tmp_path / "db")) as db:
+        store = db.session_store("s", 100)
+        closing = store.closing_sessions()
+        kbs = [store.encode_key(k) for k in ("a", "b", "a")]
+        with db.batch():
+            closing.add_many(kbs, [1000, -7, -9], [5000, -3, -3], [b"\x91\x02", b"x", b"y"])
+        raw = dict(db.scan_list("s.closing"))
+        key = bytes.fromhex("8000000000001388 80000000000003e8 02 61 00 01".replace(" ", ""))
+        assert raw[key] == b"\x91\x02"
+        a, b = kbs[0], kbs[1]
+        expected = [(-3, -9, a, b"y"), (-3, -7, b, b"x"), (5000, 1000, a, b"\x91\x02")]
+        assert closing.all() == expected
+        with db.batch():
+            assert closing.take_all() == expected
+        assert closing.all() == [] and not closing.any()
