@@ -22,7 +22,6 @@ Spark.
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 from collections.abc import Callable, Iterator
 from datetime import date, datetime
@@ -81,18 +80,6 @@ def _is_plain(v: Any) -> bool:
         if type(x) not in _SCALARS:
             return False
     return True
-
-
-_TUPLE = frozenset({tuple})
-
-
-def _all_plain(values: list) -> bool:
-    """Whether every item of ``values`` is plain (:func:`_is_plain`), tested by
-    loops in C (``map`` of builtins), not a Python test per item."""
-    return (
-        set(map(type, values)) <= _TUPLE
-        and set(map(type, itertools.chain.from_iterable(values))) <= _SCALARS
-    )
 
 
 def as_value(state: str, v: Any) -> tuple:
@@ -254,11 +241,13 @@ class ListState(_Variable):
                 f"Cannot write null values to State Store for StateName {state}.",
             )
         expiry = self._expiry()
-        if type(values) is not list:
-            values = list(values)
-        if _all_plain(values):  # the usual case: every value as stored, tested in C loops
-            return list(zip(values, itertools.repeat(expiry)))
-        return [(v if _is_plain(v) else as_value(state, v), expiry) for v in values]
+        # per element: the usual one-field plain tuple is tested inline (no call)
+        return [
+            (v, expiry)
+            if type(v) is tuple and len(v) == 1 and type(v[0]) in _SCALARS
+            else (v if _is_plain(v) else as_value(state, v), expiry)
+            for v in values
+        ]
 
     def put(self, newState: list[tuple]) -> None:  # noqa: N803 - PySpark's name
         """Replace the list (an empty list is refused, as in Spark)."""
