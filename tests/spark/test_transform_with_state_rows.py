@@ -156,3 +156,32 @@ def test_grouped_rows_do_not_depend_on_arrival_order():
         assert first is None or got == first
         first = got
     assert len(first[1]) == 20
+
+
+def test_a_batch_in_any_arrival_order_gives_the_same_output_and_state():
+    """Through the operator's own task code (ProcessorTester): a processor whose
+    list state and output depend on the order it sees rows in gets the same
+    output and state from every permutation of each batch, batch after batch."""
+    import random
+
+    from spark_integration.testing import ProcessorTester
+    from tests.spark.processors import OUT_SCHEMA, RowTracker
+
+    rng = random.Random(11)
+    batches = [
+        [{"id": f"k{rng.randrange(6)}", "item": f"i{rng.randrange(9)}"} for _ in range(60)]
+        for _ in range(3)
+    ]
+    results = []
+    for seed in range(4):
+        shuffle = random.Random(seed).shuffle
+        with ProcessorTester(RowTracker(), OUT_SCHEMA, key="id") as tester:
+            outputs = []
+            for rows in batches:
+                rows = list(rows)
+                shuffle(rows)
+                outputs.append(tester.run(pa.Table.from_pylist(rows)))
+            results.append((outputs, [tester.state(f"k{i}") for i in range(6)]))
+    assert all(r == results[0] for r in results[1:])
+    # the list state kept the sorted order's last three items
+    assert results[0][1][0]["recent"] and len(results[0][0][0]) == 6
