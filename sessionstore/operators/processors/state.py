@@ -411,13 +411,24 @@ class MapState(_Variable):
 
     def updateValue(self, key: tuple, value: tuple) -> None:  # noqa: N802 - PySpark's name
         """Set the value of user key ``key`` (and restart its TTL)."""
-        entries = self._payload()  # this scope's own copy: update in place
+        # a call per event in dedup maps: the one-field plain tuples are tested
+        # inline, the loaded scope read and marked directly (no call for any)
+        if type(key) is not tuple or len(key) != 1 or type(key[0]) not in _SCALARS:
+            key = key if _is_plain(key) else self._user_key(key, "updateValue")
+        if type(value) is not tuple or len(value) != 1 or type(value[0]) not in _SCALARS:
+            value = value if _is_plain(value) else as_value(self._name, value)
+        core = self._core
+        scope = core.scope
+        if scope is None or not scope.loaded:
+            core.payload(self.encoded)  # loads the key (Spark's error outside one)
+            scope = core.scope
+        encoded = self.encoded
+        entries = scope.payloads[encoded]  # this scope's own copy: update in place
         if entries is None:
-            entries = {}
-        user_key = key if _is_plain(key) else self._user_key(key, "updateValue")
-        stored = value if _is_plain(value) else as_value(self._name, value)
-        entries[user_key] = (stored, self._expiry())
-        self._set(entries)
+            entries = scope.payloads[encoded] = {}
+        ttl = self.ttl_ms
+        entries[key] = (value, None if ttl is None else core.processing_ms + ttl)
+        scope.dirty.add(encoded)
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
         """``(user key, value)`` pairs (a snapshot)."""
