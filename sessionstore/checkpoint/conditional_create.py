@@ -143,6 +143,9 @@ def _s3(options: dict[str, Any]) -> Create:
     import botocore.exceptions as errors  # the s3 extra (boto3 brings botocore)
 
     client = _s3_client(options)
+    put = client.meta.service_model.operation_model("PutObject")
+    if "IfNoneMatch" not in put.input_shape.members:  # a boto3 from before August 2024
+        raise ImportError("boto3 too old", name="a boto3 that knows S3's conditional writes")
 
     def create(path: str, data: bytes) -> bool:
         bucket, _, key = path.partition("/")
@@ -184,10 +187,11 @@ def _s3_client(options: dict[str, Any]) -> Any:
     config: dict[str, Any] = {
         "retries": {"total_max_attempts": 1, "mode": "standard"},  # ours retry
         "s3": {"addressing_style": "virtual" if virtual else "path"},
+    }
+    if "request_checksum_calculation" in Config.OPTION_DEFAULTS:  # botocore >= 1.36
         # a plain PUT, as pyarrow's: S3-compatible stores that reject the newer
         # default checksum headers accept it
-        "request_checksum_calculation": "when_required",
-    }
+        config["request_checksum_calculation"] = "when_required"
     if options.get("anonymous"):
         config["signature_version"] = UNSIGNED
     if options.get("connect_timeout") is not None:
