@@ -22,8 +22,8 @@ A changelog is a few KB to a few MB, already in memory: one request carries it
 whole, and the store shows it only once complete (atomic, as every upload here).
 
 Without the library (the extra not installed), or with a storage option that
-changes how objects are written or which identity writes them and that is not
-mapped here (``default_metadata``, S3's ``role_arn``), :attr:`ConditionalCreate.available`
+changes how objects are written and that is not mapped here (``default_metadata``),
+:attr:`ConditionalCreate.available`
 is False and one warning per process says so and names the extra: the fence then
 looks before it writes, as on any other ``pyarrow.fs`` target (docs/durability.md
 says what that guarantees). The library is imported, and the client built, at the
@@ -52,9 +52,8 @@ log = logging.getLogger(__name__)
 #: The extra that installs each store's client.
 EXTRAS = {"s3": "sessionstore[s3]", "gcs": "sessionstore[gcs]"}
 #: Storage options not mapped onto the store's own client: with one of them set the
-#: conditional create could write otherwise than pyarrow (metadata) or as another
-#: identity (an assumed role), so it is not used.
-_UNMAPPED = {"s3": ("default_metadata", "role_arn"), "gcs": ("default_metadata",)}
+#: conditional create would write otherwise than pyarrow (metadata), so it is not used.
+_UNMAPPED = {"s3": ("default_metadata",), "gcs": ("default_metadata",)}
 #: Seconds a GCS request may take (pyarrow's GCS options have no timeout to copy).
 _GCS_TIMEOUT_S = (10.0, 60.0)
 _GCS_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
@@ -201,19 +200,75 @@ def _s3_client(options: dict[str, Any]) -> Any:
     proxies = _proxies(options.get("proxy_options"))
     if proxies:
         config["proxies"] = proxies
-    client = boto3.session.Session().client(
+    if options.get("role_arn"):
+        session, keys = _assumed_role(options), {}
+    else:
+        session = boto3.session.Session()
+        keys = {
+            "aws_access_key_id": options.get("access_key") or None,
+            "aws_secret_access_key": options.get("secret_key") or None,
+            "aws_session_token": options.get("session_token") or None,
+        }
+    client = session.client(
         "s3",
         region_name=options.get("region") or None,
         endpoint_url=endpoint,
         use_ssl=scheme != "http",
         verify=options.get("tls_ca_file_path") or None,
-        aws_access_key_id=options.get("access_key") or None,
-        aws_secret_access_key=options.get("secret_key") or None,
-        aws_session_token=options.get("session_token") or None,
         config=Config(**config),
+        **keys,
     )
     with _lock:
         return _clients.setdefault(key, client)
+
+
+def _assumed_role(options: dict[str, Any]) -> Any:
+    """A boto3 session whose credentials are ``role_arn``'s, assumed through STS
+    from the default credential chain (as pyarrow does: it refuses ``role_arn``
+    with explicit keys), with ``session_name``, ``external_id`` and
+    ``load_frequency`` (the assumed session's seconds), renewed before they
+    expire."""
+    import boto3
+    import botocore.session
+    from botocore.credentials import (
+        AssumeRoleCredentialFetcher,
+        CredentialProvider,
+        DeferredRefreshableCredentials,
+    )
+    from botocore.exceptions import NoCredentialsError
+
+    source = boto3.session.Session(region_name=options.get("region") or None)
+    extra: dict[str, Any] = {
+        "RoleSessionName": options.get("session_name") or f"sessionstore-{uuid.uuid4().hex[:12]}"
+    }
+    if options.get("external_id"):
+        extra["ExternalId"] = options["external_id"]
+    if options.get("load_frequency"):
+        extra["DurationSeconds"] = int(options["load_frequency"])
+
+    def fetch() -> dict[str, Any]:
+        credentials = source.get_credentials()
+        if credentials is None:
+            raise NoCredentialsError()
+        fetcher = AssumeRoleCredentialFetcher(
+            client_creator=source.client,
+            source_credentials=credentials,
+            role_arn=options["role_arn"],
+            extra_args=extra,
+        )
+        return fetcher.fetch_credentials()
+
+    assumed = DeferredRefreshableCredentials(refresh_using=fetch, method="assume-role")
+
+    class AssumedRole(CredentialProvider):
+        METHOD = "assume-role"
+
+        def load(self) -> Any:
+            return assumed
+
+    core = botocore.session.Session()
+    core.get_component("credential_provider").insert_before("env", AssumedRole())
+    return boto3.session.Session(botocore_session=core, region_name=options.get("region") or None)
 
 
 def _proxies(proxy: Any) -> dict[str, str] | None:

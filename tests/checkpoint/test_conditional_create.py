@@ -209,3 +209,38 @@ def test_a_conflicting_conditional_put_reads_and_tries_again(counting_bucket, tm
     assert tags(fresh, 2) == ["base", "mine"]
     for q in (p, fresh):
         q.close()
+
+
+def test_an_assumed_role_writes_with_the_roles_credentials(counting_bucket, monkeypatch):
+    """``role_arn`` (with ``session_name``): the conditional create assumes the role
+    through STS from the default credential chain, as pyarrow does (here the
+    environment's keys, and moto's STS at the endpoint the SDK's environment
+    names), once, and PUTs with it."""
+    uri, options = counting_bucket
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://{options['endpoint_override']}")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    role = {k: v for k, v in options.items() if k not in ("access_key", "secret_key")}
+    role.update(role_arn="arn:aws:iam::123456789012:role/writer", session_name="ck")
+    storage = open_filesystem(uri, role)
+    reset_s3_request_counts(options)
+    assert storage.write_exclusive("d/claim", b"first") is True
+    assert storage.write_exclusive("d/claim", b"second") is False
+    assert s3_request_counts(options) == {"POST": 1, "PUT": 2}  # AssumeRole once
+    assert open_filesystem(uri, options).read("d/claim") == b"first"
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_an_option_the_conditional_create_cannot_honour_turns_it_off_with_a_warning(
+    kind, caplog, fresh_warnings, request
+):
+    """``default_metadata`` would be on pyarrow's objects and not on the changelog:
+    the commit looks before writing instead, and says why once."""
+    uri, options = request.getfixturevalue("s3_bucket" if kind == "s3" else "gs_bucket")
+    caplog.set_level(logging.WARNING, logger=conditional_create.__name__)
+    for _ in range(2):
+        storage = open_filesystem(uri, {**options, "default_metadata": {"Cache-Control": "no"}})
+        assert not storage.exclusive_create
+    warnings = [r.getMessage() for r in caplog.records if r.name == conditional_create.__name__]
+    assert len(warnings) == 1 and "default_metadata" in warnings[0], warnings
