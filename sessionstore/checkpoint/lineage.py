@@ -189,6 +189,7 @@ def _create(
     storage: Storage, name: str, version: int, data: bytes, commit: str, parent: str | None
 ) -> Winner | None:
     """Publish by an exclusive create: the first writer of the name wins."""
+    refused = 0
     while not storage.write_exclusive(name, data):
         found = _stored(storage, version)
         rival = _rival(found, commit, parent)
@@ -197,7 +198,15 @@ def _create(
         if found is not None:  # a leftover of another lineage (or ours, landed): replace it
             storage.write_atomic(name, data)
             return None
-        # nothing there: the other conditional write under way failed; try again
+        # nothing there: the other conditional write under way (S3's 409) failed;
+        # try again, as long as the retry policy would try a transient error
+        refused += 1
+        if refused >= storage.retry.max_attempts:
+            raise OSError(
+                f"cannot write {storage.where(name)}: the store refused to create it "
+                f"{refused} times, yet nothing is there"
+            )
+        time.sleep(storage.retry.delay(refused))
     return None
 
 

@@ -244,3 +244,27 @@ def test_an_option_the_conditional_create_cannot_honour_turns_it_off_with_a_warn
         assert not storage.exclusive_create
     warnings = [r.getMessage() for r in caplog.records if r.name == conditional_create.__name__]
     assert len(warnings) == 1 and "default_metadata" in warnings[0], warnings
+
+
+def test_a_store_that_keeps_refusing_a_name_nothing_holds_fails_the_commit(
+    counting_bucket, tmp_path
+):
+    """409 on every try and nothing at the name: the commit fails after the retry
+    policy's attempts (naming the changelog), never spins; nothing is committed,
+    and the task's retry commits."""
+    uri, options = counting_bucket
+    p = provider((uri, {**options, "retry_max_attempts": 3}), tmp_path / "a")
+    commit(p, 0, "base")
+    fail_next_s3_requests(options, "PUT", "409 Conflict", "ConditionalRequestConflict", 10)
+    h = p.get_store(1)
+    h["sessions"].put("k", 1, 1, "lost")
+    with pytest.raises(OSError, match=r"cannot write s3://.*/2\.changelog: .*refused .* 3 times"):
+        h.commit()
+    reset_s3_request_counts(options)  # the store answers again
+    fresh = provider(counting_bucket, tmp_path / "fresh")
+    assert fresh.latest_version() == 1
+    commit(fresh, 1, "retry")
+    other = provider(counting_bucket, tmp_path / "other")
+    assert tags(other, 2) == ["base", "retry"]
+    for q in (p, fresh, other):
+        q.close()
