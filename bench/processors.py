@@ -28,7 +28,9 @@ Run: ``.venv/bin/python bench/processors.py [--events N[,N...]] [--keys N] [--ba
 4-way split gives partition 0) goes batch by batch through the operator's own
 task code (``ProcessorTask.process``, as ``ProcessorTester`` runs it) in this
 process, and the CPU time per batch and a cProfile of batches 2 on (function
-level, the task loop over those rows) are printed, per workload and API.
+level, the task loop over those rows) are printed, per workload and API; first,
+the CPU time of batches 2 on without the profiler, best of --rounds runs (CPU
+time, not wall time: the figure to compare on a shared machine).
 """
 
 from __future__ import annotations
@@ -157,8 +159,6 @@ def profile(args, classes) -> None:
     the module doc)."""
     import pyarrow as pa
 
-    from spark_integration.testing import ProcessorTester
-
     tables = input_batches(int(args.events.split(",")[0]), args.keys, args.batches)
     # partition 0 of a 4-way split by user (a stable hash, not Spark's: the same
     # share of hot and cold keys)
@@ -171,23 +171,40 @@ def profile(args, classes) -> None:
     for workload in args.workloads.split(","):
         for api in args.apis.split(","):
             mode = time_mode(workload)
-            tester = ProcessorTester(classes[(workload, api)](), OUT, time_mode=mode, key="user",
-                                     api=api, input_schema="user string, item string")  # fmt: skip
-            prof, seconds = cProfile.Profile(), []
-            for b, table in enumerate(tables):
-                if mode != "None":
-                    tester.set_processing_time(1_000_000 + b * 1_000)
-                if b == 1:
-                    prof.enable()
-                start = time.process_time()
-                tester.run(table)
-                seconds.append(time.process_time() - start)
-            prof.disable()
-            tester.close()
             rows = sum(t.num_rows for t in tables[1:])
+            unprofiled = min(
+                sum(_run_batches(classes[(workload, api)], api, mode, tables)[1:])
+                for _ in range(args.rounds)
+            )
+            print(f"\n### {workload}, {api}: CPU s of batches 2-{len(tables)} ({rows:,} rows) "
+                  f"without the profiler, best of {args.rounds}: {unprofiled:.3f}")  # fmt: skip
+            prof = cProfile.Profile()
+            seconds = _run_batches(classes[(workload, api)], api, mode, tables, prof)
             print(f"\n### {workload}, {api}: {rows:,} rows in batches 2-{len(tables)}, CPU s per "
                   f"batch (unprofiled first, then profiled): {[round(x, 3) for x in seconds]}")  # fmt: skip
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def _run_batches(cls, api: str, mode: str, tables: list, prof=None) -> list[float]:
+    """CPU seconds of each batch of ``tables`` through a ``ProcessorTester`` of
+    ``cls``; ``prof`` (a cProfile) profiles batches 2 on."""
+    from spark_integration.testing import ProcessorTester
+
+    tester = ProcessorTester(cls(), OUT, time_mode=mode, key="user", api=api,
+                             input_schema="user string, item string")  # fmt: skip
+    seconds = []
+    for b, table in enumerate(tables):
+        if mode != "None":
+            tester.set_processing_time(1_000_000 + b * 1_000)
+        if b == 1 and prof is not None:
+            prof.enable()
+        start = time.process_time()
+        tester.run(table)
+        seconds.append(time.process_time() - start)
+    if prof is not None:
+        prof.disable()
+    tester.close()
+    return seconds
 
 
 def main(argv=None) -> str:

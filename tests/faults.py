@@ -14,6 +14,7 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -37,12 +38,17 @@ def _kill_on_rename(*_: object) -> None:
     _kill()
 
 
+#: The exclusive write, as :class:`KillAt` replaces it in a process about to die.
+_write_exclusive = Storage.write_exclusive
+
+
 def _kill_mid_put(storage: Storage, rel: str, data: bytes) -> None:
     """On an object store: start the PUT (GCS opens its resumable upload session
-    here), send half the bytes and die before the upload completes. A local
-    filesystem writes its temporary file and dies at the link that publishes it."""
+    here), send half the bytes and die before the upload completes (the same for a
+    conditional create: a PUT that never completes). A local filesystem writes its
+    temporary file and dies at the link that publishes it."""
     if isinstance(storage.fs, pafs.LocalFileSystem):
-        storage.write_exclusive(rel, data)  # os.link is _kill_on_rename by now
+        _write_exclusive(storage, rel, data)  # os.link is _kill_on_rename by now
         return
     out = storage.fs.open_output_stream(storage.path(rel))
     out.write(data[: len(data) // 2])
@@ -60,7 +66,7 @@ class KillAt:
     leaves on a local filesystem. On an object store (no rename there) it starts
     the PUT, sends half the changelog and dies before the upload completes, which
     must leave nothing visible. The process is about to die, so neither
-    ``os.replace``, ``os.link`` nor ``Storage.write_atomic`` is put back.
+    ``os.replace``, ``os.link`` nor ``Storage.write_atomic`` (``write_exclusive``) is put back.
     """
 
     step: str
@@ -78,7 +84,8 @@ class KillAt:
         elif event.step == "prepared" and self.step == "mid_upload":
             # the changelog's link (or rename) is the next one
             os.replace = os.link = _kill_on_rename
-            Storage.write_atomic = _kill_mid_put  # the next write is the changelog's
+            # the next write is the changelog's (exclusive where the store has a fence)
+            Storage.write_atomic = Storage.write_exclusive = _kill_mid_put
         elif (event.step, self.step) in (("uploaded", "after_upload"), ("applied", "after_apply")):
             _kill()
 
@@ -114,24 +121,31 @@ class FailOnceAfterCommit:
 @contextmanager
 def pause_before_write(prefix: str, during: Callable[[], None]) -> Iterator[list[str]]:
     """A storage wrapper: the first write under ``prefix`` (``"snapshot/"``: a
-    manifest) by any :class:`Storage` of this process first calls ``during()``,
-    which stands for whatever other executors do while this one is paused between
-    its listing and that write (it may raise, as a writer that dies there). Yields
-    the names whose write was paused."""
-    original = Storage.write_atomic
+    manifest; ``"changelog/"``: the changelog a commit publishes, whether by an
+    atomic or an exclusive write) by any :class:`Storage` of this process first
+    calls ``during()``, which stands for whatever other executors do while this one
+    is paused just before that write (after its listing, or its look for another
+    attempt's changelog; it may raise, as a writer that dies there). Yields the
+    names whose write was paused."""
+    originals = {name: getattr(Storage, name) for name in ("write_atomic", "write_exclusive")}
     paused: list[str] = []
 
-    def write_atomic(storage: Storage, rel: str, data: bytes) -> None:
-        if rel.startswith(prefix) and not paused:
-            paused.append(rel)
-            during()
-        original(storage, rel, data)
+    def pausing(original: Callable[..., Any]) -> Callable[..., Any]:
+        def write(storage: Storage, rel: str, data: bytes) -> Any:
+            if rel.startswith(prefix) and not paused:
+                paused.append(rel)
+                during()
+            return original(storage, rel, data)
 
-    Storage.write_atomic = write_atomic  # type: ignore[method-assign]
+        return write
+
+    for name, original in originals.items():
+        setattr(Storage, name, pausing(original))
     try:
         yield paused
     finally:
-        Storage.write_atomic = original  # type: ignore[method-assign]
+        for name, original in originals.items():
+            setattr(Storage, name, original)
 
 
 @contextmanager

@@ -14,6 +14,12 @@ too, but it writes every request's body to a file, snapshot uploads included.
 ``moto_s3_server(throttle=0.2)`` answers that share of the requests (drawn at random,
 seeded) with ``503 SlowDown``, as S3 does when a prefix gets more requests than it
 serves; the counts then hold the throttled ones as ``SlowDown``.
+
+:func:`fail_next_s3_requests` makes the counting server answer the next requests of
+one method with an error of S3's (``503 SlowDown``, ``409
+ConditionalRequestConflict``, ...), without passing them to moto: a transient error
+or a race at the store, exactly where a test wants it. They count under the error's
+code.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,6 +40,7 @@ __all__ = [
     "moto_s3_server",
     "s3_request_counts",
     "reset_s3_request_counts",
+    "fail_next_s3_requests",
     "new_bucket",
     "gcs_server",
     "new_gcs_bucket",
@@ -73,7 +81,7 @@ _COUNTS_PATH = "/_sessionstore_requests"
 #: method (and throttles a share of them), run as moto's own ``moto.server`` runs it
 #: (threaded werkzeug).
 _COUNTING_SERVER = f"""
-import collections, json, random, sys, threading
+import collections, json, random, sys, threading, urllib.parse
 from werkzeug.serving import run_simple
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication, MotoRequestHandler, create_backend_app,
@@ -81,28 +89,45 @@ from moto.moto_server.werkzeug_app import (
 app = DomainDispatcherApplication(create_backend_app)
 counts, lock = collections.Counter(), threading.Lock()
 throttle, draw = float(sys.argv[3]), random.Random(27)
-SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-             b'<Message>Please reduce your request rate.</Message>'
-             b'<RequestId>0</RequestId></Error>')
+scheduled = []  # [method, status line, code], answered to the next such requests
+
+def error(code, message):
+    return (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{{code}}</Code>'
+            f'<Message>{{message}}</Message><RequestId>0</RequestId></Error>').encode()
 
 def counting(environ, start_response):
+    method = environ["REQUEST_METHOD"]
     if environ.get("PATH_INFO") == "{_COUNTS_PATH}":
         with lock:
             body = json.dumps(dict(counts)).encode()
-            if environ["REQUEST_METHOD"] == "DELETE":
+            if method == "DELETE":
                 counts.clear()
+                scheduled.clear()
+            elif method == "POST":
+                query = dict(urllib.parse.parse_qsl(environ.get("QUERY_STRING", "")))
+                scheduled.extend([[query["method"], query["status"], query["code"]]]
+                                 * int(query["times"]))
         start_response("200 OK", [("Content-Type", "application/json")])
         return [body]
     with lock:
-        throttled = draw.random() < throttle
-        counts["SlowDown" if throttled else environ["REQUEST_METHOD"]] += 1
-    if throttled:
+        failure = next((f for f in scheduled if f[0] == method), None)
+        if failure is not None:
+            scheduled.remove(failure)
+            status, code = failure[1], failure[2]
+        elif draw.random() < throttle:
+            status, code = "503 Slow Down", "SlowDown"
+        else:
+            status = code = None
+        counts[code or method] += 1
+    if status:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         if length:  # the body is read, so the connection stays usable
             environ["wsgi.input"].read(length)
-        start_response("503 Slow Down", [("Content-Type", "application/xml"),
-                                         ("Content-Length", str(len(SLOW_DOWN)))])
-        return [] if environ["REQUEST_METHOD"] == "HEAD" else [SLOW_DOWN]
+        body = error(code, "Please reduce your request rate." if code == "SlowDown"
+                     else "Injected by the test's S3 server.")
+        start_response(status, [("Content-Type", "application/xml"),
+                                ("Content-Length", str(len(body)))])
+        return [] if method == "HEAD" else [body]
     return app(environ, start_response)
 
 run_simple(sys.argv[1], int(sys.argv[2]), counting, threaded=True,
@@ -161,8 +186,23 @@ def s3_request_counts(options: dict[str, Any]) -> dict[str, int]:
 
 
 def reset_s3_request_counts(options: dict[str, Any]) -> None:
-    """Start counting the requests of :func:`s3_request_counts` from zero."""
+    """Start counting the requests of :func:`s3_request_counts` from zero (and drop
+    the failures :func:`fail_next_s3_requests` scheduled that did not happen)."""
     _counts(options, "DELETE")
+
+
+def fail_next_s3_requests(
+    options: dict[str, Any], method: str, status: str, code: str, times: int = 1
+) -> None:
+    """Make the counting S3 server of ``options`` answer its next ``times`` requests
+    of ``method`` with ``status`` (``"503 Slow Down"``) and S3 error ``code``
+    (``"SlowDown"``), instead of passing them to moto."""
+    query = urllib.parse.urlencode(
+        {"method": method, "status": status, "code": code, "times": times}
+    )
+    url = f"http://{options['endpoint_override']}{_COUNTS_PATH}?{query}"
+    with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10):
+        pass
 
 
 def new_bucket(options: dict[str, Any]) -> str:

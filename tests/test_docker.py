@@ -60,9 +60,9 @@ def test_demo_conf_keys_are_the_ones_the_backend_reads():
     assert f"local/{bucket}" in compose()["services"]["create-bucket"]["entrypoint"]
 
 
-def test_dockerfile_installs_the_spark_extra_of_this_package():
+def test_dockerfile_installs_the_spark_and_store_extras_of_this_package():
     text = (DOCKER / "Dockerfile").read_text()
-    assert "pip install --no-cache-dir '.[spark]'" in text
+    assert "pip install --no-cache-dir '.[spark,s3,gcs]'" in text
     assert "openjdk-17" in text
     for package in ("sessionstore", "spark_integration"):
         assert f"COPY {package} ./{package}" in text

@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from sessionstore.checkpoint.conditional_create import ConditionalCreate
 from sessionstore.checkpoint.retry import RetryCounter, RetryPolicy, policy_from_options
 from sessionstore.errors import SessionStoreError
 
@@ -163,14 +164,18 @@ def open_filesystem(uri: str, storage_options: dict[str, Any] | None = None) -> 
         # one attempt per call: ours retries (retry.py: never attempts squared)
         defaults["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=1)
         fs = _make(str(uri), pafs.S3FileSystem, defaults=defaults, **options)
-        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets, retry)
+        create = ConditionalCreate("s3", _typed(str(uri), options), str(uri))
+        root = f"{parsed.netloc}{parsed.path}".rstrip("/")
+        return Storage(fs, root, uri, secrets, retry, conditional_create=create)
     if scheme in ("gs", "gcs"):
         # pyarrow's default is to retry each call for 15 minutes; ours retries.
         # One second, not zero: Google's client checks its limit before the first
         # attempt too, and refuses every call at zero.
         defaults = {"retry_time_limit": timedelta(seconds=1)}
         fs = _make(str(uri), pafs.GcsFileSystem, defaults=defaults, **options)
-        return Storage(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri, secrets, retry)
+        create = ConditionalCreate("gcs", _typed(str(uri), options), str(uri))
+        root = f"{parsed.netloc}{parsed.path}".rstrip("/")
+        return Storage(fs, root, uri, secrets, retry, conditional_create=create)
     if scheme == "hdfs":
         host = parsed.hostname or "default"
         fs = _make(str(uri), pafs.HadoopFileSystem, host, parsed.port or 8020, **options)
@@ -185,7 +190,9 @@ class Storage:
     file by its URI (``gs://bucket/object``: pyarrow's GCS errors name neither) and
     with the values of secret options masked. On an object store, a transient
     failure is first retried by ``retry`` (a local disk is not: its errors do not
-    pass); :attr:`retries` counts the retried attempts, children included."""
+    pass); :attr:`retries` counts the retried attempts, children included.
+    ``conditional_create`` (S3 and GCS) gives :meth:`write_exclusive` on an object
+    store."""
 
     def __init__(
         self,
@@ -195,12 +202,19 @@ class Storage:
         secrets: tuple[str, ...] = (),
         retry: RetryPolicy | None = None,
         counter: RetryCounter | None = None,
+        conditional_create: ConditionalCreate | None = None,
     ) -> None:
         self.fs, self.root, self.uri = fs, root.rstrip("/") or "/", str(uri)
         self._local = isinstance(fs, pafs.LocalFileSystem)
         self._secrets = secrets
         self.retry = retry or RetryPolicy()
         self._counter = counter or RetryCounter()
+        self._create = conditional_create
+
+    @property
+    def local(self) -> bool:
+        """Whether this is a local filesystem (``link`` is its exclusive create)."""
+        return self._local
 
     @property
     def retries(self) -> int:
@@ -259,7 +273,7 @@ class Storage:
         """The storage rooted at ``rel`` below this one."""
         return Storage(
             self.fs, self.path(rel), f"{self.uri.rstrip('/')}/{rel}", self._secrets,
-            self.retry, self._counter,
+            self.retry, self._counter, self._create,
         )  # fmt: skip
 
     def write_atomic(self, rel: str, data: bytes) -> None:
@@ -302,16 +316,23 @@ class Storage:
     @property
     def exclusive_create(self) -> bool:
         """Whether :meth:`write_exclusive` can refuse to replace a file: on a local
-        filesystem (``link`` fails on an existing name); pyarrow exposes no
-        precondition of S3 or GCS."""
-        return self._local
+        filesystem (``link`` fails on an existing name), and on S3 and GCS when
+        their client is installed (a conditional create, conditional_create.py;
+        pyarrow exposes no precondition). The first call on an object store
+        imports that client."""
+        return self._local or (self._create is not None and self._create.available)
 
     def write_exclusive(self, rel: str, data: bytes) -> bool:
         """Write ``data`` atomically unless ``rel`` exists: True if written, False
-        if another writer's file was there first (it is left as it was). Only where
-        :attr:`exclusive_create` holds."""
+        if another writer's file was there first (it is left as it was; on S3
+        also while another conditional write of it is under way: read it to
+        know). Only where :attr:`exclusive_create` holds. On an object store one
+        request, under the retry policy (a refusal is an answer, not retried)."""
         if not self._local:
-            raise NotImplementedError(f"{self.uri} offers no exclusive create")
+            if not self.exclusive_create:
+                raise NotImplementedError(f"{self.uri} offers no exclusive create")
+            create = self._create
+            return self._call("write", rel, lambda: create(self.path(rel), data))
         with self._naming("write", rel):
             try:
                 self._write(rel, lambda out: out.write(data), publish=os.link)

@@ -21,13 +21,20 @@ what others may already have built on. Who is first:
   (:data:`CommitArbiter`; one round trip to the driver, no storage request): it
   grants the first claim of (partition, version) and names it to later ones. A
   winner that never uploads (it died after its claim) is superseded after
-  :data:`CLAIM_WAIT_S`, so a retry never waits forever;
-* on an object store without an arbiter (it is unreachable: Spark Connect, or
-  turned off), look before writing: a changelog of the version already there,
-  built on the same parent, wins. pyarrow exposes no S3 or GCS precondition, so
-  two attempts whose uploads overlap may both miss each other; the later object
-  stays, and :func:`check_continues` then refuses to replay the next version onto
-  the other one's state (an error naming both ids, never a silent mix).
+  :data:`CLAIM_WAIT_S`, so a retry never waits forever. The winner still writes by
+  the store's conditional create where there is one, so that a superseded winner
+  uploading late adopts rather than overwrites;
+* on S3 and GCS without an arbiter (it is unreachable: Spark Connect, or turned
+  off), the store's conditional create (S3 ``If-None-Match: *``, GCS
+  ``ifGenerationMatch=0``; conditional_create.py, the ``s3`` and ``gcs`` extras):
+  whoever's create the store accepts first wins, exact, at the cost of the PUT
+  that publishes anyway; a refused one reads the winner's changelog and adopts it;
+* on any other object store without an arbiter (HDFS, a custom ``pyarrow.fs``
+  filesystem, S3 or GCS without their client), look before writing: a changelog of
+  the version already there, built on the same parent, wins. Two attempts whose
+  uploads overlap may both miss each other; the later object stays, and
+  :func:`check_continues` then refuses to replay the next version onto the other
+  one's state (an error naming both ids, never a silent mix).
 
 A changelog already at the name that was built on another parent (a leftover of
 an abandoned lineage, or of a release without lineage) is replaced.
@@ -161,43 +168,83 @@ def publish(
     ``wait_s`` (default :data:`CLAIM_WAIT_S`): how long to wait for a winner's
     changelog before superseding it."""
     name = changelog_name(version)
-    wait_s = CLAIM_WAIT_S if wait_s is None else wait_s
+    claimed = False
+    if arbiter is not None and not storage.local:
+        decided = _claim(storage, version, commit, parent, arbiter, wait_s)
+        if isinstance(decided, Winner):
+            return decided
+        claimed = decided is _OURS
     if storage.exclusive_create:
-        while not storage.write_exclusive(name, data):
-            found = _stored(storage, version)
-            rival = _rival(found, commit, parent)
-            if rival is not None:
-                return rival
-            if found is not None:  # a leftover of another lineage: replace it
-                storage.write_atomic(name, data)
-                return None
-        return None
-    if arbiter is not None:
-        supersede, waited, pause = None, time.monotonic(), _POLL_S[0]
-        while True:
-            decided = arbiter(version, commit, parent, supersede)
-            if decided is None:
-                break  # unreachable: look before writing
-            if decided == commit:
-                storage.write_atomic(name, data)
-                return None
-            found = _stored(storage, version)
-            if found is not None and found.header.get(COMMIT_FIELD) == decided:
-                return found
-            if time.monotonic() - waited > wait_s:
-                log.warning(
-                    "sessionstore: commit %s of version %d of %s never appeared; "
-                    "superseding it", decided, version, storage.uri,
-                )  # fmt: skip
-                supersede, waited = decided, time.monotonic()
-            else:
-                time.sleep(pause)
-                pause = min(pause * 2, _POLL_S[1])
-    rival = _rival(_stored(storage, version), commit, parent)
-    if rival is not None:
-        return rival
+        # a superseded winner uploading late meets the name taken here, and adopts
+        return _create(storage, name, version, data, commit, parent)
+    if not claimed:  # no fence at the store or the driver: look before writing
+        rival = _rival(_stored(storage, version), commit, parent)
+        if rival is not None:
+            return rival
     storage.write_atomic(name, data)
     return None
+
+
+def _create(
+    storage: Storage, name: str, version: int, data: bytes, commit: str, parent: str | None
+) -> Winner | None:
+    """Publish by an exclusive create: the first writer of the name wins."""
+    refused = 0
+    while not storage.write_exclusive(name, data):
+        found = _stored(storage, version)
+        rival = _rival(found, commit, parent)
+        if rival is not None:
+            return rival
+        if found is not None:  # a leftover of another lineage (or ours, landed): replace it
+            storage.write_atomic(name, data)
+            return None
+        # nothing there: the other conditional write under way (S3's 409) failed;
+        # try again, as long as the retry policy would try a transient error
+        refused += 1
+        if refused >= storage.retry.max_attempts:
+            raise OSError(
+                f"cannot write {storage.where(name)}: the store refused to create it "
+                f"{refused} times, yet nothing is there"
+            )
+        time.sleep(storage.retry.delay(refused))
+    return None
+
+
+#: What :func:`_claim` returns when the caller's claim won, or the arbiter is
+#: unreachable.
+_OURS, _UNREACHABLE = object(), object()
+
+
+def _claim(
+    storage: Storage,
+    version: int,
+    commit: str,
+    parent: str | None,
+    arbiter: CommitArbiter,
+    wait_s: float | None,
+) -> Winner | object:
+    """Ask ``arbiter`` who wins ``version``: the winner's changelog once it is
+    stored, :data:`_OURS` or :data:`_UNREACHABLE`."""
+    wait_s = CLAIM_WAIT_S if wait_s is None else wait_s
+    supersede, waited, pause = None, time.monotonic(), _POLL_S[0]
+    while True:
+        decided = arbiter(version, commit, parent, supersede)
+        if decided is None:
+            return _UNREACHABLE
+        if decided == commit:
+            return _OURS
+        found = _stored(storage, version)
+        if found is not None and found.header.get(COMMIT_FIELD) == decided:
+            return found
+        if time.monotonic() - waited > wait_s:
+            log.warning(
+                "sessionstore: commit %s of version %d of %s never appeared; "
+                "superseding it", decided, version, storage.uri,
+            )  # fmt: skip
+            supersede, waited = decided, time.monotonic()
+        else:
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_S[1])
 
 
 # ------------------------------------------------------- pending local snapshots

@@ -37,7 +37,13 @@ A variable's payload (what one row of the processor store holds) wraps its value
 with their TTL expiry (ms, or nil without a TTL):
 
 * value state: ``[value, expiry]``;
-* list state: ``[[value, expiry], ...]``;
+* list state: ``[[value, expiry], ...]``; a list without a TTL (whose elements
+  never expire) is held as its bare values, in memory and stored: the byte
+  ``c1`` (a byte msgpack never uses) then ``[value, ...]``. Either form reads as
+  either: a list given a TTL later reads the bare values with no expiry, one that
+  lost its TTL drops the expiries, as it ignores them. Worked example,
+  ``ListState("items", "item string")`` without a TTL holding ``("a",)`` and
+  ``("b",)``: ``c1 92 91 a1 61 91 a1 62`` (with a TTL: ``92 92 91 a1 61 cf ...``);
 * map state: a msgpack map ``{user key: [value, expiry]}`` whose keys are arrays
   (decode with ``use_list=False`` so that they are hashable, and
   ``strict_map_key=False``);
@@ -82,6 +88,7 @@ __all__ = [
     "check_evolution",
     "evolver",
     "MAX_SCHEMA_VERSIONS",
+    "PLAIN_LIST",
     "value_codec",
     "payload_codec",
     "generic_packb",
@@ -397,7 +404,8 @@ def payload_codec(
 
     Payloads in memory are what :mod:`sessionstore.operators.processors.state`
     works on: ``(value, expiry)``, a list of those, a dict of user key to those,
-    a list of times."""
+    a list of times; kind ``plain_list`` is a list state without a TTL, held as a
+    list of values (both list kinds read rows of either form)."""
     if history and kind != "timers":
         return _versioned(kind, value, key, history)
     if kind == "timers":
@@ -413,13 +421,8 @@ def payload_codec(
             lambda p: packb((enc(p[0]), p[1])),
             lambda raw: (lambda s: (dec(s[0]), s[1]))(unpackb(raw)),
         )
-    if kind == "list":
-        if enc is _same and dec is _same:
-            return packb, lambda raw: list(unpackb(raw))
-        return (
-            lambda p: packb([(enc(v), e) for v, e in p]),
-            lambda raw: [(dec(v), e) for v, e in unpackb(raw)],
-        )
+    if kind in ("list", "plain_list"):
+        return _list_codec(kind == "plain_list", packb, unpackb, enc, dec)
     if kind == "map":
         kenc = _same if key is None or not key._to else key.encode
         kdec = _same if key is None or not key._back else key.decode
@@ -430,6 +433,49 @@ def payload_codec(
             lambda raw: {kdec(k): (dec(v), e) for k, (v, e) in unpackb(raw).items()},
         )
     raise ValueError(f"unknown state variable kind {kind!r}")
+
+
+#: First byte of a list row of bare values (a list without a TTL): 0xc1, which
+#: msgpack never uses, so rows of the two list forms are told apart by it.
+PLAIN_LIST = 0xC1
+_PLAIN = bytes([PLAIN_LIST])
+
+
+def _list_codec(
+    plain: bool,
+    packb: Callable[[Any], bytes],
+    unpackb: Callable[[Any], Any],
+    enc: Convert,
+    dec: Convert,
+) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """``(dumps, loads)`` of a list state held as bare values (``plain``) or as
+    ``(value, expiry)`` pairs; ``loads`` reads rows of either form."""
+
+    def values(stored: Any) -> list:
+        return list(stored) if dec is _same else [dec(v) for v in stored]
+
+    def pairs(stored: Any) -> list:
+        return list(stored) if dec is _same else [(dec(v), e) for v, e in stored]
+
+    if plain:
+
+        def loads(raw: bytes) -> list:
+            if raw[0] == PLAIN_LIST:
+                return values(unpackb(memoryview(raw)[1:]))
+            return [v for v, _ in pairs(unpackb(raw))]
+
+        if enc is _same:
+            return lambda p: _PLAIN + packb(p), loads
+        return lambda p: _PLAIN + packb([enc(v) for v in p]), loads
+
+    def loads_pairs(raw: bytes) -> list:
+        if raw[0] == PLAIN_LIST:
+            return [(v, None) for v in values(unpackb(memoryview(raw)[1:]))]
+        return pairs(unpackb(raw))
+
+    if enc is _same:
+        return packb, loads_pairs
+    return lambda p: packb([(enc(v), e) for v, e in p]), loads_pairs
 
 
 # ------------------------------------------------------------ schema evolution
@@ -605,6 +651,8 @@ def _versioned(
             loaders.append(lambda raw, ld=loads, c=convert: (lambda p: (c(p[0]), p[1]))(ld(raw)))
         elif kind == "list":
             loaders.append(lambda raw, ld=loads, c=convert: [(c(v), e) for v, e in ld(raw)])
+        elif kind == "plain_list":
+            loaders.append(lambda raw, ld=loads, c=convert: [c(v) for v in ld(raw)])
         else:
             loaders.append(
                 lambda raw, ld=loads, c=convert: {k: (c(v), e) for k, (v, e) in ld(raw).items()}

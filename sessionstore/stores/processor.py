@@ -79,17 +79,21 @@ def decode_time(raw: bytes) -> int:
 
 
 def _payloads(
-    record: dict[str, Any], make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None
+    record: dict[str, Any],
+    make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None,
+    plain: bool = False,
 ) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
     """``(dumps, loads)`` of a variable's payloads from its recorded declaration,
-    rows of earlier value schemas (``history``) converted to the current one."""
+    rows of earlier value schemas (``history``) converted to the current one;
+    ``plain``: a list held as bare values (no TTL)."""
     schema = record.get("value_schema")
     history = [
         (value_codec(old, make_struct), evolver(old, schema, make_struct))
         for old in record.get("history", ())
     ]
+    kind = record.get("kind", "value")
     return payload_codec(
-        record.get("kind", "value"),
+        "plain_list" if plain and kind == "list" else kind,
         value_codec(schema, make_struct),
         value_codec(record.get("key_schema"), make_struct),
         history,
@@ -136,6 +140,8 @@ class ProcessorStore(UntimedStore):
         self._codecs: dict[bytes, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
             TIMERS_VAR: timers
         }
+        #: encoded list variables declared without a TTL: held as bare values
+        self._plain: set[bytes] = set()
         #: variable name -> its recorded declaration (see the module doc)
         self.declarations: dict[str, dict[str, Any]] = {}
         prefix = aux_key(self.name, _DECLARED)
@@ -149,11 +155,15 @@ class ProcessorStore(UntimedStore):
         value_schema: dict[str, Any] | None,
         key_schema: dict[str, Any] | None = None,
         make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
+        ttl: bool = True,
     ) -> None:
         """Declare a state variable of kind ``value``, ``list`` or ``map`` with its
         schemas in Spark's JSON form (None: the generic form): its payloads are
         encoded from them, and the declaration is recorded in the current batch if
         it is new or changed. ``make_struct(names)`` builds nested structs on reading.
+        A list without a ``ttl`` is held and stored as its bare values (see
+        :mod:`sessionstore.encoding.state_values`); the recorded declaration is the
+        same either way (rows say their form).
 
         A value schema other than the recorded one evolves the variable (one
         comparison per declaration, so per variable and batch): what Spark's Avro
@@ -175,7 +185,13 @@ class ProcessorStore(UntimedStore):
         if old != record:
             self._db.put_meta(aux_key(self.name, _DECLARED + variable), msgpack.packb(record))
             self.declarations[variable] = record
-        self._codecs[encode_key(variable)] = _payloads(record, make_struct)
+        encoded = encode_key(variable)
+        plain = kind == "list" and not ttl
+        self._codecs[encoded] = _payloads(record, make_struct, plain)
+        if plain:
+            self._plain.add(encoded)
+        else:
+            self._plain.discard(encoded)
 
     @staticmethod
     def _check_change(
@@ -245,7 +261,13 @@ class ProcessorStore(UntimedStore):
             raws = self._db.get_many(self._cf, [key_bytes + v for v in variables])
         if self.pickled:
             loads = self.value_serde.loads
-            return [None if raw is None else loads(raw) for raw in raws]
+            payloads = [None if raw is None else loads(raw) for raw in raws]
+            if self._plain:  # pickled lists are pairs
+                payloads = [
+                    [item for item, _ in p] if p is not None and var in self._plain else p
+                    for var, p in zip(variables, payloads, strict=True)
+                ]  # fmt: skip
+            return payloads
         codecs = self._codecs
         return [
             None if raw is None else (codecs.get(v) or self._codec(v))[1](raw)
@@ -257,6 +279,8 @@ class ProcessorStore(UntimedStore):
         if payload is None:
             raw = None
         elif self.pickled:
+            if variable in self._plain:  # pickled lists are pairs
+                payload = [(item, None) for item in payload]
             raw = self.value_serde.dumps(payload)
         else:
             raw = (self._codecs.get(variable) or self._codec(variable))[0](payload)
@@ -272,6 +296,7 @@ class ProcessorStore(UntimedStore):
         if self.declarations.pop(name, None) is not None:
             self._db.put_meta(aux_key(self.name, _DECLARED + name), None)
             self._codecs.pop(variable, None)
+            self._plain.discard(variable)
         removed = 0
         for raw, _ in self._db.scan_list(self._cf):
             if raw.endswith(variable) and encoded_length(raw) == len(raw) - len(variable):
@@ -326,8 +351,11 @@ class ProcessorStore(UntimedStore):
         n = encoded_length(raw)
         variable = decode_key(raw[n:])
         loads = self.value_serde.loads if self.pickled else self._codec(raw[n:])[1]
+        payload = loads(value)
+        if raw[n:] in self._plain and not self.pickled:  # bare values: as pairs for readers
+            payload = [(item, None) for item in payload]
         return {
             "key": decode_key(raw[:n]),
             "state": None if variable == 0 else variable,
-            "value": readable(loads(value)),
+            "value": readable(payload),
         }

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgpack
 import pyarrow as pa
@@ -480,3 +481,21 @@ def test_an_error_of_a_type_outside_the_allow_list_arrives_as_a_runtime_error_wi
     )
     assert type(error) is StatefulProcessorError and error.error_class == "SOME_CLASS"
     assert str(error) == "[SOME_CLASS] what"
+
+
+def _connect_session(master):
+    """A Spark Connect client session (by its class's module) whose server's master
+    is ``master``: the client has no SparkContext."""
+    conf = {"spark.master": master}
+    conf_api = SimpleNamespace(get=lambda key, default=None: conf.get(key, default), getAll=conf)
+    cls = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
+    session = cls()
+    session.conf = conf_api
+    return session
+
+
+@pytest.mark.parametrize(("master", "want"), [("local[*]", None), ("local[3]", 6), ("local", 2)])
+def test_server_count_under_spark_connect_never_counts_the_client_cores(master, want):
+    # local[*] is the server's cores, which the client cannot see: each executor
+    # then counts its own
+    assert ss.server_count(_connect_session(master)) == want

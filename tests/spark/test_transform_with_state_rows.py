@@ -15,7 +15,11 @@ from pyspark import cloudpickle
 from pyspark.sql import Row
 
 from spark_integration.execution.runtime import deterministic_order
-from spark_integration.operators.transform_with_state.grouping import group_bounds, key_runs
+from spark_integration.operators.transform_with_state.grouping import (
+    group_bounds,
+    grouped_rows,
+    key_runs,
+)
 from spark_integration.operators.transform_with_state.rows import row_maker
 
 NAMES = st.lists(
@@ -83,3 +87,101 @@ def test_key_runs_are_those_of_a_python_scan(columns, n, data):
     }
     table = deterministic_order(pa.table(arrays), columns)
     assert key_runs(table, columns) == _python_runs(table, columns)
+
+
+#: column types of a batch: those ranked through their distinct values, and a
+#: float, a decimal and a list (Arrow's sort; a list is not sorted by)
+BATCH_COLUMNS = {
+    "s": (pa.string(), st.one_of(st.none(), st.text(alphabet="ab\x00é", max_size=3))),
+    "ls": (pa.large_string(), st.one_of(st.none(), st.text(alphabet="xy", max_size=2))),
+    "i": (pa.int64(), st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))),
+    "u8": (pa.uint8(), st.one_of(st.none(), st.integers(0, 255))),
+    "b": (pa.binary(), st.one_of(st.none(), st.binary(max_size=2))),
+    "t": (pa.bool_(), st.one_of(st.none(), st.booleans())),
+    "ts": (pa.timestamp("us", "UTC"), st.one_of(st.none(), st.integers(-(10**15), 10**15))),
+    "f": (pa.float64(), st.sampled_from([None, 0.0, -0.0, 1.5, math.inf])),
+    "l": (pa.list_(pa.int64()), st.one_of(st.none(), st.lists(st.integers(0, 2), max_size=2))),
+}
+KEY_COLUMNS = ["s", "ls", "i", "u8", "b", "t", "ts"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(st.sampled_from(KEY_COLUMNS), min_size=1, max_size=2, unique=True),
+    others=st.lists(st.sampled_from(sorted(BATCH_COLUMNS)), max_size=3, unique=True),
+    n=st.integers(0, 40),
+    data=st.data(),
+)
+def test_grouped_rows_are_arrow_sorted_rows(keys, others, n, data):
+    """The ranked order is the one Arrow's multi-column sort gives (rows equal in
+    every sortable column are interchangeable), with the same key runs, and the
+    Python values it converts are the columns' own."""
+    columns = keys + [c for c in others if c not in keys]
+    arrays = {}
+    for c in columns:
+        kind, values = BATCH_COLUMNS[c]
+        drawn = data.draw(st.lists(values, min_size=n, max_size=n))
+        if c in keys:  # keys hold no nulls
+            drawn = [v if v is not None else data.draw(values.filter(bool)) for v in drawn]
+        arrays[c] = pa.array(drawn, type=kind)
+    table = pa.table(arrays)
+    # two chunks, as a batch of several record batches
+    table = pa.concat_tables([table.slice(0, n // 2), table.slice(n // 2)])
+    batch = grouped_rows(table, keys, python_values=True)
+    expected = deterministic_order(table, keys)
+    sortable = [c for c in columns if c != "l"]
+    assert batch.table.select(sortable).equals(expected.select(sortable).combine_chunks())
+    assert batch.bounds == key_runs(expected, keys)
+    for name, values in batch.values.items():
+        assert values == batch.table.column(name).to_pylist()
+    assert batch.table.num_rows == n
+
+
+def test_grouped_rows_do_not_depend_on_arrival_order():
+    """The replay-safe promise: any permutation of a batch's rows gives the same
+    sorted rows and key runs (a retried task's shuffle may deliver them in
+    another order)."""
+    import random
+
+    rng = random.Random(5)
+    rows = [
+        (f"u{rng.randrange(20)}", f"item-{rng.randrange(7)}", rng.randrange(3)) for _ in range(500)
+    ]
+    first = None
+    for _ in range(5):
+        rng.shuffle(rows)
+        users, items, ns = zip(*rows, strict=True)
+        batch = grouped_rows(pa.table({"user": users, "item": items, "n": ns}), ["user"], True)
+        got = (batch.table.to_pylist(), batch.bounds, batch.values)
+        assert first is None or got == first
+        first = got
+    assert len(first[1]) == 20
+
+
+def test_a_batch_in_any_arrival_order_gives_the_same_output_and_state():
+    """Through the operator's own task code (ProcessorTester): a processor whose
+    list state and output depend on the order it sees rows in gets the same
+    output and state from every permutation of each batch, batch after batch."""
+    import random
+
+    from spark_integration.testing import ProcessorTester
+    from tests.spark.processors import OUT_SCHEMA, RowTracker
+
+    rng = random.Random(11)
+    batches = [
+        [{"id": f"k{rng.randrange(6)}", "item": f"i{rng.randrange(9)}"} for _ in range(60)]
+        for _ in range(3)
+    ]
+    results = []
+    for seed in range(4):
+        shuffle = random.Random(seed).shuffle
+        with ProcessorTester(RowTracker(), OUT_SCHEMA, key="id") as tester:
+            outputs = []
+            for rows in batches:
+                rows = list(rows)
+                shuffle(rows)
+                outputs.append(tester.run(pa.Table.from_pylist(rows)))
+            results.append((outputs, [tester.state(f"k{i}") for i in range(6)]))
+    assert all(r == results[0] for r in results[1:])
+    # the list state kept the sorted order's last three items
+    assert results[0][1][0]["recent"] and len(results[0][0][0]) == 6

@@ -48,3 +48,41 @@ def test_dump_a_processor_store_as_jsonl_and_parquet(tmp_path):
     table = pq.read_table(out)
     assert table.column("state").to_pylist() == ["m", "v", None]
     assert table.column("value").to_pylist()[1] == '{"value": [2], "expires_ms": null}'
+
+
+class _Lists:
+    """A list without a TTL (held as bare values) and one with a TTL (pairs)."""
+
+    def init(self, handle):
+        self.plain = handle.getListState("plain", "item string")
+        self.timed = handle.getListState("timed", "item string", ttlDurationMs=1_000)
+
+    def handleInputRows(self, key, rows, tv):
+        for r in rows:
+            self.plain.appendValue((r,))
+            self.timed.appendValue((r,))
+        return iter([])
+
+
+def test_dump_and_get_show_a_list_in_either_stored_form(tmp_path):
+    from sessionstore import StateStoreProvider, StoreSpec
+
+    uri = f"file://{tmp_path}/ck"
+    provider = StateStoreProvider(uri, "op", 0, [StoreSpec("processor", "processor", 0)],
+                                  str(tmp_path / "local"))  # fmt: skip
+    for version, items in enumerate([["x"], ["y", "z"]]):
+        handle = provider.get_store(version)
+        runner = ProcessorRunner(
+            _Lists(), ProcessorHandle(handle["processor"], "ProcessingTime"), "ProcessingTime"
+        )
+        runner.run_batch([(("a",), None, lambda i=items: iter(i))], BatchTimes(100, -1))
+        handle.commit()
+    provider.close()
+    expected = [
+        ("a", "plain", [{"value": [x], "expires_ms": None} for x in "xyz"]),
+        ("a", "timed", [{"value": [x], "expires_ms": 1_100} for x in "xyz"]),
+    ]
+    for command in ("dump", "get"):
+        key = ["--key", "a"] if command == "get" else []
+        rows = rows_of(run(command, uri, "--operator", "op", "--store", "processor", *key))
+        assert [(r["key"], r["state"], r["value"]) for r in rows] == expected

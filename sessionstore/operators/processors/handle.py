@@ -158,7 +158,8 @@ class ProcessorHandle:
     ) -> ListState:
         """A list state variable (call in ``init``)."""
         self._define("get_list_state", stateName, ttlDurationMs)
-        self._declare(stateName, "list", schema)
+        # a list without a TTL is held as its bare values (no expiry per element)
+        self._declare(stateName, "list", schema, ttl=ttlDurationMs is not None)
         return self._add(stateName, ListState(self.core, stateName, ttlDurationMs))
 
     def getMapState(  # noqa: N802
@@ -188,9 +189,12 @@ class ProcessorHandle:
         self.core.add_variable(var)
         return var
 
-    def _declare(self, name: str, kind: str, schema: Any, key_parsed: Any = None) -> dict[str, Any]:
-        """Check the schemas and declare the variable to the store (its encoding);
-        returns its declaration (kind and schemas in Spark's JSON form)."""
+    def _declare(
+        self, name: str, kind: str, schema: Any, key_parsed: Any = None, ttl: bool = True
+    ) -> dict[str, Any]:
+        """Check the schemas and declare the variable to the store (its encoding;
+        ``ttl``: whether a list's elements carry expiries); returns its declaration
+        (kind and schemas in Spark's JSON form)."""
         value_json = _schema_json(self._parse_schema(schema))
         key_json = None if kind != "map" else _schema_json(key_parsed)
         declared = self._given_schemas.get(name)
@@ -199,8 +203,9 @@ class ProcessorHandle:
         self.schemas[name] = declared
         if self.core.store is not None:
             self.core.store.declare(
-                name, kind, declared["value_schema"], declared["key_schema"], self._make_struct
-            )
+                name, kind, declared["value_schema"], declared["key_schema"], self._make_struct,
+                ttl=ttl,
+            )  # fmt: skip
         return declared
 
     def getSessionState(self, stateName: str, retention_ms: int) -> SessionState:  # noqa: N802,N803

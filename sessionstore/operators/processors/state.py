@@ -206,7 +206,11 @@ class ValueState(_Variable):
 
 class ListState(_Variable):
     """PySpark's ``ListState``: a list of tuples per grouping key; with a TTL each
-    element expires on its own."""
+    element expires on its own.
+
+    Its payload is a list of ``(value, expiry)`` pairs with a TTL, and of the bare
+    values without one (whose elements never expire): no pair per element to
+    make, pack, unpack and take apart (the store stores the form it holds)."""
 
     kind = "list"
     CALL_ERRORS = {
@@ -218,30 +222,40 @@ class ListState(_Variable):
         "clear": "Error clearing value state",
     }
 
-    def _items(self) -> list:
+    def _live_values(self) -> list:
+        """The values of the live elements (the payload itself without a TTL: not
+        to be changed)."""
         p = self._payload()
         if p is None:
             return []
         if self.ttl_ms is None:
             return p
-        return [item for item in p if self._live(item[1])]
+        return [item[0] for item in p if self._live(item[1])]
 
     def exists(self) -> bool:
         """Whether the list has a (live) element."""
-        return bool(self._items())
+        return bool(self._live_values())
 
     def get(self) -> Iterator[tuple]:
         """An iterator over the elements (a snapshot: later changes do not show)."""
-        return iter(list(map(_first, self._items())))
+        return iter(list(self._live_values()))
 
     def _values(self, state: str, values: Any) -> list:
+        """The elements to store of the values ``values`` (pairs with a TTL)."""
         if values is None:
             raise StatefulProcessorError(
                 "ILLEGAL_STATE_STORE_VALUE.NULL_VALUE",
                 f"Cannot write null values to State Store for StateName {state}.",
             )
-        expiry = self._expiry()
         # per element: the usual one-field plain tuple is tested inline (no call)
+        if self.ttl_ms is None:
+            return [
+                v
+                if type(v) is tuple and len(v) == 1 and type(v[0]) in _SCALARS
+                else (v if _is_plain(v) else as_value(state, v))
+                for v in values
+            ]
+        expiry = self._expiry()
         return [
             (v, expiry)
             if type(v) is tuple and len(v) == 1 and type(v[0]) in _SCALARS
@@ -261,12 +275,12 @@ class ListState(_Variable):
 
     def appendValue(self, newState: tuple) -> None:  # noqa: N802,N803 - PySpark's names
         """Append one element."""
-        # the payload is this scope's own copy (unpickled on load): append in place
+        # the payload is this scope's own copy (unpacked on load): append in place
         items = self._payload()
         if items is None:
             items = []
         value = newState if _is_plain(newState) else as_value(self._name, newState)
-        items.append((value, self._expiry()))
+        items.append(value if self.ttl_ms is None else (value, self._expiry()))
         self._set(items)
 
     def appendList(self, newState: list[tuple]) -> None:  # noqa: N802,N803 - PySpark's names
@@ -277,8 +291,11 @@ class ListState(_Variable):
                 "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE",
                 f"Cannot write empty list values to State Store for StateName {self._name}.",
             )
-        current = self._payload()
-        self._set(items if current is None else current + items)
+        current = self._payload()  # this scope's own copy: extend in place
+        if current is not None:
+            current.extend(items)
+            items = current
+        self._set(items)
 
     def clear(self) -> None:
         """Remove every element."""
@@ -394,13 +411,24 @@ class MapState(_Variable):
 
     def updateValue(self, key: tuple, value: tuple) -> None:  # noqa: N802 - PySpark's name
         """Set the value of user key ``key`` (and restart its TTL)."""
-        entries = self._payload()  # this scope's own copy: update in place
+        # a call per event in dedup maps: the one-field plain tuples are tested
+        # inline, the loaded scope read and marked directly (no call for any)
+        if type(key) is not tuple or len(key) != 1 or type(key[0]) not in _SCALARS:
+            key = key if _is_plain(key) else self._user_key(key, "updateValue")
+        if type(value) is not tuple or len(value) != 1 or type(value[0]) not in _SCALARS:
+            value = value if _is_plain(value) else as_value(self._name, value)
+        core = self._core
+        scope = core.scope
+        if scope is None or not scope.loaded:
+            core.payload(self.encoded)  # loads the key (Spark's error outside one)
+            scope = core.scope
+        encoded = self.encoded
+        entries = scope.payloads[encoded]  # this scope's own copy: update in place
         if entries is None:
-            entries = {}
-        user_key = key if _is_plain(key) else self._user_key(key, "updateValue")
-        stored = value if _is_plain(value) else as_value(self._name, value)
-        entries[user_key] = (stored, self._expiry())
-        self._set(entries)
+            entries = scope.payloads[encoded] = {}
+        ttl = self.ttl_ms
+        entries[key] = (value, None if ttl is None else core.processing_ms + ttl)
+        scope.dirty.add(encoded)
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
         """``(user key, value)`` pairs (a snapshot)."""
@@ -437,7 +465,6 @@ class MapState(_Variable):
         return None if not payload else _earliest(map(_second, payload.values()))
 
 
-_first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
 
 

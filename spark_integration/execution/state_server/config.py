@@ -9,7 +9,7 @@ from typing import Any
 
 from sessionstore.engine.memory import DEFAULT_MEMORY_MAX_MB
 from spark_integration.planning.backend import CONF_PREFIX
-from spark_integration.planning.session import driver_conf
+from spark_integration.planning.session import driver_conf, is_connect
 from spark_integration.planning.session import master as session_master
 
 __all__ = [
@@ -64,12 +64,16 @@ def server_count(spark: Any) -> int | None:
 
 def executor_slots(spark: Any) -> int | None:
     """Task slots per executor: from a local master, else ``spark.executor.cores``
-    over ``spark.task.cpus``; None if the driver cannot tell."""
+    over ``spark.task.cpus``; None if the driver cannot tell (also ``local[*]``
+    under Spark Connect: this process is the client, whose cores are not the
+    server's, so each executor counts its own)."""
     conf, master = driver_conf(spark), session_master(spark).replace(" ", "")
     local = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
     if local:
         given = local.group(1)
-        return 1 if given is None else (os.cpu_count() or 1) if given == "*" else int(given)
+        if given == "*":
+            return None if is_connect(spark) else os.cpu_count() or 1
+        return 1 if given is None else int(given)
     cluster = re.fullmatch(r"local-cluster\[\d+,(\d+),\d+\]", master)
     cores = cluster.group(1) if cluster else conf.get("spark.executor.cores", None)
     if cores is None:

@@ -11,7 +11,7 @@ read; the output is read by position when a row's fields are the output schema's
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -57,11 +57,18 @@ def row_maker(names: Sequence[str]) -> Callable[[tuple], Any]:
     return functools.partial(tuple.__new__, row_class(tuple(names)))
 
 
-def row_slices(data: pa.Table) -> Callable[[int, int], Callable[[], Iterator[Any]]]:
+def row_slices(
+    data: pa.Table, converted: Mapping[str, list[Any]] | None = None
+) -> Callable[[int, int], Callable[[], Iterator[Any]]]:
     """``make(start, end)``: the rows factory of a key whose rows are
-    ``data[start:end]``, an iterator of ``Row``s made as the key is read."""
+    ``data[start:end]``, an iterator of ``Row``s made as the key is read.
+    ``converted`` holds the Python values of columns already converted, by name."""
     cls = row_class(tuple(data.column_names))
-    columns = [c.to_pylist() for c in data.columns]
+    converted = converted or {}
+    columns = [
+        converted[name] if name in converted else column.to_pylist()
+        for name, column in zip(data.column_names, data.columns, strict=True)
+    ]
     new = tuple.__new__
 
     def make(start: int, end: int) -> Callable[[], Iterator[Any]]:

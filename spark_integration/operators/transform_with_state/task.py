@@ -44,14 +44,14 @@ from sessionstore.operators.processors import (
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.driver.coordinator import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema
-from spark_integration.execution.runtime import TaskContext, deterministic_order, state_and_inputs
+from spark_integration.execution.runtime import TaskContext, state_and_inputs
 from spark_integration.operators.transform_with_state.frames import (
     PandasConf,
     frames_output,
     pandas_slices,
     spark_pandas,
 )
-from spark_integration.operators.transform_with_state.grouping import key_runs
+from spark_integration.operators.transform_with_state.grouping import grouped_rows
 from spark_integration.operators.transform_with_state.initial_state import read_initial_state
 from spark_integration.operators.transform_with_state.rows import row_maker, row_slices, rows_output
 from spark_integration.planning.backend import StateBackend
@@ -219,8 +219,8 @@ class ProcessorTask:
         dropped = table.num_rows - (pc.sum(valid).as_py() or 0)
         if dropped:
             table = table.filter(valid)
-        table = deterministic_order(table, self.keys)
-        bounds = key_runs(table, self.keys)
+        batch = grouped_rows(table, self.keys, python_values=self.api != "pandas")
+        table, bounds = batch.table, batch.bounds
         # the key values of each run's first row only: per key, not per row
         firsts = pa.array([start for start, _ in bounds], type=pa.int64())
         key_cols = [table.column(k).take(firsts).to_pylist() for k in self.keys]
@@ -234,7 +234,7 @@ class ProcessorTask:
             frame = spark_pandas(data, conf.timezone)
             make = pandas_slices(frame, conf.chunk_rows(data))
         else:
-            make = row_slices(data)
+            make = row_slices(data, batch.values)
         groups = []
         for stored, (start, end) in zip(key_list, bounds, strict=True):
             key = (stored,) if single else stored
