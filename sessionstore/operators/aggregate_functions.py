@@ -180,12 +180,15 @@ def parse_spec(name: str, how: Any) -> AggregateSpec:
 @dataclass(frozen=True)
 class Slot:
     """A function bound to its arguments: ``init() -> slot``, ``add(slot, value,
-    ts) -> slot``, ``merge(older, newer) -> slot``, ``result(slot)``."""
+    ts) -> slot``, ``merge(older, newer) -> slot``, ``result(slot)``; slots that
+    ignore the time may also have ``extend(slot, values) -> slot``, equal to
+    adding each value in order (the columnar paths fold a group with one call)."""
 
     init: Callable[[], Any]
     add: Callable[[Any, Any, int], Any]
     merge: Callable[[Any, Any], Any]
     result: Callable[[Any], Any]
+    extend: Callable[[Any, list], Any] | None = None
 
 
 def _identity(slot: Any) -> Any:
@@ -451,6 +454,7 @@ def bind(spec: AggregateSpec) -> Slot:
             lambda slot, value, ts: sketches.hll_add(slot, value),
             sketches.hll_merge,
             sketches.hll_estimate,
+            sketches.hll_extend,
         )
     pct, accuracy = spec.extra
     k = sketches.kll_k(accuracy)
@@ -467,6 +471,7 @@ def bind(spec: AggregateSpec) -> Slot:
         lambda slot, value, ts: sketches.kll_add(slot, value),
         sketches.kll_merge,
         result,
+        sketches.kll_extend,
     )
 
 

@@ -258,7 +258,10 @@ class GroupAggregates:
     def _folded(self, slot: Slot, rows: np.ndarray) -> list[Any]:
         """Each group's slot: its values, in order, added as the record path adds them."""
         values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
-        init, add = slot.bound.init, slot.bound.add
+        init, add, extend = slot.bound.init, slot.bound.add, slot.bound.extend
+        if extend is not None:
+            bounds = zip(self.a.tolist(), self.b.tolist(), strict=True)
+            return [extend(init(), values[a:b]) for a, b in bounds]
         out = []
         for a, b in zip(self.a.tolist(), self.b.tolist(), strict=True):
             acc = init()

@@ -27,8 +27,8 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = [
-    "FOLD_EVERY", "hll_lg_k", "kll_k", "hll_slot", "hll_add", "hll_merge", "hll_estimate",
-    "kll_slot", "kll_add", "kll_merge", "kll_quantiles",
+    "FOLD_EVERY", "hll_lg_k", "kll_k", "hll_slot", "hll_add", "hll_extend", "hll_merge",
+    "hll_estimate", "kll_slot", "kll_add", "kll_extend", "kll_merge", "kll_quantiles",
 ]  # fmt: skip
 
 #: Pending values a slot holds before they are folded into its sketch.
@@ -90,21 +90,49 @@ def hll_slot(lg_k: int) -> list:
     return [lg_k, None, []]
 
 
-def _hll_fold(slot: list) -> bytes | None:
-    """The slot's sketch bytes with its pending values counted."""
+def _hll_sketch(slot: list) -> Any:
+    """The slot's sketch with its pending values counted (None for an empty slot)."""
     lg_k, data, pending = slot
-    if not pending:
-        return data
     ds = _ds()
+    if not pending:
+        return None if data is None else ds.hll_sketch.deserialize(data)
     sketch = ds.hll_sketch(lg_k, ds.tgt_hll_type.HLL_8)
     for v in pending:
         sketch.update(_hll_value(v))
     if data is None:
-        return sketch.serialize_compact()
+        return sketch
     union = ds.hll_union(lg_k)
     union.update(ds.hll_sketch.deserialize(data))
     union.update(sketch)
-    return union.get_result(ds.tgt_hll_type.HLL_8).serialize_compact()
+    return union.get_result(ds.tgt_hll_type.HLL_8)
+
+
+def _hll_fold(slot: list) -> bytes | None:
+    """The slot's sketch bytes with its pending values counted."""
+    if not slot[2]:
+        return slot[1]
+    return _hll_sketch(slot).serialize_compact()
+
+
+def _extend(slot: list, values: list, fold: Any) -> list:
+    """``slot`` with the non-null ``values`` added in order, folded exactly where
+    adding them one by one folds (every :data:`FOLD_EVERY` pending values: a
+    sketch's estimate depends on how its values were grouped into unions)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return slot
+    room = max(1, FOLD_EVERY - len(slot[2]))  # a slot already full folds at its next value
+    if len(values) < room:
+        slot[2].extend(values)
+        return slot
+    slot[2].extend(values[:room])
+    slot = [slot[0], fold(slot), []]
+    at = room
+    while len(values) - at >= FOLD_EVERY:
+        slot = [slot[0], fold([slot[0], slot[1], values[at : at + FOLD_EVERY]]), []]
+        at += FOLD_EVERY
+    slot[2] = values[at:]
+    return slot
 
 
 def hll_add(slot: list, value: Any) -> list:
@@ -115,6 +143,11 @@ def hll_add(slot: list, value: Any) -> list:
     if len(slot[2]) >= FOLD_EVERY:
         return [slot[0], _hll_fold(slot), []]
     return slot
+
+
+def hll_extend(slot: list, values: list) -> list:
+    """``slot`` with each of ``values`` counted, as :func:`hll_add` one by one."""
+    return _extend(slot, values, _hll_fold)
 
 
 def hll_merge(a: list, b: list) -> list:
@@ -133,10 +166,10 @@ def hll_merge(a: list, b: list) -> list:
 
 def hll_estimate(slot: list) -> int:
     """The distinct count estimate (0 for no non-null value, as Spark gives)."""
-    data = _hll_fold(slot)
-    if data is None:
+    sketch = _hll_sketch(slot)  # not serialized: the estimate is the sketch's own
+    if sketch is None:
         return 0
-    return int(round(_ds().hll_sketch.deserialize(data).get_estimate()))
+    return int(round(sketch.get_estimate()))
 
 
 def kll_slot(k: int) -> list:
@@ -161,6 +194,11 @@ def kll_add(slot: list, value: Any) -> list:
     if len(slot[2]) >= FOLD_EVERY:
         return [slot[0], _kll_sketch(slot).serialize(), []]
     return slot
+
+
+def kll_extend(slot: list, values: list) -> list:
+    """``slot`` with each of ``values`` added, as :func:`kll_add` one by one."""
+    return _extend(slot, values, lambda s: _kll_sketch(s).serialize())
 
 
 def kll_merge(a: list, b: list) -> list:

@@ -1,0 +1,87 @@
+"""Sketch slots folded a group at a time (``hll_extend``/``kll_extend``, the
+columnar paths) equal the same values added one by one (the record path), byte
+for byte: a sketch's estimate depends on how its values were grouped into unions,
+so the two paths must fold at the same places."""
+
+from __future__ import annotations
+
+import datasketches
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessionstore.operators import sketches
+
+VALUES = st.lists(
+    st.one_of(st.none(), st.integers(-50, 50), st.text(max_size=3), st.floats(-5, 5)),
+    max_size=900,
+)
+
+
+def _start(make, add, already):
+    slot = make()
+    for v in already:
+        slot = add(slot, v)
+    return slot
+
+
+@settings(max_examples=60, deadline=None)
+@given(already=VALUES, values=VALUES, lg_k=st.sampled_from([4, 9, 12]))
+def test_hll_extend_equals_adding_one_by_one(already, values, lg_k):
+    one = _start(lambda: sketches.hll_slot(lg_k), sketches.hll_add, already)
+    many = _start(lambda: sketches.hll_slot(lg_k), sketches.hll_add, already)
+    for v in values:
+        one = sketches.hll_add(one, v)
+    many = sketches.hll_extend(many, values)
+    assert many == one
+    assert sketches.hll_estimate(many) == sketches.hll_estimate(one)
+
+
+@settings(max_examples=40, deadline=None)
+@given(already=VALUES, values=VALUES)
+def test_kll_extend_equals_adding_one_by_one(already, values):
+    def numbers(vs):
+        return [v if v is None or isinstance(v, (int, float)) else len(v) for v in vs]
+
+    already, values = numbers(already), numbers(values)
+    one = _start(lambda: sketches.kll_slot(200), sketches.kll_add, already)
+    many = _start(lambda: sketches.kll_slot(200), sketches.kll_add, already)
+    for v in values:
+        one = sketches.kll_add(one, v)
+    assert sketches.kll_extend(many, values) == one
+
+
+def test_a_slot_holding_more_pending_values_than_a_fold_folds_at_its_next_value():
+    full = [9, None, list(range(sketches.FOLD_EVERY + 3))]  # as a merge of old slots may leave
+    one = sketches.hll_add([9, None, list(full[2])], 7)
+    assert sketches.hll_extend([9, None, list(full[2])], [7]) == one
+    assert one[2] == [] and one[1] is not None
+    assert sketches.hll_extend([9, None, list(full[2])], [None]) == [9, None, full[2]]
+
+
+def _stored_estimate(slot):
+    """The model: the estimate of the slot's sketch serialized as a state stores
+    it and read back (every pending value folded in)."""
+    lg_k, data, pending = slot
+    if not pending:
+        return 0 if data is None else round(datasketches.hll_sketch.deserialize(data).get_estimate())
+    sketch = datasketches.hll_sketch(lg_k, datasketches.tgt_hll_type.HLL_8)
+    for v in pending:
+        sketch.update(v)
+    if data is not None:
+        union = datasketches.hll_union(lg_k)
+        union.update(datasketches.hll_sketch.deserialize(data))
+        union.update(sketch)
+        sketch = union.get_result(datasketches.tgt_hll_type.HLL_8)
+    stored = datasketches.hll_sketch.deserialize(sketch.serialize_compact())
+    return round(stored.get_estimate())
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=VALUES, merged=VALUES, lg_k=st.sampled_from([4, 9, 12]))
+def test_hll_estimate_is_the_estimate_of_the_stored_sketch(values, merged, lg_k):
+    # the estimate is taken from the sketch as built; what a restored state holds is
+    # its serialized bytes: both must give the same count
+    slot = sketches.hll_extend(sketches.hll_slot(lg_k), values)
+    slot = sketches.hll_merge(slot, sketches.hll_extend(sketches.hll_slot(lg_k), merged))
+    slot = sketches.hll_extend(slot, values[:7])
+    assert sketches.hll_estimate(slot) == _stored_estimate(slot)
