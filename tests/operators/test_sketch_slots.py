@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from sessionstore.operators import sketches
 
 VALUES = st.lists(
-    st.one_of(st.none(), st.integers(-50, 50), st.text(max_size=3), st.floats(-5, 5)),
+    st.one_of(
+        st.none(), st.integers(-50, 50), st.text(max_size=3), st.floats(-5, 5), st.booleans(),
+        st.binary(max_size=2),
+    ),
     max_size=900,
 )
 
@@ -65,8 +68,8 @@ def _stored_estimate(slot):
     if not pending:
         return 0 if data is None else round(datasketches.hll_sketch.deserialize(data).get_estimate())
     sketch = datasketches.hll_sketch(lg_k, datasketches.tgt_hll_type.HLL_8)
-    for v in pending:
-        sketch.update(v)
+    for v in pending:  # the documented mapping: a bool as an int, bytes as hex
+        sketch.update(int(v) if isinstance(v, bool) else v.hex() if isinstance(v, bytes) else v)
     if data is not None:
         union = datasketches.hll_union(lg_k)
         union.update(datasketches.hll_sketch.deserialize(data))
