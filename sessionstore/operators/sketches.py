@@ -23,16 +23,21 @@ Sizes follow Spark's definitions:
 from __future__ import annotations
 
 import math
+import struct
 from functools import lru_cache
 from typing import Any
 
 __all__ = [
-    "FOLD_EVERY", "hll_lg_k", "kll_k", "hll_slot", "hll_add", "hll_extend", "hll_merge",
-    "hll_estimate", "kll_slot", "kll_add", "kll_extend", "kll_merge", "kll_quantiles",
+    "FOLD_EVERY", "EXACT_UP_TO", "hll_lg_k", "kll_k", "hll_slot", "hll_add", "hll_extend",
+    "hll_merge", "hll_estimate", "kll_slot", "kll_add", "kll_extend", "kll_merge", "kll_quantiles",
 ]  # fmt: skip
 
 #: Pending values a slot holds before they are folded into its sketch.
 FOLD_EVERY = 256
+#: Distinct values an HLL sketch keeps as a list of exact hash coupons (at every
+#: ``lg_k``): an estimate up to this many is their count.
+EXACT_UP_TO = 8
+_F64, _F64_AS_I64 = struct.Struct("<d"), struct.Struct("<q")
 _LG_K_MIN, _LG_K_MAX = 4, 21
 _KLL_K_MAX = 65535
 
@@ -169,8 +174,44 @@ def hll_merge(a: list, b: list) -> list:
     return [lg_k, union.get_result(ds.tgt_hll_type.HLL_8).serialize_compact(), []]
 
 
+def _few_distinct(pending: list) -> int | None:
+    """How many distinct values the sketch would see in ``pending``, when that is at
+    most :data:`EXACT_UP_TO` and every value is an int64, a non-NaN float or a
+    str; else None. The sketch hashes the 8 bytes of an int64 or of a float (-0.0
+    as 0.0), and a str's UTF-8 bytes (an empty one not at all), so values are told
+    apart by those bytes: 0 and 0.0 are one value, 1 and 1.0 two."""
+    seen: set = set()
+    for v in pending:
+        t = type(v)
+        if t is str:
+            data = v.encode()
+            if len(data) == 8:  # the bytes of an int64 too
+                seen.add(int.from_bytes(data, "little", signed=True))
+            elif data:
+                seen.add(data)
+        elif t is int or t is bool:
+            if not -(2**63) <= v < 2**63:
+                return None  # hashed as a float
+            seen.add(int(v))
+        elif t is float and v == v:
+            seen.add(_F64_AS_I64.unpack(_F64.pack(v))[0] if v else 0)
+        else:
+            return None
+        if len(seen) > EXACT_UP_TO:
+            return None
+    return len(seen)
+
+
 def hll_estimate(slot: list) -> int:
-    """The distinct count estimate (0 for no non-null value, as Spark gives)."""
+    """The distinct count estimate (0 for no non-null value, as Spark gives). A
+    slot not yet folded with at most :data:`EXACT_UP_TO` distinct values counts
+    them: the sketch's estimate there is that count unless two of them share a
+    hash coupon, and building a sketch per short session is most of this
+    function's cost."""
+    if slot[1] is None:
+        few = _few_distinct(slot[2])
+        if few is not None:
+            return few
     sketch = _hll_sketch(slot)  # not serialized: the estimate is the sketch's own
     if sketch is None:
         return 0

@@ -88,3 +88,27 @@ def test_hll_estimate_is_the_estimate_of_the_stored_sketch(values, merged, lg_k)
     slot = sketches.hll_merge(slot, sketches.hll_extend(sketches.hll_slot(lg_k), merged))
     slot = sketches.hll_extend(slot, values[:7])
     assert sketches.hll_estimate(slot) == _stored_estimate(slot)
+
+
+SMALL = st.lists(
+    st.one_of(
+        st.none(), st.integers(-3, 3), st.sampled_from([0.0, -0.0, 1.0, 2.5, float("nan")]),
+        st.booleans(), st.text(max_size=2), st.binary(max_size=1),
+        st.sampled_from([2**63 - 1, -(2**63), 2**63 + 5, 4607182418800017408]),  # 1.0's bits
+        st.sampled_from([(1).to_bytes(8, "little").decode(), "é" * 4, "abcdefgh"]),  # 8 bytes
+    ),
+    max_size=14,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=SMALL, lg_k=st.integers(4, 21))
+def test_a_short_unfolded_slot_gives_the_sketch_estimate(values, lg_k):
+    # counted without a sketch up to EXACT_UP_TO distinct values: 1 and 1.0 and True,
+    # 0.0 and -0.0, NaN, bytes and ints beyond int64 as the sketch sees them
+    slot = sketches.hll_extend(sketches.hll_slot(lg_k), values)
+    try:
+        want = _stored_estimate(slot)
+    except (TypeError, OverflowError, ValueError):  # the sketch refuses the value
+        return
+    assert sketches.hll_estimate(slot) == want
