@@ -128,12 +128,12 @@ def _extend(slot: list, values: list, fold: Any) -> list:
     """``slot`` with the non-null ``values`` added in order, folded exactly where
     adding them one by one folds (every :data:`FOLD_EVERY` pending values: a
     sketch's estimate depends on how its values were grouped into unions)."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return slot
-    room = max(1, FOLD_EVERY - len(slot[2]))  # a slot already full folds at its next value
+    if None in values:
+        values = [v for v in values if v is not None]
+    pending = slot[2]
+    room = max(1, FOLD_EVERY - len(pending))  # a slot already full folds at its next value
     if len(values) < room:
-        slot[2].extend(values)
+        pending.extend(values)
         return slot
     slot[2].extend(values[:room])
     slot = [slot[0], fold(slot), []]
