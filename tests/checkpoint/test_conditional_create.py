@@ -18,6 +18,7 @@ from sessionstore.checkpoint.changelog import decode_changelog
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import changelog_name
 from sessionstore.checkpoint.lineage import COMMIT_FIELD
+from tests.checkpoint.test_lineage import commit, tags  # commit: no arbiter by default
 from tests.faults import pause_before_write
 from tests.object_stores import (
     fail_next_s3_requests,
@@ -49,20 +50,6 @@ def fresh_warnings(monkeypatch):
 def provider(location, local):
     uri, options = location
     return StateStoreProvider(uri, "op", 0, SPECS, str(local), storage_options=options)
-
-
-def commit(p, version, tag):
-    """Commit ``version + 1`` adding session ("k", version) = ``tag``; no arbiter."""
-    h = p.get_store(version)
-    h["sessions"].put("k", version, version, tag)
-    assert h.commit() == version + 1
-
-
-def tags(p, version):
-    h = p.get_store(version)
-    out = [v for _, v in h["sessions"].fetch("k")]
-    h.abort()
-    return out
 
 
 def stored_commit(location, version):
