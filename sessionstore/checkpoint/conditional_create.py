@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-__all__ = ["ConditionalCreate", "EXTRAS"]
+__all__ = ["ConditionalCreate", "ConditionalCreateUnsupported", "EXTRAS"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,13 @@ Create = Callable[[str, bytes], bool]
 
 _lock = threading.Lock()
 _warned: set[str] = set()
+
+
+class ConditionalCreateUnsupported(NotImplementedError):
+    """The store answered a conditional create as a request it does not implement
+    (an S3-compatible store without ``If-None-Match``: 501, or a 400 naming the
+    header): the fence looks before it writes there from then on."""
+
 _clients: dict[str, Any] = {}
 
 
@@ -112,7 +119,15 @@ class ConditionalCreate:
         create = self._get()
         if create is None:
             raise NotImplementedError(f"{self._uri} offers no conditional create here")
-        return create(path, data)
+        try:
+            return create(path, data)
+        except ConditionalCreateUnsupported as exc:
+            with self._build_lock:
+                self._create = None  # available is False from now on
+            why = f"the store does not implement conditional writes ({exc})"
+            _warn_once(f"{self.kind}:unsupported:{self._uri}", self._uri, why,
+                       "use a store that implements them")  # fmt: skip
+            raise
 
     def _get(self) -> Create | None:
         with self._build_lock:
@@ -156,6 +171,12 @@ def _s3(options: dict[str, Any]) -> Create:
             if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
             message = exc.response.get("Error", {}).get("Message", "")
+            if status == 501 or code == "NotImplemented" or (
+                status == 400 and "if-none-match" in f"{code} {message}".lower()
+            ):
+                raise ConditionalCreateUnsupported(
+                    f"S3 PutObject with If-None-Match refused: {code} (HTTP {status}): {message}"
+                ) from None
             raise OSError(f"S3 PutObject failed: {code} (HTTP {status}): {message}") from None
         except errors.BotoCoreError as exc:  # connection, timeout, credentials
             raise OSError(f"S3 PutObject failed: {exc}") from None

@@ -176,7 +176,10 @@ def publish(
         claimed = decided is _OURS
     if storage.exclusive_create:
         # a superseded winner uploading late meets the name taken here, and adopts
-        return _create(storage, name, version, data, commit, parent)
+        try:
+            return _create(storage, name, version, data, commit, parent)
+        except NotImplementedError:  # the store turned out not to implement it: look
+            pass
     if not claimed:  # no fence at the store or the driver: look before writing
         rival = _rival(_stored(storage, version), commit, parent)
         if rival is not None:

@@ -255,3 +255,27 @@ def test_a_store_that_keeps_refusing_a_name_nothing_holds_fails_the_commit(
     assert tags(other, 2) == ["base", "retry"]
     for q in (p, fresh, other):
         q.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [("501 Not Implemented", "NotImplemented"), ("400 Bad Request", "InvalidArgument If-None-Match")],
+)
+def test_a_store_without_conditional_writes_looks_before_writing_from_then_on(
+    counting_bucket, tmp_path, caplog, status, code
+):
+    """An S3-compatible store that does not implement If-None-Match (501, or a 400
+    naming the header) does not fail the commit: it publishes by looking before
+    writing, that commit and every later one, with one warning."""
+    p = provider(counting_bucket, tmp_path / "a")
+    options = counting_bucket[1]
+    reset_s3_request_counts(options)
+    fail_next_s3_requests(options, "PUT", status, code)
+    with caplog.at_level(logging.WARNING, logger="sessionstore.checkpoint.conditional_create"):
+        commit(p, 0, "first")
+        commit(p, 1, "second")
+    counts = s3_request_counts(options)
+    assert counts[code] == 1 and counts["HEAD"] >= 2 and counts["PUT"] == 2, counts
+    warnings = [r for r in caplog.records if "does not implement conditional writes" in r.message]
+    assert len(warnings) == 1, caplog.text
+    assert tags(provider(counting_bucket, tmp_path / "fresh"), 2) == ["first", "second"]
