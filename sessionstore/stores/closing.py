@@ -44,16 +44,10 @@ _SIGN = np.uint64(TIME_SIGN)
 class ClosingSessions:
     """The sessions of a store that close at its next advance, in a StateDB family."""
 
-    def __init__(self, db: Database, store: str, create: bool = True) -> None:
+    def __init__(self, db: Database, store: str) -> None:
         self._db = db
         self._cf = f"{store}.closing"
-        if create:
-            db.create_column_family(self._cf)
-
-    @classmethod
-    def reading(cls, db: Database, store: str) -> ClosingSessions:
-        """A reader of an existing family (creates nothing)."""
-        return cls(db, store, create=False)
+        db.create_column_family(self._cf)  # nothing to do where it exists (also read-only)
 
     def add_many(
         self, kbs: list[bytes], starts: np.ndarray, ends: np.ndarray, values: list[bytes]

@@ -32,6 +32,7 @@ from sessionstore.encoding.keys import (
 )
 from sessionstore.encoding.session_key import TIME_SIGN, TIMES, session_key, times_of
 from sessionstore.stores.base import SegmentedDBStore, TimedStore, describe_store
+from sessionstore.stores.closing import ClosingSessions
 from sessionstore.stores.records import SessionWindow
 
 if TYPE_CHECKING:
@@ -313,7 +314,7 @@ class SessionStoreBase(TimedStore):
     def _with_closing(self, found, closing, key, key_from, key_to, lo, latest_start) -> list:
         """``found`` and the kept closing sessions in the same key and time bounds,
         in (encoded key, end, start) order, as the segments give them."""
-        if key is not None:
+        if key is not None:  # [kb, kb + 00) holds kb alone
             kb = self.encode_key(key)
             bounds: tuple[bytes | None, bytes | None] | None = (kb, kb + b"\x00")
         else:
@@ -329,7 +330,6 @@ class SessionStoreBase(TimedStore):
                 and start <= latest_start
                 and (kb_lo is None or kb >= kb_lo)
                 and (kb_hi is None or kb < kb_hi)
-                and (key is None or kb == kb_lo)
             ):
                 window = SessionWindow(decode(kb), start, end)
                 rows.append((kb, end, start, window, loads(vb)))
@@ -413,8 +413,6 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
         return self._end_index
 
     def closing_sessions(self, create: bool = True):
-        from sessionstore.stores.closing import ClosingSessions
-
         if self._closing is None:
             if not create and f"{self.name}.closing" not in self._db.column_families():
                 return None
@@ -422,11 +420,8 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
         return self._closing
 
     def _closing_entries(self) -> list[tuple[int, int, bytes, bytes]]:
-        from sessionstore.stores.closing import ClosingSessions
-
-        if self._closing is None and f"{self.name}.closing" not in self._db.column_families():
-            return []
-        return (self._closing or ClosingSessions.reading(self._db, self.name)).all()
+        closing = self.closing_sessions(create=False)
+        return [] if closing is None else closing.all()
 
     def set_min_retention(self, retention_ms: int) -> None:
         """Raise retention to at least ``retention_ms`` (recorded in the spec)."""
