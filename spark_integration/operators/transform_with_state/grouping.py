@@ -49,15 +49,21 @@ class KeyGroups:
     values: dict[str, list[Any]] = field(default_factory=dict)
 
 
+def _text(t: pa.DataType) -> bool:
+    """Whether ``t`` is a string or binary type (whose Python values are made once
+    per distinct value)."""
+    return (
+        pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    )  # fmt: skip
+
+
 def _ranked(t: pa.DataType) -> bool:
     """Whether a column of type ``t`` is ranked through its distinct values: types
     whose equal values are identical (no float ``-0.0 == 0.0``, no NaN)."""
     return (
         pa.types.is_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
+        or _text(t)
         or pa.types.is_boolean(t)
         or pa.types.is_timestamp(t)
         or pa.types.is_date(t)
@@ -107,11 +113,7 @@ def grouped_rows(table: pa.Table, keys: list[str], python_values: bool = False) 
         rank, size, dictionary, index = _dense_rank(table.column(name).chunk(0))
         ranks.append(rank)
         sizes.append(size)
-        t = dictionary.type
-        if python_values and (
-            pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t)
-        ):  # fmt: skip
+        if python_values and _text(dictionary.type):
             distinct[name] = (dictionary, index)
     order = _order(ranks, sizes)
     changed = np.zeros(n - 1, dtype=bool)
