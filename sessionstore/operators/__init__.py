@@ -6,6 +6,7 @@ from sessionstore.operators.sessions.aggregator import (
     SessionWindowAggregator,
     SessionWindows,
 )
+from sessionstore.operators.sessions.model import ClosedSessions
 from sessionstore.operators.temporal_join import JoinedRecord, TemporalJoin
 from sessionstore.operators.window_join import JoinedPair, WindowedJoin
 from sessionstore.operators.windows.aggregator import TimeWindows, WindowAggregator, WindowUpdate
@@ -16,6 +17,7 @@ __all__ = [
     "Aggregations",
     "SessionWindows",
     "SessionUpdate",
+    "ClosedSessions",
     "SessionWindowAggregator",
     "TemporalJoin",
     "JoinedRecord",

@@ -50,10 +50,14 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Context, Decimal
+from itertools import chain
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from sessionstore.operators import sketches
 
@@ -182,13 +186,24 @@ class Slot:
     """A function bound to its arguments: ``init() -> slot``, ``add(slot, value,
     ts) -> slot``, ``merge(older, newer) -> slot``, ``result(slot)``; slots that
     ignore the time may also have ``extend(slot, values) -> slot``, equal to
-    adding each value in order (the columnar paths fold a group with one call)."""
+    ``groups(values, starts, ends) -> slots``, the slot of each group
+    ``values[a:b]`` as adding its values to ``init()`` in order gives it (the
+    columnar paths fold every group of a batch with one call), and
+    ``results(slots) -> column``, the results of many slots at once (a list of
+    what ``result`` gives each, or an Arrow array of the same values)."""
 
     init: Callable[[], Any]
     add: Callable[[Any, Any, int], Any]
     merge: Callable[[Any, Any], Any]
     result: Callable[[Any], Any]
-    extend: Callable[[Any, list], Any] | None = None
+    groups: Callable[[list, Sequence[int], Sequence[int]], list] | None = None
+    results: Callable[[list], Any] | None = None
+
+    def column(self, slots: list) -> Any:
+        """The results of ``slots`` (a list, or an Arrow array of equal values)."""
+        if self.results is not None:
+            return self.results(slots)
+        return list(map(self.result, slots))
 
 
 def _identity(slot: Any) -> Any:
@@ -324,6 +339,20 @@ def _avg_result(slot):
     return None if slot[0] == 0 else slot[1] / slot[0]
 
 
+def _numbers(slots: list, width: int) -> np.ndarray:
+    """Slots that are lists of ``width`` numbers as a ``(len, width)`` float array
+    (their counts are exact as doubles below 2**53 values)."""
+    flat = np.fromiter(chain.from_iterable(slots), np.float64, count=len(slots) * width)
+    return flat.reshape(len(slots), width)
+
+
+def _avg_results(slots: list) -> pa.Array:
+    # the same IEEE division as _avg_result's, for all slots at once
+    a = _numbers(slots, 2)
+    n, total = a[:, 0], a[:, 1]
+    return pa.array(np.divide(total, n, out=np.zeros(len(n)), where=n > 0), mask=n == 0)
+
+
 def _moments_add(slot, value, ts):
     if value is None:
         return slot
@@ -370,6 +399,23 @@ _MOMENT_RESULTS = {
 }
 
 
+def _moment_results(fn: str) -> Callable[[list], pa.Array]:
+    """``fn``'s results over many slots, equal to its ``_MOMENT_RESULTS`` entry's."""
+    pop, root = fn.endswith("_pop"), fn.startswith("stddev")
+    least = 1 if pop else 2
+
+    def results(slots: list) -> pa.Array:
+        a = _numbers(slots, 3)
+        n, m2 = a[:, 0], a[:, 2]
+        with np.errstate(invalid="ignore"):  # NaN moments give NaN, as one by one
+            var = np.divide(m2, n if pop else n - 1, out=np.zeros(len(n)), where=n >= least)
+            if root:
+                var = np.sqrt(np.maximum(var, 0.0))
+        return pa.array(var, mask=n < least)
+
+    return results
+
+
 # -- min_by, max_by ----------------------------------------------------------------
 # A slot is [order, value, time]: a tie on the order goes to the earlier time, and
 # on the same time to the value seen first (the older session's in a merge), so
@@ -411,8 +457,12 @@ def _none() -> None:
     return None
 
 
+def _same(slots: list) -> list:
+    return slots
+
+
 _FIXED: dict[str, Slot] = {
-    "count": Slot(_zero, _count_add, lambda a, b: a + b, _identity),
+    "count": Slot(_zero, _count_add, lambda a, b: a + b, _identity, results=_same),
     "sum": Slot(_none, _sum_add, _sum_merge, _sum_result),
     "min": Slot(_none, _min_add, _min_merge, _identity),
     "max": Slot(_none, _max_add, _max_merge, _identity),
@@ -422,12 +472,14 @@ _FIXED: dict[str, Slot] = {
     "collect_list": Slot(list, _collect_list_add, lambda a, b: a + b, _identity),
     "collect_set": Slot(list, _set_add, _set_merge, _identity),
     "count_distinct": Slot(list, _set_add, _set_merge, len),
-    "avg": Slot(lambda: [0, 0.0], _avg_add, _avg_merge, _avg_result),
+    "avg": Slot(lambda: [0, 0.0], _avg_add, _avg_merge, _avg_result, results=_avg_results),
     "min_by": _by_slot(operator.lt, False, False),
     "max_by": _by_slot(operator.gt, False, False),
 }
 for _fn, _result in _MOMENT_RESULTS.items():
-    _FIXED[_fn] = Slot(lambda: [0, 0.0, 0.0], _moments_add, _moments_merge, _result)
+    _FIXED[_fn] = Slot(
+        lambda: [0, 0.0, 0.0], _moments_add, _moments_merge, _result, results=_moment_results(_fn)
+    )
 
 #: How two slots of each function combine (older, newer): the merge needs no
 #: argument of the spec (sketch slots carry their size).
@@ -440,7 +492,7 @@ def bind(spec: AggregateSpec) -> Slot:
     """The slot functions of ``spec``."""
     fn = spec.fn
     if fn == "count" and spec.column is not None:
-        return Slot(_zero, _count_col_add, _FIXED["count"].merge, _identity)
+        return Slot(_zero, _count_col_add, _FIXED["count"].merge, _identity, results=_same)
     if any(spec.decimals):
         decimal = _decimal_slot(spec)
         if decimal is not None:
@@ -454,7 +506,8 @@ def bind(spec: AggregateSpec) -> Slot:
             lambda slot, value, ts: sketches.hll_add(slot, value),
             sketches.hll_merge,
             sketches.hll_estimate,
-            sketches.hll_extend,
+            sketches.group_slots(lg_k, sketches.hll_extend),
+            sketches.hll_estimates,
         )
     pct, accuracy = spec.extra
     k = sketches.kll_k(accuracy)
@@ -471,7 +524,7 @@ def bind(spec: AggregateSpec) -> Slot:
         lambda slot, value, ts: sketches.kll_add(slot, value),
         sketches.kll_merge,
         result,
-        sketches.kll_extend,
+        sketches.group_slots(k, sketches.kll_extend),
     )
 
 

@@ -252,6 +252,9 @@ class Aggregations(Aggregation):
         def finish(acc: list) -> dict[str, Any]:
             return {names[i]: results[i](acc[i]) for i in width}
 
+        def finish_columns(accs: list[list]) -> dict[str, Any]:
+            return {names[i]: slots[i].column([acc[i] for acc in accs]) for i in width}
+
         def aggregator(key: Any, value: Any, acc: list) -> list:
             raise TypeError("built-in aggregations need the event time: call add()")
 
@@ -260,6 +263,10 @@ class Aggregations(Aggregation):
         object.__setattr__(self, "merger", merger)
         object.__setattr__(self, "finish", finish)
         object.__setattr__(self, "aggregator_ts", aggregator_ts)
+        #: ``finish_columns(accs) -> {name: column}``: what :meth:`finish` gives
+        #: each of ``accs``, per aggregate (a list, or an Arrow array of the same
+        #: values), computed column-wise where the function allows
+        self.finish_columns = finish_columns
 
     def __repr__(self) -> str:
         return f"Aggregations({self.spec!r})"

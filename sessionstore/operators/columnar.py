@@ -258,10 +258,9 @@ class GroupAggregates:
     def _folded(self, slot: Slot, rows: np.ndarray) -> list[Any]:
         """Each group's slot: its values, in order, added as the record path adds them."""
         values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
-        init, add, extend = slot.bound.init, slot.bound.add, slot.bound.extend
-        if extend is not None:
-            bounds = zip(self.a.tolist(), self.b.tolist(), strict=True)
-            return [extend(init(), values[a:b]) for a, b in bounds]
+        init, add, groups = slot.bound.init, slot.bound.add, slot.bound.groups
+        if groups is not None:
+            return groups(values, self.a.tolist(), self.b.tolist())
         out = []
         for a, b in zip(self.a.tolist(), self.b.tolist(), strict=True):
             acc = init()
@@ -346,8 +345,10 @@ class GroupAggregates:
             at = self.first_row if fn == "first" else self.last_row
             return slot.column.take(pa.array(at[idx], pa.int64()))
         if slot.bound is not None:
-            result = slot.bound.result
-            return pa.array([result(acc) for acc in self.slot_values(j, idx)], out_type)
+            results = slot.bound.column(self.slot_values(j, idx))
+            if isinstance(results, pa.Array):
+                return results.cast(out_type)
+            return pa.array(results, out_type)
         if fn in _BY:
             at = self.reduced[j][0][idx]
             taken = slot.column.take(pa.array(np.maximum(at, 0), pa.int64()))

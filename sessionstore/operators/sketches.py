@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable, Sequence
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 __all__ = [
     "FOLD_EVERY", "EXACT_UP_TO", "hll_lg_k", "kll_k", "hll_slot", "hll_add", "hll_extend",
-    "hll_merge", "hll_estimate", "kll_slot", "kll_add", "kll_extend", "kll_merge", "kll_quantiles",
+    "hll_merge", "hll_estimate", "hll_estimates", "kll_slot", "kll_add", "kll_extend",
+    "kll_merge", "kll_quantiles", "group_slots",
 ]  # fmt: skip
 
 #: Pending values a slot holds before they are folded into its sketch.
@@ -145,6 +148,29 @@ def _extend(slot: list, values: list, fold: Any) -> list:
     return slot
 
 
+def group_slots(
+    size: int, extend: Callable[[list, list], list]
+) -> Callable[[list, Sequence[int], Sequence[int]], list]:
+    """``slots(values, starts, ends)``: the slot of each group ``values[a:b]`` (``a``,
+    ``b`` from ``starts``, ``ends``), an empty slot of ``size`` with the group's
+    values added in order by ``extend`` (:func:`hll_extend`, :func:`kll_extend`).
+    A group without nulls and shorter than :data:`FOLD_EVERY` is its values pending,
+    as ``extend`` leaves it, without a call per group."""
+
+    def slots(values: list, starts: Sequence[int], ends: Sequence[int]) -> list:
+        bounds = zip(starts, ends, strict=True)
+        if None in values:
+            return [extend([size, None, []], values[a:b]) for a, b in bounds]
+        return [
+            [size, None, values[a:b]]
+            if b - a < FOLD_EVERY
+            else extend([size, None, []], values[a:b])
+            for a, b in bounds
+        ]
+
+    return slots
+
+
 def hll_add(slot: list, value: Any) -> list:
     """``slot`` with ``value`` counted (nulls skipped)."""
     if value is None:
@@ -216,6 +242,53 @@ def hll_estimate(slot: list) -> int:
     if sketch is None:
         return 0
     return int(round(sketch.get_estimate()))
+
+
+def hll_estimates(slots: list) -> list[int]:
+    """:func:`hll_estimate` of each of ``slots``. The distinct values of the slots
+    not yet folded are counted for all of them at once when they are all strs or
+    all ints within int64 (``_few_distinct``'s rules for those types: an empty str
+    is not counted); the others, and a slot of more than :data:`EXACT_UP_TO`
+    distinct values, ask their sketch."""
+    out: list[Any] = [None] * len(slots)
+    few = [i for i, slot in enumerate(slots) if slot[1] is None]
+    counts = _distinct_counts([slots[i][2] for i in few]) if few else None
+    if counts is not None:
+        for i, n in zip(few, counts.tolist(), strict=True):
+            if n <= EXACT_UP_TO:
+                out[i] = n
+    return [hll_estimate(slot) if n is None else n for slot, n in zip(slots, out, strict=True)]
+
+
+def _distinct_counts(lists: list[list]) -> Any:
+    """The distinct values of each of ``lists`` as an int array, when every value
+    is a str (empty ones not counted) or every value an int within int64; else
+    None."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    flat = list(chain.from_iterable(lists))
+    if not flat:
+        return np.zeros(len(lists), dtype=np.int64)
+    kinds = set(map(type, flat))
+    if kinds != {str} and kinds != {int}:
+        return None  # bytes and bools would convert silently, floats hash apart
+    kind = kinds.pop()
+    try:
+        arr = pa.array(flat, pa.string() if kind is str else pa.int64())
+    except (pa.ArrowException, OverflowError, UnicodeError):
+        return None  # an int beyond int64, a str that is not UTF-8
+    encoded = pc.dictionary_encode(arr)
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    groups = np.repeat(np.arange(len(lists), dtype=np.int64), [len(v) for v in lists])
+    if kind is str:  # an empty str is not hashed
+        empty = pc.equal(encoded.dictionary, "").to_numpy(zero_copy_only=False)
+        keep = ~empty[codes]
+        codes, groups = codes[keep], groups[keep]
+    size = len(encoded.dictionary)
+    pairs = np.unique(groups * size + codes)
+    return np.bincount(pairs // size, minlength=len(lists))
 
 
 def kll_slot(k: int) -> list:

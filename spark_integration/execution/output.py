@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -46,6 +47,25 @@ class OperatorOutput:
         columns.update(extra or {})
         return record_batch(arrow_schema(self.schema_json), columns)
 
+    def from_closed(self, closed: Any, extra: dict[str, list[Any]] | None = None) -> pa.RecordBatch:
+        """Sessions closed as columns (``ClosedSessions``: keys, starts, ends, and
+        each aggregate's results, a list or an Arrow array) as output rows, with
+        the ``extra`` columns given."""
+        columns: dict[str, Any] = {}
+        if len(self.keys) == 1:
+            columns[self.keys[0]] = closed.keys
+        else:
+            parts = list(zip(*closed.keys, strict=True)) or [()] * len(self.keys)
+            for k, values in zip(self.keys, parts, strict=True):
+                columns[k] = list(values)
+        scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are in us
+        columns[self.start] = np.asarray(closed.starts, dtype=np.int64) * scale
+        columns[self.end] = np.asarray(closed.ends, dtype=np.int64) * scale
+        for out_name, _, _ in self.plan:
+            columns[out_name] = closed.values[out_name]
+        columns.update(extra or {})
+        return record_batch(arrow_schema(self.schema_json), columns)
+
     def from_table(self, table: pa.Table, extra: dict[str, Any] | None = None) -> pa.Table:
         """A columnar path's output (key columns, ``start``, ``end``, ``value``
         struct) as output rows, with the ``extra`` columns given."""
@@ -80,7 +100,11 @@ def _cast(column: Any, to: pa.DataType) -> Any:
     return column.cast(to)
 
 
-def record_batch(schema: pa.Schema, columns: dict[str, list[Any]]) -> pa.RecordBatch:
-    """A record batch of ``schema`` from Python column lists."""
-    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+def record_batch(schema: pa.Schema, columns: dict[str, Any]) -> pa.RecordBatch:
+    """A record batch of ``schema`` from columns: Python lists, numpy arrays, or
+    Arrow arrays (cast to the field's type)."""
+    arrays = [
+        _cast(column, f.type) if isinstance(column, pa.Array) else pa.array(column, type=f.type)
+        for f, column in ((f, columns[f.name]) for f in schema)
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

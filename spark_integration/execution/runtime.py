@@ -48,6 +48,7 @@ __all__ = [
     "partition_state",
     "state_and_inputs",
     "run_aggregator",
+    "Emitted",
     "AggregatorTask",
     "deterministic_order",
     "key_values",
@@ -398,6 +399,24 @@ def struct_values(table: pa.Table, name: str) -> list[Any]:
     return [None] * table.num_rows
 
 
+@dataclass
+class Emitted:
+    """What one batch of an event-time aggregator emits: ``updates`` (objects),
+    ``closed`` (the sessions its advances closed, as columns: ``ClosedSessions``)
+    and ``table``, the output of the aggregator's columnar path (``process_table``)
+    when the batch qualified (else None)."""
+
+    updates: list[Any]
+    closed: list[Any]
+    table: pa.Table | None
+
+    @property
+    def count(self) -> int:
+        """How many rows this is."""
+        table_rows = 0 if self.table is None else self.table.num_rows
+        return len(self.updates) + sum(c.count for c in self.closed) + table_rows
+
+
 def run_aggregator(
     agg: Any,
     provider: StateStoreProvider,
@@ -408,7 +427,7 @@ def run_aggregator(
     shared: int | None,
     handle: StoreHandle,
     bounded: bool = False,
-) -> tuple[list[Any], pa.Table | None]:
+) -> Emitted:
     """One batch of an event-time aggregator (session or window): advance to
     ``shared``, the operator's event time after the previous batch (from
     :func:`state_and_inputs`), process the rows in deterministic order (event time
@@ -419,32 +438,37 @@ def run_aggregator(
     session and window still open (the aggregator's ``finish_input``), as Spark's
     batch ``session_window`` and Flink's final watermark do.
 
-    Returns the updates as objects, and as a table those of the aggregator's columnar
-    path (``process_table``) when the batch qualifies (else None)."""
+    An aggregator that gives closed sessions as columns (``advance_columns``: one
+    result column per aggregate, not a dict per session) gives them so."""
     from sessionstore.operators.arrow_io import columns_of
 
-    updates: list[Any] = []
-    table_out = None
+    out = Emitted([], [], None)
+    as_columns = hasattr(agg, "advance_columns")
     if shared is not None:
         with gc_paused():  # an object per session the advance closes, no cycles
-            updates += agg.advance_to(shared)
+            if as_columns:
+                out.closed.append(agg.advance_columns(shared))
+            else:
+                out.updates += agg.advance_to(shared)
     if inputs:
         with gc_paused():  # Python objects for every row, and no cycles among them
             table = deterministic_order(pa.Table.from_batches(inputs), [TS])
             key = keys[0] if len(keys) == 1 else keys
             value = value_cols or None
-            table_out = agg.process_table(table, key, TS, value)
-            if table_out is None:
+            out.table = agg.process_table(table, key, TS, value)
+            if out.table is None:
                 k, times, values = columns_of(table, key, TS, value)
                 # update mode: one row per changed session or window per micro-batch
-                updates += agg.process_rows(k, times, values, net=True)
+                out.updates += agg.process_rows(k, times, values, net=True)
     if bounded:
-        updates += agg.finish_input()
+        if as_columns:
+            out.closed.append(agg.finish_input_columns())
+        else:
+            out.updates += agg.finish_input()
     handle.note_event_time(agg.stream_time)
     # the commit's metrics: late rows and emitted rows
-    emitted = len(updates) + (0 if table_out is None else table_out.num_rows)
-    handle.note(late_dropped=agg.dropped_records, emitted=emitted)
-    return updates, table_out
+    handle.note(late_dropped=agg.dropped_records, emitted=out.count)
+    return out
 
 
 @dataclass(kw_only=True)
@@ -478,11 +502,8 @@ class AggregatorTask:
         """The operator's aggregator over ``store``, the partition's store."""
         raise NotImplementedError
 
-    def output_batches(
-        self, updates: list[Any], table: pa.Table | None
-    ) -> Iterator[pa.RecordBatch]:
-        """The output rows of a batch's ``updates`` and of its columnar path's
-        ``table`` (None when the batch took the record path)."""
+    def output_batches(self, emitted: Emitted) -> Iterator[pa.RecordBatch]:
+        """The output rows of what a batch emitted."""
         raise NotImplementedError
 
     def run(
@@ -496,7 +517,7 @@ class AggregatorTask:
             *task, shared_event_time=True, key_types=self.key_types, coordinator=self.coordinator
         ) as (handle, provider, inputs, shared):
             agg = self.aggregator(handle[spec.name])
-            updates, table = run_aggregator(
+            emitted = run_aggregator(
                 agg,
                 provider,
                 info,
@@ -507,4 +528,4 @@ class AggregatorTask:
                 handle,
                 self.bounded,
             )
-        yield from self.output_batches(updates, table)
+        yield from self.output_batches(emitted)

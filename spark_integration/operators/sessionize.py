@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.execution.runtime import AggregatorTask
+from spark_integration.execution.runtime import AggregatorTask, Emitted
 from spark_integration.planning.aggregate_operator import aggregate_input
 from spark_integration.planning.aggregations import SessionAggregation
 from spark_integration.planning.backend import StateBackend
@@ -103,13 +103,16 @@ class _SessionizeTask(AggregatorTask):
             closes_on="advance",  # a batch is judged by the shared event time before it
         )
 
-    def output_batches(
-        self, updates: list[Any], table: pa.Table | None
-    ) -> Iterator[pa.RecordBatch]:
-        if updates:
+    def output_batches(self, emitted: Emitted) -> Iterator[pa.RecordBatch]:
+        for closed in emitted.closed:  # emit-on-close: its advance's sessions
+            if closed.count:
+                yield self.output.from_closed(closed)
+        if emitted.updates:
             extra = {}
             if self.emit == "update":
-                extra["change"] = ["delete" if u.value is None else "upsert" for u in updates]
-            yield self.output.from_updates(updates, extra)
+                changes = ["delete" if u.value is None else "upsert" for u in emitted.updates]
+                extra["change"] = changes
+            yield self.output.from_updates(emitted.updates, extra)
+        table = emitted.table
         if table is not None and table.num_rows:  # the columnar path: emit-on-close
             yield from self.output.from_table(table).to_batches()

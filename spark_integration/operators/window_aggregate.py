@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from sessionstore.operators import TimeWindows, WindowAggregator
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.execution.runtime import AggregatorTask
+from spark_integration.execution.runtime import AggregatorTask, Emitted
 from spark_integration.planning.aggregate_operator import aggregate_input
 from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.intervals import interval_ms
@@ -84,9 +84,8 @@ class _WindowTask(AggregatorTask):
             closes_on="advance",  # a batch is judged by the shared event time before it
         )
 
-    def output_batches(
-        self, updates: list[Any], table: pa.Table | None
-    ) -> Iterator[pa.RecordBatch]:
+    def output_batches(self, emitted: Emitted) -> Iterator[pa.RecordBatch]:
+        updates, table = emitted.updates, emitted.table
         if updates:
             yield self.output.from_updates(updates, {"emission": [u.kind for u in updates]})
         if table is not None and table.num_rows:  # the columnar path: emit="final"

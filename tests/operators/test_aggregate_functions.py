@@ -28,6 +28,7 @@ from sessionstore.operators import (
     WindowAggregator,
 )
 from sessionstore.operators.aggregations import OUTPUT_PLAN_AUX, recorded_output
+from tests.operators.sessions.records import closed_rows
 
 #: One of every function over value ``x`` (a number or None) and label ``s``.
 EVERY = {
@@ -128,6 +129,41 @@ def test_merging_in_any_grouping_equals_aggregating_all_at_once(rows, cuts, seed
         merged = aggs.merger("k", parts[i], parts[i + 1])
         parts[i : i + 2] = [msgpack.unpackb(msgpack.packb(merged, use_bin_type=True), raw=False)]
     _assert_results(aggs.finish(parts[0]), _model(rows))
+
+
+def _same(a, b) -> bool:
+    """Equal, NaN equal to NaN (column-wise results must be the very values)."""
+    if isinstance(a, float) and isinstance(b, float) and a != a:
+        return b != b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b and type(a) is type(b)
+
+
+@settings(max_examples=100, deadline=None)
+@given(groups=st.lists(ROWS, max_size=12), odd=st.lists(st.sampled_from(
+    [math.inf, -math.inf, math.nan, 0.0, -0.0, 2.0**60]), max_size=3))  # fmt: skip
+def test_finishing_many_accumulators_at_once_equals_finishing_each(groups, odd):
+    """``finish_columns`` (the results per aggregate, over every session an advance
+    closes) gives each accumulator exactly what ``finish`` gives it: avg and the
+    moments column-wise in numpy (NaN and infinities too), the HLL estimates of
+    short sessions counted together, the others one by one."""
+    aggs = Aggregations(
+        {**EVERY, "acdx": ("approx_count_distinct", "x"), "sdx": ("stddev_pop", "x")}
+    )
+    groups = [*groups, [{"x": v, "s": None} for v in odd]]
+    accs = [
+        msgpack.unpackb(msgpack.packb(_aggregate(aggs, rows), use_bin_type=True), raw=False)
+        for rows in groups
+    ]
+    columns = aggs.finish_columns(accs)
+    assert list(columns) == aggs.names
+    for i, acc in enumerate(accs):
+        for name, want in aggs.finish(acc).items():
+            column = columns[name]
+            got = column[i] if isinstance(column, list) else column[i].as_py()
+            assert _same(got, want), f"{name} of group {i}: {got!r} != {want!r}"
+    assert all(len(c) == 0 for c in aggs.finish_columns([]).values())
 
 
 def test_nulls_are_skipped_and_empty_results_are_sparks():
@@ -524,3 +560,46 @@ def test_finish_input_emits_every_open_session_and_window_and_keeps_them_stored(
             ("b", 20, 30, {"n": 1}, "final")
         ]
         assert windows.stream_time == 25 and windows.finish_input() == []
+
+
+@pytest.mark.parametrize("track_offsets", [False, True])
+def test_sessions_closed_as_columns_equal_the_updates(track_offsets):
+    """``advance_columns``/``finish_input_columns`` give the sessions and results
+    ``advance_to``/``finish_input`` give, in the same order (offsets tracked or
+    not); they need built-in aggregations."""
+    rng = random.Random(7)
+    rows = sorted(
+        ((rng.choice("abcd"), rng.randrange(200), {"x": rng.choice([None, 1, 2.5, -4]),
+          "s": rng.choice([None, "a", "b", "c"])}) for _ in range(120)),
+        key=lambda r: r[1],
+    )  # fmt: skip
+
+    def run(columns):
+        agg = SessionWindowAggregator(
+            InMemorySessionStore("s", 20), SessionWindows(6, 3), aggregations=EVERY,
+            emit="final", closes_on="advance", track_offsets=track_offsets,
+        )  # fmt: skip
+        out = []
+        for n in range(4):
+            part = rows[n * 30 : (n + 1) * 30]
+            offsets = list(range(n * 30, n * 30 + len(part))) if track_offsets else None
+            agg.process_rows([r[0] for r in part], [r[1] for r in part], [r[2] for r in part],
+                             offsets)  # fmt: skip
+            if columns:
+                out.append(closed_rows(agg.advance_columns(agg.stream_time)))
+            else:
+                out.append([tuple(u[:4]) for u in agg.advance_to(agg.stream_time)])
+        closed = agg.finish_input_columns() if columns else agg.finish_input()
+        out.append(closed_rows(closed) if columns else [tuple(u[:4]) for u in closed])
+        return out
+
+    want = run(False)
+    assert sum(map(len, want)) > 20 and run(True) == want
+    custom = SessionWindowAggregator(
+        InMemorySessionStore("c", 20), SessionWindows(6), initializer=lambda: 0,
+        aggregator=lambda k, v, acc: acc + 1, merger=lambda k, a, b: a + b, emit="final",
+    )  # fmt: skip
+    custom.process("a", None, 1)
+    with pytest.raises(TypeError, match="need built-in aggregations"):
+        custom.advance_columns(100)
+    assert [tuple(u) for u in custom.advance_to(100)] == [("a", 1, 1, 1, 1)]  # nothing lost

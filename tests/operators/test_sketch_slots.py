@@ -13,7 +13,11 @@ from sessionstore.operators import sketches
 
 VALUES = st.lists(
     st.one_of(
-        st.none(), st.integers(-50, 50), st.text(max_size=3), st.floats(-5, 5), st.booleans(),
+        st.none(),
+        st.integers(-50, 50),
+        st.text(max_size=3),
+        st.floats(-5, 5),
+        st.booleans(),
         st.binary(max_size=2),
     ),
     max_size=900,
@@ -66,7 +70,9 @@ def _stored_estimate(slot):
     it and read back (every pending value folded in)."""
     lg_k, data, pending = slot
     if not pending:
-        return 0 if data is None else round(datasketches.hll_sketch.deserialize(data).get_estimate())
+        return (
+            0 if data is None else round(datasketches.hll_sketch.deserialize(data).get_estimate())
+        )
     sketch = datasketches.hll_sketch(lg_k, datasketches.tgt_hll_type.HLL_8)
     for v in pending:  # the documented mapping: a bool as an int, bytes as hex
         sketch.update(int(v) if isinstance(v, bool) else v.hex() if isinstance(v, bytes) else v)
@@ -92,8 +98,12 @@ def test_hll_estimate_is_the_estimate_of_the_stored_sketch(values, merged, lg_k)
 
 SMALL = st.lists(
     st.one_of(
-        st.none(), st.integers(-3, 3), st.sampled_from([0.0, -0.0, 1.0, 2.5, float("nan")]),
-        st.booleans(), st.text(max_size=2), st.binary(max_size=1),
+        st.none(),
+        st.integers(-3, 3),
+        st.sampled_from([0.0, -0.0, 1.0, 2.5, float("nan")]),
+        st.booleans(),
+        st.text(max_size=2),
+        st.binary(max_size=1),
         st.sampled_from([2**63 - 1, -(2**63), 2**63 + 5, 4607182418800017408]),  # 1.0's bits
         st.sampled_from([(1).to_bytes(8, "little").decode(), "é" * 4, "abcdefgh"]),  # 8 bytes
     ),
@@ -112,3 +122,51 @@ def test_a_short_unfolded_slot_gives_the_sketch_estimate(values, lg_k):
     except (TypeError, OverflowError, ValueError):  # the sketch refuses the value
         return
     assert sketches.hll_estimate(slot) == want
+
+
+STRS = st.lists(
+    st.sampled_from(["", "a", "b", "abcdefgh", "é" * 4, "z" * 9, "q", "r", "s", "t", "u"]),
+    max_size=14,
+)
+INTS = st.lists(st.one_of(st.integers(-12, 12), st.sampled_from([2**63 - 1, -(2**63)])),
+                max_size=14)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    groups=st.lists(st.one_of(STRS, INTS, SMALL, VALUES), max_size=8),
+    homogeneous=st.sampled_from([STRS, INTS]).flatmap(lambda s: st.lists(s, max_size=8)),
+    fold=st.lists(st.booleans(), max_size=8),
+)
+def test_the_estimates_of_many_slots_at_once_are_each_slots_estimate(groups, homogeneous, fold):
+    """``hll_estimates`` (column-wise: short unfolded slots of strs or of int64s
+    counted together) gives each slot what ``hll_estimate`` gives it, however the
+    slots mix types, empty strs, long or folded slots."""
+    for lists in (groups, homogeneous):
+        folded = sketches.hll_extend(sketches.hll_slot(9), list(range(sketches.FOLD_EVERY)))
+        slots = [
+            # a folded slot with the values pending, or an unfolded one
+            sketches.hll_extend([9, folded[1], []] if folding else sketches.hll_slot(9), values)
+            for values, folding in zip(lists, fold + [False] * len(lists), strict=False)
+        ]
+        try:
+            want = [sketches.hll_estimate(slot) for slot in slots]
+        except (TypeError, OverflowError, ValueError):  # the sketch refuses a value
+            continue
+        assert sketches.hll_estimates(slots) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=VALUES, cuts=st.lists(st.integers(0, 900), max_size=5), size=st.sampled_from([4, 9]))
+def test_group_slots_equal_extending_an_empty_slot_with_each_group(values, cuts, size):
+    bounds = sorted({0, len(values), *[c for c in cuts if c <= len(values)]})
+    starts, ends = bounds[:-1], bounds[1:]
+    numbers = [v if v is None or isinstance(v, (int, float)) else len(v) for v in values]
+    for make, extend, vs in (
+        (sketches.hll_slot, sketches.hll_extend, values),
+        (sketches.kll_slot, sketches.kll_extend, numbers),
+    ):
+        want = [extend(make(size if make is sketches.hll_slot else 200), vs[a:b])
+                for a, b in zip(starts, ends, strict=True)]  # fmt: skip
+        slots = sketches.group_slots(size if make is sketches.hll_slot else 200, extend)
+        assert slots(vs, starts, ends) == want

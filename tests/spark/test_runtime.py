@@ -79,10 +79,11 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
         )
 
     provider, handle, agg = aggregator("columnar")
-    updates, table = run_aggregator(
+    emitted = run_aggregator(
         agg, provider, TaskInfo(0, 1, 0), [batch], keys, value_cols, None, handle
     )
-    assert updates == [] and table is not None and table.num_rows > 10
+    table = emitted.table
+    assert emitted.updates == emitted.closed == [] and table is not None and table.num_rows > 10
     _, _, reference = aggregator("records")
     k, times, values = columns_of(pa.Table.from_batches([batch]), keys, TS, value_cols)
     expected = reference.process_rows(k, times, values)

@@ -46,10 +46,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sessionstore.encoding.keys import TS_MAX, check_timestamp
-from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
+from sessionstore.operators.aggregations import (
+    Aggregation,
+    Aggregations,
+    make_aggregation,
+    record_output_plan,
+)
 from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute, check_closes_on
 from sessionstore.operators.gc_pause import gc_paused
-from sessionstore.operators.sessions.model import SessionUpdate, SessionWindows
+from sessionstore.operators.sessions.model import ClosedSessions, SessionUpdate, SessionWindows
 from sessionstore.operators.sessions.replay import net_changes, replay_rows, stored_values
 from sessionstore.operators.sessions.rule import (
     candidate_bounds,
@@ -132,10 +137,33 @@ class SessionWindowAggregator(ArrowBatches):
         time becomes ``event_time`` (or stays, if later), and every session ending
         before it minus gap and grace is emitted, however far the records since the
         last advance moved the stream time."""
+        return self._updates(self._advance(event_time))
+
+    def advance_columns(self, event_time: int) -> ClosedSessions:
+        """:meth:`advance_to`, its emitted sessions as columns (the aggregation must
+        be :class:`~sessionstore.operators.aggregations.Aggregations`): the results
+        are computed per aggregate over all of them, not per session."""
+        self._check_columns()
+        return self._columns(self._advance(event_time))
+
+    def finish_input(self) -> list[SessionUpdate]:
+        """The input is bounded and has ended: in final mode, emit every session
+        still open (update mode emitted every change already). Stream time stays,
+        so the sessions stay stored as the input left them; they count as closed
+        from then on, as at a final watermark."""
+        return self._updates(self._finish())
+
+    def finish_input_columns(self) -> ClosedSessions:
+        """:meth:`finish_input`, its emitted sessions as columns (as
+        :meth:`advance_columns`)."""
+        self._check_columns()
+        return self._columns(self._finish())
+
+    def _advance(self, event_time: int) -> list[tuple]:
         ts = check_timestamp("event_time", event_time)
         state = self.state
         with state.rolling_back():
-            out: list[SessionUpdate] = []
+            out: list[tuple] = []
             if state.stream_time is None or ts > state.stream_time:
                 state.stream_time = ts
             judged = state.stream_time
@@ -144,22 +172,18 @@ class SessionWindowAggregator(ArrowBatches):
                 judged = min(judged, ts if before is None else max(before, ts))
             if state.final:
                 # read with the store's visibility from before the advance
-                out = self._close_until(close_time(judged, state.gap, state.grace))
+                out = self._closed(close_time(judged, state.gap, state.grace))
             state.save_times()
             # the store follows, so its visibility keeps matching the judged time
             self.store.advance_stream_time(judged)
         return out
 
-    def finish_input(self) -> list[SessionUpdate]:
-        """The input is bounded and has ended: in final mode, emit every session
-        still open (update mode emitted every change already). Stream time stays,
-        so the sessions stay stored as the input left them; they count as closed
-        from then on, as at a final watermark."""
+    def _finish(self) -> list[tuple]:
         state = self.state
         if not state.final:
             return []
         with state.rolling_back():
-            out = self._close_until(TS_MAX)
+            out = self._closed(TS_MAX)
             state.save_times()
         return out
 
@@ -236,25 +260,23 @@ class SessionWindowAggregator(ArrowBatches):
 
     def _close_until(self, close: int) -> list[SessionUpdate]:
         """Emit (and forget from the index) every open session ending before ``close``."""
+        return self._updates(self._closed(close))
+
+    def _closed(self, close: int) -> list[tuple]:
+        """Forget from the index every open session ending before ``close``; return
+        them as ``(end, start, encoded key, accumulator)`` in close order."""
         state = self.state
         if state.emitted_close is not None and close <= state.emitted_close:
             return []
         # sessions ending before the last close were emitted then, and none is added
         # that ends before the current close: scan only what this close adds
         from_end, state.emitted_close = state.emitted_close, close
-        out = []
-        finish, store, index, decode = (
-            self.aggregation.finish,
-            self.store,
-            state.index,
-            state.decode,
-        )
+        store = self.store
         # one index read and delete, one multi-get per segment: a close after a
         # micro-batch emits every session the batch passed
-        entries = index.take_below(close, from_end)
+        entries = state.index.take_below(close, from_end)
         values = store.fetch_encoded([(kb, start, end) for end, start, kb in entries])
-        offsets = self.track_offsets
-        merged = [(*e, acc) for e, acc in zip(entries, values, strict=True)]
+        merged = [(*e, acc) for e, acc in zip(entries, values, strict=True) if acc is not None]
         due = state.resolve_closing(close)
         if due:  # sessions kept apart to close now, in (end, start, key) order as well
             loads = store.value_serde.loads
@@ -263,12 +285,33 @@ class SessionWindowAggregator(ArrowBatches):
                 merged = sorted(merged + kept, key=_close_order)
             else:
                 merged = kept
-        for end, start, kb, acc in merged:
-            if acc is not None:
-                if offsets:
-                    acc = acc[0]
-                out.append(SessionUpdate(decode(kb), start, end, finish(acc), end))
-        return out
+        if self.track_offsets:  # stored as [acc, offsets]
+            merged = [(end, start, kb, value[0]) for end, start, kb, value in merged]
+        return merged
+
+    def _updates(self, closed: list[tuple]) -> list[SessionUpdate]:
+        finish, decode = self.aggregation.finish, self.state.decode
+        return [
+            SessionUpdate(decode(kb), start, end, finish(acc), end)
+            for end, start, kb, acc in closed
+        ]
+
+    def _check_columns(self) -> None:
+        # before anything closes: a refused call must leave the state as it was
+        if not isinstance(self.aggregation, Aggregations):
+            raise TypeError(
+                "closed sessions as columns need built-in aggregations (Aggregations), "
+                f"got {self.aggregation!r}"
+            )
+
+    def _columns(self, closed: list[tuple]) -> ClosedSessions:
+        decode = self.state.decode
+        return ClosedSessions(
+            [decode(c[2]) for c in closed],
+            [c[1] for c in closed],
+            [c[0] for c in closed],
+            self.aggregation.finish_columns([c[3] for c in closed]),
+        )
 
     # ------------------------------------------------------------- batch paths
     def process_rows(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["SessionWindows", "SessionUpdate"]
+__all__ = ["SessionWindows", "SessionUpdate", "ClosedSessions"]
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,22 @@ class SessionUpdate(NamedTuple):
     end: int
     value: Any
     timestamp: int
+
+
+@dataclass(frozen=True)
+class ClosedSessions:
+    """Sessions a close emitted, as columns, in the order of the
+    :class:`SessionUpdate` objects of the same close: ``keys``, ``starts``,
+    ``ends`` (each session's timestamp is its end), and ``values``, each
+    aggregate's results by name (a list, or an Arrow array of the same values; see
+    ``Aggregations.finish_columns``)."""
+
+    keys: list[Any]
+    starts: list[int]
+    ends: list[int]
+    values: dict[str, Any]
+
+    @property
+    def count(self) -> int:
+        """How many sessions closed."""
+        return len(self.keys)

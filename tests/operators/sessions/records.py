@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.operators import SessionUpdate, SessionWindowAggregator
+from sessionstore.operators import ClosedSessions, SessionUpdate, SessionWindowAggregator
 
 
 def process_tuples(
@@ -29,3 +29,16 @@ def kv_table(rows: Sequence[tuple]) -> pa.Table:
         "ts": pa.array([r[1] for r in rows], pa.int64()),
         "v": pa.array([r[2] for r in rows], pa.int64()),
     })  # fmt: skip
+
+
+def closed_rows(closed: ClosedSessions) -> list[tuple]:
+    """Sessions closed as columns as ``(key, start, end, {name: result})`` rows,
+    the fields of the :class:`SessionUpdate` objects of the same close."""
+    values = {
+        name: c if isinstance(c, list) else c.to_pylist() for name, c in closed.values.items()
+    }
+    bounds = zip(closed.keys, closed.starts, closed.ends, strict=True)
+    return [
+        (key, start, end, {name: values[name][i] for name in values})
+        for i, (key, start, end) in enumerate(bounds)
+    ]
