@@ -46,6 +46,7 @@ __all__ = [
     "TS_MAX",
     "encode_key",
     "decode_key",
+    "decode_keys",
     "encoded_length",
     "prefix_upper_bound",
     "check_timestamp",
@@ -209,6 +210,28 @@ def decode_key(data: bytes) -> Any:
     if pos != len(data):
         raise ValueError(f"trailing bytes after key encoding: {data.hex()}")
     return key
+
+
+def decode_keys(encoded: list[bytes]) -> list[Any]:
+    """:func:`decode_key` of each of ``encoded``. When all are strings whose only
+    zero byte is the terminator's (the fast path of :func:`decode_key`), they are
+    decoded together in Arrow: a close emits a key per session."""
+    if len(encoded) < 64:
+        return list(map(decode_key, encoded))
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.array(encoded, pa.binary())
+    plain = pc.and_(
+        pc.and_(pc.starts_with(arr, pattern=b"\x02"), pc.ends_with(arr, pattern=b"\x00\x01")),
+        pc.equal(pc.count_substring(arr, pattern=b"\x00"), 1),
+    )
+    if not pc.all(plain).as_py():
+        return list(map(decode_key, encoded))
+    try:
+        return pc.binary_slice(arr, 1, -2).cast(pa.string()).to_pylist()
+    except pa.ArrowInvalid:  # not UTF-8: decode_key says where
+        return list(map(decode_key, encoded))
 
 
 def encoded_length(data: bytes) -> int:

@@ -253,7 +253,8 @@ class Aggregations(Aggregation):
             return {names[i]: results[i](acc[i]) for i in width}
 
         def finish_columns(accs: list[list]) -> dict[str, Any]:
-            return {names[i]: slots[i].column([acc[i] for acc in accs]) for i in width}
+            by_slot = list(zip(*accs, strict=True)) if accs else [()] * len(names)
+            return {names[i]: slots[i].column(list(by_slot[i])) for i in width}
 
         def aggregator(key: Any, value: Any, acc: list) -> list:
             raise TypeError("built-in aggregations need the event time: call add()")

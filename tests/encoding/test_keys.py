@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from sessionstore.encoding.keys import (
     check_timestamp,
     decode_key,
+    decode_keys,
     encode_key,
     prefix_upper_bound,
 )
@@ -145,3 +146,16 @@ def test_store_key_encoder_cache_keeps_equal_but_distinct_keys_apart():
     with pytest.raises(TypeError, match="float"):
         encode(1.0)
     assert decode(encode(True)) is True
+
+
+def test_decode_keys_equals_decode_key_on_each():
+    """The batch decoder (Arrow for plain strings) gives what decode_key gives each
+    key, and falls back on every other encoding and on bad bytes alike."""
+    plain = [f"user-{i}é" for i in range(100)]
+    mixed = [*plain, "a\x00b", "", 7, ("t", 1), b"raw"]
+    for keys in (plain, mixed, plain[:3]):
+        encoded = [encode_key(k) for k in keys]
+        assert decode_keys(encoded) == [decode_key(e) for e in encoded] == keys
+    bad = [encode_key(k) for k in plain[:99]] + [b"\x02\xff\xfe\x00\x01"]  # not UTF-8
+    with pytest.raises(UnicodeDecodeError):
+        decode_keys(bad)

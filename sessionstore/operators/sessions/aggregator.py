@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sessionstore.encoding.keys import TS_MAX, check_timestamp
+from sessionstore.encoding.keys import TS_MAX, check_timestamp, decode_key, decode_keys
 from sessionstore.operators.aggregations import (
     Aggregation,
     Aggregations,
@@ -305,9 +305,9 @@ class SessionWindowAggregator(ArrowBatches):
             )
 
     def _columns(self, closed: list[tuple]) -> ClosedSessions:
-        decode = self.state.decode
+        decode, kbs = self.state.decode, [c[2] for c in closed]
         return ClosedSessions(
-            [decode(c[2]) for c in closed],
+            decode_keys(kbs) if decode is decode_key else list(map(decode, kbs)),
             [c[1] for c in closed],
             [c[0] for c in closed],
             self.aggregation.finish_columns([c[3] for c in closed]),
