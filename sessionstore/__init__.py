@@ -26,6 +26,7 @@ from sessionstore.errors import (
 from sessionstore.operators import (
     Aggregation,
     Aggregations,
+    ClosedSessions,
     CountWindowAggregator,
     CountWindowUpdate,
     JoinedPair,
@@ -81,6 +82,7 @@ __all__ = [
     # operators (also in sessionstore.operators)
     "SessionWindows",
     "SessionUpdate",
+    "ClosedSessions",
     "SessionWindowAggregator",
     "TimeWindows",
     "WindowAggregator",

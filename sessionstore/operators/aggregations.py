@@ -252,10 +252,6 @@ class Aggregations(Aggregation):
         def finish(acc: list) -> dict[str, Any]:
             return {names[i]: results[i](acc[i]) for i in width}
 
-        def finish_columns(accs: list[list]) -> dict[str, Any]:
-            by_slot = list(zip(*accs, strict=True)) if accs else [()] * len(names)
-            return {names[i]: slots[i].column(list(by_slot[i])) for i in width}
-
         def aggregator(key: Any, value: Any, acc: list) -> list:
             raise TypeError("built-in aggregations need the event time: call add()")
 
@@ -264,10 +260,17 @@ class Aggregations(Aggregation):
         object.__setattr__(self, "merger", merger)
         object.__setattr__(self, "finish", finish)
         object.__setattr__(self, "aggregator_ts", aggregator_ts)
-        #: ``finish_columns(accs) -> {name: column}``: what :meth:`finish` gives
-        #: each of ``accs``, per aggregate (a list, or an Arrow array of the same
-        #: values), computed column-wise where the function allows
-        self.finish_columns = finish_columns
+        self._slots = slots
+
+    def finish_columns(self, accs: list[list]) -> dict[str, Any]:
+        """What :meth:`finish` gives each of ``accs``, per aggregate: ``{name:
+        column}``, a column a list or an Arrow array of the same values, computed
+        column-wise where the function allows (counts, avg, the moments, HLL)."""
+        by_slot = list(zip(*accs, strict=True)) if accs else [()] * len(self.names)
+        return {
+            name: slot.column(list(values))
+            for name, slot, values in zip(self.names, self._slots, by_slot, strict=True)
+        }
 
     def __repr__(self) -> str:
         return f"Aggregations({self.spec!r})"

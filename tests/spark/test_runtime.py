@@ -379,3 +379,53 @@ def test_each_task_context_gets_its_own_commits_metrics_record(tmp_path):
         assert (inner.metrics["partition"], inner.metrics["batch"]) == (1, 0)
     assert (outer.metrics["partition"], outer.metrics["batch"]) == (0, 0)
     assert (inner.metrics["partition"], inner.metrics["batch"]) == (1, 0)
+
+
+def test_sessions_an_advance_closes_become_the_rows_their_updates_would(tmp_path):
+    """Two key columns, timestamps, every kind of result column (numpy doubles with
+    nulls, a sketch's estimates, lists, Python values): the rows OperatorOutput makes
+    of ``advance_columns`` equal those it makes of ``advance_to``'s updates."""
+    from pyspark.sql import types as T
+
+    from sessionstore import InMemorySessionStore
+    from sessionstore.operators import SessionWindowAggregator, SessionWindows
+    from spark_integration.execution.output import OperatorOutput
+    from spark_integration.planning.aggregations import parse_aggregations
+
+    aggregation, _, plan = parse_aggregations(
+        {"n": "count", "avg": ("avg", "amount"), "sd": ("stddev", "amount"),
+         "pages": ("approx_count_distinct", "page"), "seen": ("collect_set", "page"),
+         "exit": ("last", "page")},
+        ["amount", "page"],
+    )  # fmt: skip
+    rng = random.Random(5)
+    rows = [
+        ((f"u{rng.randrange(4)}", rng.randrange(2)), t,
+         {"amount": rng.choice([None, 1.5, 2.0, -3.25]), "page": rng.choice(["/", "/a", None])})
+        for t in sorted(rng.sample(range(100_000), 300))
+    ]  # fmt: skip
+    out = []
+    for as_columns in (False, True):
+        agg = SessionWindowAggregator(
+            InMemorySessionStore("s", 4_000), SessionWindows(3_000, 500),
+            aggregations=aggregation, emit="final", closes_on="advance",
+        )  # fmt: skip
+        agg.process_rows([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        out.append(agg.advance_columns(10**6) if as_columns else agg.advance_to(10**6))
+    updates, closed = out
+    assert closed.count == len(updates) > 50
+    schema = T.StructType(
+        [T.StructField("user", T.StringType()), T.StructField("device", T.IntegerType()),
+         T.StructField("session_start", T.TimestampType()),
+         T.StructField("session_end", T.TimestampType()), T.StructField("n", T.LongType()),
+         T.StructField("avg", T.DoubleType()), T.StructField("sd", T.DoubleType()),
+         T.StructField("pages", T.LongType()),
+         T.StructField("seen", T.ArrayType(T.StringType())),
+         T.StructField("exit", T.StringType())]
+    )  # fmt: skip
+    output = OperatorOutput(
+        schema.json(), ["user", "device"], plan, True, "session_start", "session_end"
+    )
+    got = output.from_closed(closed)
+    assert got.to_pylist() == output.from_updates(updates).to_pylist()
+    assert got.column("sd").null_count > 0 and got.column("avg").type == pa.float64()
