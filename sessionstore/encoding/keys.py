@@ -47,6 +47,7 @@ __all__ = [
     "encode_key",
     "decode_key",
     "decode_keys",
+    "encode_str_keys",
     "encoded_length",
     "prefix_upper_bound",
     "check_timestamp",
@@ -232,6 +233,22 @@ def decode_keys(encoded: list[bytes]) -> list[Any]:
         return pc.binary_slice(arr, 1, -2).cast(pa.string()).to_pylist()
     except pa.ArrowInvalid:  # not UTF-8: decode_key says where
         return list(map(decode_key, encoded))
+
+
+def encode_str_keys(strings: Any) -> list[bytes] | None:
+    """:func:`encode_key` of each str of ``strings`` (an Arrow string array without
+    nulls), built together in Arrow; None when one holds a zero byte (its encoding
+    escapes it: encode those one by one)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pc.any(pc.match_substring(strings, "\x00")).as_py():
+        return None
+    try:
+        raw = strings.cast(pa.binary())  # a large_string column's too, below 2 GiB in all
+    except pa.ArrowInvalid:
+        return None
+    return pc.binary_join_element_wise(b"\x02", raw, b"\x00\x01", b"").to_pylist()
 
 
 def encoded_length(data: bytes) -> int:

@@ -11,6 +11,7 @@ from sessionstore.encoding.keys import (
     decode_key,
     decode_keys,
     encode_key,
+    encode_str_keys,
     prefix_upper_bound,
 )
 from sessionstore.encoding.session_key import decode_times, encode_times, session_key, times_of
@@ -159,3 +160,14 @@ def test_decode_keys_equals_decode_key_on_each():
     bad = [encode_key(k) for k in plain[:99]] + [b"\x02\xff\xfe\x00\x01"]  # not UTF-8
     with pytest.raises(UnicodeDecodeError):
         decode_keys(bad)
+
+
+def test_encode_str_keys_equals_encode_key_on_each():
+    """Arrow-built encodings of a string column equal encode_key's, for string and
+    large_string columns; a column with a zero byte is left to encode_key (None)."""
+    import pyarrow as pa
+
+    keys = ["", "a", "é", "user-42", "z" * 300]
+    for kind in (pa.string(), pa.large_string()):
+        assert encode_str_keys(pa.array(keys, kind)) == [encode_key(k) for k in keys]
+        assert encode_str_keys(pa.array([*keys, "a\x00b"], kind)) is None

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessionstore.encoding.keys import encode_str_keys
 from sessionstore.operators.arrow_io import columns_of
 from sessionstore.operators.columnar import (
     GroupAggregates,
@@ -115,7 +116,11 @@ class _Batch:
         self.open_kbs = set(self.open_by_kb)
         self.sortable = sortable_keys(state.store, table, key_names)
         encode = state.encode
-        if self.sortable:
+        kbs = self._string_kbs(state, key_names) if self.sortable else None
+        if kbs is not None:  # one string key column: its keys encoded together
+            self.kb_of = kbs.__getitem__
+            self.hot = np.array([kb in self.open_kbs for kb in kbs], dtype=bool)
+        elif self.sortable:
             # Keys are encoded only where the store needs bytes (few): which keys
             # have an open session is asked of the decoded index, and output is
             # sorted by the key columns, which the default codec orders as Arrow does.
@@ -143,6 +148,16 @@ class _Batch:
         self.tracked: list = []
         self.loaded_ids: set[tuple[bytes, int, int]] = set()
         self.row_bad = self.bad[self.inv]
+
+    def _string_kbs(self, state: SessionState, key_names: list[str]) -> list[bytes] | None:
+        """Every group's encoded key when the key is one string column of the
+        default codec (``sortable``) and none holds a zero byte; else None."""
+        if len(key_names) != 1:
+            return None
+        column = self.table.column(key_names[0])
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            return None
+        return encode_str_keys(column.take(pa.array(self.rep_rows, pa.int64())).combine_chunks())
 
     def replay_irregular_keys(self, timestamp: str, value: Any) -> None:
         """Keys with a row that may behave differently: the record-exact replay."""
@@ -207,6 +222,7 @@ class _Batch:
             owners.append((g, lo, hi, first))
         values = self.state.store.fetch_encoded(wanted)
         bounds = [first for *_, first in owners[1:]] + [len(wanted)] if owners else []
+        merging = []
         for (g, lo, hi, first), last in zip(owners, bounds, strict=True):
             stored = [
                 (start, end, acc)
@@ -214,7 +230,14 @@ class _Batch:
                 if acc is not None
             ]
             if stored:
-                _merge_stored(runs, g, lo, hi, stored, gap, py_sessions, removals)
+                merging.append((g, lo, hi, stored))
+        if merging:  # the accumulators of every merging key's runs, built at once
+            accs = runs.accs(np.concatenate([np.arange(lo, hi) for _, lo, hi, _ in merging]))
+            at = 0
+            for g, lo, hi, stored in merging:
+                mine = accs[at : at + hi - lo]
+                _merge_stored(runs, g, lo, hi, mine, stored, gap, py_sessions, removals)
+                at += hi - lo
         for g, start, end in removals:
             self.loaded_ids.add((kb_of(g), start, end))
         return py_sessions, removals
@@ -321,11 +344,11 @@ class _Runs(GroupAggregates):
         return self.last_ts
 
 
-def _merge_stored(runs: _Runs, g, lo, hi, stored, gap, py_sessions, removals) -> None:
-    """Merge key ``g``'s runs ``lo..hi`` with its open stored sessions: components under
-    "within gap", each a new session when it holds a run (stored-only ones stay)."""
+def _merge_stored(runs: _Runs, g, lo, hi, accs, stored, gap, py_sessions, removals) -> None:
+    """Merge key ``g``'s runs ``lo..hi`` (their accumulators ``accs``) with its open
+    stored sessions: components under "within gap", each a new session when it holds
+    a run (stored-only ones stay)."""
     idx = np.arange(lo, hi)
-    accs = runs.accs(idx)
     fns = [s.fn for s in runs.slots]
     items = [(s, e, 0, k) for k, (s, e, _) in enumerate(stored)]
     items += [
