@@ -603,3 +603,23 @@ def test_sessions_closed_as_columns_equal_the_updates(track_offsets):
     with pytest.raises(TypeError, match="need built-in aggregations"):
         custom.advance_columns(100)
     assert [tuple(u) for u in custom.advance_to(100)] == [("a", 1, 1, 1, 1)]  # nothing lost
+
+
+@pytest.mark.parametrize("as_columns", [False, True])
+def test_a_result_that_fails_at_an_advance_closes_nothing(as_columns):
+    """A decimal sum past its type (Spark's ANSI error) raised while an advance
+    emits: the advance is undone, so the session is still open and stored, and the
+    next advance meets it again instead of losing it."""
+    big = Decimal(10**38 - 1)
+    aggs = Aggregations({"s": ("sum", "x")}, types={"x": "decimal(38,0)"})
+    with tempfile.TemporaryDirectory() as tmp, StateDB.open(tmp) as db:
+        store = db.session_store("s", 10)
+        agg = SessionWindowAggregator(store, SessionWindows(5), aggregations=aggs,
+                                      emit="final", closes_on="advance")  # fmt: skip
+        agg.process_rows(["a", "a"], [1, 2], [{"x": big}, {"x": big}])
+        advance = agg.advance_columns if as_columns else agg.advance_to
+        for _ in range(2):
+            with pytest.raises(ArithmeticError):
+                advance(100)
+            assert [w for w, _ in store.fetch_range(None, None)] != []
+            assert agg.state.emitted_close is None

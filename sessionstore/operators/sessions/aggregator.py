@@ -137,33 +137,35 @@ class SessionWindowAggregator(ArrowBatches):
         time becomes ``event_time`` (or stays, if later), and every session ending
         before it minus gap and grace is emitted, however far the records since the
         last advance moved the stream time."""
-        return self._updates(self._advance(event_time))
+        return self._advance(event_time, self._updates)
 
     def advance_columns(self, event_time: int) -> ClosedSessions:
         """:meth:`advance_to`, its emitted sessions as columns (the aggregation must
         be :class:`~sessionstore.operators.aggregations.Aggregations`): the results
         are computed per aggregate over all of them, not per session."""
         self._check_columns()
-        return self._columns(self._advance(event_time))
+        return self._advance(event_time, self._columns)
 
     def finish_input(self) -> list[SessionUpdate]:
         """The input is bounded and has ended: in final mode, emit every session
         still open (update mode emitted every change already). Stream time stays,
         so the sessions stay stored as the input left them; they count as closed
         from then on, as at a final watermark."""
-        return self._updates(self._finish())
+        return self._finish(self._updates)
 
     def finish_input_columns(self) -> ClosedSessions:
         """:meth:`finish_input`, its emitted sessions as columns (as
         :meth:`advance_columns`)."""
         self._check_columns()
-        return self._columns(self._finish())
+        return self._finish(self._columns)
 
-    def _advance(self, event_time: int) -> list[tuple]:
+    def _advance(self, event_time: int, emit: Callable[[list[tuple]], Any]) -> Any:
+        # ``emit`` turns the closed sessions into the output inside the store's
+        # batch: a result that fails (a decimal overflow) undoes the close
         ts = check_timestamp("event_time", event_time)
         state = self.state
         with state.rolling_back():
-            out: list[tuple] = []
+            closed: list[tuple] = []
             if state.stream_time is None or ts > state.stream_time:
                 state.stream_time = ts
             judged = state.stream_time
@@ -172,18 +174,19 @@ class SessionWindowAggregator(ArrowBatches):
                 judged = min(judged, ts if before is None else max(before, ts))
             if state.final:
                 # read with the store's visibility from before the advance
-                out = self._closed(close_time(judged, state.gap, state.grace))
+                closed = self._closed(close_time(judged, state.gap, state.grace))
+            out = emit(closed)
             state.save_times()
             # the store follows, so its visibility keeps matching the judged time
             self.store.advance_stream_time(judged)
         return out
 
-    def _finish(self) -> list[tuple]:
+    def _finish(self, emit: Callable[[list[tuple]], Any]) -> Any:
         state = self.state
         if not state.final:
-            return []
+            return emit([])
         with state.rolling_back():
-            out = self._closed(TS_MAX)
+            out = emit(self._closed(TS_MAX))
             state.save_times()
         return out
 
