@@ -9,7 +9,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -59,8 +58,8 @@ class OperatorOutput:
             for k, values in zip(self.keys, parts, strict=True):
                 columns[k] = list(values)
         scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are in us
-        columns[self.start] = np.asarray(closed.starts, dtype=np.int64) * scale
-        columns[self.end] = np.asarray(closed.ends, dtype=np.int64) * scale
+        columns[self.start] = pc.multiply_checked(pa.array(closed.starts, pa.int64()), scale)
+        columns[self.end] = pc.multiply_checked(pa.array(closed.ends, pa.int64()), scale)
         for out_name, _, _ in self.plan:
             columns[out_name] = closed.values[out_name]
         columns.update(extra or {})
