@@ -457,12 +457,8 @@ def _none() -> None:
     return None
 
 
-def _same(slots: list) -> list:
-    return slots
-
-
 _FIXED: dict[str, Slot] = {
-    "count": Slot(_zero, _count_add, lambda a, b: a + b, _identity, results=_same),
+    "count": Slot(_zero, _count_add, lambda a, b: a + b, _identity, results=_identity),
     "sum": Slot(_none, _sum_add, _sum_merge, _sum_result),
     "min": Slot(_none, _min_add, _min_merge, _identity),
     "max": Slot(_none, _max_add, _max_merge, _identity),
@@ -492,7 +488,7 @@ def bind(spec: AggregateSpec) -> Slot:
     """The slot functions of ``spec``."""
     fn = spec.fn
     if fn == "count" and spec.column is not None:
-        return Slot(_zero, _count_col_add, _FIXED["count"].merge, _identity, results=_same)
+        return Slot(_zero, _count_col_add, _FIXED["count"].merge, _identity, results=_identity)
     if any(spec.decimals):
         decimal = _decimal_slot(spec)
         if decimal is not None:
