@@ -34,45 +34,54 @@ class OperatorOutput:
     ) -> pa.RecordBatch:
         """Operator updates (objects with key, start, end and a ``value`` dict, None
         for a retraction) as output rows, with the ``extra`` columns given."""
-        columns: dict[str, list[Any]] = {}
-        single = len(self.keys) == 1
-        for i, k in enumerate(self.keys):
-            columns[k] = [u.key if single else u.key[i] for u in updates]
-        scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are in us
-        columns[self.start] = [u.start * scale for u in updates]
-        columns[self.end] = [u.end * scale for u in updates]
-        for out_name, _, _ in self.plan:
-            columns[out_name] = [None if u.value is None else u.value[out_name] for u in updates]
-        columns.update(extra or {})
-        return record_batch(arrow_schema(self.schema_json), columns)
+        values = {
+            name: [None if u.value is None else u.value[name] for u in updates]
+            for name, _, _ in self.plan
+        }
+        bounds = ([u.key for u in updates], [u.start for u in updates], [u.end for u in updates])
+        return self._rows(*bounds, values, extra)
 
     def from_closed(self, closed: Any, extra: dict[str, list[Any]] | None = None) -> pa.RecordBatch:
         """Sessions closed as columns (``ClosedSessions``: keys, starts, ends, and
         each aggregate's results, a list or an Arrow array) as output rows, with
         the ``extra`` columns given."""
+        return self._rows(closed.keys, closed.starts, closed.ends, closed.values, extra)
+
+    def _rows(
+        self,
+        keys: list[Any],
+        starts: list[int],
+        ends: list[int],
+        values: dict[str, Any],
+        extra: dict[str, list[Any]] | None,
+    ) -> pa.RecordBatch:
+        """Output rows from Python keys (tuples for several key columns), window
+        bounds in ms, and each aggregate's results (a list or an Arrow array)."""
         columns: dict[str, Any] = {}
         if len(self.keys) == 1:
-            columns[self.keys[0]] = closed.keys
+            columns[self.keys[0]] = keys
         else:
-            parts = list(zip(*closed.keys, strict=True)) or [()] * len(self.keys)
-            for k, values in zip(self.keys, parts, strict=True):
-                columns[k] = list(values)
-        scale = 1000 if self.time_is_timestamp else 1  # Arrow timestamps are in us
-        columns[self.start] = pc.multiply_checked(pa.array(closed.starts, pa.int64()), scale)
-        columns[self.end] = pc.multiply_checked(pa.array(closed.ends, pa.int64()), scale)
+            parts = list(zip(*keys, strict=True)) or [()] * len(self.keys)
+            for k, part in zip(self.keys, parts, strict=True):
+                columns[k] = list(part)
+        columns[self.start] = self._times(pa.array(starts, pa.int64()))
+        columns[self.end] = self._times(pa.array(ends, pa.int64()))
         for out_name, _, _ in self.plan:
-            columns[out_name] = closed.values[out_name]
+            columns[out_name] = values[out_name]
         columns.update(extra or {})
         return record_batch(arrow_schema(self.schema_json), columns)
+
+    def _times(self, ms: Any) -> Any:
+        # Arrow timestamps are in microseconds
+        return pc.multiply_checked(ms, 1000) if self.time_is_timestamp else ms
 
     def from_table(self, table: pa.Table, extra: dict[str, Any] | None = None) -> pa.Table:
         """A columnar path's output (key columns, ``start``, ``end``, ``value``
         struct) as output rows, with the ``extra`` columns given."""
-        scale = 1000 if self.time_is_timestamp else 1
         value = table.column("value")
         columns: dict[str, Any] = {k: table.column(k) for k in self.keys}
-        columns[self.start] = pc.multiply_checked(table.column("start"), scale)
-        columns[self.end] = pc.multiply_checked(table.column("end"), scale)
+        columns[self.start] = self._times(table.column("start"))
+        columns[self.end] = self._times(table.column("end"))
         for out_name, _, _ in self.plan:
             columns[out_name] = pc.struct_field(value, out_name)
         columns.update(extra or {})
@@ -100,8 +109,8 @@ def _cast(column: Any, to: pa.DataType) -> Any:
 
 
 def record_batch(schema: pa.Schema, columns: dict[str, Any]) -> pa.RecordBatch:
-    """A record batch of ``schema`` from columns: Python lists, numpy arrays, or
-    Arrow arrays (cast to the field's type)."""
+    """A record batch of ``schema`` from columns: Python lists, or Arrow arrays
+    (cast to the field's type)."""
     arrays = [
         _cast(column, f.type) if isinstance(column, pa.Array) else pa.array(column, type=f.type)
         for f, column in ((f, columns[f.name]) for f in schema)
