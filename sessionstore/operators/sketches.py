@@ -29,6 +29,10 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 __all__ = [
     "FOLD_EVERY", "EXACT_UP_TO", "hll_lg_k", "kll_k", "hll_slot", "hll_add", "hll_extend",
     "hll_merge", "hll_estimate", "hll_estimates", "kll_slot", "kll_add", "kll_extend",
@@ -260,14 +264,10 @@ def hll_estimates(slots: list) -> list[int]:
     return [hll_estimate(slot) if n is None else n for slot, n in zip(slots, out, strict=True)]
 
 
-def _distinct_counts(lists: list[list]) -> Any:
+def _distinct_counts(lists: list[list]) -> np.ndarray | None:
     """The distinct values of each of ``lists`` as an int array, when every value
     is a str (empty ones not counted) or every value an int within int64; else
     None."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     flat = list(chain.from_iterable(lists))
     if not flat:
         return np.zeros(len(lists), dtype=np.int64)

@@ -26,6 +26,7 @@ from sessionstore.checkpoint import StateStoreProvider, StoreHandle
 from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.metrics import millis
 from sessionstore.operators.gc_pause import gc_paused
+from sessionstore.operators.sessions.model import ClosedSessions
 from sessionstore.stores.segments import operator_segment_interval
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.driver.coordinator import CoordinatorAddress, commit_arbiter, report
@@ -407,7 +408,7 @@ class Emitted:
     when the batch qualified (else None)."""
 
     updates: list[Any]
-    closed: list[Any]
+    closed: list[ClosedSessions]
     table: pa.Table | None
 
     @property
