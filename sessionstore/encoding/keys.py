@@ -217,7 +217,7 @@ def decode_keys(encoded: list[bytes]) -> list[Any]:
     """:func:`decode_key` of each of ``encoded``. When all are strings whose only
     zero byte is the terminator's (the fast path of :func:`decode_key`), they are
     decoded together in Arrow: a close emits a key per session."""
-    if len(encoded) < 64:
+    if len(encoded) < 64:  # fewer keys than pay for Arrow's per-call overhead
         return list(map(decode_key, encoded))
     import pyarrow as pa
     import pyarrow.compute as pc

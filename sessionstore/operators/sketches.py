@@ -242,6 +242,10 @@ def hll_estimate(slot: list) -> int:
         few = _few_distinct(slot[2])
         if few is not None:
             return few
+    return _sketch_estimate(slot)
+
+
+def _sketch_estimate(slot: list) -> int:
     sketch = _hll_sketch(slot)  # not serialized: the estimate is the sketch's own
     if sketch is None:
         return 0
@@ -257,10 +261,9 @@ def hll_estimates(slots: list) -> list[int]:
     out: list[Any] = [None] * len(slots)
     few = [i for i, slot in enumerate(slots) if slot[1] is None]
     counts = _distinct_counts([slots[i][2] for i in few]) if few else None
-    if counts is not None:
+    if counts is not None:  # counted: a slot of more distinct values goes to its sketch
         for i, n in zip(few, counts.tolist(), strict=True):
-            if n <= EXACT_UP_TO:
-                out[i] = n
+            out[i] = n if n <= EXACT_UP_TO else _sketch_estimate(slots[i])
     return [hll_estimate(slot) if n is None else n for slot, n in zip(slots, out, strict=True)]
 
 
