@@ -68,7 +68,7 @@ from sessionstore.encoding.spark_hash import check_key_types, partition_ids
 from sessionstore.engine.db import META_CF
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import DEFAULT_KEY_SERDE, aux_key, stream_time_key
-from sessionstore.stores.registry import row_key_of
+from sessionstore.stores.registry import row_key_of, row_splitter_of
 from sessionstore.stores.spec import StoreSpec, refuse_pickle
 from sessionstore.stores.state_db import StateDB
 
@@ -309,10 +309,16 @@ def routed_rows(
                 )
             try:
                 row_key = row_key_of(record["kind"])
+                split = row_splitter_of(record["kind"])
             except ValueError as exc:
                 raise RepartitionError(f"{where}: {exc}") from None
             rows = db.scan(family)
             while chunk := list(islice(rows, _CHUNK)):
+                if split is not None:  # a row of several keys' data: one row per key
+                    try:
+                        chunk = [row for key, value in chunk for row in split(suffix, key, value)]
+                    except SessionStoreError as exc:
+                        raise RepartitionError(f"{where} store {store!r}: {exc}") from None
                 encoded = [row_key(suffix, key) for key, _ in chunk]
                 targets = router.targets(encoded, f"{where} store {store!r}")
                 for (key, value), target in zip(chunk, targets, strict=True):

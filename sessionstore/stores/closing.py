@@ -1,4 +1,4 @@
-"""Sessions certain to close at the next advance, each kept as one row.
+"""Sessions certain to close at the next advance, kept as blocks of sessions.
 
 An emit-on-close operator judged by the time of its last advance (Spark's
 watermark) cannot emit the sessions a micro-batch passes until the next advance.
@@ -7,38 +7,70 @@ A session that ends before its partition's own close time after the batch
 time at least the partition's own, and no later row can merge with a closed
 session. Such a session needs neither a row in the key-ordered segments nor an
 entry in the end index (:mod:`sessionstore.stores.end_index`) for the one batch
-it waits: it is written here once, and the next advance reads it back with its
-value in the same range read that finds it, and deletes it.
+it waits: the batch writes it here, and the next advance reads it back with its
+value and deletes it.
 
-Layout: the column family ``<store>.closing`` of the store's StateDB, keyed
-``end ‖ start ‖ enc(key)`` as the end index (times as in
-:mod:`sessionstore.encoding.session_key`), the value the session's stored value
-bytes (the store's value serde), written in the same batch as everything else,
-so changelogs and snapshots carry it and a restore brings it back. A repartition
-routes its rows by the key at its tail, as the end index's.
+Layout: the column family ``<store>.closing`` of the store's StateDB, written in
+the same batch as everything else, so changelogs and snapshots carry it and a
+restore brings it back. It holds two kinds of row, told apart by the key's length:
 
-Example: the session ``[1000, 5000]`` of ``"a"`` (count 2) is the row
-``80 00 00 00 00 00 13 88 ‖ 80 00 00 00 00 00 03 e8 ‖ 02 61 00 01`` → ``91 02``
-(msgpack ``[2]``).
+* **A block** (what a batch writes): the 16-byte key ``00 × 8 ‖ seq`` (``seq`` a
+  big-endian uint64 from 0), and as value the msgpack array
+  ``[1, ends, starts, keys, values]`` of up to :data:`BLOCK_SESSIONS` sessions in
+  (end, start, key) order: ``ends`` and ``starts`` little-endian int64s packed
+  into one bin each, ``keys`` the encoded keys and ``values`` the stored value
+  bytes (the store's value serde), one bin each. One row per block rather than per
+  session: a micro-batch passes thousands of sessions per partition, and a row
+  each cost a RocksDB write, a changelog entry, a scan entry and a delete apiece
+  (the aggregates benchmark in BENCHMARKS.md).
+* **A session** (what a repartition writes, routing each session of a block to
+  its key's partition): ``end ‖ start ‖ enc(key)`` as the end index (times as in
+  :mod:`sessionstore.encoding.session_key`; longer than 16 bytes, as an encoded
+  key is never empty) → the value bytes.
+
+Readers see one list of sessions in (end, start, key) order, whichever rows hold
+them. A block that does not decode as above raises ``SessionStoreError`` naming
+the family and the row (the checkpoint is not what this code wrote).
+
+Example: the session ``[1000, 5000]`` of ``"a"`` (count 2) kept alone is the row
+``00 00 00 00 00 00 00 00 ‖ 00 00 00 00 00 00 00 00`` → ``95 01 c4 08 88 13 00 00
+00 00 00 00 c4 08 e8 03 00 00 00 00 00 00 91 c4 04 02 61 00 01 91 c4 02 91 02``
+(msgpack ``[1, ends, starts, [enc("a")], [bytes of [2]]]``), and written by a
+repartition ``80 00 00 00 00 00 13 88 ‖ 80 00 00 00 00 00 03 e8 ‖ 02 61 00 01`` →
+``91 02``.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
+import msgpack
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from sessionstore.encoding.session_key import TIME_SIGN, TIMES_LEN
+from sessionstore.errors import SessionStoreError
 
 if TYPE_CHECKING:
     from sessionstore.engine.db import Database
 
-__all__ = ["ClosingSessions", "ClosingEntry"]
+__all__ = ["ClosingSessions", "ClosingEntry", "BLOCK_SESSIONS", "session_rows"]
 
 #: ``(end, start, encoded key, stored value bytes)``, in (end, start, key) order.
 ClosingEntry = tuple[int, int, bytes, bytes]
 #: Times are stored with the sign bit flipped (``+ 2**63`` modulo ``2**64``).
 _SIGN = np.uint64(TIME_SIGN)
+#: Sessions per block at most (a block is one RocksDB value and changelog entry).
+BLOCK_SESSIONS = 65_536
+_BLOCK_TAG = bytes(8)
+_SEQ = struct.Struct(">Q")
+_FORMAT = 1
+
+
+def _is_block(raw: bytes) -> bool:
+    return len(raw) == TIMES_LEN
 
 
 class ClosingSessions:
@@ -53,28 +85,59 @@ class ClosingSessions:
         self, kbs: list[bytes], starts: np.ndarray, ends: np.ndarray, values: list[bytes]
     ) -> None:
         """Keep the sessions given as columns (encoded keys, starts, ends, value
-        bytes), in one pending-write dict: the time prefixes are packed at once."""
-        times = np.empty((len(kbs), 2), dtype=">u8")
-        times[:, 0] = np.asarray(ends, dtype=np.int64).view(np.uint64) ^ _SIGN
-        times[:, 1] = np.asarray(starts, dtype=np.int64).view(np.uint64) ^ _SIGN
-        packed = times.tobytes()
-        prefixes = [packed[i : i + TIMES_LEN] for i in range(0, len(packed), TIMES_LEN)]
+        bytes) in blocks (one, up to :data:`BLOCK_SESSIONS`), after any block kept."""
+        n = len(kbs)
+        if not n:
+            return
+        ends = np.asarray(ends, dtype=np.int64)
+        starts = np.asarray(starts, dtype=np.int64)
+        order = pc.sort_indices(
+            pa.table({"e": ends, "s": starts, "k": pa.array(kbs, pa.binary())}),
+            sort_keys=[("e", "ascending"), ("s", "ascending"), ("k", "ascending")],
+        ).to_numpy()
+        ends, starts = ends[order], starts[order]
+        picked = order.tolist()
+        kbs = [kbs[i] for i in picked]
+        values = [values[i] for i in picked]
         with self._db.batch():
-            self._db.bulk_writer(self._cf).update(
-                zip(map(bytes.__add__, prefixes, kbs), values, strict=True)
-            )
+            seq = self._next_seq()
+            rows = self._db.bulk_writer(self._cf)
+            for at in range(0, n, BLOCK_SESSIONS):
+                part = slice(at, at + BLOCK_SESSIONS)
+                rows[_BLOCK_TAG + _SEQ.pack(seq)] = msgpack.packb(
+                    [
+                        _FORMAT,
+                        ends[part].astype("<i8").tobytes(),
+                        starts[part].astype("<i8").tobytes(),
+                        kbs[part],
+                        values[part],
+                    ],
+                    use_bin_type=True,
+                )
+                seq += 1
+
+    def _next_seq(self) -> int:
+        # a second keep before the kept ones are taken (no caller does it now) must
+        # not overwrite a block: number after the last one
+        seqs = [
+            _SEQ.unpack_from(raw, 8)[0]
+            for raw, _ in self._db.scan_list(self._cf, _BLOCK_TAG, bytes(7) + b"\x01")
+            if _is_block(raw)
+        ]
+        return max(seqs) + 1 if seqs else 0
 
     def all(self) -> list[ClosingEntry]:
         """Every kept session, in (end, start, key) order."""
-        return _decoded(self._db.scan_list(self._cf))
+        return self._entries(self._db.scan_list(self._cf))
 
     def take_all(self) -> list[ClosingEntry]:
         """:meth:`all`, and forget them (one range read, one pending-write dict)."""
         rows = self._db.scan_list(self._cf)
+        entries = self._entries(rows)
         if rows:
             with self._db.batch():
                 self._db.bulk_writer(self._cf).update(dict.fromkeys(raw for raw, _ in rows))
-        return _decoded(rows)
+        return entries
 
     def any(self) -> bool:
         """Whether any session is kept."""
@@ -84,9 +147,81 @@ class ClosingSessions:
         finally:
             rows.close()
 
+    def _entries(self, rows: list[tuple[bytes, bytes]]) -> list[ClosingEntry]:
+        """The sessions of the family's raw rows, in (end, start, key) order."""
+        blocks = [(raw, value) for raw, value in rows if _is_block(raw)]
+        if len(blocks) == 1 and len(rows) == 1:  # the usual case: sorted as written
+            return _block_entries(self._cf, *blocks[0])
+        singles = _decoded([(raw, value) for raw, value in rows if not _is_block(raw)])
+        if not blocks:
+            return singles
+        for raw, value in blocks:
+            singles.extend(_block_entries(self._cf, raw, value))
+        singles.sort(key=_order)
+        return singles
+
+
+def _order(entry: ClosingEntry) -> tuple[int, int, bytes]:
+    return entry[0], entry[1], entry[2]
+
+
+def _block_entries(cf: str, raw: bytes, value: bytes) -> list[ClosingEntry]:
+    """The sessions of one block row, as written (checked: see the module doc)."""
+
+    def bad(why: str) -> SessionStoreError:
+        return SessionStoreError(
+            f"{cf}: the closing block {raw.hex()} is not one this code writes ({why}); "
+            "the checkpoint holds state of another format or a damaged row"
+        )
+
+    try:
+        block = msgpack.unpackb(value, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise bad(f"not msgpack: {exc}") from None
+    if not isinstance(block, list) or len(block) != 5 or block[0] != _FORMAT:
+        head = block[:1] if isinstance(block, list) else type(block).__name__
+        raise bad(f"expected [{_FORMAT}, ends, starts, keys, values], got {head!r}...")
+    _, ends_b, starts_b, kbs, values = block
+    n = len(kbs) if isinstance(kbs, list) else -1
+    if (
+        not isinstance(ends_b, bytes)
+        or not isinstance(starts_b, bytes)
+        or not isinstance(values, list)
+        or n < 0
+        or len(ends_b) != 8 * n
+        or len(starts_b) != 8 * n
+        or len(values) != n
+    ):
+        raise bad("its columns differ in length or type")
+    if not all(type(kb) is bytes and kb for kb in kbs) or not all(
+        type(vb) is bytes for vb in values
+    ):
+        raise bad("a key or value is not bytes")
+    ends = np.frombuffer(ends_b, dtype="<i8").tolist()
+    starts = np.frombuffer(starts_b, dtype="<i8").tolist()
+    return list(zip(ends, starts, kbs, values, strict=True))
+
+
+def session_rows(cf: str, raw: bytes, value: bytes) -> list[tuple[bytes, bytes]]:
+    """The rows ``end ‖ start ‖ enc(key)`` → value bytes that the family's raw row
+    stands for: itself, or each session of a block (what a repartition routes)."""
+    if not _is_block(raw):
+        return [(raw, value)]
+    entries = _block_entries(cf, raw, value)
+    if not entries:
+        return []
+    times = np.empty((len(entries), 2), dtype=">u8")
+    times[:, 0] = np.array([e[0] for e in entries], dtype=np.int64).view(np.uint64) ^ _SIGN
+    times[:, 1] = np.array([e[1] for e in entries], dtype=np.int64).view(np.uint64) ^ _SIGN
+    packed = times.tobytes()
+    return [
+        (packed[i * TIMES_LEN : (i + 1) * TIMES_LEN] + kb, vb)
+        for i, (_, _, kb, vb) in enumerate(entries)
+    ]
+
 
 def _decoded(rows: list[tuple[bytes, bytes]]) -> list[ClosingEntry]:
-    """Raw rows as entries: the time prefixes unpacked at once."""
+    """Session rows as entries: the time prefixes unpacked at once."""
     if not rows:
         return []
     raws = [raw for raw, _ in rows]

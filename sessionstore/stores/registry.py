@@ -18,7 +18,10 @@ name the time filters its ``read_rows`` takes (``from_ts``, ``to_ts``, ``as_of``
 Its classmethod ``row_key(family, raw) -> bytes`` says which user key a raw row of
 its family ``<store>.<family>`` belongs to (the key's encoded bytes): a repartition
 (:mod:`sessionstore.checkpoint.repartition`) routes every row by it, so a new kind
-needs only that method to be rescaled.
+needs only that method to be rescaled. A row that holds several keys' data (a
+session store's block of closing sessions) is first split into rows of one key
+each by the class's optional classmethod ``split_row(family, raw, value)``
+(:func:`row_splitter_of`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from sessionstore.stores.session import SessionStore
 from sessionstore.stores.versioned import VersionedStore
 from sessionstore.stores.window import WindowStore
 
-__all__ = ["register", "store_class", "kind_names", "kinds_with", "row_key_of"]
+__all__ = ["register", "store_class", "kind_names", "kinds_with", "row_key_of", "row_splitter_of"]
 
 _KINDS: dict[str, type] = {}
 
@@ -71,6 +74,13 @@ def row_key_of(kind: str) -> Callable[[str, bytes], bytes]:
             "so its state cannot be repartitioned"
         )
     return hook
+
+
+def row_splitter_of(kind: str) -> Callable[[str, bytes, bytes], list] | None:
+    """``split_row(family, raw, value) -> [(raw, value), ...]`` of ``kind``: the
+    rows of one user key each that a raw row stands for; None when every row of
+    the kind holds one key's data."""
+    return getattr(store_class(kind), "split_row", None)
 
 
 def kind_names() -> tuple[str, ...]:

@@ -32,7 +32,7 @@ from sessionstore.encoding.keys import (
 )
 from sessionstore.encoding.session_key import TIME_SIGN, TIMES, session_key, times_of
 from sessionstore.stores.base import SegmentedDBStore, TimedStore, describe_store
-from sessionstore.stores.closing import ClosingSessions
+from sessionstore.stores.closing import ClosingSessions, session_rows
 from sessionstore.stores.records import SessionWindow
 
 if TYPE_CHECKING:
@@ -390,6 +390,16 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
         (``open``) or closing (``closing``) row ``end ‖ start ‖ enc(key)``. What a
         repartition routes by."""
         return raw[TIMES.size :] if family in ("open", "closing") else raw[: -TIMES.size]
+
+    @classmethod
+    def split_row(cls, family: str, raw: bytes, value: bytes) -> list[tuple[bytes, bytes]]:
+        """The rows of one key each that the raw row ``raw`` of this store's family
+        ``<store>.<family>`` stands for: a block of closing sessions splits into a
+        row per session (:func:`~sessionstore.stores.closing.session_rows`), every
+        other row is itself."""
+        if family != "closing":
+            return [(raw, value)]
+        return session_rows(family, raw, value)
 
     # ---------------------------------------------------------------- row storage
     def _expire(self, min_visible_end: int) -> None:

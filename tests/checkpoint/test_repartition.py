@@ -59,6 +59,13 @@ def write_source(uri, local, options=None, key_types=TYPES, versions=3, m=4):
                 proc.index_put(proc.timers_cf, t, proc.encode_key(key))
             last = h["sessions"]
             last.put(("zz", p), 0, 1000 + p, 1)  # partition p's stream time: 1000 + p
+            if v == versions - 1:  # sessions kept to close at the next advance: a block
+                mine = [key for i, key in enumerate(KEYS) if owner[i] == p]
+                starts = [v * 100 + KEYS.index(key) + 10 for key in mine]
+                last.closing_sessions().add_many(
+                    [last.encode_key(key) for key in mine], starts, [t + 2 for t in starts],
+                    [msgpack.packb({"kept": key[0]}) for key in mine],
+                )  # fmt: skip
             h["sessions"].write_aux("plan", b"same everywhere")
             h.note_event_time(500 + 10 * v + p)  # after batch v: in the header of version v + 1
             h.commit()
@@ -146,6 +153,28 @@ def test_refusals_write_nothing(source, tmp_path):
     open_filesystem(target).write_atomic("op/x", b"")
     with pytest.raises(RepartitionError, match="dst/op exists and is not empty"):
         repartition_checkpoint(source, "op", 7, target)
+
+
+def test_a_damaged_closing_block_is_refused_and_nothing_written(tmp_path):
+    """A block of closing sessions this code did not write stops the repartition
+    with an error naming the partition, the store and the row; no target appears."""
+    uri = f"file://{tmp_path}/src"
+    provider = StateStoreProvider(
+        uri, "op", 0, SPECS[:1], str(tmp_path / "local"), num_partitions=1, key_types=TYPES
+    )
+    h = provider.get_store(0)
+    h["sessions"].closing_sessions()
+    h.db.put("sessions.closing", bytes(16), msgpack.packb([1, b"", b"", ["k"], []]))
+    h.commit()
+    provider.close()
+    target = str(tmp_path / "dst")
+    with pytest.raises(
+        RepartitionError,
+        match=r"src/op/0 store 'sessions': closing: the closing block 0+ is not one this "
+        r"code writes \(its columns differ in length or type\)",
+    ):
+        repartition_checkpoint(uri, "op", 3, target)
+    assert not open_filesystem(target).has_files()
 
 
 def test_checkpoints_without_key_types_need_them(tmp_path):

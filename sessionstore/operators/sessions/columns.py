@@ -259,7 +259,7 @@ class _Batch:
         certain = state.certain_close(state.stream_time)
         if certain is not None:
             # open after the batch, but certain to close at the next advance: kept
-            # apart, one row each, instead of a segment row and an index entry
+            # apart, in one block row, instead of a segment row and an index entry each
             apart = stays & (runs.end[plain] < certain)
             if apart.any():
                 idx = plain[apart]

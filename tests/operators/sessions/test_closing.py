@@ -1,8 +1,8 @@
 """Sessions kept apart to close at the next advance (stores/closing.py).
 
 A RocksDB session store keeps the sessions a batch passes that are certain to
-close at the next advance in ``<store>.closing``, one row each, instead of a
-segment row and an end-index entry. The model is the per-session path itself: an
+close at the next advance in ``<store>.closing``, in blocks of sessions, instead
+of a segment row and an end-index entry each. The model is the per-session path itself: an
 in-memory store keeps none apart. The property test runs a stream through
 partitioned RocksDB stores behind the checkpoint provider (a commit per batch, as
 Spark's tasks do), with a restore from checkpoint and changelog and a repartition
@@ -12,16 +12,21 @@ reader shows, equal to one in-memory aggregator's.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
+import msgpack
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sessionstore import InMemorySessionStore, StateDB, StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.repartition import repartition_checkpoint
+from sessionstore.encoding.session_key import encode_times
 from sessionstore.encoding.spark_hash import partition_ids
+from sessionstore.errors import SessionStoreError
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
+from sessionstore.stores import closing as closing_module
 from sessionstore.stores.session import SessionStore
 from sessionstore.tools.reader import CheckpointSource, store_rows
 from tests.operators.sessions.records import kv_table
@@ -305,21 +310,105 @@ def test_an_aggregator_that_keeps_none_apart_puts_kept_sessions_back(tmp_path, e
     provider.close()
 
 
-def test_the_closing_row_format_is_the_documented_one(tmp_path):
-    """``end ‖ start ‖ enc(key)`` → the value bytes (stores/closing.py's example),
-    read back in (end, start, key) order, negative times included."""
+def test_the_closing_block_format_is_the_documented_one(tmp_path):
+    """A keep writes one block row (stores/closing.py's example, byte for byte);
+    a repartition splits it into the documented session rows; both read back in
+    (end, start, key) order, negative times included."""
     with StateDB.open(str(tmp_path / "db")) as db:
         store = db.session_store("s", 100)
         closing = store.closing_sessions()
+        a = store.encode_key("a")
+        with db.batch():
+            closing.add_many([a], [1000], [5000], [b"\x91\x02"])
+        doc = "95 01 c4 08 88 13 00 00 00 00 00 00 c4 08 e8 03 00 00 00 00 00 00 91 c4 04"
+        doc += " 02 61 00 01 91 c4 02 91 02"
+        assert db.scan_list("s.closing") == [(bytes(16), bytes.fromhex(doc.replace(" ", "")))]
+        assert SessionStore.split_row(
+            "closing", bytes(16), bytes.fromhex(doc.replace(" ", ""))
+        ) == [
+            (
+                bytes.fromhex("8000000000001388 80000000000003e8 02610001".replace(" ", "")),
+                b"\x91\x02",
+            )
+        ]
+        with db.batch():
+            assert closing.take_all() == [(5000, 1000, a, b"\x91\x02")]
+        assert db.scan_list("s.closing") == [] and not closing.any()
         kbs = [store.encode_key(k) for k in ("a", "b", "a")]
         with db.batch():
             closing.add_many(kbs, [1000, -7, -9], [5000, -3, -3], [b"\x91\x02", b"x", b"y"])
-        raw = dict(db.scan_list("s.closing"))
-        key = bytes.fromhex("8000000000001388 80000000000003e8 02 61 00 01".replace(" ", ""))
-        assert raw[key] == b"\x91\x02"
-        a, b = kbs[0], kbs[1]
+        b = kbs[1]
         expected = [(-3, -9, a, b"y"), (-3, -7, b, b"x"), (5000, 1000, a, b"\x91\x02")]
         assert closing.all() == expected
+        rows = db.scan_list("s.closing")
+        assert len(rows) == 1
+        split = SessionStore.split_row("closing", *rows[0])
+        assert [(raw[16:], value) for raw, value in split] == [
+            (a, b"y"),
+            (b, b"x"),
+            (a, b"\x91\x02"),
+        ]
         with db.batch():
             assert closing.take_all() == expected
         assert closing.all() == [] and not closing.any()
+
+
+def test_blocks_and_session_rows_read_as_one_list_and_a_second_keep_adds_blocks(
+    tmp_path, monkeypatch
+):
+    """Session rows (a repartition's), several blocks (a keep larger than a block,
+    and a second keep before a take) read as one list in (end, start, key) order;
+    no keep overwrites a block, and a take forgets every row."""
+    monkeypatch.setattr(closing_module, "BLOCK_SESSIONS", 2)
+    with StateDB.open(str(tmp_path / "db")) as db:
+        store = db.session_store("s", 100)
+        closing = store.closing_sessions()
+        a, b, c = (store.encode_key(k) for k in "abc")
+        with db.batch():
+            closing.add_many([c, a, b], [5, 1, 1], [9, 4, 4], [b"c1", b"a1", b"b1"])
+            closing.add_many([a, c], [20, 0], [30, 2], [b"a2", b"c0"])
+            # as a repartition writes them: one row per session
+            for kb, start, end, vb in [(b, 10, 12, b"b2"), (c, 40, 41, b"c3")]:
+                db.put("s.closing", encode_times(start, end) + kb, vb)
+        rows = db.scan_list("s.closing")
+        assert [raw for raw, _ in rows if len(raw) == 16] == [
+            bytes(15) + bytes([i]) for i in range(3)
+        ]
+        expected = [
+            (2, 0, c, b"c0"), (4, 1, a, b"a1"), (4, 1, b, b"b1"), (9, 5, c, b"c1"),
+            (12, 10, b, b"b2"), (30, 20, a, b"a2"), (41, 40, c, b"c3"),
+        ]  # fmt: skip
+        assert closing.all() == expected
+        with db.batch():
+            assert closing.take_all() == expected
+        assert db.scan_list("s.closing") == [] and not closing.any()
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (b"\xc1", "not msgpack"),
+        (msgpack.packb([2, b"", b"", [], []]), "expected [1, ends, starts, keys, values]"),
+        (msgpack.packb({"a": 1}), "expected [1, ends, starts, keys, values]"),
+        (msgpack.packb([1, bytes(8), bytes(16), [b"k"], [b"v"]]), "differ in length or type"),
+        (msgpack.packb([1, bytes(8), bytes(8), [b""], [b"v"]]), "a key or value is not bytes"),
+        (msgpack.packb([1, bytes(8), bytes(8), [b"k"], ["v"]]), "a key or value is not bytes"),
+    ],
+)
+def test_a_damaged_or_foreign_block_is_refused_by_name(tmp_path, value, why):
+    """A block row this code did not write fails every reader and a repartition
+    with an error naming the family, the row and what is wrong; nothing committed
+    changes."""
+    with StateDB.open(str(tmp_path / "db")) as db:
+        store = db.session_store("s", 100)
+        closing = store.closing_sessions()
+        db.put("s.closing", bytes(16), value)
+        for read in (closing.all, closing.take_all):
+            with pytest.raises(
+                SessionStoreError, match=rf"s\.closing: the closing block 0+ .*{re.escape(why)}"
+            ):
+                with db.batch():
+                    read()
+        with pytest.raises(SessionStoreError, match=re.escape(why)):
+            SessionStore.split_row("closing", bytes(16), value)
+        assert db.scan_list("s.closing") == [(bytes(16), value)]
