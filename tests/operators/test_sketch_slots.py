@@ -170,3 +170,41 @@ def test_group_slots_equal_extending_an_empty_slot_with_each_group(values, cuts,
                 for a, b in zip(starts, ends, strict=True)]  # fmt: skip
         slots = sketches.group_slots(size if make is sketches.hll_slot else 200, extend)
         assert slots(vs, starts, ends) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    picks=st.lists(st.integers(0, 61), min_size=1, max_size=62),
+    n=st.integers(0, 900),
+    lg_k=st.sampled_from([4, 9, 12]),
+)
+def test_a_sketch_of_repeated_strs_counts_each_once_to_the_same_bytes(picks, n, lg_k):
+    """Strs are counted once each, in first-seen order: every fold and estimate,
+    HIP estimator included, is byte for byte what updating every value in turn
+    gives (a session's values: up to 900, of up to 62 distinct, repeated)."""
+    pool = [f"/p{i}" for i in range(60)] + ["", "é"]
+    values = [pool[picks[(i * 7 + i // len(picks)) % len(picks)]] for i in range(n)]
+    hll = datasketches.tgt_hll_type.HLL_8
+
+    def sketch_of(data, chunk):
+        sketch = datasketches.hll_sketch(lg_k, hll)
+        for v in chunk:  # every value, repeats included
+            sketch.update(v)
+        if data is None:
+            return sketch
+        union = datasketches.hll_union(lg_k)
+        union.update(datasketches.hll_sketch.deserialize(data))
+        union.update(sketch)
+        return union.get_result(hll)
+
+    data, at, every = None, 0, sketches.FOLD_EVERY
+    while len(values) - at >= every:
+        data = sketch_of(data, values[at : at + every]).serialize_compact()
+        at += every
+    slot = sketches.hll_extend(sketches.hll_slot(lg_k), list(values))
+    assert slot == [lg_k, data, values[at:]]
+    rest = values[at:]
+    want = 0 if not values else round(sketch_of(data, rest).get_estimate()) if rest else None
+    if want is None:
+        want = round(datasketches.hll_sketch.deserialize(data).get_estimate())
+    assert sketches.hll_estimate(slot) == want
