@@ -116,8 +116,8 @@ def _hll_sketch(slot: list) -> Any:
     update = sketch.update
     if len(pending) > EXACT_UP_TO and set(map(type, pending)) == {str}:
         # a repeated value changes no register (nor the HIP estimator's running
-        # sum, which only register changes add to), and two strs are hashed alike
-        # exactly when they are equal: count each once, in first-seen order
+        # sum, which only register changes add to), and equal strs are hashed
+        # alike (their UTF-8 bytes): count each once, in first-seen order
         pending = dict.fromkeys(pending)
     for v in pending:  # the common types without a call per value
         update(v if type(v) in _HLL_PLAIN else _hll_value(v))

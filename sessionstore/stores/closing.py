@@ -29,8 +29,9 @@ restore brings it back. It holds two kinds of row, told apart by the key's lengt
   key is never empty) → the value bytes.
 
 Readers see one list of sessions in (end, start, key) order, whichever rows hold
-them. A block that does not decode as above raises ``SessionStoreError`` naming
-the family and the row (the checkpoint is not what this code wrote).
+them. A row of neither kind, a block that does not decode as above (its sessions
+strictly in that order) or a session kept twice raises ``SessionStoreError``
+naming the family and the row: the checkpoint is not what this code wrote.
 
 Example: the session ``[1000, 5000]`` of ``"a"`` (count 2) kept alone is the row
 ``00 00 00 00 00 00 00 00 ‖ 00 00 00 00 00 00 00 00`` → ``95 01 c4 08 88 13 00 00
@@ -69,8 +70,18 @@ _SEQ = struct.Struct(">Q")
 _FORMAT = 1
 
 
-def _is_block(raw: bytes) -> bool:
-    return len(raw) == TIMES_LEN
+def _is_block(cf: str, raw: bytes) -> bool:
+    """Whether ``raw`` is a block's key (else a session row's); ``SessionStoreError``
+    for a key that is neither."""
+    if len(raw) > TIMES_LEN:
+        return False
+    if len(raw) == TIMES_LEN and raw.startswith(_BLOCK_TAG):
+        return True
+    raise SessionStoreError(
+        f"{cf}: the row {raw.hex()} is neither a closing block (00 x 8 and a sequence "
+        "number) nor a session (end, start, key: more than 16 bytes); the checkpoint "
+        "holds state of another format or a damaged row"
+    )
 
 
 class ClosingSessions:
@@ -89,6 +100,13 @@ class ClosingSessions:
         n = len(kbs)
         if not n:
             return
+        odd = next((v for v in values if type(v) is not bytes), None)
+        if odd is not None or len(values) != n:
+            raise TypeError(
+                f"{self._cf}: a kept session's value must be bytes (what the store's value "
+                f"serde gives), one per key; got {type(odd).__name__} {odd!r:.80} among "
+                f"{len(values)} values for {n} keys"
+            )
         ends = np.asarray(ends, dtype=np.int64)
         starts = np.asarray(starts, dtype=np.int64)
         order = pc.sort_indices(
@@ -122,7 +140,7 @@ class ClosingSessions:
         seqs = [
             _SEQ.unpack_from(raw, 8)[0]
             for raw, _ in self._db.scan_list(self._cf, _BLOCK_TAG, bytes(7) + b"\x01")
-            if _is_block(raw)
+            if _is_block(self._cf, raw)
         ]
         return max(seqs) + 1 if seqs else 0
 
@@ -149,15 +167,21 @@ class ClosingSessions:
 
     def _entries(self, rows: list[tuple[bytes, bytes]]) -> list[ClosingEntry]:
         """The sessions of the family's raw rows, in (end, start, key) order."""
-        blocks = [(raw, value) for raw, value in rows if _is_block(raw)]
+        blocks = [(raw, value) for raw, value in rows if _is_block(self._cf, raw)]
         if len(blocks) == 1 and len(rows) == 1:  # the usual case: sorted as written
             return _block_entries(self._cf, *blocks[0])
-        singles = _decoded([(raw, value) for raw, value in rows if not _is_block(raw)])
+        singles = _decoded([(raw, value) for raw, value in rows if len(raw) > TIMES_LEN])
         if not blocks:
             return singles
         for raw, value in blocks:
             singles.extend(_block_entries(self._cf, raw, value))
         singles.sort(key=_order)
+        for a, b in zip(singles, singles[1:], strict=False):
+            if _order(a) == _order(b):
+                raise SessionStoreError(
+                    f"{self._cf}: the session {_order(a)!r} is kept twice; the checkpoint "
+                    "holds state of another format or a damaged row"
+                )
         return singles
 
 
@@ -176,9 +200,14 @@ def _block_entries(cf: str, raw: bytes, value: bytes) -> list[ClosingEntry]:
 
     try:
         block = msgpack.unpackb(value, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as exc:
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise bad(f"not msgpack: {exc}") from None
-    if not isinstance(block, list) or len(block) != 5 or block[0] != _FORMAT:
+    if (
+        not isinstance(block, list)
+        or len(block) != 5
+        or type(block[0]) is not int
+        or block[0] != _FORMAT
+    ):
         head = block[:1] if isinstance(block, list) else type(block).__name__
         raise bad(f"expected [{_FORMAT}, ends, starts, keys, values], got {head!r}...")
     _, ends_b, starts_b, kbs, values = block
@@ -197,15 +226,25 @@ def _block_entries(cf: str, raw: bytes, value: bytes) -> list[ClosingEntry]:
         type(vb) is bytes for vb in values
     ):
         raise bad("a key or value is not bytes")
-    ends = np.frombuffer(ends_b, dtype="<i8").tolist()
-    starts = np.frombuffer(starts_b, dtype="<i8").tolist()
-    return list(zip(ends, starts, kbs, values, strict=True))
+    ends_a = np.frombuffer(ends_b, dtype="<i8")
+    starts_a = np.frombuffer(starts_b, dtype="<i8")
+    # strictly increasing (end, start, key): emitted in this order, each once
+    later = ends_a[1:] > ends_a[:-1]
+    tied = ends_a[1:] == ends_a[:-1]
+    later |= tied & (starts_a[1:] > starts_a[:-1])
+    tied &= starts_a[1:] == starts_a[:-1]
+    for i in np.flatnonzero(tied).tolist():
+        later[i] = kbs[i + 1] > kbs[i]
+    if not later.all():
+        at = int(np.flatnonzero(~later)[0])
+        raise bad(f"session {at + 1} does not follow session {at} in (end, start, key) order")
+    return list(zip(ends_a.tolist(), starts_a.tolist(), kbs, values, strict=True))
 
 
 def session_rows(cf: str, raw: bytes, value: bytes) -> list[tuple[bytes, bytes]]:
     """The rows ``end ‖ start ‖ enc(key)`` → value bytes that the family's raw row
     stands for: itself, or each session of a block (what a repartition routes)."""
-    if not _is_block(raw):
+    if not _is_block(cf, raw):
         return [(raw, value)]
     entries = _block_entries(cf, raw, value)
     if not entries:

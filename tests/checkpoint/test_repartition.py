@@ -18,6 +18,7 @@ from sessionstore.checkpoint.repartition import RepartitionError, repartition_ch
 from sessionstore.checkpoint.snapshot import download_snapshot
 from sessionstore.encoding.ints import INT64
 from sessionstore.encoding.spark_hash import partition_ids
+from sessionstore.stores import closing
 from sessionstore.stores.base import aux_key, stream_time_key
 from sessionstore.stores.state_db import StateDB
 from sessionstore.tools.reader import CheckpointSource, store_rows
@@ -86,7 +87,9 @@ def key_of(row):
 
 
 @pytest.fixture
-def source(tmp_path):
+def source(tmp_path, monkeypatch):
+    # blocks of at most 4 kept sessions: a partition's kept sessions span blocks
+    monkeypatch.setattr(closing, "BLOCK_SESSIONS", 4)
     uri = f"file://{tmp_path}/src"
     write_source(uri, str(tmp_path / "local"))
     return uri
@@ -112,6 +115,15 @@ def test_every_kind_moves_to_sparks_partition(source, tmp_path):
     assert metadata["checkpoint_id"] != recorded["checkpoint_id"]
     for p in range(7):  # the shared event time of batch 2, what batch 3 reads
         assert partition_event_time(open_filesystem(target).child("op"), 2, p) == 523
+    # again, from the rows a repartition wrote (kept sessions as a row each)
+    again = str(tmp_path / "again")
+    repartition_checkpoint(target, "op", 3, again)
+    for spec in SPECS:
+        after, placed = rows(again, spec.name)
+        assert after == rows(source, spec.name)[0], spec.name
+        keys = [key_of(r) for r in placed]
+        ids = partition_ids([[k[0] for k in keys], [k[1] for k in keys]], TYPES, 3).tolist()
+        assert [r["partition"] for r in placed] == ids, spec.name
 
 
 def test_restart_continues_at_version_v_with_min_stream_time(source, tmp_path):

@@ -16,6 +16,7 @@ import re
 from collections import Counter
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -384,6 +385,13 @@ def test_blocks_and_session_rows_read_as_one_list_and_a_second_keep_adds_blocks(
         assert db.scan_list("s.closing") == [] and not closing.any()
 
 
+def _block(entries):
+    """A block's value holding ``(end, start, encoded key)`` entries as given."""
+    ends = np.array([e[0] for e in entries], "<i8").tobytes()
+    starts = np.array([e[1] for e in entries], "<i8").tobytes()
+    return msgpack.packb([1, ends, starts, [e[2] for e in entries], [b"v"] * len(entries)])
+
+
 @pytest.mark.parametrize(
     "value, why",
     [
@@ -393,6 +401,13 @@ def test_blocks_and_session_rows_read_as_one_list_and_a_second_keep_adds_blocks(
         (msgpack.packb([1, bytes(8), bytes(16), [b"k"], [b"v"]]), "differ in length or type"),
         (msgpack.packb([1, bytes(8), bytes(8), [b""], [b"v"]]), "a key or value is not bytes"),
         (msgpack.packb([1, bytes(8), bytes(8), [b"k"], ["v"]]), "a key or value is not bytes"),
+        (msgpack.packb([True, b"", b"", [], []]), "expected [1, ends, starts, keys, values]"),
+        (b"\x81\x91\x01\x01", "not msgpack"),  # a map keyed by a list
+        # out of (end, start, key) order, and a session twice: never emitted so
+        (_block([(5, 1, b"\x02a\x00\x01"), (4, 1, b"\x02b\x00\x01")]), "session 1 does not follow"),
+        (_block([(4, 2, b"\x02a\x00\x01"), (4, 1, b"\x02b\x00\x01")]), "session 1 does not follow"),
+        (_block([(4, 1, b"\x02b\x00\x01"), (4, 1, b"\x02a\x00\x01")]), "session 1 does not follow"),
+        (_block([(4, 1, b"\x02a\x00\x01")] * 2), "session 1 does not follow"),
     ],
 )
 def test_a_damaged_or_foreign_block_is_refused_by_name(tmp_path, value, why):
@@ -412,3 +427,72 @@ def test_a_damaged_or_foreign_block_is_refused_by_name(tmp_path, value, why):
         with pytest.raises(SessionStoreError, match=re.escape(why)):
             SessionStore.split_row("closing", bytes(16), value)
         assert db.scan_list("s.closing") == [(bytes(16), value)]
+
+
+def test_a_row_of_neither_kind_and_a_session_kept_twice_are_refused_by_name(tmp_path):
+    """A 16-byte key without the block tag, a key too short for a session, and one
+    session in a block and in a session row: every reader stops, naming the row."""
+    block = _block([(4, 1, b"\x02a\x00\x01")])
+    for raw, value, message in [
+        (b"\x01" * 16, block, "the row (?:01)+ is neither a closing block"),
+        (b"\x80" * 9, b"v", "the row (?:80)+ is neither a closing block"),
+    ]:
+        with StateDB.open(str(tmp_path / f"db{len(raw)}")) as db:
+            store = db.session_store("s", 100)
+            closing = store.closing_sessions()
+            db.put("s.closing", raw, value)
+            for read in (closing.all, closing.take_all):
+                with pytest.raises(SessionStoreError, match=rf"s\.closing: {message}"):
+                    with db.batch():
+                        read()
+            with pytest.raises(SessionStoreError, match="is neither a closing block"):
+                SessionStore.split_row("closing", raw, value)
+    with StateDB.open(str(tmp_path / "twice")) as db:
+        store = db.session_store("s", 100)
+        closing = store.closing_sessions()
+        db.put("s.closing", bytes(16), block)
+        db.put("s.closing", encode_times(1, 4) + b"\x02a\x00\x01", b"v")
+        with pytest.raises(
+            SessionStoreError, match=r"s\.closing: the session \(4, 1, .*kept twice"
+        ):
+            closing.all()
+
+
+def test_a_value_that_is_not_bytes_is_refused_before_anything_is_written(tmp_path):
+    """A value serde that gives no bytes fails the keep, naming the value; the batch
+    holds nothing of it."""
+    with StateDB.open(str(tmp_path / "db")) as db:
+        store = db.session_store("s", 100)
+        closing = store.closing_sessions()
+        a = store.encode_key("a")
+        for values in (["text"], [bytearray(b"v")], [b"v", b"w"]):
+            with pytest.raises(
+                TypeError, match=r"s\.closing: a kept session's value must be bytes"
+            ):
+                with db.batch():
+                    closing.add_many([a], [1], [2], values)
+            assert closing.all() == [] and not closing.any()
+
+
+def test_a_take_then_a_keep_in_one_batch_write_the_new_block_alone(tmp_path):
+    """As a batch does: the advance takes the kept sessions (deleting their block),
+    the rows keep new ones under the same block key; what commits is the new block."""
+    with StateDB.open(str(tmp_path / "db")) as db:
+        store = db.session_store("s", 100)
+        closing = store.closing_sessions()
+        a, b = store.encode_key("a"), store.encode_key("b")
+        with db.batch():
+            closing.add_many([a], [1], [2], [b"old"])
+        with db.batch():
+            assert closing.take_all() == [(2, 1, a, b"old")]
+            closing.add_many([b], [5], [9], [b"new"])
+        assert [raw for raw, _ in db.scan_list("s.closing")] == [bytes(16)]
+        assert closing.all() == [(9, 5, b, b"new")]
+        try:
+            with db.batch():  # a failing batch after a take and a keep leaves both out
+                closing.take_all()
+                closing.add_many([a], [20], [30], [b"newer"])
+                raise RuntimeError("the task fails")
+        except RuntimeError:
+            pass
+        assert closing.all() == [(9, 5, b, b"new")]
