@@ -12,7 +12,7 @@ value and deletes it.
 
 Layout: the column family ``<store>.closing`` of the store's StateDB, written in
 the same batch as everything else, so changelogs and snapshots carry it and a
-restore brings it back. It holds two kinds of row, told apart by the key's length:
+restore brings it back. It holds two kinds of row, told apart by the key:
 
 * **A block** (what a batch writes): the 16-byte key ``00 × 8 ‖ seq`` (``seq`` a
   big-endian uint64 from 0), and as value the msgpack array
@@ -20,11 +20,12 @@ restore brings it back. It holds two kinds of row, told apart by the key's lengt
   (end, start, key) order: ``ends`` and ``starts`` little-endian int64s packed
   into one bin each, ``keys`` the encoded keys and ``values`` the stored value
   bytes (the store's value serde), one bin each. One row per block rather than per
-  session: a micro-batch passes thousands of sessions per partition, and a row
-  each cost a RocksDB write, a changelog entry, a scan entry and a delete apiece
+  session: a micro-batch passes thousands of sessions per partition, and a row per
+  session costs a RocksDB write, a changelog entry, a scan entry and a delete each
   (the aggregates benchmark in BENCHMARKS.md).
 * **A session** (what a repartition writes, routing each session of a block to
-  its key's partition): ``end ‖ start ‖ enc(key)`` as the end index (times as in
+  its key's partition, and what checkpoints of earlier versions hold):
+  ``end ‖ start ‖ enc(key)`` as the end index (times as in
   :mod:`sessionstore.encoding.session_key`; longer than 16 bytes, as an encoded
   key is never empty) → the value bytes.
 

@@ -129,7 +129,12 @@ def _two_streams(
     out = build(left, right)
 
     def step(i, lefts, rights):
-        return lambda: (write_json(left_src, i, lefts), write_json(right_src, i, rights))
+        # The running query may start a micro-batch between the two writes. The
+        # right side (temporal_join's table) goes first, so a batch that sees this
+        # step's left rows has seen its right rows too: temporal_join applies a
+        # batch's table rows before its stream rows, so either cut gives the same
+        # output (with the left rows first, a cut between the writes joins older rates).
+        return lambda: (write_json(right_src, i, rights), write_json(left_src, i, lefts))
 
     steps = [step(i, lefts, rights) for i, (lefts, rights) in enumerate(batches)]
     return _run_memory(spark, out, folder, steps)
