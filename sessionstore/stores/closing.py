@@ -78,10 +78,17 @@ def _is_block(cf: str, raw: bytes) -> bool:
         return False
     if len(raw) == TIMES_LEN and raw.startswith(_BLOCK_TAG):
         return True
-    raise SessionStoreError(
-        f"{cf}: the row {raw.hex()} is neither a closing block (00 x 8 and a sequence "
-        "number) nor a session (end, start, key: more than 16 bytes); the checkpoint "
-        "holds state of another format or a damaged row"
+    raise _foreign(
+        cf,
+        f"the row {raw.hex()} is neither a closing block (00 x 8 and a sequence number) "
+        "nor a session (end, start, key: more than 16 bytes)",
+    )
+
+
+def _foreign(cf: str, what: str) -> SessionStoreError:
+    """The error for a row of ``cf`` that this code did not write as it reads."""
+    return SessionStoreError(
+        f"{cf}: {what}; the checkpoint holds state of another format or a damaged row"
     )
 
 
@@ -179,10 +186,7 @@ class ClosingSessions:
         singles.sort(key=_order)
         for a, b in zip(singles, singles[1:], strict=False):
             if _order(a) == _order(b):
-                raise SessionStoreError(
-                    f"{self._cf}: the session {_order(a)!r} is kept twice; the checkpoint "
-                    "holds state of another format or a damaged row"
-                )
+                raise _foreign(self._cf, f"the session {_order(a)!r} is kept twice")
         return singles
 
 
@@ -194,10 +198,7 @@ def _block_entries(cf: str, raw: bytes, value: bytes) -> list[ClosingEntry]:
     """The sessions of one block row, as written (checked: see the module doc)."""
 
     def bad(why: str) -> SessionStoreError:
-        return SessionStoreError(
-            f"{cf}: the closing block {raw.hex()} is not one this code writes ({why}); "
-            "the checkpoint holds state of another format or a damaged row"
-        )
+        return _foreign(cf, f"the closing block {raw.hex()} is not one this code writes ({why})")
 
     try:
         block = msgpack.unpackb(value, raw=False, strict_map_key=False)
