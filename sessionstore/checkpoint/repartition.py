@@ -309,14 +309,14 @@ def routed_rows(
                 )
             try:
                 row_key = row_key_of(record["kind"])
-                split = row_splitter_of(record["kind"])
+                split = row_splitter_of(record["kind"], suffix)
             except ValueError as exc:
                 raise RepartitionError(f"{where}: {exc}") from None
             rows = db.scan(family)
             while chunk := list(islice(rows, _CHUNK)):
                 if split is not None:  # a row of several keys' data: one row per key
                     try:
-                        chunk = [row for key, value in chunk for row in split(suffix, key, value)]
+                        chunk = [row for key, value in chunk for row in split(key, value)]
                     except SessionStoreError as exc:
                         raise RepartitionError(f"{where} store {store!r}: {exc}") from None
                 encoded = [row_key(suffix, key) for key, _ in chunk]

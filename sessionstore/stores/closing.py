@@ -110,10 +110,14 @@ class ClosingSessions:
             return
         odd = next((v for v in values if type(v) is not bytes), None)
         if odd is not None or len(values) != n:
+            got = (
+                f"{len(values)} values for {n} keys"
+                if odd is None
+                else f"{type(odd).__name__} {odd!r:.80}"
+            )
             raise TypeError(
                 f"{self._cf}: a kept session's value must be bytes (what the store's value "
-                f"serde gives), one per key; got {type(odd).__name__} {odd!r:.80} among "
-                f"{len(values)} values for {n} keys"
+                f"serde gives), one per key; got {got}"
             )
         ends = np.asarray(ends, dtype=np.int64)
         starts = np.asarray(starts, dtype=np.int64)
@@ -175,19 +179,21 @@ class ClosingSessions:
 
     def _entries(self, rows: list[tuple[bytes, bytes]]) -> list[ClosingEntry]:
         """The sessions of the family's raw rows, in (end, start, key) order."""
-        blocks = [(raw, value) for raw, value in rows if _is_block(self._cf, raw)]
-        if len(blocks) == 1 and len(rows) == 1:  # the usual case: sorted as written
+        blocks, singles = [], []
+        for row in rows:
+            (blocks if _is_block(self._cf, row[0]) else singles).append(row)
+        if len(blocks) == 1 and not singles:  # the usual case: sorted as written
             return _block_entries(self._cf, *blocks[0])
-        singles = _decoded([(raw, value) for raw, value in rows if len(raw) > TIMES_LEN])
+        entries = _decoded(singles)
         if not blocks:
-            return singles
+            return entries
         for raw, value in blocks:
-            singles.extend(_block_entries(self._cf, raw, value))
-        singles.sort(key=_order)
-        for a, b in zip(singles, singles[1:], strict=False):
+            entries.extend(_block_entries(self._cf, raw, value))
+        entries.sort(key=_order)
+        for a, b in zip(entries, entries[1:], strict=False):
             if _order(a) == _order(b):
                 raise _foreign(self._cf, f"the session {_order(a)!r} is kept twice")
-        return singles
+        return entries
 
 
 def _order(entry: ClosingEntry) -> tuple[int, int, bytes]:

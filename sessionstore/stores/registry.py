@@ -18,10 +18,11 @@ name the time filters its ``read_rows`` takes (``from_ts``, ``to_ts``, ``as_of``
 Its classmethod ``row_key(family, raw) -> bytes`` says which user key a raw row of
 its family ``<store>.<family>`` belongs to (the key's encoded bytes): a repartition
 (:mod:`sessionstore.checkpoint.repartition`) routes every row by it, so a new kind
-needs only that method to be rescaled. A row that holds several keys' data (a
-session store's block of closing sessions) is first split into rows of one key
-each by the class's optional classmethod ``split_row(family, raw, value)``
-(:func:`row_splitter_of`).
+needs only that method to be rescaled. A family whose rows may hold several keys'
+data (a session store's blocks of closing sessions) has its rows first split into
+rows of one key each by the function the class's optional classmethod
+``row_splitter(family)`` gives for it (:func:`row_splitter_of`; None for a family
+of one key per row, which is then read as it is).
 """
 
 from __future__ import annotations
@@ -76,11 +77,13 @@ def row_key_of(kind: str) -> Callable[[str, bytes], bytes]:
     return hook
 
 
-def row_splitter_of(kind: str) -> Callable[[str, bytes, bytes], list] | None:
-    """``split_row(family, raw, value) -> [(raw, value), ...]`` of ``kind``: the
-    rows of one user key each that a raw row stands for; None when every row of
-    the kind holds one key's data."""
-    return getattr(store_class(kind), "split_row", None)
+def row_splitter_of(kind: str, family: str) -> Callable[[bytes, bytes], list] | None:
+    """``split(raw, value) -> [(raw, value), ...]`` for the raw rows of ``kind``'s
+    family ``<store>.<family>``: the rows of one user key each that a raw row stands
+    for; None when every row of that family holds one key's data (asked once per
+    family, so a family of plain rows costs nothing per row)."""
+    hook = getattr(store_class(kind), "row_splitter", None)
+    return None if hook is None else hook(family)
 
 
 def kind_names() -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sessionstore.encoding.keys import (
@@ -392,14 +393,15 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
         return raw[TIMES.size :] if family in ("open", "closing") else raw[: -TIMES.size]
 
     @classmethod
-    def split_row(cls, family: str, raw: bytes, value: bytes) -> list[tuple[bytes, bytes]]:
-        """The rows of one key each that the raw row ``raw`` of this store's family
-        ``<store>.<family>`` stands for: a block of closing sessions splits into a
-        row per session (:func:`~sessionstore.stores.closing.session_rows`), every
-        other row is itself."""
+    def row_splitter(cls, family: str) -> Any:
+        """``split(raw, value) -> [(raw, value), ...]`` for the rows of this store's
+        family ``<store>.<family>`` that may hold several keys' data (a block of
+        closing sessions splits into a row per session:
+        :func:`~sessionstore.stores.closing.session_rows`); None for a family whose
+        every row is one key's."""
         if family != "closing":
-            return [(raw, value)]
-        return session_rows(family, raw, value)
+            return None
+        return partial(session_rows, family)
 
     # ---------------------------------------------------------------- row storage
     def _expire(self, min_visible_end: int) -> None:

@@ -324,8 +324,8 @@ def test_the_closing_block_format_is_the_documented_one(tmp_path):
         doc = "95 01 c4 08 88 13 00 00 00 00 00 00 c4 08 e8 03 00 00 00 00 00 00 91 c4 04"
         doc += " 02 61 00 01 91 c4 02 91 02"
         assert db.scan_list("s.closing") == [(bytes(16), bytes.fromhex(doc.replace(" ", "")))]
-        assert SessionStore.split_row(
-            "closing", bytes(16), bytes.fromhex(doc.replace(" ", ""))
+        assert SessionStore.row_splitter("closing")(
+            bytes(16), bytes.fromhex(doc.replace(" ", ""))
         ) == [
             (
                 bytes.fromhex("8000000000001388 80000000000003e8 02610001".replace(" ", "")),
@@ -343,7 +343,7 @@ def test_the_closing_block_format_is_the_documented_one(tmp_path):
         assert closing.all() == expected
         rows = db.scan_list("s.closing")
         assert len(rows) == 1
-        split = SessionStore.split_row("closing", *rows[0])
+        split = SessionStore.row_splitter("closing")(*rows[0])
         assert [(raw[16:], value) for raw, value in split] == [
             (a, b"y"),
             (b, b"x"),
@@ -425,7 +425,7 @@ def test_a_damaged_or_foreign_block_is_refused_by_name(tmp_path, value, why):
                 with db.batch():
                     read()
         with pytest.raises(SessionStoreError, match=re.escape(why)):
-            SessionStore.split_row("closing", bytes(16), value)
+            SessionStore.row_splitter("closing")(bytes(16), value)
         assert db.scan_list("s.closing") == [(bytes(16), value)]
 
 
@@ -446,7 +446,7 @@ def test_a_row_of_neither_kind_and_a_session_kept_twice_are_refused_by_name(tmp_
                     with db.batch():
                         read()
             with pytest.raises(SessionStoreError, match="is neither a closing block"):
-                SessionStore.split_row("closing", raw, value)
+                SessionStore.row_splitter("closing")(raw, value)
     with StateDB.open(str(tmp_path / "twice")) as db:
         store = db.session_store("s", 100)
         closing = store.closing_sessions()
