@@ -36,13 +36,14 @@ from sessionstore.checkpoint.layout import (
 from sessionstore.encoding.serde import PickleSerde
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import check_store_name
-from sessionstore.stores.spec import StoreSpec
+from sessionstore.stores.spec import StoreSpec, refuse_pickle
 
 if TYPE_CHECKING:
     from sessionstore.stores.state_db import StateDB
 
 __all__ = [
     "FORMAT",
+    "PICKLE_OPTION",
     "CheckpointIdentity",
     "CheckpointMismatchError",
     "CheckpointPartition",
@@ -53,6 +54,8 @@ __all__ = [
 
 #: The checkpoint format this release writes (recorded in ``_metadata``).
 FORMAT = 1
+#: How a job opts in to a checkpoint whose ``_metadata`` records the pickle serde.
+PICKLE_OPTION = "allow_pickle=True (StateBackend, or spark.sessionstore.allowPickle)"
 
 
 class CheckpointMismatchError(SessionStoreError, ValueError):
@@ -88,16 +91,17 @@ def recorded_partitions(
 
 
 def with_recorded_intervals(
-    specs: list[StoreSpec], recorded: list[dict[str, Any]] | None
+    specs: list[StoreSpec], recorded: list[dict[str, Any]] | None, allow_pickle: bool = False
 ) -> list[StoreSpec] | None:
     """``specs`` with the checkpoint's segment intervals where either side leaves
-    the interval open (``segment_interval_ms`` None), and with its ``pickle`` value
-    serde where a processor store's spec leaves the serde open, if the specs differ
-    in nothing else; or None.
+    the interval open (``segment_interval_ms`` None), and, only with
+    ``allow_pickle``, with its ``pickle`` value serde where a processor store's spec
+    leaves the serde open, if the specs differ in nothing else; or None.
 
-    A processor store recorded with ``pickle`` was written by a release that
-    pickled processor state: the job that wrote it keeps reading and writing it so
-    (a job trusts its own checkpoint; docs/security.md says how to rewrite it).
+    No release writes pickled processor state: a ``_metadata`` that records it was
+    written by hand or by whoever can write the bucket, and adopting it would
+    unpickle (run) what they stored. So only a job that opted in explicitly
+    (``allow_pickle``) adopts it (docs/security.md).
 
     An interval is fixed for a store's life. Checkpoints written before operators
     chose their stores' interval recorded None: a query restarted on a newer
@@ -112,7 +116,7 @@ def with_recorded_intervals(
         if interval is None or spec.segment_interval_ms is None:
             spec = replace(spec, segment_interval_ms=interval)
         if (
-            spec.kind == "processor" and spec.value_serde is None
+            allow_pickle and spec.kind == "processor" and spec.value_serde is None
             and record.get("value_serde") == PickleSerde.name
         ):  # fmt: skip
             spec = replace(spec, value_serde=PickleSerde())
@@ -122,11 +126,27 @@ def with_recorded_intervals(
     return adopted
 
 
+def _unnamed_pickles(
+    specs: list[StoreSpec], recorded: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The store records of ``recorded`` that name the pickle serde where the spec
+    of that store does not (the caller chose no pickle there)."""
+    chosen = {s.name for s in specs if PickleSerde.name in (
+        s.describe()["key_serde"], s.describe()["value_serde"])}  # fmt: skip
+    return [
+        r for r in recorded or ()
+        if isinstance(r, dict) and r.get("name") not in chosen
+    ]  # fmt: skip
+
+
 class CheckpointIdentity:
     """The ``_metadata`` of an operator as one partition's provider sees it: checked
     (and completed) once, and the checkpoint id its local state is owned by.
 
     ``operator`` is the operator's storage, ``remote`` the partition's.
+    ``allow_pickle``: a processor store recorded with the pickle serde is adopted
+    (else refused with :class:`~sessionstore.errors.PickleRefusedError`, decided
+    from the one read of ``_metadata`` that :meth:`check` makes).
     """
 
     def __init__(
@@ -136,9 +156,11 @@ class CheckpointIdentity:
         files: PartitionFiles,
         operator_id: str,
         key_types: list[str] | None,
+        allow_pickle: bool = False,
     ) -> None:
         self._operator, self._remote, self._files = operator, remote, files
         self._operator_id = operator_id
+        self._allow_pickle = allow_pickle
         #: Spark types of the key columns the operator partitions by, recorded in
         #: ``_metadata`` for a repartition (see repartition.py)
         self._key_types = None if key_types is None else list(key_types)
@@ -181,13 +203,18 @@ class CheckpointIdentity:
                 f"writes format {FORMAT}"
             )
         if recorded.get("stores") != wanted["stores"]:
-            adopted = with_recorded_intervals(specs, recorded.get("stores"))
-            if adopted is not None:
-                return self.check(adopted, num_partitions)
-            raise CheckpointMismatchError(
-                f"{where} was written with stores {recorded.get('stores')}, but this query uses "
-                f"{wanted['stores']}; use a new checkpoint location for a changed operator"
-            )
+            adopted = with_recorded_intervals(specs, recorded.get("stores"), self._allow_pickle)
+            if adopted is None:
+                # a pickle the specs do not name: refused as such (the opt-in named)
+                refuse_pickle(
+                    _unnamed_pickles(specs, recorded.get("stores")), self._operator.uri,
+                    self._allow_pickle, PICKLE_OPTION,
+                )  # fmt: skip
+                raise CheckpointMismatchError(
+                    f"{where} was written with stores {recorded.get('stores')}, but this query "
+                    f"uses {wanted['stores']}; use a new checkpoint location for a changed operator"
+                )
+            specs = adopted  # equal to the record read above: no second read decides
         self._complete(recorded, where, num_partitions)
         return specs
 

@@ -71,7 +71,10 @@ class StateStoreProvider:
 
     ``memory_max_mb``: the RocksDB memory budget of this process, shared by every
     database it opens (:mod:`sessionstore.engine.memory`); None keeps the process's
-    current budget (by default 256 MiB).
+    current budget (by default 256 MiB). ``allow_pickle``: adopt the pickle serde
+    that ``_metadata`` records for a processor store whose spec leaves the serde
+    open (unpickling runs code from the checkpoint; without it such a checkpoint is
+    refused: docs/security.md).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class StateStoreProvider:
         key_types: list[str] | None = None,
         memory_max_mb: int | None = None,
         orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
+        allow_pickle: bool = False,
     ) -> None:
         check_store_name(operator_id)
         check_memory_max_mb(memory_max_mb)
@@ -117,7 +121,7 @@ class StateStoreProvider:
         self._remote: Storage = self._operator.child(str(partition_id))
         self._files = PartitionFiles(self._remote)
         identity = CheckpointIdentity(
-            self._operator, self._remote, self._files, operator_id, key_types
+            self._operator, self._remote, self._files, operator_id, key_types, allow_pickle
         )
         self.store_specs = identity.check(list(store_specs), num_partitions)
         local = LocalPartition(local_dir, operator_id, partition_id)

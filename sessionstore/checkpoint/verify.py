@@ -70,7 +70,8 @@ def verify_checkpoint(
         for partition in partitions(root, operator):
             result.problems += verify_partition(
                 checkpoint_uri, operator, partition, storage_options, progress, root,
-                allow_pickle=True,  # checked above
+                # each replay decides again from the metadata it reads itself
+                allow_pickle=allow_pickle,
                 repairs=result.repairs,
             )  # fmt: skip
             result.partitions += 1

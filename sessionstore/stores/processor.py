@@ -28,10 +28,11 @@ the state it describes, under ``aux:<store>:state:<variable>``: msgpack
 or nil>, "key_schema": <same, map state only>, "history": [<earlier value schemas,
 version 0 first>] (only after a change)}``, so a reader (or a later schema change)
 decodes the rows without the processor, whichever version wrote them (schema
-evolution: docs/internals.md). A store recorded with the ``pickle`` value serde
-(written by releases before this format) keeps pickled payloads: only the job
-that wrote it opens it so (it trusts its own checkpoint); readers refuse it unless
-told to trust it (docs/security.md).
+evolution: docs/internals.md). No release writes pickled payloads: a store is
+opened with the ``pickle`` value serde only where a caller names it, and a job
+or a reader adopts a ``pickle`` recorded in a checkpoint only when its user
+opted in (``allow_pickle``); without that the checkpoint is refused before a
+payload is read (docs/security.md).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class ProcessorStore(UntimedStore):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: a store written before payloads were data: every payload pickled
+        #: opened with the pickle serde (named by the caller: see the module doc)
         self.pickled = isinstance(self.value_serde, PickleSerde)
         timers = payload_codec("timers", None)
         #: encoded variable -> (dumps, loads) of its payloads

@@ -187,7 +187,7 @@ class _ProviderRecipe:
             b.checkpoint_uri, b.resolved_local_dir, b.snapshot_interval, b.retain_versions,
             sorted(b.storage_options.items()), self.name, self.partition, self.num_partitions,
             [spec.describe() for spec in self.specs], b.commit_observer, self.key_types,
-            b.memory_max_mb, b.orphan_grace_s,
+            b.memory_max_mb, b.orphan_grace_s, b.allow_pickle,
         ))  # fmt: skip
 
     def make(self) -> StateStoreProvider:
@@ -206,6 +206,7 @@ class _ProviderRecipe:
             key_types=self.key_types,
             memory_max_mb=b.memory_max_mb,
             orphan_grace_s=b.orphan_grace_s,
+            allow_pickle=b.allow_pickle,
         )
 
 

@@ -26,7 +26,7 @@ CONF_PREFIX = "spark.sessionstore."
 CONF_KEYS = (
     "checkpointUri", "localDir", "snapshotInterval", "retainVersions", "memory.maxMB",
     "retry.maxAttempts", "retry.maxSeconds",
-    "gc.orphanGraceSeconds",
+    "gc.orphanGraceSeconds", "allowPickle",
 )  # fmt: skip
 STORAGE_PREFIX = CONF_PREFIX + "storage."
 
@@ -55,6 +55,10 @@ class StateBackend:
     ``orphan_grace_s``: how long a content file nothing references stays before the
     orphan sweep deletes it (default 600 s; it must exceed the longest snapshot
     upload: docs/durability.md, "Garbage collection").
+    ``allow_pickle``: read (and keep writing) processor state whose checkpoint
+    records the pickle serde. No release writes it, and unpickling runs whatever
+    code the writer of the checkpoint stored, so without it such a checkpoint is
+    refused (docs/security.md); set it only if you trust every writer of the bucket.
     """
 
     checkpoint_uri: str
@@ -67,8 +71,11 @@ class StateBackend:
     retry_max_attempts: int | None = None
     retry_max_seconds: float | None = None
     orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S
+    allow_pickle: bool = False
 
     def __post_init__(self) -> None:
+        if type(self.allow_pickle) is not bool:
+            raise ValueError(f"allow_pickle must be True or False, got {self.allow_pickle!r}")
         if not isinstance(self.checkpoint_uri, str) or not self.checkpoint_uri:
             raise ValueError(
                 f"checkpoint_uri must be a non-empty string, got {self.checkpoint_uri!r}"
@@ -122,6 +129,7 @@ class StateBackend:
             f"StateBackend({self.checkpoint_uri!r}, local_dir={self.local_dir!r}, "
             f"snapshot_interval={self.snapshot_interval}, retain_versions={self.retain_versions}, "
             f"memory_max_mb={self.memory_max_mb}, orphan_grace_s={self.orphan_grace_s}, "
+            f"allow_pickle={self.allow_pickle}, "
             f"storage_options={redact(self.storage_options)})"
         )
 
@@ -142,7 +150,8 @@ class StateBackend:
 
         ``checkpointUri`` (required), ``localDir``, ``snapshotInterval``,
         ``retainVersions``, ``memory.maxMB``, ``retry.maxAttempts``,
-        ``retry.maxSeconds``, ``gc.orphanGraceSeconds`` and ``storage.<option>``
+        ``retry.maxSeconds``, ``gc.orphanGraceSeconds``, ``allowPickle`` (``true``
+        or ``false``) and ``storage.<option>``
         (passed to ``pyarrow.fs``, for example
         ``spark.sessionstore.storage.endpoint_override``).
         """
@@ -166,6 +175,9 @@ class StateBackend:
         attempts = settings.get(CONF_PREFIX + "retry.maxAttempts")
         seconds = settings.get(CONF_PREFIX + "retry.maxSeconds")
         grace = settings.get(CONF_PREFIX + "gc.orphanGraceSeconds")
+        allow = str(settings.get(CONF_PREFIX + "allowPickle", "false")).strip().lower()
+        if allow not in ("true", "false"):
+            raise ValueError(f"{CONF_PREFIX}allowPickle must be true or false, got {allow!r}")
         return cls(
             checkpoint_uri=uri,
             local_dir=conf.get(CONF_PREFIX + "localDir", None),
@@ -177,6 +189,7 @@ class StateBackend:
             retry_max_attempts=attempts,
             retry_max_seconds=seconds,
             orphan_grace_s=DEFAULT_ORPHAN_GRACE_S if grace is None else _seconds(grace),
+            allow_pickle=allow == "true",
         )
 
 

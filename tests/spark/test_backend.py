@@ -73,3 +73,18 @@ def test_the_orphan_grace_is_read_from_conf_and_reaches_the_provider():
         StateBackend.from_conf(fake_spark({**conf, key: "-1"}))
     with pytest.raises(ValueError, match="orphan_grace_s must be a number of seconds >= 0"):
         StateBackend("file:///tmp/ck", orphan_grace_s="soon")
+
+
+def test_allow_pickle_is_off_unless_the_conf_or_the_backend_says_so():
+    """The job's opt-in to a checkpoint that records the pickle serde
+    (docs/security.md; what it guards: tests/checkpoint/test_processor_pickle.py)."""
+    conf = {"spark.sessionstore.checkpointUri": "file:///tmp/ck"}
+    assert StateBackend.from_conf(fake_spark(conf)).allow_pickle is False
+    key = "spark.sessionstore.allowPickle"
+    backend = StateBackend.from_conf(fake_spark({**conf, key: "TRUE"}))
+    assert pickle.loads(pickle.dumps(backend)).allow_pickle is True
+    assert "allow_pickle=True" in repr(backend)
+    with pytest.raises(ValueError, match=r"spark\.sessionstore\.allowPickle must be true or false, got 'yes'"):
+        StateBackend.from_conf(fake_spark({**conf, key: "yes"}))
+    with pytest.raises(ValueError, match="allow_pickle must be True or False, got 1"):
+        StateBackend("file:///tmp/ck", allow_pickle=1)

@@ -1,7 +1,7 @@
 """The processor store's payloads and declarations (sessionstore.stores.processor):
 state is msgpack shaped by each variable's declared schema, declarations are
-recorded with the state, and a store an earlier release wrote with pickle still
-loads, pickled, in the job that wrote it (docs/security.md)."""
+recorded with the state (a pickle recorded in a checkpoint is refused without an
+opt-in: tests/checkpoint/test_processor_pickle.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import msgpack
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.layout import read_metadata
 from sessionstore.encoding.keys import encode_key
-from sessionstore.encoding.serde import PickleSerde
 from sessionstore.operators.processors import BatchTimes, ProcessorHandle, ProcessorRunner
 
 SCHEMA = {
@@ -85,27 +84,6 @@ def test_payloads_are_schema_msgpack_and_declarations_are_recorded(tmp_path):
     assert [r["value"] for r in rows if r["state"] == "last"] == [
         {"value": [T2, Decimal("2.00")], "expires_ms": None}
     ]
-    p.close()
-
-
-def test_a_store_written_with_pickle_still_loads_pickled_in_the_job_that_wrote_it(tmp_path):
-    """An earlier release recorded the processor store's serde as pickle: the job,
-    restarted on this release with its default spec, adopts the recorded serde, reads
-    its state and keeps writing pickle (readers refuse the checkpoint; see
-    tests/tools/test_cli_pickle.py)."""
-    uri = f"file://{tmp_path}/ck"
-    old = [StoreSpec("processor", "processor", 0, value_serde=PickleSerde())]
-    p = StateStoreProvider(uri, "op", 0, old, str(tmp_path / "local"))
-    _batch(p, 0, {"a": [(T1, Decimal("1.50"), "x")]})
-    p.close()
-    assert read_metadata(p.operator_storage)["stores"][0]["value_serde"] == "pickle"
-    new = [StoreSpec("processor", "processor", 0)]
-    p = StateStoreProvider(uri, "op", 0, new, str(tmp_path / "local2"))  # a restore
-    out, store, db = _batch(p, 1, {"a": [(T2, Decimal("2.00"), "y")]})
-    assert out == [(("a",), (T1, Decimal("1.50")), [("x",), ("y",)])]
-    assert store.pickled
-    raw = dict(db.scan_list(store.kv_cf))[encode_key("a") + encode_key("last")]
-    assert raw[:1] == b"\x80"  # still a pickle: the job's own checkpoint, its own format
     p.close()
 
 
