@@ -63,14 +63,14 @@ class StatefulProcessorError(SessionStoreError):
 
 
 class UnsafeLocalDirError(SessionStoreError, PermissionError):
-    """A local state directory another user owns or may write to: its contents
+    """A local state directory another user owns or may access: its contents
     could be planted or read by that user, so it is not used."""
 
     def __init__(self, path: str, problem: str) -> None:
         self.path, self.problem = path, problem
         super().__init__(
             f"refusing local state directory {path!r}: {problem}; use a directory of "
-            "your own that only you can write to (mode 0700), or remove this one"
+            "your own that only you can access (mode 0700), or remove this one"
         )
 
 

@@ -52,6 +52,7 @@ from sessionstore.checkpoint.lineage import (
 )
 from sessionstore.checkpoint.load import replay_changelog
 from sessionstore.checkpoint.metrics import METRICS_FORMAT, millis, snapshot_lag
+from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
 from sessionstore.engine.db import process_native_memory
 from sessionstore.engine.write_buffer import WriteBuffer
@@ -284,7 +285,7 @@ class Committer:
 
     def _snapshot(self, db: StateDB, version: int, commit: str) -> None:
         """Take the local snapshot of ``version``; maintenance uploads it."""
-        os.makedirs(self._local.snapshots, exist_ok=True)
+        private_dir(self._local.snapshots, base=self._local.base)
         target, staging = self._local.snapshot(version), self._local.snapshot_staging(version)
         shutil.rmtree(target, ignore_errors=True)
         shutil.rmtree(staging, ignore_errors=True)

@@ -91,7 +91,6 @@ class PartitionLoader:
         self._progress = progress
         #: the local database, while open
         self.db: StateDB | None = None
-        self._private = False  # the local folders were checked (private_dir)
         #: how the last load got its state (warm, handover, replay, restore), and
         #: how long it took (ms, the opening by :meth:`open_local` included)
         self.kind, self.load_ms = "restore", 0.0
@@ -104,10 +103,9 @@ class PartitionLoader:
     def open_local(self) -> None:
         """Open the local database now if there is one (and it is not open yet);
         ``StateDBLockedError`` while another process holds it."""
-        if not self._private:
-            # before anything is read from or written to it (see private_dir)
+        if self.db is None:
+            # before anything is read from or written to it, at each open (see private_dir)
             private_dir(self._local.root, base=self._local.base)
-            self._private = True
         if self.db is None and is_database(self._local.db):
             start = time.perf_counter()
             self.db = self._open(self._local.db)
@@ -241,7 +239,7 @@ class PartitionLoader:
         open it."""
         self.close()
         shutil.rmtree(self._local.db, ignore_errors=True)
-        os.makedirs(self._local.root, exist_ok=True)
+        private_dir(self._local.root, base=self._local.base)  # checked again right before
         os.replace(database_in(tmp), self._local.db)
         shutil.rmtree(tmp, ignore_errors=True)
         self.db = self._open(self._local.db)

@@ -26,6 +26,7 @@ from sessionstore.checkpoint.layout import (
 )
 from sessionstore.checkpoint.lineage import COMMIT_FIELD, read_snapshot_record
 from sessionstore.checkpoint.orphans import OrphanSweep
+from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.snapshot import (
     CorruptSnapshotError,
     read_manifest,
@@ -65,7 +66,8 @@ class Maintenance:
         ``retain_versions`` and delete files no retained snapshot uses (after the
         orphan grace). Returns what was done: ``snapshots`` uploaded,
         ``uploaded_bytes``, ``deleted`` names, ``foreign`` pending snapshots dropped."""
-        os.makedirs(self._local.root, exist_ok=True)
+        # the same check as every other creator of the partition's folder
+        private_dir(self._local.root, base=self._local.base)
         # One maintenance at a time per partition on this machine: a background
         # upload and a later task's maintenance must not race (the orphan sweep
         # could delete files of a snapshot whose manifest is not written yet).

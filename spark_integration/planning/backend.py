@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from sessionstore.checkpoint.filesystem import redact
 from sessionstore.checkpoint.orphans import DEFAULT_ORPHAN_GRACE_S, check_orphan_grace
+from sessionstore.checkpoint.private_dir import user_root
 from sessionstore.checkpoint.provider import MIN_RETAIN_VERSIONS, CommitObserver
 from sessionstore.checkpoint.retry import (
     MAX_ATTEMPTS_OPTION,
@@ -140,9 +140,9 @@ class StateBackend:
         if self.local_dir:
             return self.local_dir
         digest = hashlib.sha256(self.checkpoint_uri.encode()).hexdigest()[:16]
-        # one folder per OS user: it is created 0700, and another user's would be
-        # refused (sessionstore.checkpoint.private_dir)
-        return os.path.join(tempfile.gettempdir(), f"sessionstore-local-{os.geteuid()}", digest)
+        # one folder per OS user: it is created 0700 and checked from there down,
+        # and another user's is refused (sessionstore.checkpoint.private_dir)
+        return os.path.join(user_root(), digest)
 
     @classmethod
     def from_conf(cls, spark: Any) -> StateBackend:
