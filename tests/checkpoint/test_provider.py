@@ -290,7 +290,8 @@ def test_a_local_dir_shared_by_two_checkpoints_never_mixes_their_states(tmp_path
     specs = [StoreSpec("s", "session", 10**9)]
     local = tmp_path / "shared-local"
     for name in ("a", "b"):  # each checkpoint gets version 1, with its own content
-        p = StateStoreProvider(f"file://{tmp_path}/{name}", "op", 0, specs, tmp_path / name)
+        own = tmp_path / f"local-{name}"  # not the checkpoint's folder: that one is 0755
+        p = StateStoreProvider(f"file://{tmp_path}/{name}", "op", 0, specs, own)
         h = p.get_store(0)
         h["s"].put(name, 1, 1, name)
         h.commit()
