@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import selectors
 import socket
 import struct
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RequestServer", "NO_REPLY", "peer_credentials"]
+__all__ = ["RequestServer", "NO_REPLY", "RefusalLog", "peer_credentials", "same_user"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,39 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int] | None:
         return (0, -1)  # unknown: treated as another user's
     pid, uid, _ = struct.unpack("3i", creds)
     return pid, uid
+
+
+def same_user(conn: socket.socket) -> tuple[bool, int, int]:
+    """``(ours, pid, uid)`` of the peer of a connected Unix socket: ``ours`` when it
+    runs as this process's user (or the platform cannot tell: see
+    :func:`peer_credentials`)."""
+    credentials = peer_credentials(conn)
+    if credentials is None:
+        return True, 0, os.geteuid()
+    pid, uid = credentials
+    return uid == os.geteuid(), pid, uid
+
+
+class RefusalLog:
+    """Warnings about refused peers, at most one per ``every_s`` (default 60 s),
+    each counting the refusals since the previous one: whoever can connect must not
+    be able to fill a log, or slow the server down with writing it."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 60.0) -> None:
+        self._logger, self._every_s = logger, every_s
+        self._count = 0  # refused since the last warning
+        self._logged_at = -every_s - 1.0
+
+    def refused(self, message: str, *args: Any) -> None:
+        """Count one refusal; log ``message % args`` if none was logged within
+        ``every_s``."""
+        self._count += 1
+        now = time.monotonic()
+        if now - self._logged_at >= self._every_s:
+            self._logger.warning(
+                message + " (%d refused in the last %.0f s)", *args, self._count, self._every_s
+            )
+            self._count, self._logged_at = 0, now
 
 
 class _Client:

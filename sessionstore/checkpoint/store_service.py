@@ -47,7 +47,7 @@ from contextlib import contextmanager
 
 from sessionstore.checkpoint.layout import owner_file
 from sessionstore.checkpoint.provider import StateStoreProvider
-from sessionstore.checkpoint.request_server import RequestServer, peer_credentials
+from sessionstore.checkpoint.request_server import RefusalLog, RequestServer, same_user
 from sessionstore.errors import StateDBLockedError
 
 __all__ = ["StoreService"]
@@ -72,8 +72,8 @@ MAX_CLIENTS = 64
 #: end of a task, or of an idle close, wakes the server at once; this only covers the
 #: rare other holders of a provider's lock, without waking a busy process often.
 RETRY_S = 0.02
-#: At most one warning per this interval about refused peers (a flood must not fill
-#: the executor's log).
+#: At most one warning per this interval about refused peers, or about handover
+#: sockets of another user (a flood must not fill the executor's log).
 REFUSED_LOG_EVERY_S = 60.0
 
 
@@ -111,8 +111,7 @@ class _HandoverServer:
 
     def __init__(self, listener: socket.socket, release: Callable[[str], bool | None]) -> None:
         self._release = release
-        self._refused = 0  # refused since the last warning
-        self._refused_logged_at = -REFUSED_LOG_EVERY_S
+        self._refusals = RefusalLog(log, REFUSED_LOG_EVERY_S)
         self._server = RequestServer(
             listener,
             _parse_path,
@@ -139,23 +138,14 @@ class _HandoverServer:
         return None if released is None else b"ok\n" if released else b"no\n"
 
     def _same_user(self, conn: socket.socket) -> bool:
-        credentials = peer_credentials(conn)
-        if credentials is None:
-            return True  # not Linux: no abstract socket; the socket file is ours, 0600
-        pid, uid = credentials
-        if uid == os.geteuid():
-            return True
-        self._refused += 1
-        now = time.monotonic()
-        if now - self._refused_logged_at >= REFUSED_LOG_EVERY_S:
-            log.warning(
+        ours, pid, uid = same_user(conn)  # not Linux: the socket file is ours, 0600
+        if not ours:
+            self._refusals.refused(
                 "sessionstore: refused a handover request from pid %d of uid %d: only "
-                "processes of uid %d may ask this worker for its databases "
-                "(%d refused in the last %.0f s)",
-                pid, uid, os.geteuid(), self._refused, REFUSED_LOG_EVERY_S,
+                "processes of uid %d may ask this worker for its databases",
+                pid, uid, os.geteuid(),
             )  # fmt: skip
-            self._refused, self._refused_logged_at = 0, now
-        return False
+        return ours
 
 
 def _parse_path(buffer: bytearray) -> str | None:
@@ -183,6 +173,8 @@ class StoreService:
         #: another process wanted one of our partitions, or we one of its: from then
         #: on only the running task's database is kept open (see the module doc)
         self.contended = False
+        #: warnings about handover sockets held by another user (rate-limited)
+        self._foreign_holders = RefusalLog(log, REFUSED_LOG_EVERY_S)
         #: counters for tests and logs: databases opened, handed over, reused warm,
         #: closed at a task start (parked)
         self.stats = {"opened": 0, "reused": 0, "released": 0, "parked": 0, "maintenance": 0}
@@ -340,8 +332,11 @@ class StoreService:
             for address in _addresses(pid):
                 try:
                     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                        conn.settimeout(HANDOVER_TIMEOUT_S)
+                        conn.settimeout(REQUEST_TIMEOUT_S)  # a listener answers connects at once
                         conn.connect(address)
+                        if not self._holder_is_ours(conn, address):
+                            continue  # nothing sent; the lock is tried again
+                        conn.settimeout(HANDOVER_TIMEOUT_S)
                         conn.sendall(os.fsencode(db_path) + b"\n")
                         if conn.recv(16):  # "ok" or "no": either way, try the lock again
                             return
@@ -349,6 +344,19 @@ class StoreService:
                 except OSError:
                     continue  # the owner is gone (its lock with it) or not listening yet
         time.sleep(0.05)
+
+    def _holder_is_ours(self, conn: socket.socket, address: str) -> bool:
+        """Whether the process listening at ``address`` runs as our user, checked
+        before anything is sent: the name is predictable, so another local user may
+        hold it, and would learn the path, or stall the asker until its timeout."""
+        ours, pid, uid = same_user(conn)
+        if not ours:
+            self._foreign_holders.refused(
+                "sessionstore: the handover socket %r is held by pid %d of uid %d, not "
+                "uid %d: nothing was sent to it",
+                address.lstrip("\0"), pid, uid, os.geteuid(),
+            )  # fmt: skip
+        return ours
 
     def _listen(self) -> bool:
         """Start the handover server once; False if no socket could be opened (then

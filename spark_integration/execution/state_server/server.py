@@ -16,7 +16,7 @@ import time
 import msgpack
 import pyarrow as pa
 
-from sessionstore.checkpoint.request_server import peer_credentials
+from sessionstore.checkpoint.request_server import RefusalLog, same_user
 from sessionstore.engine.memory import memory_budget
 from spark_integration.execution.runtime import TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
@@ -44,15 +44,17 @@ from spark_integration.execution.state_server.protocol import (
 __all__ = ["serve_one", "bind", "serve", "main"]
 
 log = logging.getLogger(__name__)
+#: refused workers of another user: one warning a minute at most, with the count
+_refusals = RefusalLog(log)
 
 
 def serve_one(conn: socket.socket) -> None:
     """Run one task for the worker at the other end of ``conn`` (see the package doc)."""
     from pyspark import cloudpickle
 
-    credentials = peer_credentials(conn)
-    if credentials is not None and credentials[1] != os.geteuid():
-        log.warning("refused a task from pid %d of uid %d", *credentials)
+    ours, pid, uid = same_user(conn)
+    if not ours:
+        _refusals.refused("refused a task from pid %d of uid %d", pid, uid)
         return
     conn.settimeout(REQUEST_TIMEOUT_S)  # a worker sends its request with the connect
     try:
