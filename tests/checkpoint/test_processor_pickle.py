@@ -109,6 +109,27 @@ def test_with_the_opt_in_the_job_reads_and_keeps_the_pickled_state(tmp_path):
     p.close()
 
 
+def test_a_task_takes_the_opt_in_from_its_backend(tmp_path):
+    """What a Spark task runs (partition_state, the warm providers' service): the
+    backend's allow_pickle reaches the provider, and is part of its cache key."""
+    from spark_integration import StateBackend
+    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
+
+    uri, marker = _tampered(tmp_path)
+    specs = [StoreSpec("processor", "processor", 0)]
+    refused = StateBackend(uri, local_dir=str(tmp_path / "task"))
+    with pytest.raises(PickleRefusedError, match="allow_pickle=True"):
+        with partition_state(refused, "op", TaskContext(TaskInfo(0, 2, 0)), specs, 1):
+            pass
+    allowed = StateBackend(uri, local_dir=str(tmp_path / "task"), allow_pickle=True)
+    with partition_state(allowed, "op", TaskContext(TaskInfo(0, 2, 0)), specs, 1) as (h, _):
+        assert h["processor"].pickled
+        assert h["processor"].load(encode_key("a"), [encode_key("last")]) == [
+            ((T1, Decimal("1.50")), None)
+        ]
+    assert not marker.exists()
+
+
 def test_a_reader_decides_from_one_read_of_metadata(tmp_path):
     """The reader's check sees msgpack; the checkpoint is then switched to pickle
     before the restore: the restore refuses instead of adopting it."""
