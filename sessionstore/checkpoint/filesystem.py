@@ -40,11 +40,20 @@ from sessionstore.checkpoint.conditional_create import ConditionalCreate
 from sessionstore.checkpoint.retry import RetryCounter, RetryPolicy, policy_from_options
 from sessionstore.errors import SessionStoreError
 
-__all__ = ["Storage", "open_filesystem", "redact", "UnknownSchemeError", "StorageOptionError"]
+__all__ = [
+    "Storage", "open_filesystem", "redact", "is_secret_option", "secret_values",
+    "UnknownSchemeError", "StorageOptionError",
+]  # fmt: skip
 
 T = TypeVar("T")
 
 _SECRET_WORDS = ("secret", "token", "password", "key")
+#: Options that carry credentials without a secret word in their name: an S3
+#: proxy's URI or map (its user and password) and the external id of a role to
+#: assume (a shared secret of the role's trust policy).
+_SECRET_OPTIONS = frozenset({"proxy_options", "external_id"})
+#: Options with a secret word in their name that hold no secret.
+_NOT_SECRET = frozenset({"region", "credential_token_expiration"})
 #: Bytes a transfer holds at once (one ranged GET each on S3 and GCS; a file below
 #: it costs the same requests as a whole read).
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -63,13 +72,32 @@ class StorageOptionError(SessionStoreError, ValueError):
     """A storage option ``pyarrow.fs`` does not know, or a value of the wrong type."""
 
 
-def _is_secret(key: str) -> bool:
-    return any(w in key.lower() for w in _SECRET_WORDS) and key != "region"
+def is_secret_option(key: str) -> bool:
+    """Whether storage option ``key`` holds a credential (never shown, logged or
+    put on a command line)."""
+    return key in _SECRET_OPTIONS or (
+        any(w in key.lower() for w in _SECRET_WORDS) and key not in _NOT_SECRET
+    )
 
 
 def redact(options: dict[str, Any] | None) -> dict[str, Any]:
     """``options`` with every credential-like value replaced by ``***``."""
-    return {k: ("***" if _is_secret(k) else v) for k, v in (options or {}).items()}
+    return {k: ("***" if is_secret_option(k) else v) for k, v in (options or {}).items()}
+
+
+def secret_values(options: dict[str, Any] | None) -> tuple[str, ...]:
+    """The text of every secret option's value, to mask wherever a message could
+    quote it: a map's values (a proxy's ``username``, ``password``) one by one, as
+    a client quotes them so."""
+    found: list[str] = []
+    for key, value in (options or {}).items():
+        if not is_secret_option(key) or not value:
+            continue
+        if isinstance(value, dict):
+            found += [str(v) for k, v in value.items() if v and k in ("username", "password")]
+        else:
+            found.append(str(value))
+    return tuple(found)
 
 
 # Options whose pyarrow type is not text. Values from Spark's conf or the CLI are
@@ -115,7 +143,7 @@ def _typed(uri: str, options: dict[str, Any]) -> dict[str, Any]:
                 else "an ISO-8601 time" if key in _TIME
                 else "a number of seconds"
             )  # fmt: skip
-            shown = "***" if _is_secret(key) else repr(value)
+            shown = "***" if is_secret_option(key) else repr(value)
             raise StorageOptionError(
                 f"storage option {key}={shown} for {uri}: expected {kind}"
             ) from None
@@ -149,7 +177,7 @@ def open_filesystem(uri: str, storage_options: dict[str, Any] | None = None) -> 
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
         path = parsed.path if scheme == "file" else str(uri)
         return Storage(pafs.LocalFileSystem(), os.path.abspath(path), uri, retry=retry)
-    secrets = tuple(str(v) for k, v in options.items() if _is_secret(k) and v)
+    secrets = secret_values(options)
     if scheme in ("s3", "s3a"):
         # Without delayed open, pyarrow's S3 writes every object as a multipart
         # upload: 3 requests (create, part, complete) for a changelog of a few KB.

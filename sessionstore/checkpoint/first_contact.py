@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import urlparse
 
-from sessionstore.checkpoint.filesystem import Storage, open_filesystem, redact
+from sessionstore.checkpoint.filesystem import Storage, open_filesystem, secret_values
 from sessionstore.checkpoint.retry import (
     MAX_SECONDS_OPTION,
     RetryCounter,
@@ -154,10 +154,8 @@ def _cause(error: BaseException, options: dict[str, Any]) -> str:
     secrets masked, GCS's status wrapping dropped."""
     original = error.__context__ if error.__suppress_context__ and error.__context__ else error
     text = " ".join(str(original).split())
-    masked = redact(options)
-    for key, value in options.items():
-        if masked[key] != value and value:
-            text = text.replace(str(value), "***")
+    for secret in secret_values(options):
+        text = text.replace(secret, "***")
     token = "OAuth2 access token" in text  # GCS: the credential step failed
     for marker in ("with a last message of ", "The underlying error message was: "):
         if marker in text:

@@ -14,7 +14,8 @@
                              [--key-types string,long]
 
 ``URI`` is a checkpoint root (``file://``, a path, ``s3://`` with ``--storage-option
-k=v`` or the AWS environment) or a local database directory of a job (its
+k=v``, ``--storage-options-file FILE`` or the AWS environment) or a local database
+directory of a job (its
 ``localDir``, an operator directory below it, or one database). Reading never takes
 a job's lock or writes into its directories: checkpoints are restored into a
 temporary directory, local databases are opened as RocksDB secondary instances.
@@ -24,6 +25,13 @@ A store whose checkpoint records the ``pickle`` serde is refused (one line, exit
 status 2) by ``dump``, ``get``, ``verify``, ``restore``, ``repartition`` and
 ``stats`` unless ``--allow-pickle`` is given: unpickling runs whatever code the
 writer of the checkpoint put there (docs/security.md).
+
+A command line is visible to every local user (``ps``): give credentials
+(``secret_key``, ``access_token``, ``proxy_options``, ...) in a storage options
+file (``KEY=VALUE`` lines, ``#`` comments; ``--storage-options-file`` or the
+environment variable ``SESSIONSTORE_STORAGE_OPTIONS_FILE``) or the store's own
+environment (``AWS_SECRET_ACCESS_KEY``, ``GOOGLE_APPLICATION_CREDENTIALS``). A
+secret given with ``--storage-option`` still works, with a warning on stderr.
 
 Stores of aggregating operators hold accumulators; ``dump`` and ``get`` show the
 operator's output instead (the aggregates by name, from the plan the operator
@@ -44,6 +52,7 @@ from typing import Any
 
 import click
 
+from sessionstore.checkpoint.filesystem import is_secret_option
 from sessionstore.checkpoint.first_contact import StoreUnreachableError
 from sessionstore.checkpoint.layout import LocalPartition
 from sessionstore.checkpoint.retry import (
@@ -81,6 +90,44 @@ def _options(pairs: tuple[str, ...]) -> dict[str, str]:
         key, value = pair.split("=", 1)
         out[key] = value
     return out
+
+
+#: The environment variable that names a storage options file (``--storage-options-file``).
+OPTIONS_FILE_ENV = "SESSIONSTORE_STORAGE_OPTIONS_FILE"
+
+
+def _options_file(path: str) -> tuple[str, ...]:
+    """The ``KEY=VALUE`` lines of a storage options file (blank lines and ``#``
+    comments skipped); a bad line is named by its number, never its text (it may
+    hold a secret)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise CliError(f"cannot read storage options file {path!r}: {exc.strerror}") from None
+    pairs = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        if "=" not in text or not text.split("=", 1)[0].strip():
+            raise CliError(f"{path}, line {number}: a storage option is KEY=VALUE")
+        key, value = text.split("=", 1)
+        pairs.append(f"{key.strip()}={value.strip()}")
+    return tuple(pairs)
+
+
+def _warn_secrets(pairs: tuple[str, ...]) -> None:
+    """One line on stderr if a ``--storage-option`` carries a credential: every
+    local user can read a command line (``ps``)."""
+    secrets = sorted({p.split("=", 1)[0] for p in pairs if is_secret_option(p.split("=", 1)[0])})
+    if secrets:
+        click.echo(
+            f"sessionstore: warning: --storage-option {', '.join(secrets)} puts a secret on "
+            "the command line, which other local users can read (ps); give it in a "
+            f"--storage-options-file (or ${OPTIONS_FILE_ENV}) or the environment instead",
+            err=True,
+        )
 
 
 def _key(text: str | None, as_json: bool) -> Any:
@@ -155,15 +202,23 @@ def storage_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def run(
-        *args: Any, retry_max_attempts: int | None, retry_max_seconds: float | None, **kw: Any
+        *args: Any,
+        retry_max_attempts: int | None,
+        retry_max_seconds: float | None,
+        storage_options_file: str | None,
+        **kw: Any,
     ) -> Any:
+        _warn_secrets(kw["storage_options"])
+        # the command line's own options win over the file's
+        from_file = _options_file(storage_options_file) if storage_options_file else ()
         extra = tuple(
             f"{key}={value}"
             for key, value in ((MAX_ATTEMPTS_OPTION, retry_max_attempts),
                                (MAX_SECONDS_OPTION, retry_max_seconds))
             if value is not None
         )  # fmt: skip
-        return command(*args, **{**kw, "storage_options": kw["storage_options"] + extra})
+        given = from_file + kw["storage_options"] + extra
+        return command(*args, **{**kw, "storage_options": given})
 
     for option in (
         click.option(
@@ -177,7 +232,13 @@ def storage_option(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-            help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable)",
+            help="pyarrow.fs option, e.g. endpoint_override=host:9000 (repeatable; "
+            "credentials belong in --storage-options-file: a command line shows in ps)",
+        ),
+        click.option(
+            "--storage-options-file", type=click.Path(dir_okay=False), default=None,
+            envvar=OPTIONS_FILE_ENV, show_envvar=True, metavar="FILE",
+            help="pyarrow.fs options as KEY=VALUE lines (# comments), for credentials",
         ),
     ):  # fmt: skip
         run = option(run)

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -37,8 +38,24 @@ def write_checkpoint(uri, options, local, retain_versions=100):
 def checkpoint(checkpoint_location, tmp_path):
     uri, options = checkpoint_location
     write_checkpoint(uri, options, tmp_path / "local")
-    flags = [f"--storage-option={k}={v}" for k, v in (options or {}).items()]
-    return uri, flags
+    return uri, storage_flags(options, tmp_path)
+
+
+def storage_flags(options, folder) -> list[str]:
+    """CLI flags for storage ``options``: the credentials in a storage options file
+    (mode 0600) in ``folder``, as docs/cli.md advises, the rest as --storage-option."""
+    from sessionstore.checkpoint.filesystem import is_secret_option
+
+    options = options or {}
+    flags = [f"--storage-option={k}={v}" for k, v in options.items() if not is_secret_option(k)]
+    secrets = {k: v for k, v in options.items() if is_secret_option(k)}
+    if secrets:
+        path = os.path.join(folder, f"storage-{uuid.uuid4().hex}.options")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{k}={v}\n" for k, v in secrets.items())
+        flags += ["--storage-options-file", path]
+    return flags
 
 
 def run(*args, cwd=None):
@@ -121,13 +138,12 @@ def test_errors_are_one_line_and_exit_2(checkpoint, args, message):
     assert "Traceback" not in out.stderr
 
 
-def test_a_missing_gcs_bucket_is_one_line_naming_it_and_no_secret(gcs_server):
+def test_a_missing_gcs_bucket_is_one_line_naming_it_and_no_secret(gcs_server, tmp_path):
     token = "ya29.s3cr3t-t0k3n"
-    flags = [f"--storage-option={k}={v}" for k, v in gcs_server.items() if k != "anonymous"]
-    flags += [
-        f"--storage-option=access_token={token}",
-        "--storage-option=credential_token_expiration=2099-01-01T00:00:00Z",
-    ]
+    options = {k: v for k, v in gcs_server.items() if k != "anonymous"}
+    options["access_token"] = token
+    flags = storage_flags(options, tmp_path)
+    flags.append("--storage-option=credential_token_expiration=2099-01-01T00:00:00Z")
     for args in (["ls"], ["verify"], ["dump", "--operator", "op", "--store", "s"]):
         out = run(args[0], "gs://no-such-bucket/ckpt", *args[1:], *flags)
         assert out.returncode == 2, out.stdout + out.stderr
@@ -391,16 +407,16 @@ def test_commands_work_on_a_relative_path(tmp_path, spelling):
     ]
 
 
-def test_retry_options_bound_a_failing_store_and_the_error_says_what_was_tried():
+def test_retry_options_bound_a_failing_store_and_the_error_says_what_was_tried(tmp_path):
     """--retry-max-attempts and --retry-max-seconds (on every command): an endpoint
     that refuses connections fails at once after that many attempts, on one line."""
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    flags = [f"--storage-option={k}" for k in (
-        f"endpoint_override=127.0.0.1:{port}", "scheme=http", "region=us-east-1",
-        "access_key=testing", "secret_key=testing",
-    )]  # fmt: skip
+    flags = storage_flags({
+        "endpoint_override": f"127.0.0.1:{port}", "scheme": "http", "region": "us-east-1",
+        "access_key": "testing", "secret_key": "testing",
+    }, tmp_path)  # fmt: skip
     out = run("ls", "s3://bucket/ck", *flags, "--retry-max-attempts", "2",
               "--retry-max-seconds", "20")  # fmt: skip
     assert out.returncode == 2

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 from tests.object_stores import gcs_server
-from tests.tools.test_cli import CLI
+from tests.tools.test_cli import CLI, storage_flags
 
 #: Python's start and the CLI's imports, on a busy machine.
 STARTUP_S = 8.0
@@ -121,7 +121,7 @@ def test_an_s3_endpoint_that_never_answers_fails_within_the_default_bound(tmp_pa
         out, elapsed = timed_cli(
             "ls", "s3://some-bucket/state",
             f"--storage-option=endpoint_override=127.0.0.1:{port}", "--storage-option=scheme=http",
-            "--storage-option=access_key=AKIDEXAMPLE", "--storage-option=secret_key=s3cr3t-value",
+            *storage_flags({"access_key": "AKIDEXAMPLE", "secret_key": "s3cr3t-value"}, tmp_path),
             "--storage-option=region=us-east-1", env=env,
         )  # fmt: skip
     line = assert_one_line(
@@ -172,8 +172,9 @@ def test_a_wait_past_a_second_shows_a_spinner_on_a_terminal(tmp_path):
         leader, follower = pty.openpty()
         proc = subprocess.Popen(
             [*CLI, "ls", "s3://some-bucket", f"--storage-option=endpoint_override=127.0.0.1:{port}",
-             "--storage-option=scheme=http", "--storage-option=access_key=a",
-             "--storage-option=secret_key=b", "--retry-max-seconds", "3"],
+             "--storage-option=scheme=http",
+             *storage_flags({"access_key": "a", "secret_key": "b"}, tmp_path),
+             "--retry-max-seconds", "3"],
             stdout=subprocess.PIPE, stderr=follower, env=env,
         )  # fmt: skip
         os.close(follower)

@@ -6,7 +6,7 @@ import pytest
 
 from sessionstore.checkpoint.filesystem import open_filesystem
 from tests.checkpoint.test_repartition import rows, write_source
-from tests.tools.test_cli import run
+from tests.tools.test_cli import run, storage_flags
 
 
 @pytest.mark.parametrize("where", ["path", "file", "s3"])
@@ -17,7 +17,7 @@ def test_repartition_and_refusals(where, tmp_path, request):
         base, options = (str(tmp_path) if where == "path" else f"file://{tmp_path}"), None
     source, target = f"{base}/src", f"{base}/dst"
     write_source(source, str(tmp_path / "local"), options, versions=2, m=3)
-    flags = [f"--storage-option={k}={v}" for k, v in (options or {}).items()]
+    flags = storage_flags(options, tmp_path)
     out = run(
         "repartition", source, "--operator", "op", "--partitions", "5", "--to", target, *flags
     )

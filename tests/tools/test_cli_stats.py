@@ -9,7 +9,7 @@ import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.metrics import STATS_FIELDS
-from tests.tools.test_cli import run
+from tests.tools.test_cli import run, storage_flags
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]
 
@@ -72,7 +72,7 @@ def check_json(stdout, batches=(0, 1, 2)):
 def test_stats_json_and_table(checkpoint_location, tmp_path):
     uri, options = checkpoint_location
     write(uri, options, tmp_path / "local")
-    flags = [f"--storage-option={k}={v}" for k, v in (options or {}).items()]
+    flags = storage_flags(options, tmp_path)
     out = run("stats", uri, "--operator", "op", "--format", "json", *flags)
     assert out.returncode == 0, out.stderr
     check_json(out.stdout)
