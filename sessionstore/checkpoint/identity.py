@@ -131,8 +131,8 @@ def _unnamed_pickles(
 ) -> list[dict[str, Any]]:
     """The store records of ``recorded`` that name the pickle serde where the spec
     of that store does not (the caller chose no pickle there)."""
-    chosen = {s.name for s in specs if PickleSerde.name in (
-        s.describe()["key_serde"], s.describe()["value_serde"])}  # fmt: skip
+    described = [s.describe() for s in specs]
+    chosen = {d["name"] for d in described if PickleSerde.name in (d["key_serde"], d["value_serde"])}
     return [
         r for r in recorded or ()
         if isinstance(r, dict) and r.get("name") not in chosen
