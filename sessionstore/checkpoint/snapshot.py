@@ -46,6 +46,7 @@ __all__ = [
     "download_snapshot",
     "read_manifest",
     "referenced",
+    "content_sizes",
     "CorruptSnapshotError",
     "PACK_THRESHOLD",
 ]
@@ -129,6 +130,14 @@ def referenced(manifest: dict[str, Any]) -> set[str]:
     if manifest.get("pack"):
         used.add(manifest["pack"]["sha256"])
     return used
+
+
+def content_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    """``sha256 name -> size`` of the content files a (valid) manifest uses."""
+    sizes = {f["sha256"]: f["size"] for f in manifest.get("files", [])}
+    if manifest.get("pack"):
+        sizes[manifest["pack"]["sha256"]] = manifest["pack"]["size"]
+    return sizes
 
 
 def _check_digest(digest: Any, where: str, version: int) -> None:
