@@ -26,6 +26,7 @@ costs that much memory, not its size.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -390,6 +391,34 @@ class Storage:
                 return False
         return True
 
+    def fence_gap(self) -> str | None:
+        """Why :meth:`write_exclusive` cannot refuse a taken name here (None when it
+        can), without the warning a commit would log: what planning names."""
+        if self._local:
+            return None
+        if self._create is None:
+            return f"{self.fs.type_name} storage offers no conditional create"
+        return self._create.why_unavailable()
+
+    def replace_if(self, rel: str, data: bytes, tag: str) -> bool:
+        """Replace ``rel`` by ``data`` only if it is still the version ``tag`` names
+        (:meth:`read_tagged`; S3 ``If-Match``, GCS ``ifGenerationMatch``): True if
+        written, False if it changed or went meanwhile. Where
+        :attr:`exclusive_create` holds on an object store; one request under the
+        retry policy."""
+        if self._local or not self.exclusive_create:
+            raise NotImplementedError(f"{self.uri} offers no conditional replace")
+        create = self._create
+        return self._call("write", rel, lambda: create.replace(self.path(rel), data, tag))
+
+    def within(self, seconds: float) -> Storage:
+        """This storage, whose retries start no attempt later than ``seconds`` from
+        the first (where a write must land before a deadline or not at all)."""
+        retry = dataclasses.replace(self.retry, max_seconds=min(self.retry.max_seconds, seconds))
+        return Storage(
+            self.fs, self.root, self.uri, self._secrets, retry, self._counter, self._create
+        )
+
     def upload_file(self, local_path: str, rel: str) -> None:
         """Copy a local file to ``rel`` (atomically, as write_atomic), streamed:
         :data:`CHUNK_BYTES` in memory at a time however large the file."""
@@ -400,6 +429,23 @@ class Storage:
 
         size = os.path.getsize(local_path)
         self._call("write", rel, lambda: self._write(rel, fill, size))
+
+    def read_tagged(self, rel: str) -> tuple[bytes, str | None]:
+        """The whole file, and the tag of the version read for :meth:`replace_if`
+        (S3: its ETag, GCS: its generation, from the HEAD before the read; None
+        elsewhere). Should the object change between the two, the tag is the older
+        version's, and a replacement conditional on it is refused."""
+
+        def attempt() -> tuple[bytes, str | None]:
+            with self.fs.open_input_file(self.path(rel)) as f:
+                size = f.size()
+                data = f.read_at(size, 0) if size else b""
+                meta = f.metadata() if self._whole_put else {}
+            tag = meta.get("ETag") or meta.get("generation") if meta else None
+            return data, tag.decode() if tag else None
+
+        with self._missing(rel):
+            return self._call("read", rel, attempt)
 
     def read(self, rel: str, length: int | None = None) -> bytes:
         """The whole file, or its first ``length`` bytes (a ranged read on object
