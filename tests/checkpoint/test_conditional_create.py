@@ -344,3 +344,30 @@ def test_two_attempts_replacing_one_leftover_changelog_commit_one(location):
     assert paused and results["b"] is None  # B published
     assert results["a"] is not None and results["a"].header[COMMIT_FIELD] == "B" * 32
     assert stored_commit(location, 2) == "B" * 32
+
+
+def test_where_the_store_cannot_fence_a_granted_winner_looks_and_never_writes_late(
+    counting_bucket,
+):
+    """S3 without a conditional create (``default_metadata`` turns it off). B's
+    claim reply was lost, so B looked and published changelog 1; A's claim was
+    granted: A looks too, and adopts B's commit instead of overwriting it. Then a
+    granted winner whose PUT is throttled past half the claim wait (when another
+    attempt may supersede it) gives up instead of writing late."""
+    uri, options = counting_bucket
+    storage = open_filesystem(uri, {**options, "default_metadata": {"a": "b"}}).child("op/0")
+    assert not storage.exclusive_create
+
+    def granted(version, commit, parent, supersede):
+        return commit
+
+    b = publish(storage, 1, _changelog(1, "B" * 32, "P"), "B" * 32, "P")  # no reply: looks
+    assert b is None
+    a = publish(storage, 1, _changelog(1, "A" * 32, "P"), "A" * 32, "P", granted)
+    assert a is not None and a.header[COMMIT_FIELD] == "B" * 32
+    assert stored_commit((uri, options), 1) == "B" * 32
+
+    fail_next_s3_requests(options, "PUT", "503 Slow Down", "SlowDown", times=8)
+    with pytest.raises(OSError, match=r"cannot write .*op/0/changelog/0/2.changelog"):
+        publish(storage, 2, _changelog(2, "A" * 32, "B"), "A" * 32, "B", granted, wait_s=0.4)
+    assert not storage.exists(changelog_name(2))
