@@ -346,6 +346,8 @@ class Storage:
         hidden object is deleted whatever happened."""
         target = self.path(rel)
         tmp, moved = _aside(target), False
+        if not self._whole_put:  # a store with directories
+            self.fs.create_dir(target.rpartition("/")[0], recursive=True)
         try:
             with self.fs.open_output_stream(tmp) as out:
                 fill(out)

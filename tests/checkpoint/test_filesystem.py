@@ -271,3 +271,26 @@ def test_a_local_commit_flushes_its_changelog_and_directory_before_the_commit_po
         assert group in fsyncs, fsyncs  # the link to its name
     # the first changelog also created the group folder, an entry of changelog/
     assert f"{tmp_path}/remote/op/0/changelog" in seen[1]
+
+
+def test_where_a_file_shows_while_it_is_written_a_write_goes_to_a_hidden_name_first(tmp_path):
+    """A pyarrow.fs store other than S3 and GCS (HDFS, a custom one; here a
+    SubTreeFileSystem) shows a file while it is written: a write goes to a hidden
+    name and is renamed once whole, so one that fails leaves nothing at the name
+    (the source here is a folder, which fails once the upload has begun), and a
+    replacement is whole too."""
+    import pyarrow.fs as pafs
+
+    from sessionstore.checkpoint.filesystem import Storage
+
+    (tmp_path / "store").mkdir()
+    fs = pafs.SubTreeFileSystem(str(tmp_path / "store"), pafs.LocalFileSystem())
+    storage = Storage(fs, "ck", "custom://ck")
+    assert not storage.local
+    with pytest.raises(IsADirectoryError):
+        storage.upload_file(str(tmp_path), "a/b")
+    assert not storage.exists("a/b")
+    assert _objects(storage) == []
+    storage.write_atomic("a/b", b"first")
+    storage.write_atomic("a/b", b"second")
+    assert storage.read("a/b") == b"second" and _objects(storage) == ["a/b"]
