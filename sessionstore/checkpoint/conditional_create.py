@@ -18,6 +18,10 @@ each store's own client, reaching the same endpoint with the same credentials as
   cloud-core, resumable-media, crc32c, protobuf, proto-plus) and a retry layer of
   its own under ours (retry.py: never attempts squared), for nothing more.
 
+The same request replaces a changelog only if it is still the version read
+(:meth:`ConditionalCreate.replace`): S3 ``If-Match: <ETag>`` (412 when it changed,
+404 when it is gone), GCS ``ifGenerationMatch=<generation>``.
+
 A changelog is a few KB to a few MB, already in memory: one request carries it
 whole, and the store shows it only once complete (atomic, as every upload here).
 
@@ -58,9 +62,12 @@ _UNMAPPED = {"s3": ("default_metadata",), "gcs": ("default_metadata",)}
 _GCS_TIMEOUT_S = (10.0, 60.0)
 _GCS_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 
-#: ``create(path, data) -> bool``: ``path`` is ``bucket/key``; True if written,
-#: False if the name was taken (or another conditional write of it was under way).
-Create = Callable[[str, bytes], bool]
+#: ``put(path, data, match) -> bool``: ``path`` is ``bucket/key``. With ``match``
+#: None, a create: True if written, False if the name was taken (or another
+#: conditional write of it was under way). Else a replacement of the version
+#: ``match`` names (S3's ETag, GCS's generation): False if the object is another
+#: version by now, or gone.
+Create = Callable[[str, bytes, "str | None"], bool]
 
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -100,6 +107,8 @@ class ConditionalCreate:
             raise ValueError(f"no conditional create for {kind!r} storage ({uri})")
         self.kind, self._options, self._uri = kind, dict(options), uri
         self._create: Create | None = None
+        self._why: str | None = None
+        self._fix: str | None = None
         self._built = False
         self._build_lock = threading.Lock()
 
@@ -112,44 +121,61 @@ class ConditionalCreate:
         one warning per process, naming the extra)."""
         return self._get() is not None
 
+    def why_unavailable(self) -> str | None:
+        """Why :attr:`available` is False (None when it is True), without the
+        warning: what planning names in its own."""
+        self._get(warn=False)
+        return self._why
+
     def __call__(self, path: str, data: bytes) -> bool:
         """Create ``path`` (``bucket/key``) holding ``data`` unless it exists: True if
         written, False if the name was taken. One request; transient errors raise
         (the caller retries)."""
+        return self._put(path, data, None)
+
+    def replace(self, path: str, data: bytes, tag: str) -> bool:
+        """Replace ``path`` by ``data`` only if it is still the version ``tag``
+        names (:meth:`Storage.read_tagged`: S3's ``If-Match: <ETag>``, GCS's
+        ``ifGenerationMatch=<generation>``): True if written, False if it changed
+        or went meanwhile. One request, as :meth:`__call__`."""
+        return self._put(path, data, tag)
+
+    def _put(self, path: str, data: bytes, match: str | None) -> bool:
         create = self._get()
         if create is None:
             raise NotImplementedError(f"{self._uri} offers no conditional create here")
         try:
-            return create(path, data)
+            return create(path, data, match)
         except ConditionalCreateUnsupported as exc:
-            with self._build_lock:
-                self._create = None  # available is False from now on
             why = f"the store does not implement conditional writes ({exc})"
+            with self._build_lock:
+                self._create, self._why = None, why  # available is False from now on
             _warn_once(f"{self.kind}:unsupported:{self._uri}", self._uri, why,
                        "use a store that implements them")  # fmt: skip
             raise
 
-    def _get(self) -> Create | None:
+    def _get(self, warn: bool = True) -> Create | None:
         with self._build_lock:
             if not self._built:
-                self._create = self._build()
+                self._create, self._why, self._fix = self._build()
                 self._built = True
-            return self._create
+            create, why, fix = self._create, self._why, self._fix
+        if create is None and warn and fix is not None:
+            _warn_once(f"{self.kind}:{why}", self._uri, why, fix)
+        return create
 
-    def _build(self) -> Create | None:
+    def _build(self) -> tuple[Create | None, str | None, str | None]:
+        """The store's put, or None with why and what to do about it."""
         unmapped = [k for k in _UNMAPPED[self.kind] if self._options.get(k)]
         if unmapped:
             names = ", ".join(unmapped)
             why = f"the conditional create does not support the storage option {names}"
-            _warn_once(f"{self.kind}:{names}", self._uri, why, f"leave out {names}")
-            return None
+            return None, why, f"leave out {names}"
         try:
             builder = _s3 if self.kind == "s3" else _gcs
-            return builder(self._options)
+            return builder(self._options), None, None
         except ImportError as exc:
-            why = f"{exc.name or exc} is not installed"
-            _warn_once(self.kind, self._uri, why, f"install {EXTRAS[self.kind]}")
-            return None
+            return None, f"{exc.name or exc} is not installed", f"install {EXTRAS[self.kind]}"
 
 
 # ----------------------------------------------------------------------------- S3
@@ -158,24 +184,29 @@ def _s3(options: dict[str, Any]) -> Create:
 
     client = _s3_client(options)
     put = client.meta.service_model.operation_model("PutObject")
-    if "IfNoneMatch" not in put.input_shape.members:  # a boto3 from before August 2024
+    if not {"IfNoneMatch", "IfMatch"} <= set(put.input_shape.members):  # before Nov. 2024
         raise ImportError("boto3 too old", name="a boto3 that knows S3's conditional writes")
 
-    def create(path: str, data: bytes) -> bool:
+    def create(path: str, data: bytes, match: str | None) -> bool:
         bucket, _, key = path.partition("/")
+        condition = {"IfNoneMatch": "*"} if match is None else {"IfMatch": match}
         try:
-            client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
         except errors.ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
+            if match is not None and (status == 404 or code == "NoSuchKey"):
+                return False  # the version to replace is gone
             message = exc.response.get("Error", {}).get("Message", "")
+            headers = ("if-none-match", "if-match")
             if status == 501 or code == "NotImplemented" or (
-                status == 400 and "if-none-match" in f"{code} {message}".lower()
+                status == 400 and any(h in f"{code} {message}".lower() for h in headers)
             ):
                 raise ConditionalCreateUnsupported(
-                    f"S3 PutObject with If-None-Match refused: {code} (HTTP {status}): {message}"
+                    f"S3 PutObject with {next(iter(condition))} refused: {code} "
+                    f"(HTTP {status}): {message}"
                 ) from None
             raise OSError(f"S3 PutObject failed: {code} (HTTP {status}): {message}") from None
         except errors.BotoCoreError as exc:  # connection, timeout, credentials
@@ -319,7 +350,7 @@ def _gcs(options: dict[str, Any]) -> Create:
         base = endpoint
     sessions: list[Any] = []  # built at the first request: credentials may need a lookup
 
-    def create(path: str, data: bytes) -> bool:
+    def create(path: str, data: bytes, match: str | None) -> bool:
         bucket, _, name = path.partition("/")
         boundary = uuid.uuid4().hex
         body = b"".join((
@@ -334,7 +365,7 @@ def _gcs(options: dict[str, Any]) -> Create:
                 sessions.append(AuthorizedSession(_gcs_credentials(options)))
             response = sessions[0].post(
                 f"{base}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
-                params={"uploadType": "multipart", "ifGenerationMatch": "0"},
+                params={"uploadType": "multipart", "ifGenerationMatch": match or "0"},
                 data=body,
                 headers={"Content-Type": f"multipart/related; boundary={boundary}"},
                 timeout=_GCS_TIMEOUT_S,
@@ -343,7 +374,7 @@ def _gcs(options: dict[str, Any]) -> Create:
             raise ConnectionError(f"GCS credentials: connection failed: {exc}") from None
         except auth_errors.GoogleAuthError as exc:
             raise PermissionError(f"GCS credentials: {exc}") from None
-        if response.status_code in (409, 412):
+        if response.status_code in (409, 412) or (match and response.status_code == 404):
             return False
         if response.status_code >= 300:
             raise OSError(

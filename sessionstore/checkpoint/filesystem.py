@@ -3,7 +3,8 @@
 ``open_filesystem(uri, storage_options)`` is the only place that looks at a scheme:
 ``file://`` or a plain path, ``s3://bucket/prefix``, ``gs://bucket/prefix`` and
 ``hdfs://host:port/path``. Everything else works on a :class:`Storage`, which adds
-atomic writes (a reader never sees half a file) and clear errors.
+atomic writes (a reader never sees half a file, a failed write leaves nothing at
+the name, a local write is on disk once it returns) and clear errors.
 
 S3 settings come from ``storage_options`` (``endpoint_override``, ``region``,
 ``access_key``, ``secret_key``, ``session_token``, ``scheme``, ...) or the standard
@@ -25,6 +26,8 @@ costs that much memory, not its size.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import shutil
 import uuid
@@ -57,6 +60,10 @@ _NOT_SECRET = frozenset({"region", "credential_token_expiration"})
 #: Bytes a transfer holds at once (one ranged GET each on S3 and GCS; a file below
 #: it costs the same requests as a whole read).
 CHUNK_BYTES = 8 * 1024 * 1024
+#: The largest object written straight to its name on S3 and GCS: below S3's
+#: smallest part (5 MiB) and GCS's upload buffer (8 MiB), so nothing is sent before
+#: the stream closes. Larger ones go to a hidden name first (see ``Storage._write``).
+SINGLE_PUT_BYTES = 5 * 1024 * 1024
 
 
 class UnknownSchemeError(SessionStoreError, ValueError):
@@ -234,6 +241,9 @@ class Storage:
     ) -> None:
         self.fs, self.root, self.uri = fs, root.rstrip("/") or "/", str(uri)
         self._local = isinstance(fs, pafs.LocalFileSystem)
+        #: S3 and GCS publish an upload whole when it completes; HDFS and other
+        #: stores show a file while it is written
+        self._whole_put = fs.type_name in ("s3", "gcs")
         self._secrets = secrets
         self.retry = retry or RetryPolicy()
         self._counter = counter or RetryCounter()
@@ -305,41 +315,84 @@ class Storage:
         )  # fmt: skip
 
     def write_atomic(self, rel: str, data: bytes) -> None:
-        """Write ``data`` so that readers see the old file or the whole new one."""
-        self._call("write", rel, lambda: self._write(rel, lambda out: out.write(data)))
+        """Write ``data`` so that readers see the old file or the whole new one, and
+        a failed write leaves nothing new at ``rel`` (see :meth:`_write`)."""
+        self._call("write", rel, lambda: self._write(rel, lambda out: out.write(data), len(data)))
 
     def _write(
         self,
         rel: str,
         fill: Callable[[Any], Any],
+        size: int | None = None,
         publish: Callable[[str, str], None] = os.replace,
     ) -> None:
-        """Create ``rel`` atomically with what ``fill(stream)`` writes.
+        """Create ``rel`` atomically with what ``fill(stream)`` writes (``size``
+        bytes, when known): a reader sees no object or the whole one, and an
+        exception leaves nothing at ``rel``.
 
-        On a local filesystem the bytes go to a temporary file beside the target,
-        which ``publish(tmp, target)`` makes visible at once (``os.replace``, or
-        ``os.link``, which refuses an existing name); the temporary file is gone
-        afterwards whether writing or publishing failed or not."""
-        target = self.path(rel)
-        parent = target.rsplit("/", 1)[0]
+        A local file is written beside the target, flushed to disk
+        (:func:`_fsync`) and made visible by ``publish(tmp, target)``
+        (``os.replace``, or ``os.link``, which refuses an existing name), then its
+        directory is flushed too: once this returns, a power loss keeps it.
+        pyarrow cannot abort an upload (apache/arrow#40502): a stream that ends
+        in an exception is closed, and the close completes the upload with what
+        was sent. So only an object of at most :data:`SINGLE_PUT_BYTES` in
+        memory goes to its name directly on S3 and GCS (the client sends
+        nothing before the close, and the close is one request that publishes
+        all of it or nothing); anything else, and every write on HDFS and other
+        stores (which show a file while it is written), goes to a hidden
+        temporary name first and is moved to ``rel`` once whole."""
         if self._local:
-            self.fs.create_dir(parent, recursive=True)
-            tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
-            try:
-                with self.fs.open_output_stream(tmp) as out:
-                    fill(out)
-                publish(tmp, target)
-            finally:
-                with suppress(OSError):  # gone already if a replace consumed it
-                    os.unlink(tmp)
-        else:
-            # No rename on object stores (on GCS and S3 it is a copy and a
-            # delete, so not atomic): a single-object PUT is. S3 and GCS show
-            # an object only once its upload completes (on close), whole, and
-            # later reads and listings see it (docs/durability.md). A larger
-            # object is a multipart upload, completed on close: as atomic.
-            with self.fs.open_output_stream(target) as out:
+            self._write_local(rel, fill, publish)
+        elif self._whole_put and size is not None and size <= SINGLE_PUT_BYTES:
+            with self.fs.open_output_stream(self.path(rel)) as out:
                 fill(out)
+        else:
+            self._write_aside(rel, fill)
+
+    def _write_local(
+        self, rel: str, fill: Callable[[Any], Any], publish: Callable[[str, str], None]
+    ) -> None:
+        target = self.path(rel)
+        parent = os.path.dirname(target)
+        changed = _make_dirs(parent)
+        tmp = _aside(target)
+        try:
+            with open(tmp, "wb") as out:
+                fill(out)
+                _fsync(out)
+            publish(tmp, target)
+        finally:
+            with suppress(OSError):  # gone already if a replace consumed it
+                os.unlink(tmp)
+        for directory in (parent, *changed):
+            _fsync_dir(directory)
+
+    def _write_aside(self, rel: str, fill: Callable[[Any], Any]) -> None:
+        """Write to a hidden name beside ``rel`` (listings skip it), then move it
+        to ``rel``: an S3 or GCS copy, whole or not at all, or a rename; the
+        hidden object is deleted whatever happened."""
+        target = self.path(rel)
+        tmp, moved = _aside(target), False
+        if not self._whole_put:  # a store with directories
+            self.fs.create_dir(target.rpartition("/")[0], recursive=True)
+        try:
+            with self.fs.open_output_stream(tmp) as out:
+                fill(out)
+            try:
+                self.fs.move(tmp, target)
+            except OSError:
+                # HDFS renames only to a free name: a reader sees the old file or
+                # none for a moment, never a part
+                if self._whole_put or self.fs.get_file_info(target).type != pafs.FileType.File:
+                    raise
+                self.fs.delete_file(target)
+                self.fs.move(tmp, target)
+            moved = True
+        finally:
+            if not moved:
+                with suppress(OSError):  # perhaps never made
+                    self.fs.delete_file(tmp)
 
     @property
     def exclusive_create(self) -> bool:
@@ -363,10 +416,38 @@ class Storage:
             return self._call("write", rel, lambda: create(self.path(rel), data))
         with self._naming("write", rel):
             try:
-                self._write(rel, lambda out: out.write(data), publish=os.link)
+                self._write(rel, lambda out: out.write(data), len(data), publish=os.link)
             except FileExistsError:
                 return False
         return True
+
+    def fence_gap(self) -> str | None:
+        """Why :meth:`write_exclusive` cannot refuse a taken name here (None when it
+        can), without the warning a commit would log: what planning names."""
+        if self._local:
+            return None
+        if self._create is None:
+            return f"{self.fs.type_name} storage offers no conditional create"
+        return self._create.why_unavailable()
+
+    def replace_if(self, rel: str, data: bytes, tag: str) -> bool:
+        """Replace ``rel`` by ``data`` only if it is still the version ``tag`` names
+        (:meth:`read_tagged`; S3 ``If-Match``, GCS ``ifGenerationMatch``): True if
+        written, False if it changed or went meanwhile. Where
+        :attr:`exclusive_create` holds on an object store; one request under the
+        retry policy."""
+        if self._local or not self.exclusive_create:
+            raise NotImplementedError(f"{self.uri} offers no conditional replace")
+        create = self._create
+        return self._call("write", rel, lambda: create.replace(self.path(rel), data, tag))
+
+    def within(self, seconds: float) -> Storage:
+        """This storage, whose retries start no attempt later than ``seconds`` from
+        the first (where a write must land before a deadline or not at all)."""
+        retry = dataclasses.replace(self.retry, max_seconds=min(self.retry.max_seconds, seconds))
+        return Storage(
+            self.fs, self.root, self.uri, self._secrets, retry, self._counter, self._create
+        )
 
     def upload_file(self, local_path: str, rel: str) -> None:
         """Copy a local file to ``rel`` (atomically, as write_atomic), streamed:
@@ -376,7 +457,25 @@ class Storage:
             with open(local_path, "rb") as f:
                 shutil.copyfileobj(f, out, CHUNK_BYTES)
 
-        self._call("write", rel, lambda: self._write(rel, fill))
+        size = os.path.getsize(local_path)
+        self._call("write", rel, lambda: self._write(rel, fill, size))
+
+    def read_tagged(self, rel: str) -> tuple[bytes, str | None]:
+        """The whole file, and the tag of the version read for :meth:`replace_if`
+        (S3: its ETag, GCS: its generation, from the HEAD before the read; None
+        elsewhere). Should the object change between the two, the tag is the older
+        version's, and a replacement conditional on it is refused."""
+
+        def attempt() -> tuple[bytes, str | None]:
+            with self.fs.open_input_file(self.path(rel)) as f:
+                size = f.size()
+                data = f.read_at(size, 0) if size else b""
+                meta = f.metadata() if self._whole_put else {}
+            tag = meta.get("ETag") or meta.get("generation") if meta else None
+            return data, tag.decode() if tag else None
+
+        with self._missing(rel):
+            return self._call("read", rel, attempt)
 
     def read(self, rel: str, length: int | None = None) -> bytes:
         """The whole file, or its first ``length`` bytes (a ranged read on object
@@ -392,6 +491,25 @@ class Storage:
                 wanted = size if length is None else min(length, size)
                 # GCS answers a ranged read of nothing (an empty object) with 416
                 return f.read_at(wanted, 0) if wanted else b""
+
+        with self._missing(rel):
+            return self._call("read", rel, attempt)
+
+    def digest(self, rel: str) -> str:
+        """The sha256 (hex) of ``rel``'s bytes, read in chunks of
+        :data:`CHUNK_BYTES` (one ranged GET each on S3 and GCS)."""
+
+        def attempt() -> str:
+            h = hashlib.sha256()
+            with self.fs.open_input_file(self.path(rel)) as f:
+                size, offset = f.size(), 0
+                while offset < size:
+                    chunk = f.read_at(min(CHUNK_BYTES, size - offset), offset)
+                    if not chunk:
+                        raise OSError(f"the object ended at byte {offset} of {size}")
+                    h.update(chunk)
+                    offset += len(chunk)
+            return h.hexdigest()
 
         with self._missing(rel):
             return self._call("read", rel, attempt)
@@ -452,7 +570,10 @@ class Storage:
             if info.type == pafs.FileType.File:
                 return True
             selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=True)
-            return any(i.type == pafs.FileType.File for i in self.fs.get_file_info(selector))
+            return any(
+                i.type == pafs.FileType.File and not i.base_name.startswith(".")
+                for i in self.fs.get_file_info(selector)
+            )
 
         return self._call("list", rel, attempt)
 
@@ -514,6 +635,39 @@ class Storage:
 
         with self._missing(rel):
             self._call("read", rel, attempt)
+
+
+def _aside(target: str) -> str:
+    """A hidden temporary name beside ``target`` (listings skip names with a dot)."""
+    head, _, name = target.rpartition("/")
+    return f"{head}/.{name}.{uuid.uuid4().hex}.tmp"
+
+
+def _make_dirs(path: str) -> list[str]:
+    """Create the directory ``path`` and its missing parents; the directories that
+    gained an entry (to flush after: :func:`_fsync_dir`)."""
+    created, probe = [], path
+    while probe and not os.path.isdir(probe):
+        created.append(probe)
+        probe = os.path.dirname(probe)
+    os.makedirs(path, exist_ok=True)
+    return [os.path.dirname(d) for d in created]
+
+
+def _fsync(out: Any) -> None:
+    """Flush the open file ``out`` to the disk (its data and size)."""
+    out.flush()
+    os.fsync(out.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    """Flush the directory ``path``: a name linked, renamed or created in it
+    survives a power loss once this returns."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _says_missing(exc: OSError) -> bool:

@@ -23,7 +23,9 @@ what others may already have built on. Who is first:
   winner that never uploads (it died after its claim) is superseded after
   :data:`CLAIM_WAIT_S`, so a retry never waits forever. The winner still writes by
   the store's conditional create where there is one, so that a superseded winner
-  uploading late adopts rather than overwrites;
+  uploading late adopts rather than overwrites; where there is none, it looks
+  before writing as below, and starts no request later than half the wait after
+  its grant (else its commit fails, and the task's retry claims again);
 * on S3 and GCS without an arbiter (it is unreachable: Spark Connect, or turned
   off), the store's conditional create (S3 ``If-None-Match: *``, GCS
   ``ifGenerationMatch=0``; conditional_create.py, the ``s3`` and ``gcs`` extras):
@@ -34,10 +36,16 @@ what others may already have built on. Who is first:
   the version already there, built on the same parent, wins. Two attempts whose
   uploads overlap may both miss each other; the later object stays, and
   :func:`check_continues` then refuses to replay the next version onto the other
-  one's state (an error naming both ids, never a silent mix).
+  one's state (an error naming both ids, never a silent mix). Planning says so
+  once per checkpoint location (:func:`warn_unfenced`).
 
 A changelog already at the name that was built on another parent (a leftover of
-an abandoned lineage, or of a release without lineage) is replaced.
+an abandoned lineage, or of a release without lineage, or a damaged one) is
+replaced: on S3 and GCS only if it is still the version read (``If-Match:
+<ETag>``, ``ifGenerationMatch=<generation>``), so two attempts that find one
+leftover at once are fenced too. A retried request whose first attempt landed
+meets its own commit at the name and keeps it: no retry ends in an unconditional
+write over another commit.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import logging
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +77,7 @@ __all__ = [
     "new_commit_id",
     "check_continues",
     "publish",
+    "warn_unfenced",
     "SnapshotRecord",
     "write_snapshot_record",
     "read_snapshot_record",
@@ -103,10 +113,12 @@ class LineageError(SessionStoreError):
 
 @dataclass(frozen=True)
 class Winner:
-    """The commit another attempt published first: what a loser adopts."""
+    """The commit another attempt published first: what a loser adopts. ``tag``:
+    the stored version read (``Storage.read_tagged``), for a conditional replace."""
 
     header: dict[str, Any]
     writes: WriteBuffer
+    tag: str | None = None
 
 
 def new_commit_id() -> str:
@@ -125,24 +137,20 @@ def check_continues(
         raise LineageError(where, version, commit_before, parent)
 
 
-#: What :func:`_stored` returns for a damaged changelog: there, but no one's commit.
-_DAMAGED = Winner({}, WriteBuffer())
-
-
 def _stored(storage: Storage, version: int) -> Winner | None:
-    """The changelog of ``version`` at its name, None when there is none, or
-    :data:`_DAMAGED` (so that it is replaced)."""
+    """The changelog of ``version`` at its name, None when there is none; a
+    damaged one is there but no one's commit (an empty header), so it is replaced."""
     name = changelog_name(version)
     try:
-        data = storage.read(name)
+        data, tag = storage.read_tagged(name)
     except FileNotFoundError:
         return None
     try:
         header, writes = decode_changelog(data, storage.where(name), version)
     except CorruptChangelogError as exc:
         log.warning("sessionstore: replacing a damaged changelog: %s", exc)
-        return _DAMAGED
-    return Winner(header, writes)
+        return Winner({}, WriteBuffer(), tag)
+    return Winner(header, writes, tag)
 
 
 def _rival(found: Winner | None, commit: str, parent: str | None) -> Winner | None:
@@ -168,49 +176,89 @@ def publish(
     ``wait_s`` (default :data:`CLAIM_WAIT_S`): how long to wait for a winner's
     changelog before superseding it."""
     name = changelog_name(version)
-    claimed = False
+    granted = None
     if arbiter is not None and not storage.local:
         decided = _claim(storage, version, commit, parent, arbiter, wait_s)
         if isinstance(decided, Winner):
             return decided
-        claimed = decided is _OURS
+        if decided is _OURS:
+            granted = time.monotonic()
     if storage.exclusive_create:
         # a superseded winner uploading late meets the name taken here, and adopts
         try:
             return _create(storage, name, version, data, commit, parent)
         except NotImplementedError:  # the store turned out not to implement it: look
             pass
-    if not claimed:  # no fence at the store or the driver: look before writing
-        rival = _rival(_stored(storage, version), commit, parent)
-        if rival is not None:
-            return rival
+    if granted is not None:
+        storage = _before_supersession(storage, name, version, granted, wait_s)
+    # no fence at the store: look before writing, even after a granted claim (the
+    # claim of another attempt whose reply was lost looks too)
+    found = _stored(storage, version)
+    if found is not None and found.header.get(COMMIT_FIELD) == commit:
+        return None  # ours, landed by an attempt whose reply was lost
+    rival = _rival(found, commit, parent)
+    if rival is not None:
+        return rival
     storage.write_atomic(name, data)
     return None
+
+
+def _before_supersession(
+    storage: Storage, name: str, version: int, granted: float, wait_s: float | None
+) -> Storage:
+    """``storage`` whose requests start within half the claim wait of the grant:
+    where the store cannot fence, a winner superseded after the wait would
+    overwrite its successor's changelog. Past that, the commit fails (the task's
+    retry claims again)."""
+    half = (CLAIM_WAIT_S if wait_s is None else wait_s) / 2
+    left = granted + half - time.monotonic()
+    if left <= 0:
+        raise OSError(
+            f"cannot write {storage.where(name)}: the claim of version {version} was "
+            f"granted more than {half:g} s ago, and another attempt may supersede it; "
+            "not written (a retry of the task claims again)"
+        )
+    return storage.within(left)
 
 
 def _create(
     storage: Storage, name: str, version: int, data: bytes, commit: str, parent: str | None
 ) -> Winner | None:
-    """Publish by an exclusive create: the first writer of the name wins."""
+    """Publish by an exclusive create: the first writer of the name wins. A
+    leftover of another lineage at the name is replaced only if it is still the
+    version read (S3 ``If-Match``, GCS ``ifGenerationMatch``; a local file is
+    replaced as is), so two attempts that find it at once are fenced as well;
+    nothing is ever written unconditionally over another commit."""
     refused = 0
     while not storage.write_exclusive(name, data):
         found = _stored(storage, version)
+        if found is not None and found.header.get(COMMIT_FIELD) == commit:
+            return None  # ours: a retried request whose first attempt landed
         rival = _rival(found, commit, parent)
         if rival is not None:
             return rival
-        if found is not None:  # a leftover of another lineage (or ours, landed): replace it
-            storage.write_atomic(name, data)
+        if found is not None and _replace(storage, name, data, found):
             return None
-        # nothing there: the other conditional write under way (S3's 409) failed;
-        # try again, as long as the retry policy would try a transient error
+        # nothing there (the other conditional write under way, S3's 409, failed)
+        # or the leftover changed before our replacement: look and try again, as
+        # long as the retry policy would try a transient error
         refused += 1
         if refused >= storage.retry.max_attempts:
             raise OSError(
-                f"cannot write {storage.where(name)}: the store refused to create it "
-                f"{refused} times, yet nothing is there"
+                f"cannot write {storage.where(name)}: the store refused to write it "
+                f"{refused} times, yet found no other commit of it there"
             )
         time.sleep(storage.retry.delay(refused))
     return None
+
+
+def _replace(storage: Storage, name: str, data: bytes, leftover: Winner) -> bool:
+    """Replace ``leftover`` (a changelog of another lineage, or damaged) by
+    ``data``: True if done, False if it changed meanwhile."""
+    if storage.local or leftover.tag is None:
+        storage.write_atomic(name, data)
+        return True
+    return storage.replace_if(name, data, leftover.tag)
 
 
 #: What :func:`_claim` returns when the caller's claim won, or the arbiter is
@@ -248,6 +296,34 @@ def _claim(
         else:
             time.sleep(pause)
             pause = min(pause * 2, _POLL_S[1])
+
+
+_unfenced_warned: set[str] = set()
+
+
+def warn_unfenced(storage: Storage) -> bool:
+    """At planning: one warning per process and checkpoint location when
+    ``storage`` cannot fence two attempts of one batch at the store (no conditional
+    create: HDFS, other ``pyarrow.fs`` stores, S3 or GCS without their extra),
+    naming the risk. Returns whether it warned."""
+    gap = storage.fence_gap()
+    if gap is None or storage.location in _unfenced_warned:
+        return False
+    _unfenced_warned.add(storage.location)
+    half = CLAIM_WAIT_S / 2
+    warnings.warn(
+        f"sessionstore: {storage.uri} cannot fence two attempts of one micro-batch at "
+        f"the store ({gap}). The risk: two attempts of a batch (a speculative copy, a "
+        "zombie task, a retry) whose uploads of one partition's changelog overlap both "
+        "publish it, the later replacing the other; later loads of that partition then "
+        "fail with LineageError (they never mix the two) until the checkpoint is "
+        "restored by hand. The driver's coordinator narrows this to an attempt whose "
+        f"claim reply is lost or whose upload starts over {half:g} s after its claim. "
+        "A store with conditional writes closes it: S3 or GCS with the sessionstore[s3] "
+        "or sessionstore[gcs] extra, or a local filesystem (docs/durability.md, Lineage).",
+        stacklevel=3,
+    )
+    return True
 
 
 # ------------------------------------------------------- pending local snapshots

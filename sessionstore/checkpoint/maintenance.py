@@ -29,6 +29,7 @@ from sessionstore.checkpoint.orphans import OrphanSweep
 from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.snapshot import (
     CorruptSnapshotError,
+    content_sizes,
     read_manifest,
     referenced,
     upload_snapshot,
@@ -54,6 +55,10 @@ class Maintenance:
         #: manifests read, by version, with the listing's stamp of the object read:
         #: maintenance reads each once instead of every retained one each time
         self._manifests: dict[int, tuple[Any, dict[str, Any]]] = {}
+        #: content files known whole, by name: the listing's stamp of the object
+        #: whose hash was checked, or None for one this provider uploaded (bound
+        #: to the stamp of the next listing)
+        self._whole: dict[str, Any] = {}
         self._uploaded_bytes = 0  # since take_uploaded_bytes
 
     def take_uploaded_bytes(self) -> int:
@@ -92,15 +97,15 @@ class Maintenance:
         # content a listed manifest uses: the only content an upload may skip (a
         # listed file nothing uses may be about to go; it is uploaded again)
         used = set().union(*(referenced(m) for _, m in self._manifests.values()))
-        present = set(stored)
+        self._bind_uploads(stored)
         for version in self._local.pending_snapshots():
             manifest = self._upload_pending(version, used, report)
             if manifest is not None:
                 snapshots.add(version)
+                self._whole.update(dict.fromkeys(referenced(manifest) - used))
                 used |= referenced(manifest)
-                present |= referenced(manifest)
         latest = max(set(changelogs) | snapshots, default=0)
-        base = self._prune_base(snapshots, latest - self._retain_versions + 1, present)
+        base = self._prune_base(snapshots, latest - self._retain_versions + 1, stored)
         if base is not None:
             for v in sorted(snapshots):
                 if v < base:
@@ -115,21 +120,64 @@ class Maintenance:
             report["deleted"].append(content_name(name))
         return report
 
-    def _prune_base(self, snapshots: set[int], oldest_kept: int, present: set[str]) -> int | None:
+    def _prune_base(
+        self, snapshots: set[int], oldest_kept: int, stored: dict[str, Any]
+    ) -> int | None:
         """The newest snapshot at or below ``oldest_kept`` that is readable and whose
-        every file is ``present``: what is older may go. Pruning only below such a
-        base (the listing, no extra request) means that if the newest candidate lost
-        a file, the older snapshots and changelogs stay, and a restore repairs
-        around it."""
+        every file is whole (:meth:`_is_whole`): what is older may go. Pruning only
+        below such a base means that if the newest candidate lost a file, or holds
+        a truncated or altered one, the older snapshots and changelogs stay, and a
+        restore repairs around it."""
         return next(
             (
                 v for v in sorted(snapshots, reverse=True)
                 if v <= oldest_kept
                 and "format" in self._manifests[v][1]  # readable
-                and referenced(self._manifests[v][1]) <= present
+                and all(
+                    self._is_whole(name, size, stored)
+                    for name, size in content_sizes(self._manifests[v][1]).items()
+                )
             ),
             None,
         )  # fmt: skip
+
+    def _is_whole(self, name: str, size: int, stored: dict[str, Any]) -> bool:
+        """Whether content file ``name`` is stored whole: uploaded by this provider
+        since the listing ``stored`` (``name -> (size, stamp)``), or listed with
+        the manifest's ``size`` and its hash checked, once per listed stamp (a
+        streamed read: a base this provider did not upload costs one read of its
+        files, after a partition moved here)."""
+        if name not in stored:
+            return name in self._whole and self._whole[name] is None
+        if stored[name][0] != size:
+            log.warning(
+                "sessionstore: %s holds %s bytes, its manifest says %d: never a base",
+                self._remote.where(content_name(name)), stored[name][0], size,
+            )  # fmt: skip
+            return False
+        if self._whole.get(name, False) in (None, stored[name]):
+            return True
+        try:
+            digest = self._remote.digest(content_name(name))
+        except FileNotFoundError:  # deleted since the listing
+            return False
+        if digest != name:
+            log.warning(
+                "sessionstore: %s does not match its sha256: never a base",
+                self._remote.where(content_name(name)),
+            )  # fmt: skip
+            return False
+        self._whole[name] = stored[name]
+        return True
+
+    def _bind_uploads(self, stored: dict[str, Any]) -> None:
+        """Bind the files this provider uploaded to their first listed stamp (a
+        later rewrite is checked again), and forget files no longer listed."""
+        for name in list(self._whole):
+            if name not in stored:
+                del self._whole[name]
+            elif self._whole[name] is None:
+                self._whole[name] = stored[name]
 
     def _read_manifests(self, stamps: dict[int, Any]) -> None:
         """Bring the manifest cache in line with the listing ``stamps``: manifests

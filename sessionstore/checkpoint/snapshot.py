@@ -22,7 +22,10 @@ The manifest is written last and atomically: a snapshot exists once its manifest
 does. On download, names from the manifest are validated (plain file names only:
 no path separators, no ``..``, nothing absolute), so a manifest can never make us
 write outside the target directory, and every file's hash is checked (the pack's
-and each packed file's).
+and each packed file's). A manifest of any other shape (valid msgpack, but no
+``files``, an entry that is not a map, a size that is not a count) is as corrupt
+as an unreadable one: :class:`CorruptSnapshotError`, so a restore repairs around it
+and maintenance never takes it as a base.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ __all__ = [
     "download_snapshot",
     "read_manifest",
     "referenced",
+    "content_sizes",
     "CorruptSnapshotError",
     "PACK_THRESHOLD",
 ]
@@ -128,6 +132,14 @@ def referenced(manifest: dict[str, Any]) -> set[str]:
     return used
 
 
+def content_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    """``sha256 name -> size`` of the content files a (valid) manifest uses."""
+    sizes = {f["sha256"]: f["size"] for f in manifest.get("files", [])}
+    if manifest.get("pack"):
+        sizes[manifest["pack"]["sha256"]] = manifest["pack"]["size"]
+    return sizes
+
+
 def _check_digest(digest: Any, where: str, version: int) -> None:
     if (
         not isinstance(digest, str)
@@ -171,29 +183,45 @@ def read_manifest(storage: Storage, version: int) -> dict[str, Any]:
         )
     if not isinstance(manifest.get("commit"), str | None):
         raise CorruptSnapshotError(where, version, f"bad commit {manifest.get('commit')!r:.80}")
+    _entries(manifest.get("files", _MISSING), "files", where, version)
     pack = manifest.get("pack")
     packed = []
     if pack is not None:
-        if not isinstance(pack, dict) or not isinstance(pack.get("size"), int):
+        if not isinstance(pack, dict) or not _is_size(pack.get("size")):
             raise CorruptSnapshotError(where, version, f"bad pack {pack!r:.80}")
         _check_digest(pack.get("sha256"), where, version)
-        packed = pack.get("files", [])
+        packed = _entries(pack.get("files", _MISSING), "pack files", where, version)
         for entry in packed:
-            offset, size = entry.get("offset"), entry.get("size")
-            if (
-                not isinstance(offset, int)
-                or not isinstance(size, int)
-                or offset < 0
-                or size < 0
-                or offset + size > pack["size"]
-            ):
+            offset, size = entry.get("offset"), entry["size"]
+            if not _is_size(offset) or offset + size > pack["size"]:
                 raise CorruptSnapshotError(
-                    where, version, f"{entry.get('name')!r} lies outside the pack"
+                    where, version, f"{entry['name']!r} lies outside the pack"
                 )
-    for entry in [*manifest.get("files", []), *packed]:
+    return manifest
+
+
+#: What a manifest without a list of files has in its place.
+_MISSING = object()
+
+
+def _is_size(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _entries(entries: Any, what: str, where: str, version: int) -> list[dict[str, Any]]:
+    """``entries``, the manifest's list ``what``, if it is a list of files (each a
+    map with a plain ``name``, a ``sha256`` and a ``size``): anything else
+    (missing, ``[1]``, a size that is text) makes the snapshot corrupt, so that a
+    restore repairs around it and maintenance never takes it as a base."""
+    if not isinstance(entries, list):
+        shown = "missing" if entries is _MISSING else f"not a list: {entries!r:.80}"
+        raise CorruptSnapshotError(where, version, f"its {what} are {shown}")
+    for entry in entries:
+        if not isinstance(entry, dict) or not _is_size(entry.get("size")):
+            raise CorruptSnapshotError(where, version, f"bad entry in its {what}: {entry!r:.80}")
         _check_name(entry.get("name"), where, version)
         _check_digest(entry.get("sha256"), where, version)
-    return manifest
+    return entries
 
 
 def download_snapshot(

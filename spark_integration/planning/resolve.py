@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sessionstore.checkpoint.first_contact import reach
+from sessionstore.checkpoint.lineage import warn_unfenced
 from sessionstore.checkpoint.provider import check_partition_count, recorded_partitions
 from spark_integration.dev.local import UNIX_SOCKET_CONF
 from spark_integration.planning.backend import CONF_PREFIX, StateBackend
@@ -116,7 +117,8 @@ def resolve(
     warn_tcp_workers(spark)
     # the first request of this process to the store answers within a bounded time,
     # or fails with one line saying what was tried and what to fix
-    reach(backend.checkpoint_uri, backend.storage_options)
+    storage = reach(backend.checkpoint_uri, backend.storage_options)
+    warn_unfenced(storage)  # once per checkpoint location: the risk where nothing fences
     return backend, partition_count(spark, backend, name, num_partitions)
 
 

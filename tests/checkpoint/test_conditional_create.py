@@ -14,10 +14,10 @@ import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint import conditional_create
-from sessionstore.checkpoint.changelog import decode_changelog
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.changelog import decode_changelog, encode_changelog
+from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import changelog_name
-from sessionstore.checkpoint.lineage import COMMIT_FIELD
+from sessionstore.checkpoint.lineage import COMMIT_FIELD, publish
 from tests.checkpoint.test_lineage import commit, tags  # commit: no arbiter by default
 from tests.faults import pause_before_write
 from tests.object_stores import (
@@ -279,3 +279,95 @@ def test_a_store_without_conditional_writes_looks_before_writing_from_then_on(
     warnings = [r for r in caplog.records if "does not implement conditional writes" in r.message]
     assert len(warnings) == 1, caplog.text
     assert tags(provider(counting_bucket, tmp_path / "fresh"), 2) == ["first", "second"]
+
+
+def test_a_conditional_replace_is_refused_once_the_object_changed(location):
+    """S3 ``If-Match: <ETag>`` and GCS ``ifGenerationMatch=<generation>`` on the
+    test endpoints: a replacement conditional on the version read is refused once
+    another writer replaced it (the other's object stays), and done while it is
+    still the version read."""
+    uri, options = location
+    storage = open_filesystem(uri, options)
+    storage.write_atomic("d/leftover", b"old lineage")
+    data, tag = storage.read_tagged("d/leftover")
+    assert data == b"old lineage" and tag
+    storage.write_atomic("d/leftover", b"another attempt's")
+    assert storage.replace_if("d/leftover", b"mine", tag) is False
+    assert storage.read("d/leftover") == b"another attempt's"
+    _, current = storage.read_tagged("d/leftover")
+    assert storage.replace_if("d/leftover", b"mine", current) is True
+    assert storage.read("d/leftover") == b"mine"
+    assert storage.replace_if("d/gone", b"mine", current) is False  # nothing to replace
+
+
+def _changelog(version, commit_id, parent):
+    from sessionstore.checkpoint.lineage import PARENT_FIELD
+    from sessionstore.engine.write_buffer import WriteBuffer
+
+    buf = WriteBuffer()
+    buf.put("default", commit_id.encode(), b"v")
+    return encode_changelog(
+        buf, "op", 0, version, fields={COMMIT_FIELD: commit_id, PARENT_FIELD: parent}
+    )
+
+
+def test_two_attempts_replacing_one_leftover_changelog_commit_one(location):
+    """Changelog 2 at its name is a leftover of an abandoned lineage. Attempt A
+    reads it; before A replaces it, attempt B (same parent) replaces it. A's
+    replacement is conditional on the version it read, so it is refused: A reads
+    again and adopts B's commit, which stays. (Unconditional, A would overwrite
+    the commit B's executor goes on from.)"""
+    uri, options = location
+    storage = open_filesystem(uri, options).child("op/0")
+    storage.write_atomic(changelog_name(2), _changelog(2, "L" * 32, "abandoned"))
+    results = {}
+    originals = {n: getattr(Storage, n) for n in ("read", "read_tagged") if hasattr(Storage, n)}
+    paused = []
+
+    def pausing(original):
+        def read(self, rel, *args):
+            out = original(self, rel, *args)
+            if rel == changelog_name(2) and not paused:
+                paused.append(rel)  # A has read the leftover: B publishes meanwhile
+                results["b"] = publish(storage, 2, _changelog(2, "B" * 32, "P"), "B" * 32, "P")
+            return out
+
+        return read
+
+    for name, original in originals.items():
+        setattr(Storage, name, pausing(original))
+    try:
+        results["a"] = publish(storage, 2, _changelog(2, "A" * 32, "P"), "A" * 32, "P")
+    finally:
+        for name, original in originals.items():
+            setattr(Storage, name, original)
+    assert paused and results["b"] is None  # B published
+    assert results["a"] is not None and results["a"].header[COMMIT_FIELD] == "B" * 32
+    assert stored_commit(location, 2) == "B" * 32
+
+
+def test_where_the_store_cannot_fence_a_granted_winner_looks_and_never_writes_late(
+    counting_bucket,
+):
+    """S3 without a conditional create (``default_metadata`` turns it off). B's
+    claim reply was lost, so B looked and published changelog 1; A's claim was
+    granted: A looks too, and adopts B's commit instead of overwriting it. Then a
+    granted winner whose PUT is throttled past half the claim wait (when another
+    attempt may supersede it) gives up instead of writing late."""
+    uri, options = counting_bucket
+    storage = open_filesystem(uri, {**options, "default_metadata": {"a": "b"}}).child("op/0")
+    assert not storage.exclusive_create
+
+    def granted(version, commit, parent, supersede):
+        return commit
+
+    b = publish(storage, 1, _changelog(1, "B" * 32, "P"), "B" * 32, "P")  # no reply: looks
+    assert b is None
+    a = publish(storage, 1, _changelog(1, "A" * 32, "P"), "A" * 32, "P", granted)
+    assert a is not None and a.header[COMMIT_FIELD] == "B" * 32
+    assert stored_commit((uri, options), 1) == "B" * 32
+
+    fail_next_s3_requests(options, "PUT", "503 Slow Down", "SlowDown", times=8)
+    with pytest.raises(OSError, match=r"cannot write .*op/0/changelog/0/2.changelog"):
+        publish(storage, 2, _changelog(2, "A" * 32, "B"), "A" * 32, "B", granted, wait_s=0.4)
+    assert not storage.exists(changelog_name(2))

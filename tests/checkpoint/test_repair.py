@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import content_name, manifest_name
 from sessionstore.checkpoint.snapshot import read_manifest, referenced
@@ -85,6 +87,81 @@ def test_pruning_keeps_the_data_back_to_the_newest_whole_snapshot(tmp_path):
     p.close()
     assert remote.list("snapshot") == ["12.manifest", "6.manifest", "9.manifest"]
     fresh = provider(uri, tmp_path / "fresh")
+    assert contents(fresh, 11) == model(11)
+    assert "version 11 restored from snapshot 6" in fresh.repairs[0]
+    fresh.close()
+
+
+#: Manifests that are valid msgpack but not a snapshot's list of files.
+MALFORMED = {
+    "files [1]": {"files": [1]},
+    "no files": {},
+    "files as text": {"files": "000009.sst"},
+    "pack files not a list": {"files": [], "pack": {"sha256": "0" * 64, "size": 3, "files": 5}},
+    "a size as text": {"files": [{"name": "000009.sst", "sha256": "0" * 64, "size": "12"}]},
+}
+
+
+@pytest.mark.parametrize("shape", list(MALFORMED))
+def test_a_malformed_manifest_is_repaired_around_and_maintenance_keeps_working(tmp_path, shape):
+    """The newest snapshot's manifest (9) is rewritten as valid msgpack of another
+    shape. Maintenance goes on (it never takes 9 as the base, so snapshot 6 and its
+    changelogs stay), a fresh restore repairs around 9 from 6, and verify names it."""
+    import msgpack
+
+    uri = f"file://{tmp_path}/remote"
+    p = provider(uri, tmp_path / "live", snapshot_interval=3, retain_versions=3)
+    for v in range(9):
+        commit(p, v)
+        p.do_maintenance()
+    remote = open_filesystem(uri).child("op/0")
+    real = read_manifest(remote, 9)
+    malformed = {"format": real["format"], "version": 9, "commit": real["commit"], "pack": None}
+    remote.write_atomic(manifest_name(9), msgpack.packb({**malformed, **MALFORMED[shape]}))
+    for v in range(9, 12):
+        commit(p, v)
+        p.do_maintenance()  # latest 12, keep 10-12: the base would be snapshot 9
+    p.close()
+    assert remote.list("snapshot") == ["12.manifest", "6.manifest", "9.manifest"]
+    fresh = provider(uri, tmp_path / "fresh")
+    assert contents(fresh, 11) == model(11)
+    assert "version 11 restored from snapshot 6" in fresh.repairs[0]
+    assert "snapshot 9: " in fresh.repairs[0]
+    commit(fresh, 11)
+    fresh.do_maintenance()
+    fresh.close()
+    problems = verify_checkpoint(uri).problems
+    assert len(problems) == 1 and "9.manifest (version 9) is unusable" in problems[0], problems
+
+
+@pytest.mark.parametrize("damage", ["truncated", "altered"])
+def test_a_truncated_or_altered_base_is_never_chosen(s3_bucket, tmp_path, damage):
+    """On the S3 endpoint, the pack of snapshot 9 is replaced by a truncated copy
+    (the wrong size) or one with a byte changed (the right size, the wrong hash),
+    and the partition moves to another executor. Its maintenance would take 9 as
+    the base: it checks each file's size against the listing and its hash (a read,
+    once), so it keeps snapshot 6 and the changelogs after it; a restore repairs
+    around 9."""
+    uri, options = s3_bucket
+    p = provider(uri, tmp_path / "live", snapshot_interval=3, retain_versions=3,
+                 storage_options=options)  # fmt: skip
+    for v in range(9):
+        commit(p, v)
+        p.do_maintenance()
+    p.close()
+    remote = open_filesystem(uri, options).child("op/0")
+    pack = content_name(read_manifest(remote, 9)["pack"]["sha256"])
+    data = remote.read(pack)
+    damaged = data[:-7] if damage == "truncated" else data[:-1] + bytes([data[-1] ^ 1])
+    remote.write_atomic(pack, damaged)
+    moved = provider(uri, tmp_path / "moved", snapshot_interval=3, retain_versions=3,
+                     storage_options=options)  # fmt: skip
+    for v in range(9, 12):
+        commit(moved, v)
+        moved.do_maintenance()  # latest 12, keep 10-12: the base would be snapshot 9
+    moved.close()
+    assert remote.list("snapshot") == ["12.manifest", "6.manifest", "9.manifest"]
+    fresh = provider(uri, tmp_path / "fresh", storage_options=options)
     assert contents(fresh, 11) == model(11)
     assert "version 11 restored from snapshot 6" in fresh.repairs[0]
     fresh.close()

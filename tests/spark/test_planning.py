@@ -119,3 +119,42 @@ def test_an_existing_checkpoint_keeps_its_recorded_partition_count(tmp_path):
         partition_count(fake_session(), backend, "op", 5)
     # another operator of the same checkpoint is new
     assert partition_count(fake_session(cores=8), backend, "other") == 16
+
+
+def test_a_store_that_cannot_fence_is_named_once_at_planning(s3_bucket, tmp_path, monkeypatch):
+    """Planning an operator on a checkpoint whose store has no conditional create
+    (here S3 with ``default_metadata``, which the conditional create cannot honour;
+    likewise HDFS, other pyarrow.fs stores, S3 or GCS without the extra) warns once
+    per location, naming the risk; a store that fences (S3 with boto3, a local
+    path) plans without a word."""
+    import warnings
+    from types import SimpleNamespace
+
+    import pytest
+
+    from sessionstore.checkpoint import lineage
+    from spark_integration import StateBackend
+    from spark_integration.planning.resolve import resolve
+
+    # once per process: start afresh
+    monkeypatch.setattr(lineage, "_unfenced_warned", set(), raising=False)
+    session = fake_session()
+    session.version = "4.0.1"
+    df = SimpleNamespace(sparkSession=session)
+    uri, options = s3_bucket
+    unfenced = StateBackend(uri, storage_options={**options, "default_metadata": {"a": "b"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning here fails the test
+        resolve(df, StateBackend(uri, storage_options=options), 2, "op")
+        resolve(df, StateBackend(f"file://{tmp_path}/ck"), 2, "op")
+    with pytest.warns(UserWarning) as caught:
+        resolve(df, unfenced, 2, "op")
+        resolve(df, unfenced, 2, "other")  # the same location: said already
+    messages = [str(w.message) for w in caught if "fence" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert (
+        f"{uri} cannot fence two attempts of one micro-batch at the store (the "
+        "conditional create does not support the storage option default_metadata)" in messages[0]
+    )
+    assert "both publish it, the later replacing the other" in messages[0]
+    assert "LineageError" in messages[0] and "sessionstore[s3]" in messages[0]
