@@ -40,7 +40,14 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from sessionstore.tools.reader import RowFilter, open_source, store_kind, store_rows
+from sessionstore.tools.processor_rows import TTL_FIELD, timer_rows, variable_rows
+from sessionstore.tools.reader import (
+    RowFilter,
+    open_source,
+    store_kind,
+    store_rows,
+    variable_declaration,
+)
 
 __all__ = ["SessionStoreDataSource", "register", "infer_type"]
 
@@ -174,7 +181,14 @@ class SessionStoreDataSource(DataSource):
 
     def _settings(self) -> dict[str, Any]:
         opts = {k.lower(): v for k, v in self.options.items()}
-        for required in ("path", "store"):
+        timers = _flag("readRegisteredTimers", opts.get("readregisteredtimers"))
+        if timers and opts.get("statevarname"):
+            raise ValueError(
+                "[STDS_CONFLICT_OPTIONS] The options ['readRegisteredTimers', 'stateVarName'] "
+                "cannot be specified together. Please specify the one."
+            )
+        processor = bool(opts.get("statevarname")) or timers
+        for required in ("path",) if processor else ("path", "store"):
             if not opts.get(required):
                 raise ValueError(f"the sessionstore source needs .option({required!r}, ...)")
         storage = {k[len("storage.") :]: v for k, v in opts.items() if k.startswith("storage.")}
@@ -189,10 +203,14 @@ class SessionStoreDataSource(DataSource):
                 )
             operator = known[0]
         source.check_pickle(operator)  # before any schema sampling or task
+        store = opts.get("store") or _processor_store(source, operator)
         return {
             "uri": opts["path"],
             "operator": operator,
-            "store": opts["store"],
+            "store": store,
+            "state_var": opts.get("statevarname"),
+            "timers": timers,
+            "flatten": _flag("flattenCollectionTypes", opts.get("flattencollectiontypes", "true")),
             "version": int(opts["batchid"]) if opts.get("batchid") else None,
             "partition": int(opts["partition"]) if opts.get("partition") else None,
             "key": opts.get("key"),
@@ -212,15 +230,17 @@ class SessionStoreDataSource(DataSource):
         )  # fmt: skip
         return list(rows)
 
-    def schema(self) -> str:
+    def schema(self) -> Any:
         s = self._settings()
         kind = store_kind(_open(s), s["operator"], s["store"])
+        if kind == "processor" and (s["state_var"] or s["timers"]):
+            return _processor_schema(s, self._key_columns(s, self._sample(s)))
         if kind not in _TIME_COLUMNS:
             # a processor store mixes variables of different shapes in one store
             raise ValueError(
-                f"the sessionstore data source does not read {kind} stores yet "
-                f"({s['store']!r}); dump them with the CLI: sessionstore dump URI "
-                f"--operator {s['operator']} --store {s['store']}"
+                f"the sessionstore data source reads a {kind} store ({s['store']!r}) by "
+                f'state variable: .option("stateVarName", NAME), or its timers: '
+                f'.option("readRegisteredTimers", "true")'
             )
         needs_sample = s["key_schema"] is None or s["value_schema"] is None
         sample = self._sample(s) if needs_sample else []
@@ -248,6 +268,8 @@ class SessionStoreDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         s = self._settings()
         kind = store_kind(_open(s), s["operator"], s["store"])
+        if kind == "processor":
+            return _ProcessorReader(s, schema)
         names = [f.name for f in schema.fields]
         before_value = names[: names.index("value")] if "value" in names else names
         n = len(_COUNT_WINDOW_COLUMNS)
@@ -345,6 +367,116 @@ class _Reader(DataSourceReader):
                 *[row[c] for c in time_columns],
                 convert["value"](row["value"]),
             )
+
+
+def _processor_store(source: Any, operator: str) -> str:
+    """The only processor store of ``operator`` (``store`` may then be left out)."""
+    names = [n for n, r in source.store_records(operator).items() if r.get("kind") == "processor"]
+    if len(names) != 1:
+        raise ValueError(
+            f"operator {operator!r} has processor stores {names}; pick one with "
+            ".option('store', ...)"
+        )
+    return names[0]
+
+
+def _processor_schema(s: dict[str, Any], key_columns: list[str]) -> Any:
+    """Spark's ``statestore`` layout of a transformWithState variable (or of the
+    timers, ``readRegisteredTimers``): ``key`` (a struct of the grouping key:
+    ``keySchema``, else inferred), the variable's columns
+    (:mod:`sessionstore.tools.processor_rows`) typed by its recorded schemas (a
+    value of a TTL variable wrapped as ``struct<value, ttlExpirationMs>``), then
+    ``partition_id``."""
+    from pyspark.sql.types import (
+        ArrayType,
+        IntegerType,
+        LongType,
+        MapType,
+        StructType,
+        _parse_datatype_string,
+    )
+
+    fields = [("key", _parse_datatype_string(", ".join(key_columns)))]
+    if s["timers"]:
+        fields.append(("expiration_timestamp_ms", LongType()))
+    else:
+        record = _declared(s)
+        value = StructType.fromJson(record["value_schema"])
+        if record["ttl"]:
+            value = StructType().add("value", value).add(TTL_FIELD, LongType())
+        kind, flat = record["kind"], s["flatten"]
+        if kind == "value":
+            fields.append(("value", value))
+        elif kind == "list":
+            fields.append(("list_element", value) if flat else ("list_value", ArrayType(value)))
+        else:
+            user_key = StructType.fromJson(record["key_schema"])
+            if flat:
+                fields += [("user_map_key", user_key), ("user_map_value", value)]
+            else:
+                fields.append(("map_value", MapType(user_key, value)))
+    schema = StructType()
+    for name, data_type in [*fields, ("partition_id", IntegerType())]:
+        schema.add(name, data_type)
+    return schema
+
+
+def _declared(s: dict[str, Any]) -> dict[str, Any]:
+    """The recorded declaration of the variable ``stateVarName`` with ``ttl``
+    (:func:`~sessionstore.tools.reader.variable_declaration`)."""
+    record = variable_declaration(_open(s), s["operator"], s["store"], s["state_var"], s["version"])
+    if record.get("value_schema") is None or (
+        record["kind"] == "map" and record.get("key_schema") is None
+    ):
+        raise ValueError(
+            f"state variable {s['state_var']!r} was declared without a parsed schema: "
+            "its values have no types to read them by (dump it with the CLI)"
+        )
+    return record
+
+
+def _spark_value(value: Any) -> Any:
+    """A value of :mod:`sessionstore.tools.processor_rows` as a row field: a TTL
+    variable's ``{"value", "ttlExpirationMs"}`` as a struct."""
+    return (value["value"], value[TTL_FIELD]) if isinstance(value, dict) else value
+
+
+class _ProcessorReader(DataSourceReader):
+    """Rows of one state variable, or of the timers, of a processor store
+    (:mod:`sessionstore.tools.processor_rows`), in the schema's column order."""
+
+    def __init__(self, settings: dict[str, Any], schema: Any) -> None:
+        self.settings = settings
+        self.columns = [f.name for f in schema.fields]
+        self.record = None if settings["timers"] else _declared(settings)
+
+    def partitions(self) -> list[InputPartition]:
+        s = self.settings
+        if s["partition"] is not None:
+            return [InputPartition(s["partition"])]
+        return [InputPartition(p) for p in _open(s).partitions(s["operator"])]
+
+    def read(self, partition: InputPartition):
+        s, record = self.settings, self.record
+        rows = store_rows(
+            _open(s), s["operator"], s["store"], [partition.value], s["version"],
+            RowFilter(key=s["key"]),
+        )  # fmt: skip
+        if record is None:
+            rows = timer_rows(rows)
+        else:
+            rows = variable_rows(rows, s["state_var"], record["kind"], record["ttl"], s["flatten"])
+        for row in rows:
+            key = row["key"]
+            out = [key if isinstance(key, tuple) else (key,)]
+            for column in self.columns[1:-1]:
+                v = row[column]
+                if column == "list_value":
+                    v = [_spark_value(x) for x in v]
+                elif column == "map_value":
+                    v = {k: _spark_value(x) for k, x in v}
+                out.append(_spark_value(v))
+            yield (*out, row["partition"])
 
 
 def register(spark: Any) -> None:
