@@ -30,6 +30,15 @@ per field (``key_0``, ``key_1``, ... or the names of ``keySchema``). Give
 (for example ``"count bigint, total double"``, or ``"string"`` for JSON text) to
 skip inference; a value that does not fit its column type becomes JSON text when
 the column is a string, and an error naming the row otherwise.
+
+A processor store (``transform_with_state``) is read by state variable, as Spark's
+``statestore`` reader reads a transformWithState operator's:
+``.option("stateVarName", NAME)`` (with ``flattenCollectionTypes``, default true)
+or ``.option("readRegisteredTimers", "true")``; ``store`` defaults to the
+operator's processor store. Columns: ``key`` (a struct; ``keySchema`` names its
+fields), the variable's columns typed by its recorded schemas, ``partition_id``
+(see :mod:`sessionstore.tools.processor_rows`; the rows of
+``sessionstore dump --state-var``).
 """
 
 from __future__ import annotations
@@ -380,45 +389,50 @@ def _processor_store(source: Any, operator: str) -> str:
     return names[0]
 
 
-def _processor_schema(s: dict[str, Any], key_columns: list[str]) -> Any:
+def _processor_schema(s: dict[str, Any], key_columns: list[str]) -> str:
     """Spark's ``statestore`` layout of a transformWithState variable (or of the
-    timers, ``readRegisteredTimers``): ``key`` (a struct of the grouping key:
-    ``keySchema``, else inferred), the variable's columns
+    timers, ``readRegisteredTimers``) as DDL: ``key`` (a struct of the grouping
+    key: ``keySchema``, else inferred), the variable's columns
     (:mod:`sessionstore.tools.processor_rows`) typed by its recorded schemas (a
     value of a TTL variable wrapped as ``struct<value, ttlExpirationMs>``), then
-    ``partition_id``."""
-    from pyspark.sql.types import (
-        ArrayType,
-        IntegerType,
-        LongType,
-        MapType,
-        StructType,
-        _parse_datatype_string,
-    )
+    ``partition_id``. (DDL: a data source's ``schema`` runs where no SparkContext
+    parses DDL, and Spark parses what it returns.)"""
+    from pyspark.sql.types import StructType
 
-    fields = [("key", _parse_datatype_string(", ".join(key_columns)))]
+    columns = [("key", f"struct<{', '.join(key_columns)}>")]
     if s["timers"]:
-        fields.append(("expiration_timestamp_ms", LongType()))
+        columns.append(("expiration_timestamp_ms", "bigint"))
     else:
         record = _declared(s)
-        value = StructType.fromJson(record["value_schema"])
+        value = _ddl_type(StructType.fromJson(record["value_schema"]))
         if record["ttl"]:
-            value = StructType().add("value", value).add(TTL_FIELD, LongType())
+            value = f"struct<value: {value}, {TTL_FIELD}: bigint>"
         kind, flat = record["kind"], s["flatten"]
         if kind == "value":
-            fields.append(("value", value))
+            columns.append(("value", value))
         elif kind == "list":
-            fields.append(("list_element", value) if flat else ("list_value", ArrayType(value)))
+            columns.append(("list_element", value) if flat else ("list_value", f"array<{value}>"))
         else:
-            user_key = StructType.fromJson(record["key_schema"])
+            user_key = _ddl_type(StructType.fromJson(record["key_schema"]))
             if flat:
-                fields += [("user_map_key", user_key), ("user_map_value", value)]
+                columns += [("user_map_key", user_key), ("user_map_value", value)]
             else:
-                fields.append(("map_value", MapType(user_key, value)))
-    schema = StructType()
-    for name, data_type in [*fields, ("partition_id", IntegerType())]:
-        schema.add(name, data_type)
-    return schema
+                columns.append(("map_value", f"map<{user_key}, {value}>"))
+    return ", ".join(f"`{name}` {t}" for name, t in [*columns, ("partition_id", "int")])
+
+
+def _ddl_type(data_type: Any) -> str:
+    """Spark DDL of a PySpark type (field names quoted)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        fields = ", ".join(f"`{f.name}`: {_ddl_type(f.dataType)}" for f in data_type.fields)
+        return f"struct<{fields}>"
+    if isinstance(data_type, ArrayType):
+        return f"array<{_ddl_type(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"map<{_ddl_type(data_type.keyType)}, {_ddl_type(data_type.valueType)}>"
+    return data_type.simpleString()
 
 
 def _declared(s: dict[str, Any]) -> dict[str, Any]:
@@ -475,7 +489,9 @@ class _ProcessorReader(DataSourceReader):
                     v = [_spark_value(x) for x in v]
                 elif column == "map_value":
                     v = {k: _spark_value(x) for k, x in v}
-                out.append(_spark_value(v))
+                else:
+                    v = _spark_value(v)
+                out.append(v)
             yield (*out, row["partition"])
 
 
