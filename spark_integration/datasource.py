@@ -243,7 +243,8 @@ class SessionStoreDataSource(DataSource):
         s = self._settings()
         kind = store_kind(_open(s), s["operator"], s["store"])
         if kind == "processor" and (s["state_var"] or s["timers"]):
-            return _processor_schema(s, self._key_columns(s, self._sample(s)))
+            sample = [] if s["key_schema"] else self._sample(s)  # keys named: no sampling
+            return _processor_schema(s, self._key_columns(s, sample))
         if kind not in _TIME_COLUMNS:
             # a processor store mixes variables of different shapes in one store
             raise ValueError(
