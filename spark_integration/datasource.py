@@ -30,6 +30,15 @@ per field (``key_0``, ``key_1``, ... or the names of ``keySchema``). Give
 (for example ``"count bigint, total double"``, or ``"string"`` for JSON text) to
 skip inference; a value that does not fit its column type becomes JSON text when
 the column is a string, and an error naming the row otherwise.
+
+A processor store (``transform_with_state``) is read by state variable, as Spark's
+``statestore`` reader reads a transformWithState operator's:
+``.option("stateVarName", NAME)`` (with ``flattenCollectionTypes``, default true)
+or ``.option("readRegisteredTimers", "true")``; ``store`` defaults to the
+operator's processor store. Columns: ``key`` (a struct; ``keySchema`` names its
+fields), the variable's columns typed by its recorded schemas, ``partition_id``
+(see :mod:`sessionstore.tools.processor_rows`; the rows of
+``sessionstore dump --state-var``).
 """
 
 from __future__ import annotations
@@ -40,7 +49,14 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from sessionstore.tools.reader import RowFilter, open_source, store_kind, store_rows
+from sessionstore.tools.processor_rows import TTL_FIELD, timer_rows, variable_rows
+from sessionstore.tools.reader import (
+    RowFilter,
+    open_source,
+    store_kind,
+    store_rows,
+    variable_declaration,
+)
 
 __all__ = ["SessionStoreDataSource", "register", "infer_type"]
 
@@ -174,7 +190,14 @@ class SessionStoreDataSource(DataSource):
 
     def _settings(self) -> dict[str, Any]:
         opts = {k.lower(): v for k, v in self.options.items()}
-        for required in ("path", "store"):
+        timers = _flag("readRegisteredTimers", opts.get("readregisteredtimers"))
+        if timers and opts.get("statevarname"):
+            raise ValueError(
+                "[STDS_CONFLICT_OPTIONS] The options ['readRegisteredTimers', 'stateVarName'] "
+                "cannot be specified together. Please specify the one."
+            )
+        processor = bool(opts.get("statevarname")) or timers
+        for required in ("path",) if processor else ("path", "store"):
             if not opts.get(required):
                 raise ValueError(f"the sessionstore source needs .option({required!r}, ...)")
         storage = {k[len("storage.") :]: v for k, v in opts.items() if k.startswith("storage.")}
@@ -189,10 +212,14 @@ class SessionStoreDataSource(DataSource):
                 )
             operator = known[0]
         source.check_pickle(operator)  # before any schema sampling or task
+        store = opts.get("store") or _processor_store(source, operator)
         return {
             "uri": opts["path"],
             "operator": operator,
-            "store": opts["store"],
+            "store": store,
+            "state_var": opts.get("statevarname"),
+            "timers": timers,
+            "flatten": _flag("flattenCollectionTypes", opts.get("flattencollectiontypes", "true")),
             "version": int(opts["batchid"]) if opts.get("batchid") else None,
             "partition": int(opts["partition"]) if opts.get("partition") else None,
             "key": opts.get("key"),
@@ -212,15 +239,18 @@ class SessionStoreDataSource(DataSource):
         )  # fmt: skip
         return list(rows)
 
-    def schema(self) -> str:
+    def schema(self) -> Any:
         s = self._settings()
         kind = store_kind(_open(s), s["operator"], s["store"])
+        if kind == "processor" and (s["state_var"] or s["timers"]):
+            sample = [] if s["key_schema"] else self._sample(s)  # keys named: no sampling
+            return _processor_schema(s, self._key_columns(s, sample))
         if kind not in _TIME_COLUMNS:
             # a processor store mixes variables of different shapes in one store
             raise ValueError(
-                f"the sessionstore data source does not read {kind} stores yet "
-                f"({s['store']!r}); dump them with the CLI: sessionstore dump URI "
-                f"--operator {s['operator']} --store {s['store']}"
+                f"the sessionstore data source reads a {kind} store ({s['store']!r}) by "
+                f'state variable: .option("stateVarName", NAME), or its timers: '
+                f'.option("readRegisteredTimers", "true")'
             )
         needs_sample = s["key_schema"] is None or s["value_schema"] is None
         sample = self._sample(s) if needs_sample else []
@@ -248,6 +278,8 @@ class SessionStoreDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         s = self._settings()
         kind = store_kind(_open(s), s["operator"], s["store"])
+        if kind == "processor":
+            return _ProcessorReader(s, schema)
         names = [f.name for f in schema.fields]
         before_value = names[: names.index("value")] if "value" in names else names
         n = len(_COUNT_WINDOW_COLUMNS)
@@ -345,6 +377,123 @@ class _Reader(DataSourceReader):
                 *[row[c] for c in time_columns],
                 convert["value"](row["value"]),
             )
+
+
+def _processor_store(source: Any, operator: str) -> str:
+    """The only processor store of ``operator`` (``store`` may then be left out)."""
+    names = [n for n, r in source.store_records(operator).items() if r.get("kind") == "processor"]
+    if len(names) != 1:
+        raise ValueError(
+            f"operator {operator!r} has processor stores {names}; pick one with "
+            ".option('store', ...)"
+        )
+    return names[0]
+
+
+def _processor_schema(s: dict[str, Any], key_columns: list[str]) -> str:
+    """Spark's ``statestore`` layout of a transformWithState variable (or of the
+    timers, ``readRegisteredTimers``) as DDL: ``key`` (a struct of the grouping
+    key: ``keySchema``, else inferred), the variable's columns
+    (:mod:`sessionstore.tools.processor_rows`) typed by its recorded schemas (a
+    value of a TTL variable wrapped as ``struct<value, ttlExpirationMs>``), then
+    ``partition_id``. (DDL: a data source's ``schema`` runs where no SparkContext
+    parses DDL, and Spark parses what it returns.)"""
+    from pyspark.sql.types import StructType
+
+    columns = [("key", f"struct<{', '.join(key_columns)}>")]
+    if s["timers"]:
+        columns.append(("expiration_timestamp_ms", "bigint"))
+    else:
+        record = _declared(s)
+        value = _ddl_type(StructType.fromJson(record["value_schema"]))
+        if record["ttl"]:
+            value = f"struct<value: {value}, {TTL_FIELD}: bigint>"
+        kind, flat = record["kind"], s["flatten"]
+        if kind == "value":
+            columns.append(("value", value))
+        elif kind == "list":
+            columns.append(("list_element", value) if flat else ("list_value", f"array<{value}>"))
+        else:
+            user_key = _ddl_type(StructType.fromJson(record["key_schema"]))
+            if flat:
+                columns += [("user_map_key", user_key), ("user_map_value", value)]
+            else:
+                columns.append(("map_value", f"map<{user_key}, {value}>"))
+    return ", ".join(f"`{name}` {t}" for name, t in [*columns, ("partition_id", "int")])
+
+
+def _ddl_type(data_type: Any) -> str:
+    """Spark DDL of a PySpark type (field names quoted)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        fields = ", ".join(f"`{f.name}`: {_ddl_type(f.dataType)}" for f in data_type.fields)
+        return f"struct<{fields}>"
+    if isinstance(data_type, ArrayType):
+        return f"array<{_ddl_type(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"map<{_ddl_type(data_type.keyType)}, {_ddl_type(data_type.valueType)}>"
+    return data_type.simpleString()
+
+
+def _declared(s: dict[str, Any]) -> dict[str, Any]:
+    """The recorded declaration of the variable ``stateVarName`` with ``ttl``
+    (:func:`~sessionstore.tools.reader.variable_declaration`)."""
+    record = variable_declaration(_open(s), s["operator"], s["store"], s["state_var"], s["version"])
+    if record.get("value_schema") is None or (
+        record["kind"] == "map" and record.get("key_schema") is None
+    ):
+        raise ValueError(
+            f"state variable {s['state_var']!r} was declared without a parsed schema: "
+            "its values have no types to read them by (dump it with the CLI)"
+        )
+    return record
+
+
+def _spark_value(value: Any) -> Any:
+    """A value of :mod:`sessionstore.tools.processor_rows` as a row field: a TTL
+    variable's ``{"value", "ttlExpirationMs"}`` as a struct."""
+    return (value["value"], value[TTL_FIELD]) if isinstance(value, dict) else value
+
+
+class _ProcessorReader(DataSourceReader):
+    """Rows of one state variable, or of the timers, of a processor store
+    (:mod:`sessionstore.tools.processor_rows`), in the schema's column order."""
+
+    def __init__(self, settings: dict[str, Any], schema: Any) -> None:
+        self.settings = settings
+        self.columns = [f.name for f in schema.fields]
+        self.record = None if settings["timers"] else _declared(settings)
+
+    def partitions(self) -> list[InputPartition]:
+        s = self.settings
+        if s["partition"] is not None:
+            return [InputPartition(s["partition"])]
+        return [InputPartition(p) for p in _open(s).partitions(s["operator"])]
+
+    def read(self, partition: InputPartition):
+        s, record = self.settings, self.record
+        rows = store_rows(
+            _open(s), s["operator"], s["store"], [partition.value], s["version"],
+            RowFilter(key=s["key"]),
+        )  # fmt: skip
+        if record is None:
+            rows = timer_rows(rows)
+        else:
+            rows = variable_rows(rows, s["state_var"], record["kind"], record["ttl"], s["flatten"])
+        for row in rows:
+            key = row["key"]
+            out = [key if isinstance(key, tuple) else (key,)]
+            for column in self.columns[1:-1]:
+                v = row[column]
+                if column == "list_value":
+                    v = [_spark_value(x) for x in v]
+                elif column == "map_value":
+                    v = {k: _spark_value(x) for k, x in v}
+                else:
+                    v = _spark_value(v)
+                out.append(v)
+            yield (*out, row["partition"])
 
 
 def register(spark: Any) -> None:

@@ -85,6 +85,8 @@ from sessionstore.errors import StatefulProcessorError
 
 __all__ = [
     "ValueCodec",
+    "StructLengthMismatch",
+    "value_shaper",
     "check_evolution",
     "evolver",
     "MAX_SCHEMA_VERSIONS",
@@ -355,13 +357,147 @@ class ValueCodec:
 
     # a nested struct: None stays None, and a Row-like maker may build it
     def encode_item(self, value: Any) -> Any:
-        return None if value is None else self.encode(tuple(value))
+        if value is None:
+            return None
+        if not isinstance(value, (tuple, list)):  # a dict or object: by field name
+            value = _struct_items(self.names, False, value)
+        return self.encode(tuple(value))
 
     def decode_item(self, stored: Any) -> Any:
         if stored is None:
             return None
         value = self.decode(tuple(stored))
         return value if self._make is None else self._make(value)
+
+
+# ---------------------------------------------------------- shaping (writes)
+class StructLengthMismatch(TypeError):
+    """A struct given as a tuple or list of another length than its fields: the
+    text is Spark's ``STRUCT_ARRAY_LENGTH_MISMATCH`` (the JVM's refusal, which
+    PySpark raises prefixed by the call, e.g. ``Error updating value state: ``)."""
+
+    def __init__(self, fields: int, values: int, value: Any) -> None:
+        super().__init__(
+            f"[STRUCT_ARRAY_LENGTH_MISMATCH] Input row doesn't have expected number of "
+            f"values required by the schema. {fields} fields are required while {values} "
+            f"values are provided (the struct value {value!r:.100})"
+        )
+
+
+#: Spark types whose PySpark values need conversion (``DataType.needConversion``).
+_CONVERTED = frozenset({"timestamp", "timestamp_ntz", "date", "time"})
+
+
+def _needs_conversion(dtype: Any) -> bool:
+    """PySpark's ``needConversion`` of a type in JSON form: a struct always; an
+    array or map when its items do; times, dates, day-time intervals."""
+    if isinstance(dtype, str):
+        return (
+            dtype.split("(", 1)[0] in _CONVERTED
+            or dtype.startswith("interval day")
+            or (re.fullmatch(r"interval (hour|minute|second).*", dtype) is not None)
+        )
+    kind = dtype.get("type") if isinstance(dtype, dict) else None
+    if kind == "array":
+        return _needs_conversion(dtype.get("elementType"))
+    if kind == "map":
+        return _needs_conversion(dtype.get("keyType")) or _needs_conversion(dtype.get("valueType"))
+    return True  # a struct, a UDT
+
+
+def _struct_items(names: list[str], truncate: bool, value: Any) -> list:
+    """The items of a struct value by PySpark's ``StructType.toInternal``: a dict
+    by field name (a missing name is None), a tuple, list or ``Row`` by position
+    (cut to the fields when a field needs conversion, as its ``zip`` cuts), an
+    object by its attributes; anything else is refused with PySpark's error."""
+    if isinstance(value, dict):
+        return [value.get(n) for n in names]
+    if isinstance(value, (tuple, list)):
+        return list(value[: len(names)] if truncate else value)
+    if hasattr(value, "__dict__"):
+        attrs = value.__dict__
+        return [attrs.get(n) for n in names]
+    raise StatefulProcessorError(
+        "UNEXPECTED_TUPLE_WITH_STRUCT", f"Unexpected tuple {value!r:.100} with StructType."
+    )
+
+
+def _shaper(
+    dtype: Any, make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None
+) -> Convert | None:
+    """The converter of a value of ``dtype`` as given to the form it is read back
+    in (structs built by ``make_struct``, arrays lists, maps dicts), or None for
+    a type whose values are kept as given (no struct, array or map)."""
+    kind = dtype.get("type") if isinstance(dtype, dict) else None
+    if kind == "struct":
+        return _struct_shaper(dtype, make_struct)
+    if kind == "array":
+        inner = _shaper(dtype.get("elementType"), make_struct) or _same
+
+        def array(v: Any) -> Any:
+            if v is None:
+                return None
+            if not isinstance(v, (list, tuple)):
+                raise TypeError(f"an array<...> field cannot hold {type(v).__name__} {v!r:.100}")
+            return [inner(x) for x in v]
+
+        return array
+    if kind == "map":
+        keys = _shaper(dtype.get("keyType"), make_struct) or _same
+        values = _shaper(dtype.get("valueType"), make_struct) or _same
+
+        def mapping(v: Any) -> Any:
+            if v is None:
+                return None
+            if not isinstance(v, dict):
+                raise TypeError(f"a map<...> field cannot hold {type(v).__name__} {v!r:.100}")
+            return {keys(k): values(x) for k, x in v.items()}
+
+        return mapping
+    return None
+
+
+def _struct_shaper(
+    schema: dict[str, Any],
+    make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None,
+    top: bool = False,
+) -> Convert:
+    fields = schema["fields"]
+    names = [f["name"] for f in fields]
+    truncate = any(_needs_conversion(f["type"]) for f in fields)
+    inner = [(i, s) for i, f in enumerate(fields) if (s := _shaper(f["type"], make_struct))]
+    make = tuple if top or make_struct is None else make_struct(names)
+
+    def shape(v: Any) -> Any:
+        if v is None:
+            return None
+        items = _struct_items(names, truncate, v)
+        if len(items) != len(names):
+            raise StructLengthMismatch(len(names), len(items), v)
+        for i, s in inner:
+            items[i] = s(items[i])
+        return make(tuple(items))
+
+    return shape
+
+
+def value_shaper(
+    schema: dict[str, Any] | None,
+    make_struct: Callable[[list[str]], Callable[[tuple], Any]] | None = None,
+) -> Convert | None:
+    """``shape(value)``: a state value (a tuple, one item per field of ``schema``)
+    as PySpark's state client converts it on writing and the value reads back:
+    every nested struct given as a dict or object by field name, as a tuple, list
+    or ``Row`` by position (``StructType.toInternal``), built by ``make_struct``
+    (PySpark's ``Row``); arrays as lists, maps as dicts, None kept at any depth.
+    A struct of the wrong length raises :class:`StructLengthMismatch`, one that
+    is no struct at all ``UNEXPECTED_TUPLE_WITH_STRUCT``. None when no field of
+    ``schema`` holds a struct, array or map (values are kept as given)."""
+    if schema is None or not isinstance(schema.get("fields"), list):
+        return None
+    if not any(_shaper(f["type"], make_struct) for f in schema["fields"]):
+        return None
+    return _struct_shaper(schema, make_struct, top=True)
 
 
 def value_codec(

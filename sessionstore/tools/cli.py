@@ -64,6 +64,7 @@ from sessionstore.checkpoint.retry import (
 from sessionstore.checkpoint.verify import verify_checkpoint
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.registry import store_class
+from sessionstore.tools.processor_rows import timer_rows, variable_rows
 from sessionstore.tools.reader import (
     Aggregates,
     CheckpointSource,
@@ -73,6 +74,7 @@ from sessionstore.tools.reader import (
     open_source,
     store_kind,
     store_rows,
+    variable_declaration,
 )
 
 __all__ = ["main", "cli"]
@@ -409,13 +411,21 @@ def _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of) -> RowFi
 )
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="default: stdout")
 @click.option("--limit", type=int, default=None)
+@click.option(
+    "--state-var", default=None,
+    help="processor stores: the rows of this state variable as Spark's statestore reader "
+    "shows them, one per value, list element or map entry",
+)  # fmt: skip
+@click.option("--no-flatten", is_flag=True, help="--state-var: a list or map in one row")
+@click.option("--timers", is_flag=True, help="processor stores: one row per registered timer")
 @raw_option
 @epoch_ms_option
 @storage_option
 @allow_pickle_option
 def dump(
     uri, operator, store_name, partition, version, key, key_from, key_to, key_json, from_ts,
-    to_ts, as_of, fmt, output, limit, raw, epoch_ms, storage_options, allow_pickle,
+    to_ts, as_of, fmt, output, limit, state_var, no_flatten, timers, raw, epoch_ms,
+    storage_options, allow_pickle,
 ):  # fmt: skip
     """Rows of a store: key, window or validity, value (keys and values as JSON in
     csv and parquet). An aggregating operator's value is its aggregates by name: an
@@ -434,6 +444,9 @@ def dump(
             source, operator, store_name, None if partition is None else [partition], version,
             row_filter, limit, progress, raw,
         )  # fmt: skip
+        if state_var is not None or timers:
+            rows = _processor_rows(source, operator, store_name, version, rows, state_var,
+                                   not no_flatten)  # fmt: skip
         rows = _counted(rows, progress)
         first = next(rows, None)  # errors surface before an output file is created
         rows = _chain(first, rows)
@@ -448,6 +461,18 @@ def dump(
         finally:
             if out is not None:
                 out.close()
+
+
+def _processor_rows(
+    source: Any, operator: str, store: str, version: int | None, rows: Iterator[dict],
+    variable: str | None, flatten: bool,
+) -> Iterator[dict]:  # fmt: skip
+    """A processor store's rows as Spark's statestore reader shows one state
+    variable (None: the registered timers); see :mod:`sessionstore.tools.processor_rows`."""
+    if variable is None:
+        return timer_rows(rows)
+    declared = variable_declaration(source, operator, store, variable, version)
+    return variable_rows(rows, variable, declared["kind"], declared["ttl"], flatten)
 
 
 def _chain(first: dict | None, rest: Iterator[dict]) -> Iterator[dict]:

@@ -51,6 +51,7 @@ from sessionstore.operators.aggregations import recorded_output, recorded_time_t
 from sessionstore.stores.registry import kinds_with, store_class
 from sessionstore.stores.spec import StoreSpec, refuse_pickle
 from sessionstore.stores.state_db import StateDB
+from sessionstore.tools.processor_rows import has_ttl
 
 #: How a CLI user opts in to reading pickled stores (the data source names its own).
 PICKLE_OPTION = "--allow-pickle"
@@ -63,6 +64,8 @@ __all__ = [
     "LocalSource",
     "open_source",
     "store_rows",
+    "processor_declarations",
+    "variable_declaration",
     "operators",
     "operator_metadata",
     "partitions",
@@ -516,3 +519,46 @@ def store_rows(
                     return
     if progress is not None:
         progress("partitions", len(ids), len(ids))
+
+
+def processor_declarations(
+    source: CheckpointSource | LocalSource,
+    operator: str,
+    store: str,
+    version: int | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The state variables a processor store of ``operator`` recorded, by name:
+    ``{"kind", "value_schema", "key_schema"}`` (Spark's JSON form; see
+    :mod:`sessionstore.stores.processor`), from the first partition that has any
+    at ``version`` (default: the latest); every partition records the same."""
+    source.check_pickle(operator)
+    kind = _kind_of(source.store_records(operator), operator, store)
+    if kind != "processor":
+        raise ValueError(f"{store!r} of {operator!r} is a {kind} store, not a processor store")
+    for partition in source.partitions(operator):
+        with source.open(operator, partition, version) as (_, stores):
+            found = stores[store].declarations
+            if found:
+                return dict(found)
+    return {}
+
+
+def variable_declaration(
+    source: CheckpointSource | LocalSource,
+    operator: str,
+    store: str,
+    variable: str,
+    version: int | None = None,
+) -> dict[str, Any]:
+    """The recorded declaration of state variable ``variable`` of a processor
+    store (:func:`processor_declarations`) with ``ttl``: whether its values carry
+    an expiry, by the first stored one (False when it has none), or
+    :class:`NotFoundError` naming the variables there are."""
+    declared = processor_declarations(source, operator, store, version)
+    if variable not in declared:
+        raise NotFoundError(
+            f"{store!r} of {operator!r} has no state variable {variable!r} "
+            f"(variables: {sorted(declared)})"
+        )
+    rows = store_rows(source, operator, store, None, version)
+    return {**declared[variable], "ttl": has_ttl(rows, variable)}

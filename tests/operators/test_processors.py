@@ -620,3 +620,111 @@ def test_a_map_state_parses_each_schema_once_and_counts_its_key_fields_from_it(d
     assert sorted(parsed) == ["a long", "k string,j long"]
     assert m.key_fields == 2
     assert handle.schemas["m"]["key_schema"]["fields"][1]["name"] == "j"
+
+
+def _type(kind, **parts):
+    return {"type": kind, **parts}
+
+
+def _struct(*fields):
+    return {"type": "struct", "fields": [
+        {"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in fields
+    ]}  # fmt: skip
+
+
+KV = _struct(("key", "string"), ("value", "string"))
+NOTE = _struct(("n", "long"), ("note", "string"))
+COMPOSITE = _struct(
+    ("tags", _type("array", elementType=KV, containsNull=True)),
+    ("attrs", _type("map", keyType="string", valueType=NOTE, valueContainsNull=True)),
+    ("inner", _struct(("names", _type("array", elementType="string", containsNull=True)),
+                      ("pos", _struct(("x", "long"), ("y", "long"))))),
+)  # fmt: skip
+Row = namedtuple("Row", "key value")  # a positional struct value, as PySpark's Row
+
+
+class _Composite(_Base):
+    """Writes composite values in every state kind as PySpark users write them
+    (structs as dicts by field name, tuples and Rows by position, None at each
+    level) and reports what each reads back."""
+
+    def init(self, handle):
+        self.v = handle.getValueState("v", COMPOSITE)
+        self.l = handle.getListState("l", COMPOSITE, TTL)
+        self.m = handle.getMapState("m", _struct(("k", "string")), COMPOSITE)
+
+    def handleInputRows(self, key, rows, tv):
+        seen = (self.v.get(), list(self.l.get()), dict(self.m.iterator()))
+        for value in rows:
+            self.v.update(value)
+            self.l.appendValue(value)
+            self.l.appendList([value, (None, None, None)])
+            self.m.updateValue(("k",), value)
+        yield seen
+        yield (self.v.get(), list(self.l.get()), dict(self.m.iterator()))
+
+
+def test_structs_given_as_dicts_rows_and_tuples_read_back_by_field_at_any_depth(tmp_path):
+    """PySpark's ``StructType.toInternal`` rules in every state kind, in the batch
+    and after a reopen (issue 43: a dict in an array was stored by its keys)."""
+
+    def make(names):
+        return namedtuple("S", names)._make
+
+    given = (
+        [{"key": "env", "value": "prod"}, None, {"value": "only", "extra": 1}, ("t1", None),
+         Row("k", "v")],
+        {"a": {"note": "z", "n": 1}, "b": None},
+        {"names": ("p", None), "pos": [3, None]},
+    )  # fmt: skip
+    s = make(["key", "value"])
+    read = (
+        [s(("env", "prod")), None, s((None, "only")), s(("t1", None)), s(("k", "v"))],
+        {"a": make(["n", "note"])((1, "z")), "b": None},
+        make(["names", "pos"])((["p", None], make(["x", "y"])((3, None)))),
+    )
+    empty = (None, None, None)
+
+    def run(path, rows):
+        db = StateDB.open(path)
+        try:
+            store = db.open_store("processor", "proc")
+            handle = ProcessorHandle(store, "ProcessingTime", make_struct=make)
+            runner = ProcessorRunner(_Composite(), handle)
+            with db.batch():
+                return runner.run_batch([(("a",), None, lambda: iter(rows))], BatchTimes()).outputs
+        finally:
+            db.close()
+
+    after = (read, [read, read, empty], {("k",): read})
+    assert run(tmp_path / "db", [given]) == [(None, [], {}), after]
+    got = run(tmp_path / "db", [])  # read back from the store, by a new handle
+    assert got == [after, after]
+    assert type(got[0][0][0][0]).__name__ == "S"  # nested structs by the engine's maker
+
+
+@pytest.mark.parametrize(
+    "value, error, match",
+    [
+        ((["s"], None, None), StatefulProcessorError,
+         r"^\[UNEXPECTED_TUPLE_WITH_STRUCT\] Unexpected tuple 's' with StructType"),
+        (([("a",)], None, None), RuntimeError,
+         r"^Error updating value state: \[STRUCT_ARRAY_LENGTH_MISMATCH\].* 2 fields are "
+         r"required while 1 values are provided"),
+        ((None, None), RuntimeError, r"2 values are provided"),
+        (("no list", None, None), TypeError, r"array<...> field cannot hold str 'no list'"),
+    ],
+)  # fmt: skip
+def test_a_value_that_does_not_fit_its_struct_gets_sparks_error(db, value, error, match):
+    class Writes(_Base):
+        def init(self, handle):
+            self.v = handle.getValueState("v", COMPOSITE)
+
+        def handleInputRows(self, key, rows, tv):
+            self.v.update(value)
+            return iter([])
+
+    runner = ProcessorRunner(Writes(), ProcessorHandle(db.open_store("processor", "proc"), "None"))
+    with pytest.raises(error, match=match):
+        with db.batch():
+            runner.run_batch([(("a",), None, lambda: iter([1]))], BatchTimes())

@@ -458,3 +458,89 @@ class RowProfileNotNullable(RowProfile):
     """A non-nullable field: Spark refuses it with the Avro state encoding."""
 
     value_schema = _not_nullable()
+
+
+# composite state values (issue 43): structs given as dicts, Rows and tuples,
+# nested in arrays, map values and structs, with nulls at each level
+COMPOSITE_SCHEMA = (
+    "id string, kind string, value string, detail array<struct<key: string, value: string>>"
+)
+COMPOSITE_PROFILE = (
+    "tags array<struct<key: string, value: string>>, "
+    "attrs map<string, struct<n: long, note: string>>, "
+    "inner struct<names: array<string>, pos: struct<x: long, y: long>>"
+)
+COMPOSITE_EVENT = "items array<struct<k: string, v: long>>, meta struct<tags: array<string>>"
+COMPOSITE_PAIR = (
+    "pairs array<struct<a: string, b: long>>, extra map<string, array<struct<c: string>>>"
+)
+#: a processing-time timer that never fires in a test (2096-10-02)
+COMPOSITE_TIMER_MS = 4_000_000_000_000
+
+
+def show(v: Any) -> str:
+    """A value as text that says its types: a ``Row`` with its field names, lists,
+    tuples, and dicts in key order (Spark's JVM hands maps back in hash order)."""
+    fields = getattr(v, "__fields__", None)
+    if fields is not None:
+        return "Row(" + ", ".join(f"{k}={show(x)}" for k, x in zip(fields, v, strict=True)) + ")"
+    if isinstance(v, list):
+        return "[" + ", ".join(map(show, v)) + "]"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(map(show, v)) + ")"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k!r}: {show(x)}" for k, x in sorted(v.items())) + "}"
+    return repr(v)
+
+
+class _Composite:
+    """Value, list and map state (TTL) of composite types written as PySpark users
+    write them, read back in the batch and the next one; a timer per key."""
+
+    ttl_ms = 3_600_000
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.profile = handle.getValueState("profile", COMPOSITE_PROFILE, self.ttl_ms)
+        self.events = handle.getListState("events", COMPOSITE_EVENT, self.ttl_ms)
+        self.pairs = handle.getMapState("pairs", "item string", COMPOSITE_PAIR, self.ttl_ms)
+
+    def _state(self, key: str, tag: str) -> list[tuple]:
+        detail = [Row(value="v", key=tag), {"key": "d"}, None]  # a Row by name, as Spark
+        return [
+            (key, f"{tag} profile", show(self.profile.get()), detail),
+            (key, f"{tag} events", show(list(self.events.get())), None),
+            (key, f"{tag} pairs", show(dict(self.pairs.iterator())), []),
+        ]
+
+    def _update(self, key: str, items: list[str]) -> list[tuple]:
+        out = self._state(key, "before")
+        n, item = len(items), max(items)
+        self.profile.update((
+            [{"key": "env", "value": item}, None, {"value": "only"}, Row("k", "v"), ("t1", None)],
+            {"a": {"note": "z", "n": n}, "b": None, item: (2, "w"), "r": Row(n=5, note=None)},
+            {"names": [item, None], "pos": (n, None)} if n > 1 else None,
+        ))  # fmt: skip
+        self.events.appendValue(([{"k": item, "v": n}, None, {"v": 3}], {"tags": [item, None]}))
+        self.events.appendList([([], None), (None, {"tags": None}), ([("p", 1)], {})])
+        self.pairs.updateValue(
+            (item,), ([{"a": item, "b": None}, ("x", 1)], {"e": [{"c": item}, None], "f": None})
+        )
+        self.pairs.updateValue(("z",), (None, {"g": []}))
+        self.handle.registerTimer(COMPOSITE_TIMER_MS)
+        return out + self._state(key, "after")
+
+    def _seed(self, tags: Any) -> None:
+        self.profile.update((tags, None, {"names": None, "pos": {"y": 7}}))
+
+    def close(self) -> None:
+        pass
+
+
+class RowComposite(_Composite, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[Row]:
+        for r in self._update(key[0], [r.item for r in rows]):
+            yield Row(id=r[0], kind=r[1], value=r[2], detail=r[3])
+
+    def handleInitialState(self, key, initialState, timerValues) -> None:
+        self._seed(initialState.tags)  # nested structs arrive as dicts

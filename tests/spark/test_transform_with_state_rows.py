@@ -185,3 +185,27 @@ def test_a_batch_in_any_arrival_order_gives_the_same_output_and_state():
     assert all(r == results[0] for r in results[1:])
     # the list state kept the sorted order's last three items
     assert results[0][1][0]["recent"] and len(results[0][0][0]) == 6
+
+
+def test_output_rows_read_nested_rows_by_field_name_as_sparks_worker():
+    """Spark's worker turns each output row into ``row.asDict(recursive=True)``:
+    a ``Row`` nested in a list or map value is read by field name (issue 43), a
+    plain tuple by position, a dict by key."""
+    from spark_integration.operators.transform_with_state.rows import rows_output
+
+    kv = pa.struct([("key", pa.string()), ("value", pa.string())])
+    schema = pa.schema([
+        ("id", pa.string()), ("xs", pa.list_(kv)), ("m", pa.map_(pa.string(), kv)), ("s", kv),
+    ])  # fmt: skip
+    out = rows_output(
+        [
+            ("a", [Row(value="v", key="k"), None], {"x": Row(value="1", key="2")}, {"value": "w"}),
+            Row(s=Row(value="v", key="k"), id="b", xs=[Row(value=None, key="z")], m=None),
+        ],
+        schema,
+    )
+    assert out.to_pylist() == [
+        {"id": "a", "xs": [{"key": "k", "value": "v"}, None], "m": [("x", {"key": "2", "value": "1"})],
+         "s": {"key": None, "value": "w"}},
+        {"id": "b", "xs": [{"key": "z", "value": None}], "m": None, "s": {"key": "k", "value": "v"}},
+    ]  # fmt: skip

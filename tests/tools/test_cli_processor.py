@@ -86,3 +86,85 @@ def test_dump_and_get_show_a_list_in_either_stored_form(tmp_path):
         key = ["--key", "a"] if command == "get" else []
         rows = rows_of(run(command, uri, "--operator", "op", "--store", "processor", *key))
         assert [(r["key"], r["state"], r["value"]) for r in rows] == expected
+
+
+class _Variables:
+    """Value, list and map state with a TTL, and a timer, over composite values."""
+
+    def init(self, handle):
+        self.h = handle
+        schema = "n long, tags array<struct<k:string,v:long>>"
+        self.v = handle.getValueState("v", _Parsed(schema), ttlDurationMs=50)
+        self.l = handle.getListState("l", _Parsed(schema), ttlDurationMs=50)
+        self.m = handle.getMapState("m", _Parsed("k string"), _Parsed(schema), ttlDurationMs=50)
+
+    def handleInputRows(self, key, rows, tv):
+        for r in rows:
+            value = (r, [{"k": "x", "v": r}, None])
+            self.v.update(value)
+            self.l.appendValue(value)
+            self.m.updateValue((str(r),), value)
+        self.h.registerTimer(500)
+        self.h.registerTimer(700)
+        return iter([])
+
+
+class _Parsed:
+    """A parsed schema in Spark's JSON form (as the engine's parse_schema gives)."""
+
+    TYPES = {
+        "long": "long", "string": "string",
+        "array<struct<k:string,v:long>>": {
+            "type": "array", "containsNull": True, "elementType": {"type": "struct", "fields": [
+                {"name": "k", "type": "string", "nullable": True, "metadata": {}},
+                {"name": "v", "type": "long", "nullable": True, "metadata": {}},
+            ]},
+        },
+    }  # fmt: skip
+
+    def __init__(self, text):
+        self.text = text
+
+    def jsonValue(self):  # noqa: N802 - PySpark's name
+        fields = [part.split(" ", 1) for part in self.text.split(", ")]
+        return {"type": "struct", "fields": [
+            {"name": n, "type": self.TYPES[t], "nullable": True, "metadata": {}} for n, t in fields
+        ]}  # fmt: skip
+
+
+def test_dump_a_state_variable_and_the_timers_as_sparks_statestore_reader(tmp_path):
+    """``--state-var``: one row per value, list element or map entry (``--no-flatten``:
+    a list or map per row); ``--timers``: one row per timer (issue 43)."""
+    path = tmp_path / "db"
+    with StateDB.open(path) as db:
+        handle = ProcessorHandle(db.processor_store("processor"), "ProcessingTime")
+        runner = ProcessorRunner(_Variables(), handle, "ProcessingTime")
+        with db.batch():
+            runner.run_batch([(("a",), None, lambda: iter([1, 2]))], BatchTimes(100, -1))
+
+    def dump(*args):
+        rows = rows_of(run("dump", str(path), "--store", "processor", *args))
+        return [{k: v for k, v in r.items() if k != "partition"} for r in rows]
+
+    one = {"value": [1, [["x", 1], None]], "ttlExpirationMs": 150}
+    two = {"value": [2, [["x", 2], None]], "ttlExpirationMs": 150}
+    assert dump("--state-var", "v") == [{"key": "a", "value": two}]
+    assert dump("--state-var", "l") == [
+        {"key": "a", "list_element": one},
+        {"key": "a", "list_element": two},
+    ]
+    assert dump("--state-var", "l", "--no-flatten") == [{"key": "a", "list_value": [one, two]}]
+    assert dump("--state-var", "m") == [
+        {"key": "a", "user_map_key": ["1"], "user_map_value": one},
+        {"key": "a", "user_map_key": ["2"], "user_map_value": two},
+    ]
+    assert dump("--state-var", "m", "--no-flatten") == [
+        {"key": "a", "map_value": [[["1"], one], [["2"], two]]}
+    ]
+    assert dump("--timers") == [
+        {"key": "a", "expiration_timestamp_ms": 500},
+        {"key": "a", "expiration_timestamp_ms": 700},
+    ]
+    out = run("dump", str(path), "--store", "processor", "--state-var", "nope")
+    assert out.returncode == 2
+    assert "has no state variable 'nope' (variables: ['l', 'm', 'v'])" in out.stderr

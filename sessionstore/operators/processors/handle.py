@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sessionstore.encoding.keys import encode_key
+from sessionstore.encoding.state_values import value_shaper
 from sessionstore.errors import StatefulProcessorError
 from sessionstore.operators.processors.core import HandleState, ProcessorCore
 from sessionstore.operators.processors.state import (
@@ -185,6 +186,11 @@ class ProcessorHandle:
         return self._add(stateName, var)
 
     def _add(self, name: str, var: Any) -> Any:
+        # values are converted as PySpark's state client converts them (nested
+        # structs given as dicts by field name), so what a call reads back within
+        # the batch is what Spark reads back from its store
+        var.shape = value_shaper(self.schemas[name]["value_schema"], self._make_struct)
+        var.runtime_error = self.runtime_error
         self._variables[name] = var
         self.core.add_variable(var)
         return var

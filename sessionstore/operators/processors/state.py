@@ -29,6 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 from sessionstore.encoding.keys import encode_key
+from sessionstore.encoding.state_values import StructLengthMismatch
 from sessionstore.errors import StatefulProcessorError
 from sessionstore.operators.processors.core import ProcessorCore
 
@@ -105,12 +106,27 @@ class _Variable:
     """What every state variable shares: its name, encoded name, TTL and core."""
 
     kind = ""
+    #: ``shape(value)``: a value as PySpark's state client converts it and it reads
+    #: back (nested structs given as dicts or Rows; see
+    #: :func:`sessionstore.encoding.state_values.value_shaper`), None when the
+    #: schema has no struct, array or map (values are stored as given)
+    shape: Callable[[tuple], tuple] | None = None
+    #: what a call the JVM would refuse raises (PySpark's error, in Spark)
+    runtime_error: Callable[[str], Exception] = RuntimeError
 
     def __init__(self, core: ProcessorCore, name: str, ttl_ms: int | None) -> None:
         self._core = core
         self._name = name
         self.encoded = encode_key(name)
         self.ttl_ms = ttl_ms
+
+    def _shaped(self, value: tuple, call: str) -> tuple:
+        """``value`` through :attr:`shape`; a struct of the wrong length raises the
+        runtime error PySpark raises for the JVM's refusal of the call."""
+        try:
+            return self.shape(value)  # type: ignore[misc]
+        except StructLengthMismatch as e:
+            raise self.runtime_error(f"{self.CALL_ERRORS[call]}: {e}") from None
 
     # A state call is a few dict look-ups, so the calls around them are most of
     # its cost: the hot methods read the current key's loaded payloads directly
@@ -190,6 +206,8 @@ class ValueState(_Variable):
     def update(self, newValue: tuple) -> None:  # noqa: N803 - PySpark's name
         """Set the value (and restart its TTL)."""
         value = newValue if _is_plain(newValue) else as_value(self._name, newValue)
+        if self.shape is not None:
+            value = self._shaped(value, "update")
         self._set((value, self._expiry()))
 
     def clear(self) -> None:
@@ -240,13 +258,15 @@ class ListState(_Variable):
         """An iterator over the elements (a snapshot: later changes do not show)."""
         return iter(list(self._live_values()))
 
-    def _values(self, state: str, values: Any) -> list:
+    def _values(self, state: str, values: Any, call: str) -> list:
         """The elements to store of the values ``values`` (pairs with a TTL)."""
         if values is None:
             raise StatefulProcessorError(
                 "ILLEGAL_STATE_STORE_VALUE.NULL_VALUE",
                 f"Cannot write null values to State Store for StateName {state}.",
             )
+        if self.shape is not None:
+            values = [self._shaped(as_value(state, v), call) for v in values]
         # per element: the usual one-field plain tuple is tested inline (no call)
         if self.ttl_ms is None:
             return [
@@ -265,7 +285,7 @@ class ListState(_Variable):
 
     def put(self, newState: list[tuple]) -> None:  # noqa: N803 - PySpark's name
         """Replace the list (an empty list is refused, as in Spark)."""
-        items = self._values(self._name, newState)
+        items = self._values(self._name, newState, "put")
         if not items:
             raise StatefulProcessorError(
                 "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE",
@@ -280,12 +300,14 @@ class ListState(_Variable):
         if items is None:
             items = []
         value = newState if _is_plain(newState) else as_value(self._name, newState)
+        if self.shape is not None:
+            value = self._shaped(value, "appendValue")
         items.append(value if self.ttl_ms is None else (value, self._expiry()))
         self._set(items)
 
     def appendList(self, newState: list[tuple]) -> None:  # noqa: N802,N803 - PySpark's names
         """Append several elements (an empty list is refused, as in Spark)."""
-        items = self._values(self._name, newState)
+        items = self._values(self._name, newState, "appendList")
         if not items:
             raise StatefulProcessorError(
                 "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE",
@@ -341,7 +363,7 @@ class MapState(_Variable):
         #: fields of the user-key schema, where the engine parsed it
         self.key_fields = key_fields
         #: what a call the JVM would refuse raises (PySpark's error, in Spark)
-        self._runtime_error = runtime_error
+        self.runtime_error = runtime_error
 
     def _map(self) -> dict:
         p = self._payload()
@@ -367,7 +389,7 @@ class MapState(_Variable):
         longer str does not fit one (Spark's ``STRUCT_ARRAY_LENGTH_MISMATCH``)."""
         chars = tuple(key)
         if self.key_fields is not None and len(chars) != self.key_fields:
-            raise self._runtime_error(
+            raise self.runtime_error(
                 f"{self.CALL_ERRORS[call]}: [STRUCT_ARRAY_LENGTH_MISMATCH] Input row doesn't "
                 f"have expected number of values required by the schema. {self.key_fields} "
                 f"fields are required while {len(chars)} values are provided (the bare str "
@@ -417,6 +439,8 @@ class MapState(_Variable):
             key = key if _is_plain(key) else self._user_key(key, "updateValue")
         if type(value) is not tuple or len(value) != 1 or type(value[0]) not in _SCALARS:
             value = value if _is_plain(value) else as_value(self._name, value)
+        if self.shape is not None:
+            value = self._shaped(value, "updateValue")
         core = self._core
         scope = core.scope
         if scope is None or not scope.loaded:

@@ -94,6 +94,34 @@ def rows_output(outputs: list[Any], schema: pa.Schema) -> pa.Table:
             d = row.asDict(True)
             tuples.append(tuple(d.get(n) for n in names))
     columns = [list(c) for c in zip(*tuples, strict=True)] or [[] for _ in names]
+    for i, f in enumerate(schema):
+        if _holds_struct(f.type):  # nested Rows by field name, as Spark's asDict(True)
+            columns[i] = [_as_dicts(v) for v in columns[i]]
     return pa.Table.from_arrays(
         [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
     )
+
+
+def _holds_struct(t: pa.DataType) -> bool:
+    """Whether values of ``t`` may hold a struct (at any depth)."""
+    if pa.types.is_struct(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _holds_struct(t.value_type)
+    if pa.types.is_map(t):
+        return _holds_struct(t.key_type) or _holds_struct(t.item_type)
+    return False
+
+
+def _as_dicts(v: Any) -> Any:
+    """``v`` with its ``Row``s as dicts by field name, through lists and dict values
+    (not tuples), as ``Row.asDict(recursive=True)`` converts what Spark's worker
+    turns into Arrow: a nested ``Row`` is read by name, a plain tuple by position."""
+    fields = getattr(v, "__fields__", None)
+    if fields is not None:
+        return dict(zip(fields, map(_as_dicts, v), strict=False))
+    if isinstance(v, list):
+        return [_as_dicts(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _as_dicts(x) for k, x in v.items()}
+    return v
