@@ -10,6 +10,14 @@ snapshots and changelogs carry no owner: whatever is downloaded from a checkpoin
 belongs to it, which is what lets a checkpoint be reached by any spelling of its
 URI, or copied to another folder or bucket.
 
+A checkpoint deleted and created again at its URI is another incarnation, with
+another id. A provider is checked when it is built and confirmed again (one read
+of ``_metadata``) at the first load of each run of its query
+(:meth:`CheckpointIdentity.confirm`), and a pending snapshot right before its
+manifest is written (:meth:`CheckpointIdentity.still_owns`): the state of an old
+incarnation is never served, replayed onto or uploaded into a new one, however
+long the process that holds it lives (invariant 9 of DESIGN.md).
+
 ``_metadata`` also records the stores and the partition count: a restart with
 other stores or another count is refused (:class:`CheckpointMismatchError`).
 """
@@ -124,7 +132,8 @@ def with_recorded_intervals(
 
 class CheckpointIdentity:
     """The ``_metadata`` of an operator as one partition's provider sees it: checked
-    (and completed) once, and the checkpoint id its local state is owned by.
+    (and completed) once per incarnation, and the checkpoint id its local state is
+    owned by.
 
     ``operator`` is the operator's storage, ``remote`` the partition's.
     """
@@ -145,12 +154,26 @@ class CheckpointIdentity:
         self._location = remote.location
         #: the recorded checkpoint id (None: a checkpoint of a release before ids)
         self.checkpoint_id: str | None = None
+        #: the specs and partition count :meth:`check` was given (for :meth:`confirm`)
+        self._wanted: tuple[list[StoreSpec], int | None] = ([], None)
 
     def check(self, specs: list[StoreSpec], num_partitions: int | None) -> list[StoreSpec]:
         """Check ``specs`` and ``num_partitions`` against ``_metadata`` (writing it,
         id included, for a new checkpoint; adding fields an older release left out);
         returns the specs to use (the recorded intervals adopted where left open).
-        :class:`CheckpointMismatchError` when they differ."""
+        :class:`CheckpointMismatchError` when they differ. :meth:`confirm` checks
+        them again when the checkpoint turns out to be another incarnation."""
+        self._wanted = (list(specs), num_partitions)
+        try:
+            recorded = read_metadata(self._operator)
+        except FileNotFoundError:
+            recorded = None
+        return self._check(recorded, specs, num_partitions)
+
+    def _check(
+        self, recorded: dict[str, Any] | None, specs: list[StoreSpec], num_partitions: int | None
+    ) -> list[StoreSpec]:
+        """:meth:`check` against ``recorded`` (None: there is no ``_metadata``)."""
         wanted = {
             "format": FORMAT,
             "operator_id": self._operator_id,
@@ -159,9 +182,7 @@ class CheckpointIdentity:
         }
         if self._key_types is not None:
             wanted[KEY_TYPES_FIELD] = self._key_types
-        try:
-            recorded = read_metadata(self._operator)
-        except FileNotFoundError:
+        if recorded is None:
             if self._files.latest():
                 # _metadata is written first when a checkpoint is born and last by
                 # a repartition: state without it is an unfinished copy
@@ -183,7 +204,7 @@ class CheckpointIdentity:
         if recorded.get("stores") != wanted["stores"]:
             adopted = with_recorded_intervals(specs, recorded.get("stores"))
             if adopted is not None:
-                return self.check(adopted, num_partitions)
+                return self._check(recorded, adopted, num_partitions)
             raise CheckpointMismatchError(
                 f"{where} was written with stores {recorded.get('stores')}, but this query uses "
                 f"{wanted['stores']}; use a new checkpoint location for a changed operator"
@@ -226,11 +247,44 @@ class CheckpointIdentity:
             self.checkpoint_id = recorded[CHECKPOINT_ID_FIELD]
         return self.checkpoint_id is not None
 
+    def confirm(self) -> list[StoreSpec] | None:
+        """Whether the checkpoint is still the incarnation this identity checked, by
+        one read of ``_metadata``: None if it is. Else (the checkpoint was deleted
+        and created again, or is being created again now; or the id this partition
+        believed at the checkpoint's birth lost the race) the recorded
+        ``_metadata`` is checked as :meth:`check` does (written, with a new id, if
+        there is none), its id taken, and the specs to use returned: from then on a
+        local database or a pending snapshot of the old incarnation is not owned."""
+        try:
+            recorded = read_metadata(self._operator)
+        except FileNotFoundError:
+            recorded = None
+        if recorded is not None and recorded.get(CHECKPOINT_ID_FIELD) == self.checkpoint_id:
+            return None
+        specs, num_partitions = self._wanted
+        return self._check(recorded, specs, num_partitions)
+
+    def still_owns(self, record: bytes) -> bool:
+        """Whether the owner ``record`` (of a pending snapshot) is this checkpoint's
+        copy as its ``_metadata`` says now: one read, False once the checkpoint is
+        gone. Made right before a snapshot is published, so that an upload of the
+        state of a checkpoint deleted and created again meanwhile never lands in the
+        new one; :attr:`checkpoint_id` is left as it is (a task of this provider
+        may be committing)."""
+        try:
+            recorded = read_metadata(self._operator).get(CHECKPOINT_ID_FIELD)
+        except FileNotFoundError:
+            return False
+        return record == self._record_of(recorded)
+
+    def _record_of(self, checkpoint_id: str | None) -> bytes:
+        return msgpack.packb([checkpoint_id, self._location])
+
     @property
     def record(self) -> bytes:
         """What a local database (or a pending snapshot) of this partition records
         as its owner: the checkpoint id and the location of this copy."""
-        return msgpack.packb([self.checkpoint_id, self._location])
+        return self._record_of(self.checkpoint_id)
 
     def owns(self, db: StateDB) -> bool:
         """Whether the local database ``db`` holds state of this checkpoint's copy.

@@ -240,7 +240,8 @@ def partition_state(
     service = StoreService.instance()
     started = time.perf_counter()
     with service.provider(key, recipe.make) as provider:
-        handle = provider.get_store(info.batch_id)
+        # the checkpoint's identity is confirmed at the run's first task only
+        handle = provider.get_store(info.batch_id, run=info.run)
         # the metrics' load time includes a handover's wait for the holder
         handle.note(load_ms=millis(time.perf_counter() - started))
         try:
