@@ -13,8 +13,9 @@ URI, or copied to another folder or bucket.
 A checkpoint deleted and created again at its URI is another incarnation, with
 another id. A provider is checked when it is built and confirmed again (one read
 of ``_metadata``) at the first load of each run of its query
-(:meth:`CheckpointIdentity.confirm`), and a pending snapshot right before its
-manifest is written (:meth:`CheckpointIdentity.still_owns`): the state of an old
+(:meth:`CheckpointIdentity.confirm`), and a pending snapshot is published only
+if the checkpoint holds its commit, read right before its manifest is written
+(maintenance.py): the state of an old
 incarnation is never served, replayed onto or uploaded into a new one, however
 long the process that holds it lives (invariant 9 of DESIGN.md).
 
@@ -263,19 +264,6 @@ class CheckpointIdentity:
             return None
         specs, num_partitions = self._wanted
         return self._check(recorded, specs, num_partitions)
-
-    def still_owns(self, record: bytes) -> bool:
-        """Whether the owner ``record`` (of a pending snapshot) is this checkpoint's
-        copy as its ``_metadata`` says now: one read, False once the checkpoint is
-        gone. Made right before a snapshot is published, so that an upload of the
-        state of a checkpoint deleted and created again meanwhile never lands in the
-        new one; :attr:`checkpoint_id` is left as it is (a task of this provider
-        may be committing)."""
-        try:
-            recorded = read_metadata(self._operator).get(CHECKPOINT_ID_FIELD)
-        except FileNotFoundError:
-            return False
-        return record == self._record_of(recorded)
 
     def _record_of(self, checkpoint_id: str | None) -> bytes:
         return msgpack.packb([checkpoint_id, self._location])

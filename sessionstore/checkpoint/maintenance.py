@@ -15,6 +15,7 @@ import shutil
 import time
 from typing import Any
 
+from sessionstore.checkpoint.changelog import CorruptChangelogError, read_changelog_header
 from sessionstore.checkpoint.identity import CheckpointPartition
 from sessionstore.checkpoint.layout import (
     CHANGELOG_GROUP,
@@ -23,6 +24,7 @@ from sessionstore.checkpoint.layout import (
     changelog_name,
     content_name,
     manifest_name,
+    read_changelog_file,
 )
 from sessionstore.checkpoint.lineage import COMMIT_FIELD, read_snapshot_record
 from sessionstore.checkpoint.orphans import OrphanSweep
@@ -39,8 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class _Reincarnated(Exception):
-    """The checkpoint was deleted and created again while a snapshot of the old one
-    was being uploaded: the upload is not published."""
+    """The checkpoint no longer holds the commit of a snapshot being uploaded (it
+    was deleted and created again meanwhile): the upload is not published."""
 
 
 class Maintenance:
@@ -190,7 +192,7 @@ class Maintenance:
             # (else a retry after an upload that finished: already there)
 
             def confirm() -> None:  # right before the manifest publishes the upload
-                if not self._identity.still_owns(record.identity):
+                if self._committed(version) != record.commit:
                     raise _Reincarnated()
 
             manifest = upload_snapshot(
@@ -206,6 +208,23 @@ class Maintenance:
         # a failed upload raised above: the snapshot stays for the next maintenance
         self._drop_pending(version)
         return manifest
+
+    def _committed(self, version: int) -> str | None:
+        """The commit of ``version`` in the checkpoint as it is now: the header of
+        its changelog (one ranged read), None if there is none or it is unreadable.
+
+        A pending snapshot is published only if it holds that commit: so the state
+        of a checkpoint deleted and created again since the snapshot was taken (the
+        new one has other commits, or no such version yet) never lands in the new
+        one, while a partition that believed a losing id at the checkpoint's birth
+        (see identity.py) still uploads its snapshots of the one lineage."""
+        try:
+            header = read_changelog_file(
+                lambda name: read_changelog_header(self._remote, name, guess=2048), version
+            )
+        except (FileNotFoundError, CorruptChangelogError):
+            return None
+        return header.get(COMMIT_FIELD)
 
     def _drop_pending(self, version: int) -> None:
         """Delete the pending local snapshot of ``version`` and its record."""

@@ -75,9 +75,7 @@ def failing(monkeypatch):
         if fault in COMMIT_STEPS:
             provider_fault.armed = True
             return
-        target, name = (
-            (Storage, "write_atomic") if fault == "publish" else (StateDB, "checkpoint")
-        )
+        target, name = (Storage, "write_atomic") if fault == "publish" else (StateDB, "checkpoint")
         originals = {name: getattr(target, name)}
         if fault == "publish":
             originals["write_exclusive"] = Storage.write_exclusive

@@ -5,6 +5,7 @@ real S3 and GCS endpoints."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
@@ -144,3 +145,25 @@ def test_a_checkpoint_reset_during_a_snapshot_upload_stops_it_before_its_manifes
     e1.close()
     got = values_of_a_fresh_executor(checkpoint_location, tmp_path / "fresh", [2])
     assert got == ["NEW-2"]
+
+
+def test_a_partition_that_believed_a_losing_id_at_the_birth_still_uploads_its_snapshots(tmp_path):
+    """Partitions creating a checkpoint together each write an id, the last write
+    wins: one that kept a lost id through a run still uploads its snapshots (they
+    hold the checkpoint's commits), and a fresh executor restores from them."""
+    location, metadata = (
+        (f"file://{tmp_path}/remote", None),
+        tmp_path / "remote" / "op" / "_metadata",
+    )
+    p = provider(location, tmp_path / "local", snapshot_interval=2)  # writes an id ...
+    won = {**msgpack.unpackb(metadata.read_bytes()), "checkpoint_id": "f" * 32}
+    metadata.write_bytes(msgpack.packb(won))  # ... another partition's wins
+    put(p, 0, "one", run="run")
+    put(p, 1, "two", run="run")
+    report = p.do_maintenance()
+    assert report["snapshots"] == [2] and report["foreign"] == [], report
+    p.close()
+    restores = []
+    fresh = provider(location, tmp_path / "fresh", progress=lambda *a: restores.append(a[0]))
+    assert value_at(fresh, 2) == "two" and "download snapshot" in restores
+    fresh.close()

@@ -52,8 +52,9 @@ def lone_attempt(version, commit, parent, supersede):
 #: Requests over the run, by kind, with the coordinator as the arbiter between
 #: attempts and without one (then S3's conditional create is the fence: the same
 #: PUT, no look before it). Exact: a change to the protocol's requests shows here.
-#: Each of the 15 snapshot uploads reads ``_metadata`` (a HEAD and a GET) right
-#: before its manifest (invariant 9); the loads of one run read nothing.
+#: Each of the 15 snapshot uploads reads its version's changelog header (a HEAD and
+#: a ranged GET) right before its manifest (invariant 9); the loads of one run read
+#: nothing.
 EXPECTED = {
     "coordinator": {"GET": 89, "HEAD": 54, "PUT": 205, "POST": 13, "DELETE": 25},
     "none": {"GET": 89, "HEAD": 54, "PUT": 205, "POST": 13, "DELETE": 25},
