@@ -211,8 +211,9 @@ class StateStoreProvider:
             return False
         self.store_specs = specs
         log.warning(
-            "sessionstore: %s was deleted and created again since this provider "
-            "checked it; the state of the old checkpoint is dropped",
+            "sessionstore: %s: the checkpoint's id is not the one this provider checked "
+            "(the checkpoint was deleted and created again, or another partition's id "
+            "won at its creation); local state of the other id is not used",
             self._remote.uri,
         )
         return True

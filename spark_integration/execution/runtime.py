@@ -172,7 +172,10 @@ def _segmented(specs: list[StoreSpec]) -> list[StoreSpec]:
 class _ProviderRecipe:
     """Everything that shapes a partition's provider: its key in the store service
     (a query restarted with other settings, stores or partition count gets a new
-    provider, which re-checks the checkpoint) and how to make one."""
+    provider, which re-checks the checkpoint) and how to make one. The provider of
+    a key serves one incarnation of its checkpoint at a time: the first task of
+    each query run confirms the checkpoint's id (``get_store(run=...)``), and a
+    checkpoint deleted and created again is checked afresh, its old state dropped."""
 
     backend: StateBackend
     name: str
