@@ -238,7 +238,26 @@ class Committer:
         self.last_metrics: dict[str, Any] | None = None
 
     def commit(self, handle: StoreHandle) -> int:
-        """Make ``handle.version + 1`` durable, then local; returns it."""
+        """Make ``handle.version + 1`` durable, then local; returns it.
+
+        A commit that fails, at whichever step, leaves the provider as if it had not
+        started (invariant 10 of DESIGN.md): its writes, and what the stores hold in
+        memory of them (a stream time), are dropped, so a load of ``handle.version``
+        sees exactly that version. A version published before the failure stays
+        committed (its changelog is the commit point); when the local database
+        applied it too, a load of ``handle.version`` restores that version, and a
+        retry adopts the published commit."""
+        try:
+            return self._commit(handle)
+        except BaseException:
+            try:
+                handle.db.rollback()
+                handle.db.reload_stores()
+            except Exception:  # the next load finds out (it restores if need be)
+                log.warning("sessionstore: dropping a failed commit failed", exc_info=True)
+            raise
+
+    def _commit(self, handle: StoreHandle) -> int:
         start = time.perf_counter()
         db, version = handle.db, handle.version + 1
         adopted = self._identity.checkpoint_id is None and self._identity.adopt()

@@ -10,6 +10,15 @@ snapshots and changelogs carry no owner: whatever is downloaded from a checkpoin
 belongs to it, which is what lets a checkpoint be reached by any spelling of its
 URI, or copied to another folder or bucket.
 
+A checkpoint deleted and created again at its URI is another incarnation, with
+another id. A provider is checked when it is built and confirmed again (one read
+of ``_metadata``) at the first load of each run of its query
+(:meth:`CheckpointIdentity.confirm`), and a pending snapshot is published only
+if the checkpoint holds its commit, read right before its manifest is written
+(maintenance.py): the state of an old
+incarnation is never served, replayed onto or uploaded into a new one, however
+long the process that holds it lives (invariant 9 of DESIGN.md).
+
 ``_metadata`` also records the stores and the partition count: a restart with
 other stores or another count is refused (:class:`CheckpointMismatchError`).
 """
@@ -141,7 +150,8 @@ def _unnamed_pickles(
 
 class CheckpointIdentity:
     """The ``_metadata`` of an operator as one partition's provider sees it: checked
-    (and completed) once, and the checkpoint id its local state is owned by.
+    (and completed) once per incarnation, and the checkpoint id its local state is
+    owned by.
 
     ``operator`` is the operator's storage, ``remote`` the partition's.
     ``allow_pickle``: a processor store recorded with the pickle serde is adopted
@@ -167,12 +177,26 @@ class CheckpointIdentity:
         self._location = remote.location
         #: the recorded checkpoint id (None: a checkpoint of a release before ids)
         self.checkpoint_id: str | None = None
+        #: the specs and partition count :meth:`check` was given (for :meth:`confirm`)
+        self._wanted: tuple[list[StoreSpec], int | None] = ([], None)
 
     def check(self, specs: list[StoreSpec], num_partitions: int | None) -> list[StoreSpec]:
         """Check ``specs`` and ``num_partitions`` against ``_metadata`` (writing it,
         id included, for a new checkpoint; adding fields an older release left out);
         returns the specs to use (the recorded intervals adopted where left open).
-        :class:`CheckpointMismatchError` when they differ."""
+        :class:`CheckpointMismatchError` when they differ. :meth:`confirm` checks
+        them again when the checkpoint turns out to be another incarnation."""
+        self._wanted = (list(specs), num_partitions)
+        try:
+            recorded = read_metadata(self._operator)
+        except FileNotFoundError:
+            recorded = None
+        return self._check(recorded, specs, num_partitions)
+
+    def _check(
+        self, recorded: dict[str, Any] | None, specs: list[StoreSpec], num_partitions: int | None
+    ) -> list[StoreSpec]:
+        """:meth:`check` against ``recorded`` (None: there is no ``_metadata``)."""
         wanted = {
             "format": FORMAT,
             "operator_id": self._operator_id,
@@ -181,9 +205,7 @@ class CheckpointIdentity:
         }
         if self._key_types is not None:
             wanted[KEY_TYPES_FIELD] = self._key_types
-        try:
-            recorded = read_metadata(self._operator)
-        except FileNotFoundError:
+        if recorded is None:
             if self._files.latest():
                 # _metadata is written first when a checkpoint is born and last by
                 # a repartition: state without it is an unfinished copy
@@ -253,11 +275,31 @@ class CheckpointIdentity:
             self.checkpoint_id = recorded[CHECKPOINT_ID_FIELD]
         return self.checkpoint_id is not None
 
+    def confirm(self) -> list[StoreSpec] | None:
+        """Whether the checkpoint is still the incarnation this identity checked, by
+        one read of ``_metadata``: None if it is. Else (the checkpoint was deleted
+        and created again, or is being created again now; or the id this partition
+        believed at the checkpoint's birth lost the race) the recorded
+        ``_metadata`` is checked as :meth:`check` does (written, with a new id, if
+        there is none), its id taken, and the specs to use returned: from then on a
+        local database or a pending snapshot of the old incarnation is not owned."""
+        try:
+            recorded = read_metadata(self._operator)
+        except FileNotFoundError:
+            recorded = None
+        if recorded is not None and recorded.get(CHECKPOINT_ID_FIELD) == self.checkpoint_id:
+            return None
+        specs, num_partitions = self._wanted
+        return self._check(recorded, specs, num_partitions)
+
+    def _record_of(self, checkpoint_id: str | None) -> bytes:
+        return msgpack.packb([checkpoint_id, self._location])
+
     @property
     def record(self) -> bytes:
         """What a local database (or a pending snapshot) of this partition records
         as its owner: the checkpoint id and the location of this copy."""
-        return msgpack.packb([self.checkpoint_id, self._location])
+        return self._record_of(self.checkpoint_id)
 
     def owns(self, db: StateDB) -> bool:
         """Whether the local database ``db`` holds state of this checkpoint's copy.

@@ -57,6 +57,8 @@ Local, under an executor's ``local_dir`` (one partition's working copy)::
                                      written once it is whole; without it, or of
                                      another checkpoint, the snapshot is never uploaded
         <partition>.restore-<uuid>/db   a restore in progress, renamed to db when whole
+        <partition>.restore-<uuid>.lock held by the restoring process; a scratch whose
+                                     lock is free is a dead one's, swept (leftovers.py)
 
 Meta keys of a local database (:meth:`StateDB.get_meta`):
 

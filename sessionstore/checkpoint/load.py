@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +35,7 @@ from sessionstore.checkpoint.layout import (
     manifest_name,
     read_changelog_file,
 )
+from sessionstore.checkpoint.leftovers import restore_scratch, sweep_restores, sweep_staging
 from sessionstore.checkpoint.lineage import COMMIT_FIELD, LineageError, check_continues
 from sessionstore.checkpoint.metrics import millis
 from sessionstore.checkpoint.private_dir import private_dir
@@ -106,10 +106,12 @@ class PartitionLoader:
         if self.db is None:
             # before anything is read from or written to it, at each open (see private_dir)
             private_dir(self._local.root, base=self._local.base)
+            sweep_restores(self._local)  # a crashed process's (leftovers.py)
         if self.db is None and is_database(self._local.db):
             start = time.perf_counter()
             self.db = self._open(self._local.db)
             self._opened_ms = millis(time.perf_counter() - start)
+            sweep_staging(self._local)  # no other process builds one while we hold it
 
     def _open(self, path: str) -> StateDB:
         return StateDB.open(path, memory_max_mb=self._memory_max_mb)
@@ -216,20 +218,16 @@ class PartitionLoader:
         for i, base in enumerate(bases):
             if i and not all(v in changelogs for v in range(base + 1, version + 1)):
                 continue  # the changelogs after this older base are not retained
-            tmp = self._local.restore_dir(uuid.uuid4().hex)
-            try:
-                self._rebuild(database_in(tmp), base, version)
-            except _UnusableSnapshot as unusable:
-                shutil.rmtree(tmp, ignore_errors=True)
-                skipped.append(f"snapshot {base}: {unusable.cause}")
-                first = first or unusable.cause
-                continue
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            if skipped:
-                self._record_repair(version, base, skipped)
-            self._replace_local(tmp)
+            with restore_scratch(self._local) as tmp:  # removed after, also on errors
+                try:
+                    self._rebuild(database_in(tmp), base, version)
+                except _UnusableSnapshot as unusable:
+                    skipped.append(f"snapshot {base}: {unusable.cause}")
+                    first = first or unusable.cause
+                    continue
+                if skipped:
+                    self._record_repair(version, base, skipped)
+                self._replace_local(tmp)
             return
         assert first is not None
         raise first
@@ -241,8 +239,8 @@ class PartitionLoader:
         shutil.rmtree(self._local.db, ignore_errors=True)
         private_dir(self._local.root, base=self._local.base)  # checked again right before
         os.replace(database_in(tmp), self._local.db)
-        shutil.rmtree(tmp, ignore_errors=True)
         self.db = self._open(self._local.db)
+        sweep_staging(self._local)  # no other process builds one while we hold it
 
     def _rebuild(self, db_dir: str, base: int, version: int) -> None:
         """Download the snapshot of ``base`` (none for 0) into ``db_dir`` and replay

@@ -15,6 +15,7 @@ import shutil
 import time
 from typing import Any
 
+from sessionstore.checkpoint.changelog import CorruptChangelogError, read_changelog_header
 from sessionstore.checkpoint.identity import CheckpointPartition
 from sessionstore.checkpoint.layout import (
     CHANGELOG_GROUP,
@@ -23,6 +24,7 @@ from sessionstore.checkpoint.layout import (
     changelog_name,
     content_name,
     manifest_name,
+    read_changelog_file,
 )
 from sessionstore.checkpoint.lineage import COMMIT_FIELD, read_snapshot_record
 from sessionstore.checkpoint.orphans import OrphanSweep
@@ -40,6 +42,11 @@ __all__ = ["Maintenance"]
 log = logging.getLogger(__name__)
 
 
+class _Reincarnated(Exception):
+    """The checkpoint no longer holds the commit of a snapshot being uploaded (it
+    was deleted and created again meanwhile): the upload is not published."""
+
+
 class Maintenance:
     """Snapshot uploads, pruning beyond ``retain_versions`` and the orphan sweep
     (``orphan_grace_s`` must exceed the longest snapshot upload, see orphans.py)
@@ -51,7 +58,15 @@ class Maintenance:
         self._remote, self._files = partition.remote, partition.files
         self._local, self._identity = partition.local, partition.identity
         self._retain_versions = retain_versions
-        self._sweep = OrphanSweep(orphan_grace_s)
+        self._grace_s = orphan_grace_s
+        self._forget()
+        self._uploaded_bytes = 0  # since take_uploaded_bytes
+
+    def _forget(self) -> None:
+        """Start afresh: what the sweeps and reads learnt of the checkpoint's files
+        belongs to the incarnation whose id is :attr:`_incarnation`."""
+        self._incarnation = self._identity.checkpoint_id
+        self._sweep = OrphanSweep(self._grace_s)
         #: manifests read, by version, with the listing's stamp of the object read:
         #: maintenance reads each once instead of every retained one each time
         self._manifests: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -59,7 +74,6 @@ class Maintenance:
         #: whose hash was checked, or None for one this provider uploaded (bound
         #: to the stamp of the next listing)
         self._whole: dict[str, Any] = {}
-        self._uploaded_bytes = 0  # since take_uploaded_bytes
 
     def take_uploaded_bytes(self) -> int:
         """Snapshot bytes uploaded since the last call (a commit's metrics count them)."""
@@ -87,6 +101,8 @@ class Maintenance:
         report: dict[str, Any] = {
             "snapshots": [], "uploaded_bytes": 0, "deleted": [], "foreign": [],
         }  # fmt: skip
+        if self._identity.checkpoint_id != self._incarnation:
+            self._forget()  # the checkpoint was created again (StateStoreProvider.confirm)
         # One listing of the content files serves the uploads, the check of the new
         # base and the orphan sweep. It comes before the listing of the manifests,
         # so a manifest written meanwhile is seen by the sweep.
@@ -99,7 +115,15 @@ class Maintenance:
         used = set().union(*(referenced(m) for _, m in self._manifests.values()))
         self._bind_uploads(stored)
         for version in self._local.pending_snapshots():
-            manifest = self._upload_pending(version, used, report)
+            try:
+                manifest = self._upload_pending(version, used, report)
+            except _Reincarnated:
+                # this provider's checkpoint is gone: nothing more of it is touched
+                # (a load confirms the identity and starts afresh, see provider.py)
+                for pending in self._local.pending_snapshots():
+                    self._drop_pending(pending)
+                    report["foreign"].append(pending)
+                return report
             if manifest is not None:
                 snapshots.add(version)
                 self._whole.update(dict.fromkeys(referenced(manifest) - used))
@@ -216,9 +240,15 @@ class Maintenance:
             report["foreign"].append(version)
         elif (self._manifests.get(version) or (None, {}))[1].get(COMMIT_FIELD) != record.commit:
             # (else a retry after an upload that finished: already there)
+
+            def confirm() -> None:  # right before the manifest publishes the upload
+                if self._committed(version) != record.commit:
+                    raise _Reincarnated()
+
             manifest = upload_snapshot(
-                self._remote, path, version, known=used, commit=record.commit
-            )
+                self._remote, path, version, known=used, commit=record.commit,
+                before_manifest=confirm,
+            )  # fmt: skip
             uploaded = manifest.pop("uploaded_bytes")
             # the listing of the next maintenance gives its stamp (None never matches)
             self._manifests[version] = (None, manifest)
@@ -226,10 +256,32 @@ class Maintenance:
             report["uploaded_bytes"] += uploaded
             self._uploaded_bytes += uploaded
         # a failed upload raised above: the snapshot stays for the next maintenance
-        shutil.rmtree(path, ignore_errors=True)
+        self._drop_pending(version)
+        return manifest
+
+    def _committed(self, version: int) -> str | None:
+        """The commit of ``version`` in the checkpoint as it is now: the header of
+        its changelog (one ranged read), None if there is none or it is unreadable.
+
+        A pending snapshot is published only if it holds that commit: so the state
+        of a checkpoint deleted and created again since the snapshot was taken (the
+        new one has other commits, or no such version yet) never lands in the new
+        one, while a partition that believed a losing id at the checkpoint's birth
+        (see identity.py) still uploads its snapshots of the one lineage."""
+        try:
+            header = read_changelog_file(
+                lambda name: read_changelog_header(self._remote, name, guess=2048), version
+            )
+        except (FileNotFoundError, CorruptChangelogError):
+            return None
+        return header.get(COMMIT_FIELD)
+
+    def _drop_pending(self, version: int) -> None:
+        """Delete the pending local snapshot of ``version`` and its record."""
+        shutil.rmtree(self._local.snapshot(version), ignore_errors=True)
+        record_path = self._local.snapshot_record(version)
         if os.path.exists(record_path):
             os.unlink(record_path)
-        return manifest
 
     def _prune_changelogs(self, changelogs: dict[int, str], base: int) -> list[str]:
         """Delete the changelogs of versions up to ``base`` (which has a snapshot):

@@ -4,8 +4,9 @@ Modelled on Spark's RocksDB state store provider with changelog checkpointing.
 Version N is the state after micro-batch N; version 0 is empty. The provider is
 the composition of one part per job, each in its own module:
 
-* identity.py: which checkpoint the state belongs to (``_metadata``, checked once;
-  the checkpoint id a local database must record to be used);
+* identity.py: which checkpoint the state belongs to (``_metadata``, checked once
+  and confirmed at the first load of each run; the checkpoint id a local database
+  and a pending snapshot must record to be used);
 * load.py: loading a version (the local copy as is, caught up by replaying
   changelogs, or restored from a snapshot, around an unusable one);
 * commit.py: the handle collecting the next version and the commit protocol (the
@@ -17,6 +18,7 @@ Files and meta keys, remote and local: see layout.py.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +66,11 @@ __all__ = [
 #: (whose changelog header holds the event time the next batch reads) and one more
 #: for a batch replayed after a failure.
 MIN_RETAIN_VERSIONS = 3
+
+log = logging.getLogger(__name__)
+
+#: A provider's confirmed run before its first load: its constructor read the identity.
+_BUILT = object()
 
 
 class StateStoreProvider:
@@ -120,7 +127,7 @@ class StateStoreProvider:
         self._operator = open_filesystem(checkpoint_uri, storage_options).child(operator_id)
         self._remote: Storage = self._operator.child(str(partition_id))
         self._files = PartitionFiles(self._remote)
-        identity = CheckpointIdentity(
+        identity = self._identity = CheckpointIdentity(
             self._operator, self._remote, self._files, operator_id, key_types, allow_pickle
         )
         self.store_specs = identity.check(list(store_specs), num_partitions)
@@ -137,6 +144,9 @@ class StateStoreProvider:
             self._loader, self._maintenance, commit_observer,
         )  # fmt: skip
         self._handle: StoreHandle | None = None
+        #: the run whose loads need no confirmation of the checkpoint's identity
+        #: (see get_store); _BUILT: the constructor has just read it
+        self._confirmed_run: object = _BUILT
 
     def __repr__(self) -> str:
         return f"StateStoreProvider({self._remote.uri!r}, storage_options={self.storage_options})"
@@ -167,17 +177,50 @@ class StateStoreProvider:
         return self._files.latest()
 
     # ---------------------------------------------------------------- loading
-    def get_store(self, version: int) -> StoreHandle:
-        """The stores loaded at ``version``, ready to collect ``version + 1``."""
+    def get_store(self, version: int, run: str | None = None) -> StoreHandle:
+        """The stores loaded at ``version``, ready to collect ``version + 1``.
+
+        Each load first makes sure the checkpoint is still the one this provider
+        checked, not one deleted and created again at its URI since (one read of
+        ``_metadata``; its state is then never served, see :meth:`confirm`), except
+        in the steady state of a query: ``run`` names the run of the query the load
+        is for (a restart is a new run, and a checkpoint is deleted and created
+        again only between runs), and the identity is confirmed at the first load
+        of each run only, and not at the first load after the constructor read it.
+        """
         if type(version) is not int or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
+        if run is not None and not isinstance(run, str):
+            raise ValueError(f"run must be a str or None, got {run!r}")
         if self._handle is not None and self._handle.is_open:
             self._handle.abort()  # a retried task abandons the previous attempt
+        if self._confirmed_run is not _BUILT and (run is None or run != self._confirmed_run):
+            self.confirm()
+        self._confirmed_run = run
         db = self._loader.load(version)
         db.begin()
         stores = {spec.name: spec.open(db) for spec in self.store_specs}
         self._handle = StoreHandle(version, db, stores, self.committer.commit)
         return self._handle
+
+    def confirm(self) -> bool:
+        """Make sure this provider serves the checkpoint's current incarnation (one
+        read of ``_metadata``): False if it does. True if the checkpoint was deleted
+        and created again since it was checked (invariant 9 of DESIGN.md): the new
+        one is checked as the constructor does, the local database and pending
+        snapshots of the old one are then never used or uploaded (a load restores),
+        and maintenance forgets what it knew of the old one."""
+        specs = self._identity.confirm()
+        if specs is None:
+            return False
+        self.store_specs = specs
+        log.warning(
+            "sessionstore: %s: the checkpoint's id is not the one this provider checked "
+            "(the checkpoint was deleted and created again, or another partition's id "
+            "won at its creation); local state of the other id is not used",
+            self._remote.uri,
+        )
+        return True
 
     @property
     def local_db_path(self) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -78,13 +79,15 @@ def upload_snapshot(
     threads: int = 8,
     known: set[str] | None = None,
     commit: str | None = None,
+    before_manifest: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Upload the checkpoint in ``local_dir`` as the snapshot of ``version``.
 
     Small files go up as one pack, large ones by content, in parallel (pyarrow
     releases the GIL during I/O), content already in ``known`` (names under
     ``files/``; listed when None) skipped; the manifest, naming ``commit``, is
-    written last. Returns the manifest, with ``uploaded_bytes`` (what was new).
+    written last, after ``before_manifest()`` (which may raise to publish nothing).
+    Returns the manifest, with ``uploaded_bytes`` (what was new).
     """
     if known is None:
         known = set(storage.list(FILES_DIR))
@@ -117,6 +120,8 @@ def upload_snapshot(
     manifest = {"format": FORMAT, "version": version, "files": files, "pack": pack}
     if commit is not None:
         manifest["commit"] = commit
+    if before_manifest is not None:
+        before_manifest()
     storage.write_atomic(manifest_name(version), msgpack.packb(manifest))
     uploaded = sum(os.path.getsize(p) for p in todo.values())
     if pack is not None and pack["sha256"] not in known:

@@ -172,7 +172,10 @@ def _segmented(specs: list[StoreSpec]) -> list[StoreSpec]:
 class _ProviderRecipe:
     """Everything that shapes a partition's provider: its key in the store service
     (a query restarted with other settings, stores or partition count gets a new
-    provider, which re-checks the checkpoint) and how to make one."""
+    provider, which re-checks the checkpoint) and how to make one. The provider of
+    a key serves one incarnation of its checkpoint at a time: the first task of
+    each query run confirms the checkpoint's id (``get_store(run=...)``), and a
+    checkpoint deleted and created again is checked afresh, its old state dropped."""
 
     backend: StateBackend
     name: str
@@ -241,7 +244,8 @@ def partition_state(
     service = StoreService.instance()
     started = time.perf_counter()
     with service.provider(key, recipe.make) as provider:
-        handle = provider.get_store(info.batch_id)
+        # the checkpoint's identity is confirmed at the run's first task only
+        handle = provider.get_store(info.batch_id, run=info.run)
         # the metrics' load time includes a handover's wait for the holder
         handle.note(load_ms=millis(time.perf_counter() - started))
         try:

@@ -32,8 +32,9 @@ def provider(location, local, **kw):
 
 
 def commit(p, version, tag, arbiter=None):
-    """Commit ``version + 1`` adding session ("k", version) = ``tag``."""
-    h = p.get_store(version)
+    """Commit ``version + 1`` adding session ("k", version) = ``tag``, as a task of
+    one run of a query (its load does not confirm the checkpoint's identity)."""
+    h = p.get_store(version, run="run")
     h.arbitrate(arbiter)
     h["sessions"].put("k", version, version, tag)
     assert h.commit() == version + 1

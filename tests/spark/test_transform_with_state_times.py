@@ -141,4 +141,6 @@ def test_a_new_run_past_the_last_commit_takes_the_wall_clock(
     assert now >= before
     counts = s3_request_counts(s3)
     assert counts.pop("PUT") == 1 and set(counts) <= {"GET", "HEAD"}, counts
-    assert sum(counts.values()) <= 2, counts  # the changelog's name, and an older release's
+    # the changelog's name, and an older release's; and, the first load of a new
+    # run by a warm provider, the checkpoint's _metadata (HEAD and GET, invariant 9)
+    assert sum(counts.values()) <= 4, counts
