@@ -141,7 +141,9 @@ def test_a_live_restore_in_another_process_is_never_swept(tmp_path):
 def test_a_lock_left_without_its_scratch_is_swept_once_its_owner_is_gone(tmp_path):
     """A process killed between removing its scratch and its lock leaves the lock."""
     local = tmp_path / "local"
-    (local / "op" / "0").mkdir(parents=True)
+    (local / "op" / "0").mkdir(parents=True, mode=0o700)
+    for folder in (local, local / "op"):
+        folder.chmod(0o700)  # a local dir only its owner can read (private_dir.py)
     lock = local / "op" / f"0.restore-{'1' * 32}.lock"
     lock.touch()  # held by nobody
     p = StateStoreProvider(f"file://{tmp_path}/remote", "op", 0, SPECS, str(local))
