@@ -487,6 +487,18 @@ class Storage:
         with self._missing(rel):
             self._call("read", rel, attempt)
 
+    def upload_files(self, local_paths: list[str], rel: str) -> None:
+        """Write the local files one after the other to ``rel`` (atomically, as
+        :meth:`upload_file`), streamed: :data:`CHUNK_BYTES` in memory at a time
+        however large they are (a snapshot's pack)."""
+
+        def fill(out: Any) -> None:
+            for local_path in local_paths:
+                with open(local_path, "rb") as f:
+                    shutil.copyfileobj(f, out, CHUNK_BYTES)
+
+        self._call("write", rel, lambda: self._write(rel, fill))
+
 
 def _says_missing(exc: OSError) -> bool:
     """Whether a backend's error means the object was not there: some pyarrow
