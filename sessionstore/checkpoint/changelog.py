@@ -336,12 +336,14 @@ class Changelog:
                 dropped.append(cf)
         return (body_at, created, dropped), seen
 
-    def writes(self, limit: int = APPLY_BYTES) -> Iterator[WriteBuffer]:
-        """The writes, in buffers of about ``limit`` bytes of keys and values
+    def writes(self, limit: int | None = None) -> Iterator[WriteBuffer]:
+        """The writes, in buffers of about ``limit`` (:data:`APPLY_BYTES` unless
+        given) bytes of keys and values
         (:data:`_ENTRY_COST` more per entry: its Python objects): applied in turn,
         they make the commit. The first creates the created families, the last
         drops the dropped ones; writes to a dropped family are left out (the drop
         takes them), as a whole-file decode did."""
+        limit = APPLY_BYTES if limit is None else limit
         if self._format == 1:
             return self._writes_v1(limit)
         return self._writes_v2(limit)
@@ -374,7 +376,7 @@ class Changelog:
             except Exception as exc:
                 raise self._corrupt(f"unreadable body: {exc}") from None
             entries = buf.families.setdefault(cf, {})
-            left, step = n, 1024
+            left, step = n, 1  # then sized by what the entries so far cost
             while left:
                 m = min(step, left)
                 try:  # islice: whole runs of entries decoded in msgpack's C code
@@ -391,7 +393,7 @@ class Changelog:
                     yield buf
                     buf, used = WriteBuffer(), 0
                     entries = buf.families.setdefault(cf, {}) if left else {}
-                step = max(1, int((limit - used) * m / cost))
+                step = max(1, min(2 * m, int((limit - used) * m / cost)))
         buf.dropped.extend(dropped)
         yield buf
 
