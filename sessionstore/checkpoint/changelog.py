@@ -410,16 +410,20 @@ def decode_changelog(
 
 def fetch_changelog(storage: Any, rel: str, where: str, version: int, spool_dir: str) -> Changelog:
     """The checked changelog at ``rel`` of ``storage`` (named ``where`` in errors):
-    one request and decoded from memory up to :data:`INLINE_BYTES`; a larger one is
-    read in place on a local store, else downloaded (streamed) to a file in
-    ``spool_dir`` that closing the changelog deletes. ``FileNotFoundError`` if it
+    on a local store read in place; on an object store one request and decoded from
+    memory up to :data:`INLINE_BYTES`, a larger one downloaded (streamed) to a file
+    in ``spool_dir`` that closing the changelog deletes. ``FileNotFoundError`` if it
     does not exist."""
+    if storage.local:  # read in place, whatever its size
+        try:
+            source = _Source(path=storage.path(rel))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{storage.where(rel)} does not exist") from None
+        return Changelog(source, where, version)
     data = storage.read(rel, INLINE_BYTES)
     if len(data) < INLINE_BYTES:
         return Changelog(_Source(data), where, version)
     del data
-    if storage.local:
-        return Changelog(_Source(path=storage.path(rel)), where, version)
     os.makedirs(spool_dir, exist_ok=True)
     path = os.path.join(spool_dir, f"changelog-{version}-{uuid.uuid4().hex}")
     try:
