@@ -79,8 +79,10 @@ CREATE, PUT, DELETE, DROP = 0, 1, 2, 3
 INLINE_BYTES = 8 << 20
 #: About what one buffer of :meth:`Changelog.writes` holds: bytes of keys and
 #: values, plus :data:`_ENTRY_COST` per entry for its Python objects.
-APPLY_BYTES = 8 << 20
+APPLY_BYTES = 16 << 20
 _ENTRY_COST = 120
+#: The most entries one read of a large family takes at once.
+_MAX_STEP = 8192
 #: What the checksum pass and each unpacker read at a time.
 _READ_BYTES = 1 << 20
 
@@ -275,7 +277,7 @@ class Changelog:
         raise ValueError(f"no array at byte {at}")
 
     def _scan_v2(self, body_at: int) -> tuple[tuple, int]:
-        """``(created, [(family, keys at, values at, count)], dropped)`` of a
+        """``(created, [(family, keys at, values at, end, count)], dropped)`` of a
         format-2 body, its arrays skipped in msgpack's C code (nothing decoded but
         the family names), and the number of records."""
         unpacker = self._unpacker(body_at)
@@ -295,7 +297,7 @@ class Changelog:
                 unpacker.skip()
                 if n_keys != n_values:
                     raise ValueError(f"{n_keys} keys but {n_values} values in {cf!r}")
-                families.append((cf, keys_at, values_at, n_keys))
+                families.append((cf, keys_at, values_at, body_at + unpacker.tell(), n_keys))
             dropped = unpacker.unpack()
             if body_at + unpacker.tell() != self._foot_at:
                 raise ValueError("extra data after the body")
@@ -303,7 +305,7 @@ class Changelog:
                 raise ValueError("created or dropped families are not lists")
         except Exception as exc:
             raise self._corrupt(f"unreadable body: {exc}") from None
-        seen = len(created) + sum(f[3] for f in families) + len(dropped)
+        seen = len(created) + sum(f[4] for f in families) + len(dropped)
         return (created, families, dropped), seen
 
     def _records_v1(self, body_at: int) -> Iterator[tuple[int, Any, Any, Any]]:
@@ -367,35 +369,61 @@ class Changelog:
         created, families, dropped = self._body
         buf, used = WriteBuffer(), 0
         buf.created.extend(created)
-        for cf, keys_at, values_at, n in families:
+        for cf, keys_at, values_at, end, n in families:
             if cf in dropped:
                 continue
-            try:
-                keys, values = self._unpacker(keys_at), self._unpacker(values_at)
-                keys.read_array_header(), values.read_array_header()
-            except Exception as exc:
-                raise self._corrupt(f"unreadable body: {exc}") from None
-            entries = buf.families.setdefault(cf, {})
-            left, step = n, 1  # then sized by what the entries so far cost
-            while left:
-                m = min(step, left)
-                try:  # islice: whole runs of entries decoded in msgpack's C code
-                    got_keys, got_values = list(islice(keys, m)), list(islice(values, m))
-                    if len(got_keys) != m or len(got_values) != m:
-                        raise ValueError(f"the entries of {cf!r} end early")
-                    cost = sum(map(len, got_keys)) + sum(map(len, filter(None, got_values)))
+            cost = end - keys_at + _ENTRY_COST * n
+            if used and used + cost > limit:
+                yield buf
+                buf, used = WriteBuffer(), 0
+            if cost <= limit:  # the family fits: decoded whole, as fast as it gets
+                try:
+                    keys = msgpack.unpackb(self._source.read_at(keys_at, values_at - keys_at))
+                    values = msgpack.unpackb(self._source.read_at(values_at, end - values_at))
+                    buf.families.setdefault(cf, {}).update(zip(keys, values, strict=True))
                 except Exception as exc:
                     raise self._corrupt(f"unreadable body: {exc}") from None
-                cost += _ENTRY_COST * m
-                entries.update(zip(got_keys, got_values, strict=True))
-                used, left = used + cost, left - m
-                if used >= limit:
+                used += cost
+                continue
+            for i, (part, cost) in enumerate(self._family_parts(cf, keys_at, values_at, n, limit)):
+                if i:
                     yield buf
-                    buf, used = WriteBuffer(), 0
-                    entries = buf.families.setdefault(cf, {}) if left else {}
-                step = max(1, min(2 * m, int((limit - used) * m / cost)))
+                    buf = WriteBuffer()
+                buf.families[cf] = part
+                used = cost
         buf.dropped.extend(dropped)
         yield buf
+
+    def _family_parts(
+        self, cf: str, keys_at: int, values_at: int, n: int, limit: int
+    ) -> Iterator[tuple[dict, int]]:
+        """A family too large for one buffer, in parts of about ``limit`` and their
+        cost, read by two cursors (keys, values); a part's cost is the bytes its
+        entries took plus their Python objects (nothing is measured per entry)."""
+        try:
+            keys, values = self._unpacker(keys_at), self._unpacker(values_at)
+            keys.read_array_header(), values.read_array_header()
+        except Exception as exc:
+            raise self._corrupt(f"unreadable body: {exc}") from None
+        left, step = n, 1
+        while left:
+            part_keys, part_values, taken, used = [], [], 0, 0
+            while left and used < limit:
+                m = min(step, left)
+                before = keys.tell() + values.tell()
+                try:  # islice: whole runs of entries decoded in msgpack's C code
+                    part_keys += islice(keys, m)
+                    part_values += islice(values, m)
+                except Exception as exc:
+                    raise self._corrupt(f"unreadable body: {exc}") from None
+                cost = keys.tell() + values.tell() - before + _ENTRY_COST * m
+                taken, used, left = taken + m, used + cost, left - m
+                # sized by what the entries so far cost, at most doubling (a run of
+                # large values after small ones overshoots by one step at most)
+                step = max(1, min(2 * m, _MAX_STEP, int((limit - used) * m / cost)))
+            if len(part_keys) != taken or len(part_values) != taken:
+                raise self._corrupt(f"unreadable body: the entries of {cf!r} end early")
+            yield dict(zip(part_keys, part_values, strict=True)), used
 
 
 def decode_changelog(

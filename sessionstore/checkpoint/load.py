@@ -75,28 +75,18 @@ def replay_changelog(
     :class:`~sessionstore.checkpoint.lineage.LineageError`, before anything is
     applied); ``SessionStoreError`` if it did not bring ``db`` to ``version``.
 
-    One buffer is one atomic write. A changelog of several (a large one, streamed)
-    is not: when ``db`` is a database that is used as it is (``owner``, its
-    :data:`~sessionstore.checkpoint.layout.IDENTITY_KEY` record, given), the
-    record is removed before the first write and put back after the last, so a copy
-    left part way (a crash) is never used, only replaced by a restore."""
+    One buffer is one atomic write; a changelog of several (a large one, streamed)
+    is not. So when ``db`` is a database used as it is (``owner``, its
+    :data:`~sessionstore.checkpoint.layout.IDENTITY_KEY` record, given), the record
+    is removed before the first write and put back after the last: a copy left
+    part way (a crash) is never used, only replaced by a restore."""
     check_continues(header, commit_of(db), where, version)
-    buffers = iter([writes] if isinstance(writes, WriteBuffer) else writes)
-    first = next(buffers)
-    second = next(buffers, None)
-    if second is None:
-        db.apply(first)
-    else:
-        if owner is not None:
-            db.put_meta(IDENTITY_KEY, None)
-        db.apply(first)
-        del first
-        db.apply(second)
-        del second
-        for buf in buffers:
-            db.apply(buf)
-        if owner is not None:
-            db.put_meta(IDENTITY_KEY, owner)
+    if owner is not None:
+        db.put_meta(IDENTITY_KEY, None)
+    for buf in [writes] if isinstance(writes, WriteBuffer) else writes:
+        db.apply(buf)
+    if owner is not None:
+        db.put_meta(IDENTITY_KEY, owner)
     if committed_version(db) != version:
         raise SessionStoreError(f"{where} did not bring the state to version {version}")
 

@@ -114,7 +114,8 @@ def _merged(changelog, limit):
 
     whole, largest, chunks = WriteBuffer(), 0, list(changelog.writes(limit))
     for i, chunk in enumerate(chunks):
-        assert not chunk.created or i == 0 and not chunk.dropped or i == len(chunks) - 1
+        assert not chunk.created or i == 0
+        assert not chunk.dropped or i == len(chunks) - 1
         whole.created += chunk.created
         whole.dropped += chunk.dropped
         size = 0
