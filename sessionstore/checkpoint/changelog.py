@@ -30,11 +30,12 @@ file fails the length, count or checksum test, and the error names the file, the
 version and the problem.
 
 Reading (:class:`Changelog`) takes bounded memory whatever the file's size
-(invariant 5): a file above :data:`INLINE_BYTES` is read from a local file, its
-checksum computed a megabyte at a time, the body's arrays first skipped in msgpack's
-C code to check its shape and record count, then decoded by two cursors (one on a
-family's keys, one on its values) into buffers of about :data:`APPLY_BYTES`. Every
-check passes before a single write is handed out.
+(invariant 5): a file on a local store is read in place, one on an object store
+above :data:`INLINE_BYTES` from a local download; its checksum is computed a
+megabyte at a time and the body's arrays skipped in msgpack's C code to check its
+shape and record count; only then are its writes handed out, in buffers of about
+:data:`APPLY_BYTES`: a family that fits decoded whole, a larger one by two cursors
+(one on its keys, one on its values).
 """
 
 from __future__ import annotations
