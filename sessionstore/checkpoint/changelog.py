@@ -80,7 +80,7 @@ CREATE, PUT, DELETE, DROP = 0, 1, 2, 3
 INLINE_BYTES = 8 << 20
 #: About what one buffer of :meth:`Changelog.writes` holds: bytes of keys and
 #: values, plus :data:`_ENTRY_COST` per entry for its Python objects.
-APPLY_BYTES = 16 << 20
+APPLY_BYTES = 8 << 20
 _ENTRY_COST = 120
 #: The most entries one read of a large family takes at once.
 _MAX_STEP = 8192
