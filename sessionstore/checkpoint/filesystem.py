@@ -636,6 +636,18 @@ class Storage:
         with self._missing(rel):
             self._call("read", rel, attempt)
 
+    def upload_files(self, local_paths: list[str], rel: str) -> None:
+        """Write the local files one after the other to ``rel`` (atomically, as
+        :meth:`upload_file`), streamed: :data:`CHUNK_BYTES` in memory at a time
+        however large they are (a snapshot's pack)."""
+
+        def fill(out: Any) -> None:
+            for local_path in local_paths:
+                with open(local_path, "rb") as f:
+                    shutil.copyfileobj(f, out, CHUNK_BYTES)
+
+        self._call("write", rel, lambda: self._write(rel, fill))
+
 
 def _aside(target: str) -> str:
     """A hidden temporary name beside ``target`` (listings skip names with a dot)."""

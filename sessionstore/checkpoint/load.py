@@ -20,10 +20,11 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from sessionstore.checkpoint.changelog import decode_changelog
+from sessionstore.checkpoint.changelog import Changelog, fetch_changelog
 from sessionstore.checkpoint.identity import CheckpointPartition
 from sessionstore.checkpoint.layout import (
     IDENTITY_KEY,
@@ -40,6 +41,7 @@ from sessionstore.checkpoint.lineage import COMMIT_FIELD, LineageError, check_co
 from sessionstore.checkpoint.metrics import millis
 from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.snapshot import CorruptSnapshotError, download_snapshot
+from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.state_db import StateDB
 
@@ -61,14 +63,31 @@ class _UnusableSnapshot(Exception):
 
 
 def replay_changelog(
-    db: StateDB, where: str, version: int, header: dict[str, Any], writes: Any
+    db: StateDB,
+    where: str,
+    version: int,
+    header: dict[str, Any],
+    writes: WriteBuffer | Iterable[WriteBuffer],
+    owner: bytes | None = None,
 ) -> None:
-    """Apply the changelog of ``version`` (its ``header`` and ``writes``, read from
-    ``where``) onto ``db``, which must hold the commit it continues (else
+    """Apply the changelog of ``version`` (its ``header`` and ``writes``, one buffer
+    or a changelog's buffers in turn, read from ``where``) onto ``db``, which must
+    hold the commit it continues (else
     :class:`~sessionstore.checkpoint.lineage.LineageError`, before anything is
-    applied); ``SessionStoreError`` if it did not bring ``db`` to ``version``."""
+    applied); ``SessionStoreError`` if it did not bring ``db`` to ``version``.
+
+    One buffer is one atomic write; a changelog of several (a large one, streamed)
+    is not. So when ``db`` is a database used as it is (``owner``, its
+    :data:`~sessionstore.checkpoint.layout.IDENTITY_KEY` record, given), the record
+    is removed before the first write and put back after the last: a copy left
+    part way (a crash) is never used, only replaced by a restore."""
     check_continues(header, commit_of(db), where, version)
-    db.apply(writes)
+    if owner is not None:
+        db.put_meta(IDENTITY_KEY, None)
+    for buf in [writes] if isinstance(writes, WriteBuffer) else writes:
+        db.apply(buf)
+    if owner is not None:
+        db.put_meta(IDENTITY_KEY, owner)
     if committed_version(db) != version:
         raise SessionStoreError(f"{where} did not bring the state to version {version}")
 
@@ -175,31 +194,43 @@ class PartitionLoader:
         tail = range(local + 1, version + 1)
         if not all(v in changelogs for v in tail):
             return False
+        # a large changelog is downloaded beside the partition's folder (and deleted)
+        spool = self._local.restore_dir(uuid.uuid4().hex)
+        owner = self._identity.record
         try:
-            self.replay(self.db, local + 1)  # checked before anything is applied
-        except LineageError as exc:
-            log.warning("sessionstore: local copy not reused: %s", exc)
-            return False
-        for v in tail[1:]:
-            self.replay(self.db, v)
+            try:
+                self.replay(self.db, local + 1, spool, owner)  # checked before applied
+            except LineageError as exc:
+                log.warning("sessionstore: local copy not reused: %s", exc)
+                return False
+            for v in tail[1:]:
+                self.replay(self.db, v, spool, owner)
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
         self.db.reload_stores()
         return True
 
-    def changelog(self, version: int) -> tuple[dict[str, Any], Any]:
-        """``(header, writes)`` of the changelog of ``version``."""
+    def changelog(self, version: int, spool_dir: str) -> Changelog:
+        """The checked changelog of ``version`` (a large one downloaded into
+        ``spool_dir``; close it)."""
+        where = self._remote.where(changelog_name(version))
         try:
-            data = read_changelog_file(self._remote.read, version)
+            return read_changelog_file(
+                lambda name: fetch_changelog(self._remote, name, where, version, spool_dir),
+                version,
+            )
         except FileNotFoundError as exc:
             raise VersionNotFoundError(
                 f"changelog of version {version} is missing: {exc}"
             ) from None
-        return decode_changelog(data, self._remote.where(changelog_name(version)), version)
 
-    def replay(self, db: StateDB, version: int) -> None:
+    def replay(self, db: StateDB, version: int, spool_dir: str, owner: bytes | None = None) -> None:
         """Apply the remote changelog of ``version`` onto ``db`` (see
-        :func:`replay_changelog`)."""
-        header, buf = self.changelog(version)
-        replay_changelog(db, self._remote.where(changelog_name(version)), version, header, buf)
+        :func:`replay_changelog`), a bounded share at a time."""
+        with self.changelog(version, spool_dir) as changelog:
+            replay_changelog(
+                db, changelog.where, version, changelog.header, changelog.writes(), owner
+            )
 
     def _restore(self, version: int, snapshots: set[int], changelogs: set[int]) -> None:
         """Rebuild the local copy at ``version`` from remote files, all or nothing.
@@ -265,7 +296,7 @@ class PartitionLoader:
             for v in range(base + 1, version + 1):
                 self._progress("replay changelogs", v - base - 1, version - base)
                 try:
-                    self.replay(db, v)
+                    self.replay(db, v, os.path.dirname(db_dir))
                 except LineageError as exc:
                     if v == base + 1 and base:  # the snapshot holds another lineage
                         raise _UnusableSnapshot(exc) from None

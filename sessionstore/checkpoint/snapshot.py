@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from typing import Any
 
 import msgpack
@@ -72,6 +74,23 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def _copy_range(src: Any, offset: int, size: int, path: str) -> str:
+    """Copy ``size`` bytes of the open file ``src`` from ``offset`` to a new file at
+    ``path``, a megabyte at a time; the sha256 of what was copied (short when
+    ``src`` ends first)."""
+    src.seek(offset)
+    digest = hashlib.sha256()
+    with open(path, "wb") as out:
+        while size > 0:
+            chunk = src.read(min(size, 1 << 20))
+            if not chunk:
+                break
+            digest.update(chunk)
+            out.write(chunk)
+            size -= len(chunk)
+    return digest.hexdigest()
+
+
 def upload_snapshot(
     storage: Storage,
     local_dir: str,
@@ -96,24 +115,24 @@ def upload_snapshot(
     sizes = {n: os.path.getsize(p) for n, p in paths.items()}
     small = [n for n in names if sizes[n] < PACK_THRESHOLD]
     large = [n for n in names if sizes[n] >= PACK_THRESHOLD]
-    pack, blob = None, b""
-    if small:
-        parts, entries, offset = [], [], 0
+    pack = None
+    if small:  # hashed a file at a time, then uploaded streamed: never whole in memory
+        entries, offset, whole = [], 0, hashlib.sha256()
         for n in small:
             with open(paths[n], "rb") as f:
-                data = f.read()
+                data = f.read()  # below PACK_THRESHOLD
+            whole.update(data)
             digest = hashlib.sha256(data).hexdigest()
             entries.append({"name": n, "sha256": digest, "size": len(data), "offset": offset})
-            parts.append(data)
             offset += len(data)
-        blob = b"".join(parts)
-        pack = {"sha256": hashlib.sha256(blob).hexdigest(), "size": len(blob), "files": entries}
+        pack = {"sha256": whole.hexdigest(), "size": offset, "files": entries}
     with ThreadPoolExecutor(threads) as pool:
         digests = dict(zip(large, pool.map(_sha256, [paths[n] for n in large]), strict=True))
         todo = {d: paths[n] for n, d in digests.items() if d not in known}
         jobs = [pool.submit(storage.upload_file, p, content_name(d)) for d, p in todo.items()]
         if pack is not None and pack["sha256"] not in known:
-            jobs.append(pool.submit(storage.write_atomic, content_name(pack["sha256"]), blob))
+            packed = [paths[n] for n in small]
+            jobs.append(pool.submit(storage.upload_files, packed, content_name(pack["sha256"])))
         for job in jobs:
             job.result()
     files = [{"name": n, "sha256": digests[n], "size": sizes[n]} for n in large]
@@ -233,7 +252,9 @@ def download_snapshot(
     storage: Storage, version: int, target_dir: str, threads: int = 8
 ) -> dict[str, Any]:
     """Materialise the snapshot of ``version`` into the empty ``target_dir``: the
-    pack in one read, large files in parallel, every hash checked."""
+    pack and the large files in parallel, every hash checked, each streamed (the
+    pack is downloaded to a file there, checked, split and deleted), so memory
+    does not grow with their size."""
     manifest = read_manifest(storage, version)
     where = f"{storage.uri.rstrip('/')}/{manifest_name(version)}"
     os.makedirs(target_dir, exist_ok=True)
@@ -250,22 +271,28 @@ def download_snapshot(
             )
 
     def unpack(pack: dict[str, Any]) -> None:
+        local = os.path.join(target_dir, f".pack-{uuid.uuid4().hex}.tmp")
         try:
-            blob = storage.read(content_name(pack["sha256"]))
-        except FileNotFoundError as exc:
-            raise CorruptSnapshotError(where, version, f"missing pack: {exc}") from None
-        if hashlib.sha256(blob).hexdigest() != pack["sha256"]:
-            raise CorruptSnapshotError(
-                where, version, f"the pack does not match its sha256 {pack['sha256']}"
-            )
-        for entry in pack["files"]:
-            data = blob[entry["offset"] : entry["offset"] + entry["size"]]
-            if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            try:
+                storage.download(content_name(pack["sha256"]), local)
+            except FileNotFoundError as exc:
+                raise CorruptSnapshotError(where, version, f"missing pack: {exc}") from None
+            if _sha256(local) != pack["sha256"]:
                 raise CorruptSnapshotError(
-                    where, version, f"{entry['name']} does not match its sha256 {entry['sha256']}"
+                    where, version, f"the pack does not match its sha256 {pack['sha256']}"
                 )
-            with open(os.path.join(target_dir, entry["name"]), "wb") as f:
-                f.write(data)
+            with open(local, "rb") as blob:
+                for entry in pack["files"]:
+                    out = os.path.join(target_dir, entry["name"])
+                    if _copy_range(blob, entry["offset"], entry["size"], out) != entry["sha256"]:
+                        raise CorruptSnapshotError(
+                            where,
+                            version,
+                            f"{entry['name']} does not match its sha256 {entry['sha256']}",
+                        )
+        finally:
+            with suppress(OSError):
+                os.unlink(local)
 
     with ThreadPoolExecutor(threads) as pool:
         jobs = [pool.submit(fetch, entry) for entry in manifest["files"]]

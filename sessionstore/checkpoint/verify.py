@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessionstore.checkpoint.changelog import decode_changelog
+from sessionstore.checkpoint.changelog import fetch_changelog
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
     PartitionFiles,
@@ -105,9 +105,14 @@ def verify_partition(
     for i, v in enumerate(sorted(changelogs)):
         if progress is not None:
             progress(f"{where} changelogs", i, len(changelogs))
-        try:
-            name, data = read_changelog_file(lambda n: (n, files.storage.read(n)), v)
-            decode_changelog(data, f"{where}/{name}", v)  # named as it is stored
+        try:  # named as it is stored; a large one read a share at a time
+            with tempfile.TemporaryDirectory(prefix="sessionstore-verify-") as spool:
+                changelog = read_changelog_file(
+                    lambda n, v=v: fetch_changelog(files.storage, n, f"{where}/{n}", v, spool), v
+                )
+                with changelog:
+                    for _ in changelog.writes():
+                        pass
         except SessionStoreError as exc:
             problems.append(str(exc))
     sound_changelogs = not problems
