@@ -127,15 +127,21 @@ def pause_before_write(prefix: str, during: Callable[[], None]) -> Iterator[list
     is paused just before that write (after its listing, or its look for another
     attempt's changelog; it may raise, as a writer that dies there). Yields the
     names whose write was paused."""
-    originals = {name: getattr(Storage, name) for name in ("write_atomic", "write_exclusive")}
+    # a write names its target first, an upload (a file, or a pack streamed from
+    # several) second
+    writes = ("write_atomic", "write_exclusive", "upload_file", "upload_files")
+    originals = {name: getattr(Storage, name) for name in writes}
     paused: list[str] = []
 
     def pausing(original: Callable[..., Any]) -> Callable[..., Any]:
-        def write(storage: Storage, rel: str, data: bytes) -> Any:
+        upload = original.__name__.startswith("upload")
+
+        def write(storage: Storage, first: Any, second: Any) -> Any:
+            rel = second if upload else first
             if rel.startswith(prefix) and not paused:
                 paused.append(rel)
                 during()
-            return original(storage, rel, data)
+            return original(storage, first, second)
 
         return write
 

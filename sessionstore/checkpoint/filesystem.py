@@ -646,7 +646,8 @@ class Storage:
                 with open(local_path, "rb") as f:
                     shutil.copyfileobj(f, out, CHUNK_BYTES)
 
-        self._call("write", rel, lambda: self._write(rel, fill))
+        size = sum(os.path.getsize(p) for p in local_paths)  # a small pack: one PUT
+        self._call("write", rel, lambda: self._write(rel, fill, size))
 
 
 def _aside(target: str) -> str:
