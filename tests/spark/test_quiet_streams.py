@@ -164,3 +164,66 @@ def test_quiet_sessions_close_as_sparks_session_window(spark, tmp_path):
     read = spark.read.format("sessionstore").option("path", backend.checkpoint_uri)
     dump = read.option("operator", "update").option("store", "sessions").load().collect()
     assert sorted(r["key"] for r in dump) == ["c"]
+
+
+def test_quiet_windows_close_as_sparks_window_aggregation(spark, tmp_path):
+    """window_aggregate over a stream that goes quiet, against Spark's windowed
+    count with the same watermark: ``final`` writes the same windows, ``on_time``
+    the same values at the windows' end, and ``early_every`` an early result of the
+    window the last row opened, all without a further row; one idle batch each."""
+    from pyspark.sql import functions as F
+
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+
+    def builtin(stream):
+        return with_time(stream).groupBy(F.window("t", "10 seconds"), "user").agg(
+            F.count("*").alias("n")
+        )
+
+    def ours(emit, early, name):
+        def build(stream):
+            return window_aggregate(
+                with_time(stream).drop("ts"), key="user", timestamp="t", size="10 s",
+                aggregations={"n": "count"}, emit=emit, early_every=early, backend=backend,
+                name=name,
+            )  # fmt: skip
+
+        return build
+
+    want = [("a", T0, 2), ("b", T0, 1)]
+
+    def windows(rows, start, emission=None):
+        return sorted(
+            (r["user"], ms(r[start]), r["n"])
+            for r in rows
+            if r["user"] != "c" and emission in (None, r.get("emission"))
+        )
+
+    def spark_rows(qs):
+        return [{**r, "s": r["window"]["start"]} for r in qs["spark"].rows]
+
+    def done(qs):
+        return (
+            windows(spark_rows(qs), "s") == want
+            and windows(qs["final"].rows, "window_start") == want
+            and windows(qs["on_time"].rows, "window_start", "on_time") == want
+            and any(r["user"] == "c" for r in qs["on_time"].rows)
+        )
+
+    builds = {
+        "spark": (builtin, "append"),
+        "final": (ours("final", None, "final"), "append"),
+        "on_time": (ours("on_time", "1 s", "on_time"), "append"),
+    }
+    queries = run_quiet(spark, tmp_path, builds, done)
+    assert windows(spark_rows(queries), "s") == want
+    assert windows(queries["final"].rows, "window_start") == want
+    assert windows(queries["on_time"].rows, "window_start", "on_time") == want
+    early_c = [
+        (ms(r["window_start"]), r["n"], r["emission"])
+        for r in queries["on_time"].rows
+        if r["user"] == "c"
+    ]
+    assert early_c == [(T0 + 300_000, 1, "early")]
+    for q in queries.values():
+        assert q.idle_batches() == 1
