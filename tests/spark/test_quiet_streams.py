@@ -227,3 +227,61 @@ def test_quiet_windows_close_as_sparks_window_aggregation(spark, tmp_path):
     assert early_c == [(T0 + 300_000, 1, "early")]
     for q in queries.values():
         assert q.idle_batches() == 1
+
+
+def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
+    """What is due is read from the checkpoint, not from driver memory: an
+    ``availableNow`` run over both files stops with the first file's sessions due,
+    and a restart on a processing-time trigger, with no new row, emits them in a
+    batch without input. That due-only batch, replayed (its commit removed from
+    Spark's commit log, as when the driver dies after the state commit and before
+    Spark's), emits exactly the same rows."""
+    from pyspark.sql import functions as F
+
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    source = tmp_path / "in"
+    write_json(source, 0, FIRST)
+    write_json(source, 1, SECOND)
+    checkpoint = tmp_path / "ck"
+    by_batch: dict[int, list] = {}
+
+    def start(trigger: dict) -> Any:
+        stream = json_source(spark, source, SCHEMA)
+        out = sessionize(
+            stream.withColumn("t", F.timestamp_millis("ts")).drop("ts"), key="user",
+            timestamp="t", gap=f"{GAP_S} s", grace=0, backend=backend, name="restarted",
+        )  # fmt: skip
+
+        def take(batch, batch_id):
+            rows = sorted(map(str, batch.collect()))
+            by_batch[batch_id] = [*by_batch.get(batch_id, []), rows]
+
+        return (
+            out.writeStream.trigger(**trigger).option("checkpointLocation", str(checkpoint))
+            .foreachBatch(take).start()
+        )  # fmt: skip
+
+    def closed():
+        return [b for b, runs in by_batch.items() if any("'a'" in r for r in runs[-1])]
+
+    start({"availableNow": True}).awaitTermination(120)
+    before = set(by_batch)
+    query = start({"processingTime": TRIGGER})
+    try:
+        wait_for(lambda: closed() != [])
+        time.sleep(2)  # idle: nothing more is due
+    finally:
+        query.stop()
+    (due,) = closed()
+    assert due not in before and max(by_batch) == due  # one batch, after the restart
+    first = by_batch[due][0]
+    assert [("'a'" in r, "'b'" in r) for r in first] == [(True, False), (False, True)]
+    (checkpoint / "commits" / str(due)).unlink()
+    query = start({"processingTime": TRIGGER})
+    try:
+        wait_for(lambda: len(by_batch[due]) == 2)
+        time.sleep(2)
+    finally:
+        query.stop()
+    assert by_batch[due] == [first, first]  # the replay emits the same rows
+    assert max(by_batch) == due  # and nothing after it
