@@ -268,7 +268,40 @@ def _repartition(spark: Any, folder: Path) -> dict:
     return {"rows": summary["rows"]}
 
 
+def quiet_sessionize_case(spark: Any, folder: Path) -> dict:
+    """Item 1 of issue 39 (tests/spark/test_quiet_streams.py): a processing-time
+    query whose input goes quiet after a row that closes the first file's
+    sessions. The rows written without a further row, within 60 s."""
+    from pyspark.sql import functions as F
+
+    from spark_integration import sessionize
+    from tests.spark.test_quiet_streams import FIRST, GAP_S, SCHEMA, SECOND, TRIGGER
+
+    source, name = folder / "in", f"q{random.Random().randrange(10**9)}"
+    stream = json_source(spark, source, SCHEMA)
+    out = sessionize(
+        stream.withColumn("t", F.timestamp_millis("ts")).drop("ts"), key="user",
+        timestamp="t", gap=f"{GAP_S} s", grace=0, backend=_backend(folder), name="quiet",
+    )  # fmt: skip
+    query = (
+        out.writeStream.format("memory").queryName(name).trigger(processingTime=TRIGGER)
+        .option("checkpointLocation", str(folder / "spark-ckpt")).start()
+    )  # fmt: skip
+    try:
+        for index, rows in enumerate([[], FIRST, SECOND]):
+            if rows:
+                write_json(source, index, rows)
+            query.processAllAvailable()
+        deadline = time.monotonic() + 60
+        while spark.table(name).count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    return {"rows": _ordered(spark.table(name).collect(), ["user", "count"])}
+
+
 CASES: dict[str, Callable[[Any, Path], dict]] = {
+    "quiet_sessionize": quiet_sessionize_case,
     "sessionize": sessionize_case,
     "window_aggregate": window_aggregate_case,
     "temporal_join": temporal_join_case,
