@@ -37,6 +37,12 @@ batch moves no event time, so it makes nothing due and no batch follows it: no
 busy loop. Needs the Python source's admission API (Spark 4.2+, where
 ``latestOffset`` is given the start offset); on older Spark the operators run
 without the due source, as before.
+
+Spark refuses to restart a query whose sources differ from its checkpoint's, so
+whether an operator has a due source is decided when its checkpoint is new and
+kept for its life (the ``due_batches`` marker next to ``_metadata``, carried by
+``sessionstore repartition``): a checkpoint started before due batches, or with
+them turned off, keeps running without them.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from typing import Any
 
 from sessionstore.checkpoint.event_time import MissingEventTimeError, durable_event_time
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
-from sessionstore.checkpoint.layout import changelog_name, newest_committed
+from sessionstore.checkpoint.layout import DUE_BATCHES_MARKER, changelog_name, newest_committed
 from spark_integration.planning.backend import CONF_PREFIX, StateBackend
 
 __all__ = ["DUE_BATCHES_CONF", "OFFSET_FIELD", "DueTimes", "with_due_batches", "due_source_name"]
@@ -191,16 +197,42 @@ def _enabled(spark: Any) -> bool:
     return True
 
 
+def _decided(spark: Any, times: DueTimes) -> bool:
+    """Whether the operator's query reads a due source, decided once per checkpoint:
+    Spark refuses to restart a query whose sources differ from those its checkpoint
+    recorded. A checkpoint with the marker (:data:`DUE_BATCHES_MARKER`) keeps it; one
+    with committed versions and no marker (written without due batches, or by a
+    release before them) keeps running without; a new one follows the confs, and
+    gets the marker when it has the source."""
+    storage = times.storage()
+    if storage.exists(DUE_BATCHES_MARKER):
+        return True
+    if newest_committed(storage, 1) > 0:
+        log.info(
+            "sessionstore: operator %r: its checkpoint was started without due batches, "
+            "so it keeps running without them (a quiet stream's results wait for the "
+            "next row); a new checkpoint gets them", times.name,
+        )  # fmt: skip
+        return False
+    if not _enabled(spark):
+        return False
+    storage.write_atomic(DUE_BATCHES_MARKER, b"1")
+    return True
+
+
 def with_due_batches(
     df: Any, backend: StateBackend, name: str, num_partitions: int
 ) -> Any:
     """``df`` (an operator's streaming input, before its shuffle) with the operator's
     due source unioned in (see the module doc); ``df`` itself for a batch input, on
-    Spark before 4.2, or with due batches turned off (:data:`DUE_BATCHES_CONF`)."""
+    Spark before 4.2, with due batches turned off (:data:`DUE_BATCHES_CONF`) when
+    the checkpoint is new, or for a checkpoint started without them."""
     spark = df.sparkSession
-    if not df.isStreaming or not _enabled(spark):
+    if not df.isStreaming:
         return df
     times = DueTimes(backend, name, num_partitions)
+    if not _decided(spark, times):
+        return df
     source = _source_class(times, df.schema.json())
     spark.dataSource.register(source)
     due = spark.readStream.format(due_source_name(times)).load()
