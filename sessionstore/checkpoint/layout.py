@@ -140,6 +140,10 @@ CHECKPOINT_ID_FIELD = "checkpoint_id"
 #: columns its input is hash-partitioned by, in order (``["string", "long"]``).
 KEY_TYPES_FIELD = "key_types"
 EVENT_TIME_DIR = "event_time"
+#: Marks an operator whose Spark query reads a due source
+#: (spark_integration/planning/due_batches.py): Spark refuses a restart whose
+#: sources differ from its checkpoint's, so the choice holds for the checkpoint's life.
+DUE_BATCHES_MARKER = "due_batches"
 #: Initial state of transform_with_state, per planning and partition.
 INITIAL_STATE_DIR = "initial_state"
 #: The object that marks a planning's initial state as whole (not a partition number).

@@ -45,6 +45,7 @@ from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
     CHECKPOINT_ID_FIELD,
     COMMIT_KEY,
+    DUE_BATCHES_MARKER,
     IDENTITY_KEY,
     KEY_TYPES_FIELD,
     LAST_COMMIT_KEY,
@@ -465,6 +466,8 @@ def finish_repartition(plan: RepartitionPlan) -> tuple[int | None, str]:
         KEY_TYPES_FIELD: list(plan.key_types),
         CHECKPOINT_ID_FIELD: checkpoint_id,
     }
+    if plan.source().exists(DUE_BATCHES_MARKER):  # the query's sources stay as they were
+        plan.target().write_atomic(DUE_BATCHES_MARKER, plan.source().read(DUE_BATCHES_MARKER))
     write_metadata(plan.target(), metadata)
     return shared, checkpoint_id
 

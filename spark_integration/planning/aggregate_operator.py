@@ -16,6 +16,7 @@ from spark_integration.execution.output import OperatorOutput
 from spark_integration.execution.runtime import AggregatorTask
 from spark_integration.planning.aggregations import parse_aggregations, value_type
 from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.due_batches import with_due_batches
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
     TS,
@@ -96,7 +97,8 @@ class AggregateInput:
             bounded=self.bounded,
             **settings,
         )
-        return state_map(self.selected, self.keys, n, task, out_schema, name)
+        selected = with_due_batches(self.selected, backend, name, n)
+        return state_map(selected, self.keys, n, task, out_schema, name)
 
 
 def aggregate_input(

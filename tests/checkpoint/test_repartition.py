@@ -263,3 +263,19 @@ def test_operator_times_merge_by_their_rules(source, tmp_path):
     assert got == {"stream_time": INT64.pack(1), "emitted_close": None, "early_tick": INT64.pack(2)}
     assert db.get_meta(stream_time_key("table")) == INT64.pack(98)
     db.close()
+
+
+def test_the_due_batches_marker_moves_with_the_checkpoint(source, tmp_path):
+    """A query that read a due source (spark_integration/planning/due_batches.py)
+    must read one after a rescale, or Spark refuses its restart: the marker is
+    carried; a checkpoint without one gives a copy without one."""
+    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.layout import DUE_BATCHES_MARKER
+
+    plain = f"file://{tmp_path}/plain"
+    repartition_checkpoint(source, "op", 3, plain)
+    assert not open_filesystem(plain).child("op").exists(DUE_BATCHES_MARKER)
+    open_filesystem(source).child("op").write_atomic(DUE_BATCHES_MARKER, b"1")
+    marked = f"file://{tmp_path}/marked"
+    repartition_checkpoint(source, "op", 3, marked)
+    assert open_filesystem(marked).child("op").read(DUE_BATCHES_MARKER) == b"1"

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.spark.streams import drive, json_source, write_json
+from tests.spark.streams import drive, json_source, without_due_batches, write_json
 from tests.spark.test_sessionize import generated, rows_of
 
 EVENTS = "user string, ts long, amount long"
@@ -93,7 +93,8 @@ def sessionize_case(spark: Any, folder: Path) -> dict:
     lines: list[str] = []
     listener = log_state_metrics(spark, out=lines.append)
     try:
-        output = _one_stream(spark, folder, _events(1), build)
+        with without_due_batches(spark):  # a metrics line per file's batch
+            output = _one_stream(spark, folder, _events(1), build)
         wanted, deadline = len(_events(1)), time.monotonic() + 30
         while len(lines) < wanted and time.monotonic() < deadline:
             time.sleep(0.2)  # listeners hear of a batch after it ends
@@ -268,7 +269,40 @@ def _repartition(spark: Any, folder: Path) -> dict:
     return {"rows": summary["rows"]}
 
 
+def quiet_sessionize_case(spark: Any, folder: Path) -> dict:
+    """Item 1 of issue 39 (tests/spark/test_quiet_streams.py): a processing-time
+    query whose input goes quiet after a row that closes the first file's
+    sessions. The rows written without a further row, within 60 s."""
+    from pyspark.sql import functions as F
+
+    from spark_integration import sessionize
+    from tests.spark.test_quiet_streams import FIRST, GAP_S, SCHEMA, SECOND, TRIGGER
+
+    source, name = folder / "in", f"q{random.Random().randrange(10**9)}"
+    stream = json_source(spark, source, SCHEMA)
+    out = sessionize(
+        stream.withColumn("t", F.timestamp_millis("ts")).drop("ts"), key="user",
+        timestamp="t", gap=f"{GAP_S} s", grace=0, backend=_backend(folder), name="quiet",
+    )  # fmt: skip
+    query = (
+        out.writeStream.format("memory").queryName(name).trigger(processingTime=TRIGGER)
+        .option("checkpointLocation", str(folder / "spark-ckpt")).start()
+    )  # fmt: skip
+    try:
+        for index, rows in enumerate([[], FIRST, SECOND]):
+            if rows:
+                write_json(source, index, rows)
+            query.processAllAvailable()
+        deadline = time.monotonic() + 60
+        while spark.table(name).count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    return {"rows": _ordered(spark.table(name).collect(), ["user", "count"])}
+
+
 CASES: dict[str, Callable[[Any, Path], dict]] = {
+    "quiet_sessionize": quiet_sessionize_case,
     "sessionize": sessionize_case,
     "window_aggregate": window_aggregate_case,
     "temporal_join": temporal_join_case,

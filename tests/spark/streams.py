@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,17 @@ def drive(query: Any, steps: Sequence[Callable[[], None]]) -> None:
             query.processAllAvailable()
     finally:
         query.stop()
+
+
+@contextmanager
+def without_due_batches(spark: Any) -> Iterator[None]:
+    """Queries planned in the block run no due batches
+    (spark_integration/planning/due_batches.py): for tests whose claim is about
+    each data batch's own output, metrics or versions, one batch per input file."""
+    from spark_integration.planning.due_batches import DUE_BATCHES_CONF
+
+    spark.conf.set(DUE_BATCHES_CONF, "false")
+    try:
+        yield
+    finally:
+        spark.conf.unset(DUE_BATCHES_CONF)

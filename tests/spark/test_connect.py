@@ -131,6 +131,15 @@ def test_an_operator_gives_the_classic_output_over_connect(results, name):
     assert ours == theirs
 
 
+def test_a_quiet_stream_closes_its_sessions_over_connect(results):
+    """The due source works where the driver's Python is not ours: the first file's
+    two sessions are written with no row after the one that closed them."""
+    for side in ("cases", "classic"):
+        case = results[side]["quiet_sessionize"]
+        assert case["error"] is None, case["error"]
+        assert case["result"]["rows"] == [["a", 2], ["b", 1]]
+
+
 def _sessionize(results: dict, side: str) -> dict:
     case = results["cases" if side == "connect" else "classic"]["sessionize"]
     assert case["error"] is None, case["error"]

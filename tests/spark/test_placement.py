@@ -101,7 +101,7 @@ def test_in_spark_fewer_tasks_give_the_same_state_and_output(spark, tmp_path):
     sharded run 8 partitions committed per batch (including those without rows)."""
     from sessionstore.tools.reader import CheckpointSource
     from spark_integration import StateBackend, sessionize
-    from tests.spark.streams import json_source, run_stream, write_json
+    from tests.spark.streams import json_source, run_stream, without_due_batches, write_json
     from tests.spark.test_sessionize import GAP_MS, SCHEMA, generated, rows_of
 
     batches = generated(seed=5, batches=4, per_batch=30)
@@ -110,12 +110,13 @@ def test_in_spark_fewer_tasks_give_the_same_state_and_output(spark, tmp_path):
         spark.conf.set(placement.TASKS_CONF, tasks)
         try:
             uri = f"file://{tmp_path}/state-{tasks}"
-            out = sessionize(
-                json_source(spark, tmp_path / f"in-{tasks}", SCHEMA), key="user",
-                timestamp="ts", gap=f"{GAP_MS} ms", aggregations={"n": "count"},
-                backend=StateBackend(uri, local_dir=str(tmp_path / f"local-{tasks}")),
-                name="shards", num_partitions=8,
-            )  # fmt: skip
+            with without_due_batches(spark):  # versions are the files' batches
+                out = sessionize(
+                    json_source(spark, tmp_path / f"in-{tasks}", SCHEMA), key="user",
+                    timestamp="ts", gap=f"{GAP_MS} ms", aggregations={"n": "count"},
+                    backend=StateBackend(uri, local_dir=str(tmp_path / f"local-{tasks}")),
+                    name="shards", num_partitions=8,
+                )  # fmt: skip
         finally:
             spark.conf.unset(placement.TASKS_CONF)
         steps = [

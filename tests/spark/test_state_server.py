@@ -273,7 +273,7 @@ def test_in_spark_partitions_stay_warm_in_their_servers_and_a_killed_server_lose
     from sessionstore.tools.reader import CheckpointSource
     from spark_integration import StateBackend, sessionize
     from tests.models import offline_sessions
-    from tests.spark.streams import json_source, run_stream, write_json
+    from tests.spark.streams import json_source, run_stream, without_due_batches, write_json
     from tests.spark.test_sessionize import GAP_MS, SCHEMA, as_sessions, generated, rows_of
 
     batches = generated(seed=21)
@@ -291,11 +291,13 @@ def test_in_spark_partitions_stay_warm_in_their_servers_and_a_killed_server_lose
         spark.conf.set(ss.SERVERS_CONF, mode)
         try:
             uri, local = f"file://{tmp_path}/state-{mode}", tmp_path / f"local-{mode}"
-            out = sessionize(
-                json_source(spark, tmp_path / f"in-{mode}", SCHEMA), key="user", timestamp="ts",
-                gap=f"{GAP_MS} ms", aggregations={"n": "count"},
-                backend=StateBackend(uri, local_dir=str(local)), name="warm", num_partitions=4,
-            )  # fmt: skip
+            with without_due_batches(spark):  # a batch (and a load) per file
+                out = sessionize(
+                    json_source(spark, tmp_path / f"in-{mode}", SCHEMA), key="user",
+                    timestamp="ts", gap=f"{GAP_MS} ms", aggregations={"n": "count"},
+                    backend=StateBackend(uri, local_dir=str(local)), name="warm",
+                    num_partitions=4,
+                )  # fmt: skip
         finally:
             spark.conf.unset(ss.SERVERS_CONF)
         steps = []
