@@ -24,6 +24,7 @@ import msgpack
 
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
+    CHANGE_FIELD,
     CHECKPOINT_ID_FIELD,
     IDENTITY_KEY,
     KEY_TYPES_FIELD,
@@ -175,6 +176,13 @@ class CheckpointIdentity:
             return specs
         self.checkpoint_id = recorded.get(CHECKPOINT_ID_FIELD)
         where = f"{self._operator.uri}/{METADATA}"
+        change = recorded.get(CHANGE_FIELD)
+        if change is not None:  # committed, not yet applied: neither old nor new state
+            raise CheckpointMismatchError(
+                f"{where} records a change ({change.get('id')}) that is committed but not "
+                "applied (the command that made it was interrupted): run `sessionstore "
+                "erase` (or sessionstore.rewrite) on it again to finish it (docs/rewrite.md)"
+            )
         if recorded.get("format") != FORMAT:
             raise CheckpointMismatchError(
                 f"{where} has checkpoint format {recorded.get('format')}; this sessionstore "

@@ -137,6 +137,13 @@ CHECKPOINT_ID_FIELD = "checkpoint_id"
 #: The field of an operator's ``_metadata`` that holds the Spark types of the key
 #: columns its input is hash-partitioned by, in order (``["string", "long"]``).
 KEY_TYPES_FIELD = "key_types"
+#: The ``_metadata`` field of an offline change committed but not yet applied
+#: (change.py): every provider refuses the operator while it is there.
+CHANGE_FIELD = "change"
+#: ``<operator>/_changes/<id>/<partition>.manifest``: a change's staged manifests.
+CHANGES_DIR = "_changes"
+#: ``<operator>/_audit/<time>-<id>.json``: one record per applied change.
+AUDIT_DIR = "_audit"
 EVENT_TIME_DIR = "event_time"
 #: Initial state of transform_with_state, per planning and partition.
 INITIAL_STATE_DIR = "initial_state"
