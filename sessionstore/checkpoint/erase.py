@@ -27,15 +27,24 @@ from sessionstore.checkpoint.change import (
     pending_change,
     run_change,
 )
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import KEY_TYPES_FIELD
+from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.layout import KEY_TYPES_FIELD, read_metadata
 from sessionstore.encoding.keys import encode_key
 from sessionstore.stores.base import DEFAULT_KEY_SERDE
 from sessionstore.stores.registry import row_key_of, row_splitter_of
 
-__all__ = ["erase", "read_keys_file", "keys_digest", "typed_key"]
+__all__ = ["erase", "read_keys_file", "keys_digest", "typed_key", "recorded_key_types"]
 
 _INT_TYPES = frozenset({"long", "integer", "short", "byte"})
+
+
+def recorded_key_types(operator_storage: Storage) -> list[str] | None:
+    """The Spark types of the operator's key columns, as its ``_metadata`` records
+    them (None: not recorded, or no such operator, which :func:`erase` names)."""
+    try:
+        return read_metadata(operator_storage).get(KEY_TYPES_FIELD)
+    except FileNotFoundError:
+        return None
 
 
 def typed_key(text: str, key_types: list[str] | None) -> Any:

@@ -26,7 +26,7 @@ from sessionstore.stores import closing
 from sessionstore.stores.registry import row_key_of, row_splitter_of
 from sessionstore.stores.state_db import StateDB
 from sessionstore.tools.reader import CheckpointSource, store_rows
-from tests.checkpoint.test_repartition import KEYS, SPECS, TYPES, write_source
+from tests.checkpoint.test_repartition import SPECS, TYPES, write_source
 
 ERASED = [("a", 7), ("é", -1), ("user-1", 2**33)]
 VERSIONS = 20
@@ -87,7 +87,7 @@ def dumped(uri):
     for spec in SPECS:
         found = store_rows(CheckpointSource(uri), "op", spec.name, raw=True)
         out[spec.name] = sorted(
-            (repr({k: v for k, v in r.items() if k != "partition"}) for r in found)
+            repr({k: v for k, v in r.items() if k != "partition"}) for r in found
         )
     return out
 
