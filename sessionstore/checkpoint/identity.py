@@ -123,6 +123,14 @@ def with_recorded_intervals(
     return adopted
 
 
+def _half_applied(operator: Storage, change: dict[str, Any]) -> str:
+    return (
+        f"{operator.uri}/{METADATA} records a change ({change.get('id')}) that is "
+        "committed but not applied (the command that made it was interrupted): run "
+        "`sessionstore erase` on it again to finish it (docs/rewrite.md)"
+    )
+
+
 class CheckpointIdentity:
     """The ``_metadata`` of an operator as one partition's provider sees it: checked
     (and completed) once, and the checkpoint id its local state is owned by.
@@ -178,11 +186,7 @@ class CheckpointIdentity:
         where = f"{self._operator.uri}/{METADATA}"
         change = recorded.get(CHANGE_FIELD)
         if change is not None:  # committed, not yet applied: neither old nor new state
-            raise CheckpointMismatchError(
-                f"{where} records a change ({change.get('id')}) that is committed but not "
-                "applied (the command that made it was interrupted): run `sessionstore "
-                "erase` (or sessionstore.rewrite) on it again to finish it (docs/rewrite.md)"
-            )
+            raise CheckpointMismatchError(_half_applied(self._operator, change))
         if recorded.get("format") != FORMAT:
             raise CheckpointMismatchError(
                 f"{where} has checkpoint format {recorded.get('format')}; this sessionstore "
@@ -222,6 +226,18 @@ class CheckpointIdentity:
         new = {**metadata, CHECKPOINT_ID_FIELD: uuid.uuid4().hex}
         write_metadata(self._operator, new)
         self.checkpoint_id = read_metadata(self._operator).get(CHECKPOINT_ID_FIELD)
+
+    def recheck(self) -> None:
+        """Read ``_metadata`` again and take the checkpoint id it records now: an
+        offline change (erase, rewrite: change.py) gives the checkpoint a new id, so
+        a local database or pending snapshot of the state before it is no longer
+        this checkpoint's. :class:`CheckpointMismatchError` while a change is
+        committed but not applied."""
+        recorded = read_metadata(self._operator)
+        change = recorded.get(CHANGE_FIELD)
+        if change is not None:
+            raise CheckpointMismatchError(_half_applied(self._operator, change))
+        self.checkpoint_id = recorded.get(CHECKPOINT_ID_FIELD)
 
     def adopt(self) -> bool:
         """Give a checkpoint written before checkpoint ids existed its id, at its

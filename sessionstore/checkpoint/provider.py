@@ -120,6 +120,9 @@ class StateStoreProvider:
             self._operator, self._remote, self._files, operator_id, key_types
         )
         self.store_specs = identity.check(list(store_specs), num_partitions)
+        self._identity = identity
+        #: the query run whose tasks this provider served last (see begin_run)
+        self._run: str | None = None
         local = LocalPartition(local_dir, operator_id, partition_id)
         self._local_db_path = local.db
         partition = CheckpointPartition(self._remote, self._files, local, identity)
@@ -174,6 +177,16 @@ class StateStoreProvider:
         stores = {spec.name: spec.open(db) for spec in self.store_specs}
         self._handle = StoreHandle(version, db, stores, self.committer.commit)
         return self._handle
+
+    def begin_run(self, run: str | None) -> None:
+        """Called by each task with its query run (None: unknown). The first task of
+        a new run reads ``_metadata`` again (one read per partition and run): the
+        query was stopped, and an offline change (``sessionstore erase``) may have
+        replaced the state meanwhile under a new checkpoint id, which makes this
+        provider's local database another checkpoint's, restored before use."""
+        if run is not None and run != self._run:
+            self._identity.recheck()
+            self._run = run
 
     @property
     def local_db_path(self) -> str:

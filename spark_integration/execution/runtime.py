@@ -240,6 +240,7 @@ def partition_state(
     service = StoreService.instance()
     started = time.perf_counter()
     with service.provider(key, recipe.make) as provider:
+        provider.begin_run(info.run)  # a restarted query: the checkpoint may have changed
         handle = provider.get_store(info.batch_id)
         # the metrics' load time includes a handover's wait for the holder
         handle.note(load_ms=millis(time.perf_counter() - started))
