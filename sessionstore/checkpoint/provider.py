@@ -180,13 +180,16 @@ class StateStoreProvider:
 
     def begin_run(self, run: str | None) -> None:
         """Called by each task with its query run (None: unknown). The first task of
-        a new run reads ``_metadata`` again (one read per partition and run): the
-        query was stopped, and an offline change (``sessionstore erase``) may have
-        replaced the state meanwhile under a new checkpoint id, which makes this
-        provider's local database another checkpoint's, restored before use."""
-        if run is not None and run != self._run:
+        a new run reads ``_metadata`` again (one read per partition and restart):
+        the query was stopped, and an offline change (``sessionstore erase``) may
+        have replaced the state meanwhile under a new checkpoint id, which makes
+        this provider's local database another checkpoint's, restored before use.
+        A provider's first run costs nothing more: it read ``_metadata`` when made."""
+        if run is None or run == self._run:
+            return
+        if self._run is not None:
             self._identity.recheck()
-            self._run = run
+        self._run = run
 
     @property
     def local_db_path(self) -> str:

@@ -224,3 +224,22 @@ def test_kill_9_leaves_the_old_or_the_new_state(source, tmp_path, step, at):
     assert dumped(source) == without(before, ERASED)
     assert rows_of_keys(source, ERASED) == []
     assert not open_filesystem(source).child("op").list_dirs("_changes")
+
+
+def test_a_warm_provider_of_the_old_state_restores_at_the_next_run(source, tmp_path):
+    # a long-lived executor's provider: its database open at the version the
+    # restarted query loads, holding the keys' rows
+    provider = StateStoreProvider(source, "op", 0, SPECS, str(tmp_path / "warm"))
+    provider.begin_run("run-1")
+    h = provider.get_store(VERSIONS)
+    held = {k for k in ERASED if h["counts"].get(k) is not None}
+    assert held, "partition 0 holds none of the keys: pick others"
+    h.abort()
+    erase(source, "op", key=ERASED, quiet_s=0)
+    provider.begin_run("run-1")  # the same run: nothing read
+    assert provider.get_store(VERSIONS)["counts"].get(next(iter(held))) is not None
+    provider.begin_run("run-2")  # the query restarted: the erased state
+    h = provider.get_store(VERSIONS)
+    assert all(h["counts"].get(k) is None for k in ERASED)
+    assert h.commit() == VERSIONS + 1
+    provider.close()
