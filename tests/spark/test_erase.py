@@ -74,7 +74,7 @@ def test_an_erase_while_the_query_runs_is_refused(spark, tmp_path):
     stream = (
         query.writeStream.outputMode("append")
         .option("checkpointLocation", str(tmp_path / "spark-ck"))
-        .foreachBatch(lambda batch, _: None)
+        .foreachBatch(lambda batch, _: batch.count())  # runs the operator
         .start()
     )
     drive(stream, steps)
