@@ -83,3 +83,42 @@ def test_an_erase_while_the_query_runs_is_refused(spark, tmp_path):
     assert erase(backend.checkpoint_uri, "sessions", key=KEYS["sessions"], force=True)[
         "rows"
     ]["sessions"] > 0
+
+
+def test_transform_with_state_continues_as_if_the_keys_never_came(spark, tmp_path):
+    from spark_integration import transform_with_state
+    from tests.spark import processors as P
+    from tests.spark.streams import json_source, write_json
+    from tests.spark.test_transform_with_state import BATCHES, SCHEMA, _run
+
+    gone = ("a", "b")  # value, list and map state each (P.RowTracker)
+    # "a" comes back in the third batch: it must start from nothing
+    assert any(r["id"] == "a" for r in BATCHES[2])
+    clean = [[r for r in rows if r["id"] not in gone] for rows in BATCHES[:2]] + BATCHES[2:]
+
+    def stopped_and_restarted(tag, batches, between):
+        backend = StateBackend(f"file://{tmp_path}/{tag}", local_dir=str(tmp_path / f"l-{tag}"))
+        src = tmp_path / f"in-{tag}"
+
+        def run(part):
+            df = json_source(spark, src, SCHEMA)
+            steps = [lambda i=i: write_json(src, i, batches[i]) for i in part]
+            out = transform_with_state(
+                df, "id", P.RowTracker(), P.OUT_SCHEMA, backend=backend, name="t",
+                num_partitions=2,
+            )  # fmt: skip
+            return _run(out, tmp_path / f"ck-{tag}", steps)
+
+        run(range(2))
+        between(backend.checkpoint_uri)
+        return run(range(2, 3))
+
+    expected = stopped_and_restarted("clean", clean, lambda uri: None)
+    assert expected
+
+    def erase_keys(uri):
+        done = erase(uri, "t", key=list(gone), force=True)
+        assert done["version"] == 2 and sum(done["rows"].values()) > 0
+
+    got = stopped_and_restarted("erased", BATCHES, erase_keys)
+    assert sorted(got) == sorted(expected)
