@@ -145,7 +145,8 @@ def test_the_restarted_partition_continues_from_the_erased_version(source, tmp_p
         assert h.commit() == VERSIONS + 1
         provider.close()
     counts = dumped(source)["counts"]  # the key's only rows: the new ones, one a partition
-    assert [r for r in counts if repr(ERASED[0]) in r] == [repr({"key": ERASED[0], "value": 99})] * 4
+    new = repr({"key": ERASED[0], "value": 99})
+    assert [r for r in counts if repr(ERASED[0]) in r] == [new] * 4
 
 
 def test_a_checkpoint_committed_to_recently_is_refused(source):
