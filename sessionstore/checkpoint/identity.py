@@ -33,6 +33,7 @@ import msgpack
 
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import (
+    CHANGE_FIELD,
     CHECKPOINT_ID_FIELD,
     IDENTITY_KEY,
     KEY_TYPES_FIELD,
@@ -148,6 +149,14 @@ def _unnamed_pickles(
     ]  # fmt: skip
 
 
+def _half_applied(operator: Storage, change: dict[str, Any]) -> str:
+    return (
+        f"{operator.uri}/{METADATA} records a change ({change.get('id')}) that is "
+        "committed but not applied (the command that made it was interrupted): run "
+        "`sessionstore erase` on it again to finish it (docs/rewrite.md)"
+    )
+
+
 class CheckpointIdentity:
     """The ``_metadata`` of an operator as one partition's provider sees it: checked
     (and completed) once per incarnation, and the checkpoint id its local state is
@@ -219,6 +228,9 @@ class CheckpointIdentity:
             return specs
         self.checkpoint_id = recorded.get(CHECKPOINT_ID_FIELD)
         where = f"{self._operator.uri}/{METADATA}"
+        change = recorded.get(CHANGE_FIELD)
+        if change is not None:  # committed, not yet applied: neither old nor new state
+            raise CheckpointMismatchError(_half_applied(self._operator, change))
         if recorded.get("format") != FORMAT:
             raise CheckpointMismatchError(
                 f"{where} has checkpoint format {recorded.get('format')}; this sessionstore "
@@ -288,6 +300,9 @@ class CheckpointIdentity:
         except FileNotFoundError:
             recorded = None
         if recorded is not None and recorded.get(CHECKPOINT_ID_FIELD) == self.checkpoint_id:
+            change = recorded.get(CHANGE_FIELD)
+            if change is not None:  # an offline change committed, not yet applied
+                raise CheckpointMismatchError(_half_applied(self._operator, change))
             return None
         specs, num_partitions = self._wanted
         return self._check(recorded, specs, num_partitions)

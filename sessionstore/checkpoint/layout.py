@@ -10,7 +10,8 @@ Remote, under the checkpoint URI (object storage)::
                                      checkpoint's identity, see identity.py),
                                      key_types (Spark types of the key columns
                                      the operator partitions by, see
-                                     repartition.py)
+                                     repartition.py), change (an offline change
+                                     committed, not yet applied: change.py)
         event_time/<batch>/<partition>   int64: a partition's event time after a batch,
                                      written by earlier releases (now in the
                                      changelog header), still read: event_time.py
@@ -26,6 +27,10 @@ Remote, under the checkpoint URI (object storage)::
                                      without rows took, written by earlier releases
                                      (now in the changelog header), still read:
                                      processing_time.py
+        _changes/<id>/<partition>.manifest   an offline change's staged manifest
+                                     (change.py), loadable only once applied
+        _audit/<time>-<id>.json      JSON: one record per applied offline change
+                                     (counts and a hash, never user keys)
         <partition>/                 a decimal partition number
           changelog/<G>/<N>.changelog  every write of version N (see changelog.py); its
                                      upload is the commit point of version N. G is
@@ -139,6 +144,13 @@ CHECKPOINT_ID_FIELD = "checkpoint_id"
 #: The field of an operator's ``_metadata`` that holds the Spark types of the key
 #: columns its input is hash-partitioned by, in order (``["string", "long"]``).
 KEY_TYPES_FIELD = "key_types"
+#: The ``_metadata`` field of an offline change committed but not yet applied
+#: (change.py): every provider refuses the operator while it is there.
+CHANGE_FIELD = "change"
+#: ``<operator>/_changes/<id>/<partition>.manifest``: a change's staged manifests.
+CHANGES_DIR = "_changes"
+#: ``<operator>/_audit/<time>-<id>.json``: one record per applied change.
+AUDIT_DIR = "_audit"
 EVENT_TIME_DIR = "event_time"
 #: Marks an operator whose Spark query reads a due source
 #: (spark_integration/planning/due_batches.py): Spark refuses a restart whose

@@ -12,6 +12,7 @@
     sessionstore restore URI --operator OP --partition P [--version N] --to DIR
     sessionstore repartition URI --operator OP --partitions N --to URI2 [--version V]
                              [--key-types string,long]
+    sessionstore erase URI --operator OP (--key K ... | --keys-from FILE.parquet) [--force]
 
 ``URI`` is a checkpoint root (``file://``, a path, ``s3://`` with ``--storage-option
 k=v``, ``--storage-options-file FILE`` or the AWS environment) or a local database
@@ -740,6 +741,47 @@ def repartition(uri, operator, count, target, version, key_types, storage_option
             f"note: {uri} holds no shared event time after batch {done['version'] - 1}; "
             "the restarted query's idle partitions catch up one batch later"
         )
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", required=True)
+@click.option("--key", "keys", multiple=True, help="a key to erase (repeatable)")
+@click.option(
+    "--keys-from", default=None, type=click.Path(dir_okay=False, exists=True),
+    help="a Parquet file whose columns are the key columns, in order",
+)  # fmt: skip
+@click.option(
+    "--force", is_flag=True,
+    help="erase even though the checkpoint was committed to recently (docs/rewrite.md)",
+)  # fmt: skip
+@storage_option
+@allow_pickle_option
+def erase(uri, operator, keys, keys_from, force, storage_options, allow_pickle):
+    """Erase every row of the given keys from every store of an operator, in its
+    latest version and in its retained history (older versions are deleted). The
+    query must be stopped. docs/rewrite.md."""
+    from sessionstore.checkpoint.erase import erase as erase_keys
+    from sessionstore.checkpoint.erase import recorded_key_types, typed_key
+
+    source = _checkpoint_only(_source(uri, storage_options), "erase")
+    key_types = recorded_key_types(source.root.child(operator)) if keys else None
+    typed = [typed_key(k, key_types) for k in keys]
+    with _progress() as progress:
+        done = erase_keys(
+            uri, operator, key=typed, keys_from=keys_from,
+            storage_options=source.storage_options, force=force,
+            allow_pickle=allow_pickle, progress=progress,
+        )  # fmt: skip
+    if done["resumed"]:
+        click.echo(f"finished the interrupted change {done['resumed']}")
+    for store, rows in done["rows"].items():
+        click.echo(f"{store}: {rows:,} rows erased")
+    click.echo(
+        f"erased {done['keys']:,} keys (sha256 {done['keys_sha256']}) from {operator}: "
+        f"version {done['version']} is a new commit; versions before it are no longer "
+        "loadable"
+    )
 
 
 _SPARK = "▁▂▃▄▅▆▇█"

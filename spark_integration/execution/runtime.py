@@ -244,7 +244,8 @@ def partition_state(
     service = StoreService.instance()
     started = time.perf_counter()
     with service.provider(key, recipe.make) as provider:
-        # the checkpoint's identity is confirmed at the run's first task only
+        # the checkpoint's identity is confirmed at the run's first task only (an
+        # offline change, or a reset checkpoint, has a new id: see provider.confirm)
         handle = provider.get_store(info.batch_id, run=info.run)
         # the metrics' load time includes a handover's wait for the holder
         handle.note(load_ms=millis(time.perf_counter() - started))
