@@ -11,23 +11,19 @@ Layout (all integers big-endian)::
     body
     "SSCF" ‖ record count u64 ‖ crc32 u32 of every byte before this footer
 
-Format 2 (written): the body is one msgpack array ``[created families, [[family,
-[keys], [values]], ...], dropped families]``; a None value is a delete. Packing
-and unpacking whole lists stays in msgpack's C code: on a 12,000-write commit that
-encodes 8x and decodes 9x faster than format 1's record-by-record framing. The record count is
-creates + writes + drops.
+Format 2, the one written and the one read: the body is one msgpack array
+``[created families, [[family, [keys], [values]], ...], dropped families]``; a None
+value is a delete. Packing and unpacking whole lists stays in msgpack's C code: on
+a 12,000-write commit that encodes 8x and decodes 9x faster than a record-by-record
+framing. The record count is creates + writes + drops.
 
-Format 1 (still read): records ``length u32 ‖ msgpack [op, family, key, value]``
-with ops 0 create family, 1 put, 2 delete, 3 drop family.
-
-Either way a commit applies creates, then writes, then drops. The header is a map whose unknown
-keys a reader ignores, so adding ``metrics`` (which carries its own format number)
-left the file format at 2: older releases still read these changelogs, and
-changelogs without metrics read as before. The explicit magic
-and format version mean a reader never has to guess a format from its bytes (Spark
-had bugs of that kind: SPARK-51922, SPARK-52553). A torn, truncated or bit-flipped
-file fails the length, count or checksum test, and the error names the file, the
-version and the problem.
+A commit applies creates, then writes, then drops. The header is a map whose
+unknown keys a reader ignores (``metrics`` carries its own format number). The
+explicit magic and format version mean a reader never has to guess a format from
+its bytes (Spark had bugs of that kind: SPARK-51922, SPARK-52553): a file of any
+other format is refused, the error naming the file and its format. A torn,
+truncated or bit-flipped file fails the length, count or checksum test, and the
+error names the file, the version and the problem.
 """
 
 from __future__ import annotations
@@ -52,12 +48,8 @@ __all__ = [
 MAGIC = b"SSCL"
 FOOTER_MAGIC = b"SSCF"
 FORMAT = 2
-_READABLE = (1, 2)
 _HEAD = struct.Struct(">4sHI")
-_LEN = struct.Struct(">I")
 _FOOT = struct.Struct(">4sQI")
-
-CREATE, PUT, DELETE, DROP = 0, 1, 2, 3
 
 
 class CorruptChangelogError(SessionStoreError):
@@ -108,6 +100,10 @@ def encode_changelog(
     return data + _FOOT.pack(FOOTER_MAGIC, count, zlib.crc32(data))
 
 
+def _unknown_format(fmt: int) -> str:
+    return f"unknown changelog format {fmt}; this sessionstore reads format {FORMAT} only"
+
+
 def read_changelog_header(storage: Any, rel: str, guess: int = 4096) -> dict[str, Any]:
     """The header of the changelog at ``rel``, read with one or two ranged reads
     (the records and footer are not read, so nothing is checksummed)."""
@@ -116,8 +112,12 @@ def read_changelog_header(storage: Any, rel: str, guess: int = 4096) -> dict[str
     if len(data) < _HEAD.size:
         raise CorruptChangelogError(where, None, f"only {len(data)} bytes")
     magic, fmt, head_len = _HEAD.unpack_from(data)
-    if magic != MAGIC or fmt not in _READABLE:
-        raise CorruptChangelogError(where, None, f"bad magic {magic!r} or format {fmt}")
+    if magic != MAGIC:
+        raise CorruptChangelogError(
+            where, None, f"bad magic {magic!r}, not a sessionstore changelog"
+        )
+    if fmt != FORMAT:
+        raise CorruptChangelogError(where, None, _unknown_format(fmt))
     if _HEAD.size + head_len > len(data):
         data = storage.read(rel, _HEAD.size + head_len)
     try:
@@ -139,8 +139,8 @@ def decode_changelog(
     magic, fmt, head_len = _HEAD.unpack_from(data)
     if magic != MAGIC:
         raise corrupt(f"bad magic {magic!r}, not a sessionstore changelog")
-    if fmt not in _READABLE:
-        raise corrupt(f"format {fmt}, this sessionstore reads formats {_READABLE}")
+    if fmt != FORMAT:
+        raise corrupt(_unknown_format(fmt))
     foot_at = len(data) - _FOOT.size
     foot_magic, count, crc = _FOOT.unpack_from(data, foot_at)
     if foot_magic != FOOTER_MAGIC:
@@ -153,10 +153,7 @@ def decode_changelog(
         raise corrupt(f"unreadable header: {exc}") from None
     if version is not None and header.get("version") != version:
         raise corrupt(f"header says version {header.get('version')}")
-    if fmt == 1:
-        buf, seen = _records_v1(data, _HEAD.size + head_len, foot_at, corrupt)
-    else:
-        buf, seen = _body_v2(data[_HEAD.size + head_len : foot_at], corrupt)
+    buf, seen = _body_v2(data[_HEAD.size + head_len : foot_at], corrupt)
     if seen != count:
         raise corrupt(f"{seen} records but the footer counts {count}")
     return header, buf
@@ -178,30 +175,4 @@ def _body_v2(body: bytes, corrupt: Any) -> tuple[WriteBuffer, int]:
     for cf in dropped:
         buf.families.pop(cf, None)
         buf.dropped.append(cf)
-    return buf, seen
-
-
-def _records_v1(data: bytes, pos: int, foot_at: int, corrupt: Any) -> tuple[WriteBuffer, int]:
-    buf = WriteBuffer()
-    seen = 0
-    unpack = msgpack.unpackb
-    while pos < foot_at:
-        (size,) = _LEN.unpack_from(data, pos)
-        pos += _LEN.size
-        if pos + size > foot_at:
-            raise corrupt(f"record {seen} runs past the end of the records")
-        op, cf, key, value = unpack(data[pos : pos + size], raw=False)
-        pos += size
-        seen += 1
-        if op == PUT:
-            buf.families.setdefault(cf, {})[key] = value
-        elif op == DELETE:
-            buf.families.setdefault(cf, {})[key] = None
-        elif op == CREATE:
-            buf.created.append(cf)
-        elif op == DROP:
-            buf.families.pop(cf, None)
-            buf.dropped.append(cf)
-        else:
-            raise corrupt(f"unknown op {op} in record {seen - 1}")
     return buf, seen

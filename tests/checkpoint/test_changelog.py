@@ -8,7 +8,9 @@ from sessionstore.checkpoint.changelog import (
     CorruptChangelogError,
     decode_changelog,
     encode_changelog,
+    read_changelog_header,
 )
+from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.engine.write_buffer import WriteBuffer
 
 
@@ -43,7 +45,7 @@ def test_round_trip():
         (lambda d: d[:10], "shorter than header and footer"),
         (lambda d: d[:40] + bytes([d[40] ^ 1]) + d[41:], "checksum mismatch"),
         (lambda d: b"XXXX" + d[4:], "bad magic"),
-        (lambda d: d[:4] + b"\x00\x09" + d[6:], "format 9"),
+        (lambda d: d[:4] + b"\x00\x09" + d[6:], "unknown changelog format 9"),
     ],
 )
 def test_damage_is_detected_and_named(damage, reason):
@@ -61,7 +63,8 @@ def test_wrong_version_in_header():
 
 
 def _v1(records, version=7):
-    """A format-1 changelog, built by hand from the format's description."""
+    """A format-1 changelog (framed records: no release wrote it), whole and with
+    a valid checksum."""
     import struct
     import zlib
 
@@ -76,13 +79,23 @@ def _v1(records, version=7):
     return data + struct.pack(">4sQI", b"SSCF", len(records), zlib.crc32(data))
 
 
-def test_format_1_is_still_read():
-    data = _v1([[0, "s.3", None, None], [1, "s.3", b"k1", b"v1"], [2, "s.3", b"gone", None],
-                [1, "s.1", b"x", b"y"], [3, "s.1", None, None]])  # fmt: skip
-    header, buf = decode_changelog(data, "x/7.changelog", 7)
-    assert header["version"] == 7
-    assert buf.created == ["s.3"] and buf.dropped == ["s.1"]
-    assert buf.families == {"s.3": {b"k1": b"v1", b"gone": None}}  # a drop takes its writes
+def test_an_unknown_format_is_refused_naming_the_file_and_the_format(tmp_path):
+    """Only the format this release writes is read: a whole changelog of another
+    (format 1 here, with a valid checksum) is refused by the decoder and by the
+    header reader, each naming the file and the format."""
+    data = _v1([[0, "s.3", None, None], [1, "s.3", b"k1", b"v1"]])
+    with pytest.raises(CorruptChangelogError) as err:
+        decode_changelog(data, "s3://b/op/3/changelog/0/7.changelog", 7)
+    assert str(err.value).startswith(
+        "changelog s3://b/op/3/changelog/0/7.changelog (version 7) is corrupt: unknown "
+        "changelog format 1; this sessionstore reads format 2 only"
+    )
+    storage = open_filesystem(f"file://{tmp_path}/op/3")
+    storage.write_atomic("changelog/0/7.changelog", data)
+    with pytest.raises(CorruptChangelogError) as err:
+        read_changelog_header(storage, "changelog/0/7.changelog")
+    assert f"{tmp_path}/op/3/changelog/0/7.changelog" in str(err.value)
+    assert "unknown changelog format 1; this sessionstore reads format 2 only" in str(err.value)
 
 
 def test_new_changelogs_are_format_2_and_count_every_record():
