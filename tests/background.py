@@ -5,7 +5,9 @@ A job is a process tree of its own (a Spark Connect server and its client, a
 ``local-cluster`` application) that a test only reads the result of. Run where its
 test comes, it holds the suite up for a minute; started at collection, it runs
 beside the mostly single-threaded engine and checkpoint tests on the other core,
-and its test finds the result waiting. A test module opts in with a function
+and its test finds the result waiting. The background thread, and so every process
+its jobs start, runs at nice :data:`NICE`: a job takes the CPU the suite leaves
+idle, and slows the tests beside it little. A test module opts in with a function
 ``background_jobs(item)`` that returns ``{key: job}`` for one of its items (a job
 takes a tag and returns its result); ``tests/conftest.py`` asks every selected
 item and starts what they name, one job after another in one thread, in the
@@ -20,6 +22,7 @@ so :func:`stop_all`, at the end of the session, ends whatever a job left running
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -28,7 +31,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Job", "start", "result", "scratch", "stop_all"]
+__all__ = ["Job", "NICE", "start", "result", "scratch", "stop_all"]
+
+#: The niceness of the background thread and of the processes its jobs start.
+NICE = 10
 
 
 class Job:
@@ -74,6 +80,8 @@ def start(jobs: Iterable[tuple[str, Callable[[str], Any]]]) -> None:
         return
 
     def run_all() -> None:
+        # Linux: a thread's own niceness, inherited by the processes it starts
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         for job in new:
             job.execute()
 
