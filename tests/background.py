@@ -7,7 +7,9 @@ test comes, it holds the suite up for a minute; started at collection, it runs
 beside the mostly single-threaded engine and checkpoint tests on the other core,
 and its test finds the result waiting. The background thread, and so every process
 its jobs start, runs at nice :data:`NICE`: a job takes the CPU the suite leaves
-idle, and slows the tests beside it little. A test module opts in with a function
+idle, and slows the tests beside it little; once a test waits for a job, the job's
+thread and processes go back to nice 0 where the system allows it (root, or
+``CAP_SYS_NICE``). A test module opts in with a function
 ``background_jobs(item)`` that returns ``{key: job}`` for one of its items (a job
 takes a tag and returns its result); ``tests/conftest.py`` asks every selected
 item and starts what they name, one job after another in one thread, in the
@@ -101,11 +103,31 @@ def result(key: str, run: Callable[[str], Any], timeout: float = 1800.0) -> Any:
             here = False
     if here:
         job.execute()
-    elif not job.done.wait(timeout):
+    elif not job.done.is_set():
+        _renice(job.tag, 0)
+    if not job.done.wait(timeout):
         raise TimeoutError(f"background job {key} did not finish within {timeout:.0f} s")
     if job.error is not None:
         raise job.error
     return job.value
+
+
+def _renice(tag: str, nice: int) -> None:
+    """Every thread of the background thread's and of ``tag``'s processes to
+    ``nice``, where permitted (raising a priority needs privileges)."""
+    from tests.standalone.cluster import processes_of
+
+    tids = [] if _thread is None or _thread.native_id is None else [_thread.native_id]
+    for proc in processes_of(tag):
+        try:
+            tids += [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task")]
+        except OSError:  # gone meanwhile
+            pass
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError:  # not permitted, or gone
+            pass
 
 
 def stop_all() -> list[str]:
