@@ -87,3 +87,32 @@ def s3_counting_server():
 
     with moto_s3_server(record=True) as options:
         yield options
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that read a background job's result (``tests.background``) go last,
+    in their order: their jobs get the whole run to finish."""
+    items.sort(key=lambda item: hasattr(getattr(item, "module", None), "background_jobs"))
+
+
+def pytest_collection_finish(session):
+    """Start the out-of-process jobs the selected tests read (``tests.background``),
+    in the order of their tests, beside the tests that come before them."""
+    from tests.background import start
+
+    if session.config.option.collectonly:
+        return
+    wanted: dict = {}
+    for item in session.items:
+        jobs = getattr(getattr(item, "module", None), "background_jobs", None)
+        if jobs is not None:
+            for key, run in jobs(item).items():
+                wanted.setdefault(key, run)
+    start(wanted.items())
+
+
+def pytest_sessionfinish(session):
+    """End whatever a background job still runs (a session cut short)."""
+    from tests.background import stop_all
+
+    stop_all()

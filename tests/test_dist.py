@@ -3,7 +3,10 @@
 stores example and a ``sessionize`` query.
 
 The wheel is built once per session (or taken from ``SESSIONSTORE_WHEEL``, as
-``make cluster-test`` does with ``dist/``'s), the virtualenv once per session too.
+``make cluster-test`` does with ``dist/``'s), the virtualenv once per session too,
+and the ``sessionize`` query run once in it: a background job (``tests.background``)
+started when the suite's collection selects these tests, so the build, the install
+and the query's Spark run beside the tests before them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import background
 from tests.packaging import ROOT, build_dist, clean_env, make_venv, wheel_files, wheel_from_env
 
 pytestmark = pytest.mark.slow
@@ -23,20 +27,46 @@ pytestmark = pytest.mark.slow
 STORES_HEADING = "### Stores"
 
 
-@pytest.fixture(scope="session")
-def dist(tmp_path_factory) -> tuple[Path | None, Path]:
-    """``(sdist or None, wheel)``: built here unless ``SESSIONSTORE_WHEEL`` names one."""
+def build(tag: str) -> tuple[Path | None, Path]:
+    """``(sdist or None, wheel)``: built unless ``SESSIONSTORE_WHEEL`` names one."""
     wheel = wheel_from_env()
     if wheel is not None:
         return None, wheel
-    return build_dist(tmp_path_factory.mktemp("dist"))
+    return build_dist(background.scratch("dist"))
+
+
+def install(tag: str) -> Path:
+    """A fresh virtualenv with the wheel and its ``spark`` extra: its ``python``."""
+    _, wheel = background.result("dist", build)
+    return make_venv(background.scratch("venv") / "env", [f"{wheel}[spark]"])
+
+
+def query(tag: str) -> tuple[str, Path]:
+    """The ``sessionize`` query run on the installed wheel: its stdout and folder."""
+    python, folder = background.result("dist-venv", install), background.scratch("wheel-query")
+    out = run(
+        python, ["-c", SESSIONIZE, str(folder)], folder,
+        PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python),
+        SPARK_LOCAL_IP="127.0.0.1",
+    )  # fmt: skip
+    return out, folder
+
+
+def background_jobs(item: pytest.Item) -> dict:
+    """The build, the virtualenv and the query, started at collection."""
+    return {"dist": build, "dist-venv": install, "dist-query": query}
 
 
 @pytest.fixture(scope="session")
-def installed(dist, tmp_path_factory) -> Path:
+def dist() -> tuple[Path | None, Path]:
+    """``(sdist or None, wheel)``: built unless ``SESSIONSTORE_WHEEL`` names one."""
+    return background.result("dist", build)
+
+
+@pytest.fixture(scope="session")
+def installed(dist) -> Path:
     """A fresh virtualenv with the wheel and its ``spark`` extra: its ``python``."""
-    _, wheel = dist
-    return make_venv(tmp_path_factory.mktemp("venv") / "env", [f"{wheel}[spark]"])
+    return background.result("dist-venv", install)
 
 
 def run(python: Path, args: list[str], cwd: Path, **env: str) -> str:
@@ -152,12 +182,8 @@ spark.stop()
 """
 
 
-def test_sessionize_batch_query_runs_on_the_installed_wheel(installed, tmp_path):
-    out = run(
-        installed, ["-c", SESSIONIZE, str(tmp_path)], tmp_path,
-        PYSPARK_PYTHON=str(installed), PYSPARK_DRIVER_PYTHON=str(installed),
-        SPARK_LOCAL_IP="127.0.0.1",
-    )  # fmt: skip
+def test_sessionize_batch_query_runs_on_the_installed_wheel(installed):
+    out, tmp_path = background.result("dist-query", query)
     (line,) = [x for x in out.splitlines() if x.startswith("RESULT ")]
     assert json.loads(line[len("RESULT ") :]) == [
         ["alice", 0, 1_200_000, 2, 12, "upsert"],

@@ -70,7 +70,7 @@ from sessionstore.checkpoint.layout import (
     SNAPSHOT_DIR,
     VERSION_KEY,
     PartitionFiles,
-    changelog_names,
+    changelog_name,
     database_in,
     encode_version,
     event_time_name,
@@ -166,7 +166,7 @@ def _latest(storage: Storage, partition: int) -> tuple[int, list[int], int | Non
     latest = files.latest()
     if not latest:
         return latest, [], None
-    names = (*changelog_names(latest), manifest_name(latest))
+    names = (changelog_name(latest), manifest_name(latest))
     stamps = [s for s in (_stamp(part, rel) for rel in names) if s is not None]
     return latest, files.loadable(), max(stamps, default=None)
 

@@ -11,23 +11,19 @@ Layout (all integers big-endian)::
     body
     "SSCF" ‖ record count u64 ‖ crc32 u32 of every byte before this footer
 
-Format 2 (written): the body is one msgpack array ``[created families, [[family,
-[keys], [values]], ...], dropped families]``; a None value is a delete. Packing
-and unpacking whole lists stays in msgpack's C code: on a 12,000-write commit that
-encodes 8x and decodes 9x faster than format 1's record-by-record framing. The record count is
-creates + writes + drops.
+Format 2, the one written and the one read: the body is one msgpack array
+``[created families, [[family, [keys], [values]], ...], dropped families]``; a None
+value is a delete. Packing and unpacking whole lists stays in msgpack's C code: on
+a 12,000-write commit that encodes 8x and decodes 9x faster than a record-by-record
+framing. The record count is creates + writes + drops.
 
-Format 1 (still read): records ``length u32 ‖ msgpack [op, family, key, value]``
-with ops 0 create family, 1 put, 2 delete, 3 drop family.
-
-Either way a commit applies creates, then writes, then drops. The header is a map whose unknown
-keys a reader ignores, so adding ``metrics`` (which carries its own format number)
-left the file format at 2: older releases still read these changelogs, and
-changelogs without metrics read as before. The explicit magic
-and format version mean a reader never has to guess a format from its bytes (Spark
-had bugs of that kind: SPARK-51922, SPARK-52553). A torn, truncated or bit-flipped
-file fails the length, count or checksum test, and the error names the file, the
-version and the problem.
+A commit applies creates, then writes, then drops. The header is a map whose
+unknown keys a reader ignores (``metrics`` carries its own format number). The
+explicit magic and format version mean a reader never has to guess a format from
+its bytes (Spark had bugs of that kind: SPARK-51922, SPARK-52553): a file of any
+other format is refused, the error naming the file and its format. A torn,
+truncated or bit-flipped file fails the length, count or checksum test, and the
+error names the file, the version and the problem.
 
 Reading (:class:`Changelog`) takes bounded memory whatever the file's size
 (invariant 5): a file on a local store is read in place, one on an object store
@@ -68,12 +64,8 @@ __all__ = [
 MAGIC = b"SSCL"
 FOOTER_MAGIC = b"SSCF"
 FORMAT = 2
-_READABLE = (1, 2)
 _HEAD = struct.Struct(">4sHI")
-_LEN = struct.Struct(">I")
 _FOOT = struct.Struct(">4sQI")
-
-CREATE, PUT, DELETE, DROP = 0, 1, 2, 3
 
 #: A changelog up to this size is read in one request and decoded from memory; a
 #: larger one is read from a local file (a download, streamed) a share at a time.
@@ -136,6 +128,10 @@ def encode_changelog(
     return data + _FOOT.pack(FOOTER_MAGIC, count, zlib.crc32(data))
 
 
+def _unknown_format(fmt: int) -> str:
+    return f"unknown changelog format {fmt}; this sessionstore reads format {FORMAT} only"
+
+
 def read_changelog_header(storage: Any, rel: str, guess: int = 4096) -> dict[str, Any]:
     """The header of the changelog at ``rel``, read with one or two ranged reads
     (the records and footer are not read, so nothing is checksummed)."""
@@ -144,8 +140,12 @@ def read_changelog_header(storage: Any, rel: str, guess: int = 4096) -> dict[str
     if len(data) < _HEAD.size:
         raise CorruptChangelogError(where, None, f"only {len(data)} bytes")
     magic, fmt, head_len = _HEAD.unpack_from(data)
-    if magic != MAGIC or fmt not in _READABLE:
-        raise CorruptChangelogError(where, None, f"bad magic {magic!r} or format {fmt}")
+    if magic != MAGIC:
+        raise CorruptChangelogError(
+            where, None, f"bad magic {magic!r}, not a sessionstore changelog"
+        )
+    if fmt != FORMAT:
+        raise CorruptChangelogError(where, None, _unknown_format(fmt))
     if _HEAD.size + head_len > len(data):
         data = storage.read(rel, _HEAD.size + head_len)
     try:
@@ -238,8 +238,8 @@ class Changelog:
         magic, fmt, head_len = _HEAD.unpack(read_at(0, _HEAD.size))
         if magic != MAGIC:
             raise corrupt(f"bad magic {magic!r}, not a sessionstore changelog")
-        if fmt not in _READABLE:
-            raise corrupt(f"format {fmt}, this sessionstore reads formats {_READABLE}")
+        if fmt != FORMAT:
+            raise corrupt(_unknown_format(fmt))
         foot_at = size - _FOOT.size
         foot_magic, count, crc = _FOOT.unpack(read_at(foot_at, _FOOT.size))
         if foot_magic != FOOTER_MAGIC:
@@ -260,8 +260,8 @@ class Changelog:
             raise corrupt(f"unreadable header: {exc}") from None
         if self.version is not None and header.get("version") != self.version:
             raise corrupt(f"header says version {header.get('version')}")
-        self._foot_at, self._format = foot_at, fmt
-        body, seen = self._scan_v1(body_at) if fmt == 1 else self._scan_v2(body_at)
+        self._foot_at = foot_at
+        body, seen = self._scan(body_at)
         if seen != count:
             raise corrupt(f"{seen} records but the footer counts {count}")
         return header, foot_at, body
@@ -277,9 +277,9 @@ class Changelog:
             return int.from_bytes(head[1:5], "big")
         raise ValueError(f"no array at byte {at}")
 
-    def _scan_v2(self, body_at: int) -> tuple[tuple, int]:
-        """``(created, [(family, keys at, values at, end, count)], dropped)`` of a
-        format-2 body, its arrays skipped in msgpack's C code (nothing decoded but
+    def _scan(self, body_at: int) -> tuple[tuple, int]:
+        """``(created, [(family, keys at, values at, end, count)], dropped)`` of the
+        body, its arrays skipped in msgpack's C code (nothing decoded but
         the family names), and the number of records."""
         unpacker = self._unpacker(body_at)
         try:
@@ -309,36 +309,6 @@ class Changelog:
         seen = len(created) + sum(f[4] for f in families) + len(dropped)
         return (created, families, dropped), seen
 
-    def _records_v1(self, body_at: int) -> Iterator[tuple[int, Any, Any, Any]]:
-        """The records of a format-1 body, in order."""
-        at, seen, read_at = body_at, 0, self._source.read_at
-        while at < self._foot_at:
-            if at + _LEN.size > self._foot_at:
-                raise self._corrupt(f"record {seen} runs past the end of the records")
-            (size,) = _LEN.unpack(read_at(at, _LEN.size))
-            at += _LEN.size
-            if at + size > self._foot_at:
-                raise self._corrupt(f"record {seen} runs past the end of the records")
-            try:
-                op, cf, key, value = msgpack.unpackb(read_at(at, size), raw=False)
-            except Exception as exc:
-                raise self._corrupt(f"unreadable record {seen}: {exc}") from None
-            if op not in (CREATE, PUT, DELETE, DROP):
-                raise self._corrupt(f"unknown op {op} in record {seen}")
-            at += size
-            seen += 1
-            yield op, cf, key, value
-
-    def _scan_v1(self, body_at: int) -> tuple[tuple, int]:
-        created, dropped, seen = [], [], 0
-        for op, cf, _, _ in self._records_v1(body_at):
-            seen += 1
-            if op == CREATE:
-                created.append(cf)
-            elif op == DROP:
-                dropped.append(cf)
-        return (body_at, created, dropped), seen
-
     def writes(self, limit: int | None = None) -> Iterator[WriteBuffer]:
         """The writes, in buffers of about ``limit`` (:data:`APPLY_BYTES` unless
         given) bytes of keys and values
@@ -346,27 +316,9 @@ class Changelog:
         they make the commit. The first creates the created families, the last
         drops the dropped ones; writes to a dropped family are left out (the drop
         takes them), as a whole-file decode did."""
-        limit = APPLY_BYTES if limit is None else limit
-        if self._format == 1:
-            return self._writes_v1(limit)
-        return self._writes_v2(limit)
+        return self._writes(APPLY_BYTES if limit is None else limit)
 
-    def _writes_v1(self, limit: int) -> Iterator[WriteBuffer]:
-        body_at, created, dropped = self._body
-        buf, used = WriteBuffer(), 0
-        buf.created.extend(created)
-        for op, cf, key, value in self._records_v1(body_at):
-            if op in (PUT, DELETE) and cf not in dropped:
-                value = value if op == PUT else None
-                buf.families.setdefault(cf, {})[key] = value
-                used += len(key) + len(value or b"") + _ENTRY_COST
-                if used >= limit:
-                    yield buf
-                    buf, used = WriteBuffer(), 0
-        buf.dropped.extend(dropped)
-        yield buf
-
-    def _writes_v2(self, limit: int) -> Iterator[WriteBuffer]:
+    def _writes(self, limit: int) -> Iterator[WriteBuffer]:
         created, families, dropped = self._body
         buf, used = WriteBuffer(), 0
         buf.created.extend(created)

@@ -9,9 +9,9 @@ partition had after batch N, and that value is fixed once batch N has run:
   partition's changelog of version N+1 (:data:`EVENT_TIME_FIELD`), the largest
   event time the partition had seen after batch N (None before any). It is
   written by the commit itself, so it costs no request of its own and can never
-  disagree with the state it describes. (Releases before this one wrote a file
-  per partition and batch, ``event_time/<N>/<partition>``; a header without the
-  field is answered from that file, so a checkpoint written by them continues.)
+  disagree with the state it describes. A partition whose version N+1 has no
+  changelog (a repartitioned copy starts from snapshots) has the value in
+  ``event_time/<N>/<partition>`` instead, written by the repartition.
 * **The fast path** is a coordinator (in Spark, on the driver) that each task
   tells its event time once its commit is durable, and that each task of the
   next batch asks: no object-store request per task. When the coordinator lacks
@@ -57,15 +57,15 @@ class MissingEventTimeError(SessionStoreError, LookupError):
 
 def partition_event_time(operator_storage: Storage, batch_id: int, partition: int) -> int | None:
     """The event time ``partition`` recorded after ``batch_id``: the header field of
-    its changelog of version ``batch_id + 1`` (one ranged read), or, for a changelog
-    written before the field existed, the legacy ``event_time/<batch>/<partition>``
-    file (None when that partition had none)."""
+    its changelog of version ``batch_id + 1`` (one ranged read), or, for a partition
+    without that changelog (a repartitioned copy), the ``event_time/<batch>/<partition>``
+    file the repartition wrote (None when that partition had none)."""
     rel = f"{partition}/{changelog_name(batch_id + 1)}"
     try:
         header = partition_changelog_header(operator_storage, partition, batch_id + 1)
     except FileNotFoundError:
         # a partition that starts from a snapshot of this version with no changelog
-        # (a repartitioned checkpoint) has the legacy file, or had no event time
+        # (a repartitioned checkpoint) has the repartition's file, or had no event time
         try:
             return _I64.unpack(operator_storage.read(event_time_name(batch_id, partition)))[0]
         except FileNotFoundError:
@@ -76,9 +76,7 @@ def partition_event_time(operator_storage: Storage, batch_id: int, partition: in
             f"record of its event time after batch {batch_id} (was the batch run, or "
             f"the changelog pruned?)"
         ) from None
-    return recorded_time(
-        operator_storage, header, EVENT_TIME_FIELD, event_time_name(batch_id, partition)
-    )
+    return recorded_time(header, EVENT_TIME_FIELD)
 
 
 def max_event_time(times: Any) -> int | None:

@@ -13,8 +13,10 @@ Remote, under the checkpoint URI (object storage)::
                                      repartition.py), change (an offline change
                                      committed, not yet applied: change.py)
         event_time/<batch>/<partition>   int64: a partition's event time after a batch,
-                                     written by earlier releases (now in the
-                                     changelog header), still read: event_time.py
+                                     for a partition with no changelog of that
+                                     version to carry it (a repartitioned copy's
+                                     first version; else it is in the changelog
+                                     header): event_time.py
         initial_state/<token>/<partition>   Arrow IPC: a transform_with_state
                                      partition's initial state, written when the
                                      query is planned before any partition
@@ -23,10 +25,6 @@ Remote, under the checkpoint URI (object storage)::
                                      by the first planning after batch 1
         initial_state/<token>/complete   empty, written after every partition's
                                      object: that planning's copy is whole
-        processing_time/<batch>/<partition>   int64: the processing time a partition
-                                     without rows took, written by earlier releases
-                                     (now in the changelog header), still read:
-                                     processing_time.py
         _changes/<id>/<partition>.manifest   an offline change's staged manifest
                                      (change.py), loadable only once applied
         _audit/<time>-<id>.json      JSON: one record per applied offline change
@@ -36,8 +34,6 @@ Remote, under the checkpoint URI (object storage)::
                                      upload is the commit point of version N. G is
                                      N // CHANGELOG_GROUP: pruning deletes a whole
                                      group with one listing and one bulk delete.
-                                     Earlier releases wrote changelog/<N>.changelog,
-                                     still read (changelog_names)
           snapshot/<N>.manifest      the files of the snapshot of version N (see
                                      snapshot.py); written last, so it is the snapshot
           files/<sha256>             snapshot files by content, shared by snapshots;
@@ -101,7 +97,6 @@ __all__ = [
     "KEY_TYPES_FIELD",
     "EVENT_TIME_DIR",
     "INITIAL_STATE_DIR",
-    "PROCESSING_TIME_DIR",
     "CHANGELOG_DIR",
     "SNAPSHOT_DIR",
     "FILES_DIR",
@@ -112,7 +107,6 @@ __all__ = [
     "commit_of",
     "CHANGELOG_GROUP",
     "changelog_name",
-    "changelog_names",
     "changelog_group",
     "read_changelog_file",
     "newest_committed",
@@ -120,7 +114,6 @@ __all__ = [
     "manifest_name",
     "content_name",
     "event_time_name",
-    "processing_time_name",
     "initial_state_name",
     "initial_state_complete_name",
     "initial_state_tokens",
@@ -160,8 +153,6 @@ DUE_BATCHES_MARKER = "due_batches"
 INITIAL_STATE_DIR = "initial_state"
 #: The object that marks a planning's initial state as whole (not a partition number).
 _INITIAL_STATE_COMPLETE = "complete"
-#: Processing times that partitions without rows took (transform_with_state).
-PROCESSING_TIME_DIR = "processing_time"
 CHANGELOG_DIR = "changelog"
 SNAPSHOT_DIR = "snapshot"
 FILES_DIR = "files"
@@ -188,12 +179,6 @@ def changelog_name(version: int) -> str:
     return f"{changelog_group(version)}/{version}{_CHANGELOG_SUFFIX}"
 
 
-def changelog_names(version: int) -> tuple[str, str]:
-    """Where the changelog of ``version`` may be, in the order to try: its name, and
-    the flat ``changelog/<version>.changelog`` of releases before groups."""
-    return changelog_name(version), f"{CHANGELOG_DIR}/{version}{_CHANGELOG_SUFFIX}"
-
-
 def manifest_name(version: int) -> str:
     """``snapshot/<version>.manifest``, relative to a partition."""
     return f"{SNAPSHOT_DIR}/{version}{_MANIFEST_SUFFIX}"
@@ -209,13 +194,6 @@ def event_time_name(batch_id: int, partition: int | None = None) -> str:
     when ``partition`` is None)."""
     folder = f"{EVENT_TIME_DIR}/{batch_id}"
     return folder if partition is None else f"{folder}/{partition}"
-
-
-def processing_time_name(batch_id: int, partition: int) -> str:
-    """``processing_time/<batch>/<partition>`` relative to an operator: the wall
-    clock a partition without rows used as the batch's processing time, written by
-    releases before the changelog header held it (still read)."""
-    return f"{PROCESSING_TIME_DIR}/{batch_id}/{partition}"
 
 
 def initial_state_name(token: str, partition: int) -> str:
@@ -241,17 +219,9 @@ def initial_state_tokens(operator_storage: Storage) -> list[str]:
 
 
 def read_changelog_file(read: Callable[[str], T], version: int) -> T:
-    """``read(name)`` of the changelog of ``version``, under its grouped name or
-    else its flat one (a checkpoint of an earlier release); the
-    ``FileNotFoundError`` of the grouped name if neither exists."""
-    name, flat = changelog_names(version)
-    try:
-        return read(name)
-    except FileNotFoundError as missing:
-        try:
-            return read(flat)
-        except FileNotFoundError:
-            raise missing from None
+    """``read(name)`` of the changelog of ``version``, relative to its partition
+    (``FileNotFoundError`` if it has none)."""
+    return read(changelog_name(version))
 
 
 def partition_changelog_header(
@@ -266,19 +236,11 @@ def partition_changelog_header(
     )
 
 
-def recorded_time(
-    operator_storage: Storage, header: dict[str, Any], field: str, legacy_name: str
-) -> int | None:
-    """A time a partition recorded in its changelog ``header`` as ``field``, or for
-    a changelog written before that field existed, the legacy per-partition object
-    ``legacy_name`` (an 8-byte big-endian int); None if neither holds one."""
-    if field in header:
-        value = header[field]
-        return None if value is None else int(value)
-    try:
-        return INT64.unpack(operator_storage.read(legacy_name))[0]
-    except FileNotFoundError:
-        return None
+def recorded_time(header: dict[str, Any], field: str) -> int | None:
+    """A time a partition recorded in its changelog ``header`` as ``field`` (None
+    when it recorded none)."""
+    value = header.get(field)
+    return None if value is None else int(value)
 
 
 def operators(root: Storage) -> list[str]:
@@ -312,7 +274,7 @@ class PartitionFiles:
         self.storage = storage
 
     def changelogs(self) -> set[int]:
-        """Versions with a changelog, grouped or flat (one recursive listing)."""
+        """Versions with a changelog (one recursive listing)."""
         return set(self.changelog_files())
 
     def changelog_files(self) -> dict[int, str]:
@@ -326,7 +288,7 @@ class PartitionFiles:
                 or not name[: -len(_CHANGELOG_SUFFIX)].isdigit()
             ):
                 continue
-            if len(parts) == 1 or (len(parts) == 2 and parts[0].isdigit()):
+            if len(parts) == 2 and parts[0].isdigit():
                 found[int(name[: -len(_CHANGELOG_SUFFIX)])] = f"{CHANGELOG_DIR}/{rel}"
         return found
 
@@ -398,8 +360,7 @@ VERSION_KEY = b"committed_version"
 #: Which checkpoint a local database belongs to: msgpack ``[checkpoint id, location
 #: of the partition]``. Two queries may share a local_dir and an operator name, and
 #: one must never take the other's state. Written to the local database alone, never
-#: into a changelog. (Releases before checkpoint ids wrote the partition's URI under
-#: ``checkpoint_partition``, into the changelogs: that key is ignored.)
+#: into a changelog.
 IDENTITY_KEY = b"checkpoint_identity"
 #: The id of the commit whose state a local database holds (see lineage.py):
 #: written in the commit's batch, so changelogs and snapshots carry it.

@@ -285,8 +285,8 @@ class Maintenance:
 
     def _prune_changelogs(self, changelogs: dict[int, str], base: int) -> list[str]:
         """Delete the changelogs of versions up to ``base`` (which has a snapshot):
-        a whole group folder once every version of it is at most ``base``, a flat
-        changelog of an earlier release one by one. Returns what went."""
+        a whole group folder once every version of it is at most ``base``, a
+        changelog outside its group's folder one by one. Returns what went."""
         deleted = []
         groups: dict[str, list[int]] = {}
         for v, name in changelogs.items():

@@ -10,19 +10,12 @@ and TTL would decide differently from the output the sink kept. So the commit
 records the time in its changelog header (:data:`PROCESSING_TIME_FIELD`): no
 request of its own, and never out of step with the state it describes. It is
 read back, with one ranged read, only by a task that may be such a replay.
-(Releases before this one wrote ``processing_time/<batch>/<partition>`` per
-empty partition and batch, and deleted the one of two batches back: about five
-requests a task. A changelog without the field is answered from that object.)
 """
 
 from __future__ import annotations
 
 from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.layout import (
-    partition_changelog_header,
-    processing_time_name,
-    recorded_time,
-)
+from sessionstore.checkpoint.layout import partition_changelog_header, recorded_time
 
 __all__ = ["PROCESSING_TIME_FIELD", "recorded_processing_time"]
 
@@ -34,14 +27,11 @@ def recorded_processing_time(
     operator_storage: Storage, batch_id: int, partition: int
 ) -> int | None:
     """The processing time ``partition`` used in ``batch_id``: the header field of
-    its changelog of version ``batch_id + 1`` (one ranged read), or for a changelog
-    written before the field existed the legacy ``processing_time`` object. None
-    when the batch was never committed there (nothing was recorded: the caller
-    takes the time)."""
+    its changelog of version ``batch_id + 1`` (one ranged read). None when the
+    batch was never committed there, or its changelog records no time (nothing was
+    recorded: the caller takes the time)."""
     try:
         header = partition_changelog_header(operator_storage, partition, batch_id + 1)
     except FileNotFoundError:
         return None
-    return recorded_time(
-        operator_storage, header, PROCESSING_TIME_FIELD, processing_time_name(batch_id, partition)
-    )
+    return recorded_time(header, PROCESSING_TIME_FIELD)

@@ -14,9 +14,9 @@ version N::
      "pack": {"sha256": ..., "size": ...,                             # or None
               "files": [{"name": "CURRENT", "sha256": ..., "size": ..., "offset": ...}]}}
 
-Format 1 (earlier releases) has no pack: every file is in ``files``; it still loads.
-``commit`` (the id of the commit whose state the snapshot holds) is absent in
-manifests written before lineage; readers of those releases ignore it.
+A manifest of any other format is refused, the error naming the manifest and its
+format. ``commit`` (the id of the commit whose state the snapshot holds) may be
+None (state written before any commit id).
 
 The manifest is written last and atomically: a snapshot exists once its manifest
 does. On download, names from the manifest are validated (plain file names only:
@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 FORMAT = 2
-_READABLE = (1, 2)
 #: Files smaller than this go into the snapshot's pack.
 PACK_THRESHOLD = 1 << 20
 
@@ -190,7 +189,8 @@ def _check_name(name: Any, path: str, version: int) -> str:
 
 
 def read_manifest(storage: Storage, version: int) -> dict[str, Any]:
-    """The validated manifest of the snapshot of ``version`` (format 1 or 2)."""
+    """The validated manifest of the snapshot of ``version`` (format 2: any other is
+    refused by name)."""
     rel = manifest_name(version)
     where = f"{storage.uri.rstrip('/')}/{rel}"
     try:
@@ -199,8 +199,14 @@ def read_manifest(storage: Storage, version: int) -> dict[str, Any]:
         raise
     except Exception as exc:
         raise CorruptSnapshotError(where, version, f"unreadable manifest: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") not in _READABLE:
-        raise CorruptSnapshotError(where, version, f"unknown manifest format {manifest!r:.80}")
+    if not isinstance(manifest, dict):
+        raise CorruptSnapshotError(where, version, f"not a manifest: {manifest!r:.80}")
+    if manifest.get("format") != FORMAT:
+        raise CorruptSnapshotError(
+            where, version,
+            f"unknown manifest format {manifest.get('format')!r}; this sessionstore reads "
+            f"format {FORMAT} only",
+        )  # fmt: skip
     if manifest.get("version") != version:
         raise CorruptSnapshotError(
             where, version, f"manifest says version {manifest.get('version')}"

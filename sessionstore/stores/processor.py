@@ -53,7 +53,7 @@ from sessionstore.encoding.state_values import (
     value_codec,
 )
 from sessionstore.engine.db import META_CF
-from sessionstore.errors import StatefulProcessorError
+from sessionstore.errors import SessionStoreError, StatefulProcessorError
 from sessionstore.stores.base import UntimedStore, aux_key
 
 __all__ = [
@@ -99,6 +99,21 @@ def _payloads(
         value_codec(record.get("key_schema"), make_struct),
         history,
     )
+
+
+def recorded_declaration(store: str, variable: str, raw: bytes) -> dict[str, Any]:
+    """The recorded declaration of ``variable`` (see the module doc); a
+    :class:`~sessionstore.errors.SessionStoreError` naming the store, the variable
+    and the format when it is not of :data:`STATE_FORMAT`: its payloads could not
+    be read as this release reads them."""
+    record = msgpack.unpackb(raw)
+    recorded = record.get("format") if isinstance(record, dict) else None
+    if recorded != STATE_FORMAT:
+        raise SessionStoreError(
+            f"processor store {store!r}: state variable {variable!r} is recorded in "
+            f"format {recorded!r}; this sessionstore reads format {STATE_FORMAT} only"
+        )
+    return record
 
 
 def readable(payload: Any) -> Any:
@@ -147,7 +162,8 @@ class ProcessorStore(UntimedStore):
         self.declarations: dict[str, dict[str, Any]] = {}
         prefix = aux_key(self.name, _DECLARED)
         for key, raw in self._db.scan_list(META_CF, prefix, prefix[:-1] + b";"):
-            self.declarations[key[len(prefix) :].decode()] = msgpack.unpackb(raw)
+            variable = key[len(prefix) :].decode()
+            self.declarations[variable] = recorded_declaration(self.name, variable, raw)
 
     def declare(
         self,

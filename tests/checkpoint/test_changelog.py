@@ -10,7 +10,9 @@ from sessionstore.checkpoint.changelog import (
     CorruptChangelogError,
     decode_changelog,
     encode_changelog,
+    read_changelog_header,
 )
+from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.engine.write_buffer import WriteBuffer
 
 
@@ -45,7 +47,7 @@ def test_round_trip():
         (lambda d: d[:10], "shorter than header and footer"),
         (lambda d: d[:40] + bytes([d[40] ^ 1]) + d[41:], "checksum mismatch"),
         (lambda d: b"XXXX" + d[4:], "bad magic"),
-        (lambda d: d[:4] + b"\x00\x09" + d[6:], "format 9"),
+        (lambda d: d[:4] + b"\x00\x09" + d[6:], "unknown changelog format 9"),
     ],
 )
 def test_damage_is_detected_and_named(damage, reason):
@@ -63,7 +65,8 @@ def test_wrong_version_in_header():
 
 
 def _v1(records, version=7):
-    """A format-1 changelog, built by hand from the format's description."""
+    """A format-1 changelog (framed records: no release wrote it), whole and with
+    a valid checksum."""
     import struct
     import zlib
 
@@ -78,13 +81,23 @@ def _v1(records, version=7):
     return data + struct.pack(">4sQI", b"SSCF", len(records), zlib.crc32(data))
 
 
-def test_format_1_is_still_read():
-    data = _v1([[0, "s.3", None, None], [1, "s.3", b"k1", b"v1"], [2, "s.3", b"gone", None],
-                [1, "s.1", b"x", b"y"], [3, "s.1", None, None]])  # fmt: skip
-    header, buf = decode_changelog(data, "x/7.changelog", 7)
-    assert header["version"] == 7
-    assert buf.created == ["s.3"] and buf.dropped == ["s.1"]
-    assert buf.families == {"s.3": {b"k1": b"v1", b"gone": None}}  # a drop takes its writes
+def test_an_unknown_format_is_refused_naming_the_file_and_the_format(tmp_path):
+    """Only the format this release writes is read: a whole changelog of another
+    (format 1 here, with a valid checksum) is refused by the decoder and by the
+    header reader, each naming the file and the format."""
+    data = _v1([[0, "s.3", None, None], [1, "s.3", b"k1", b"v1"]])
+    with pytest.raises(CorruptChangelogError) as err:
+        decode_changelog(data, "s3://b/op/3/changelog/0/7.changelog", 7)
+    assert str(err.value).startswith(
+        "changelog s3://b/op/3/changelog/0/7.changelog (version 7) is corrupt: unknown "
+        "changelog format 1; this sessionstore reads format 2 only"
+    )
+    storage = open_filesystem(f"file://{tmp_path}/op/3")
+    storage.write_atomic("changelog/0/7.changelog", data)
+    with pytest.raises(CorruptChangelogError) as err:
+        read_changelog_header(storage, "changelog/0/7.changelog")
+    assert f"{tmp_path}/op/3/changelog/0/7.changelog" in str(err.value)
+    assert "unknown changelog format 1; this sessionstore reads format 2 only" in str(err.value)
 
 
 def test_new_changelogs_are_format_2_and_count_every_record():
@@ -146,8 +159,7 @@ def test_streamed_writes_add_up_to_the_whole_decode_in_bounded_buffers(
 ):
     """Held by invariant 5: a changelog's writes come in buffers of about
     ``limit``, and together they are exactly the writes a
-    whole-file decode gives, for format 2 and the format-1 records of the same
-    commit (a drop takes the family's writes in both)."""
+    whole-file decode gives (a drop takes the family's writes)."""
     from sessionstore.checkpoint.changelog import Changelog, _Source
 
     buf = WriteBuffer()
@@ -156,12 +168,7 @@ def test_streamed_writes_add_up_to_the_whole_decode_in_bounded_buffers(
         buf.put(cf, key, value)
     for cf in dropped:
         buf.drop_family(cf)
-    v1 = _v1(
-        [[0, cf, None, None] for cf in created]
-        + [[1 if v is not None else 2, cf, k, v] for cf, e in buf.families.items() for k, v in e.items()]
-        + [[3, cf, None, None] for cf in dropped]
-    )  # fmt: skip
-    for data in (encode_changelog(buf, "op", 3, 7), v1):
+    for data in (encode_changelog(buf, "op", 3, 7),):
         header, whole = decode_changelog(data, "x/7.changelog", 7)
         assert whole.created == created and whole.dropped == dropped
         assert whole.families == {cf: e for cf, e in buf.families.items() if cf not in dropped}

@@ -1,5 +1,5 @@
-"""The durable record of an operator's event time: changelog headers (and the legacy
-per-batch files of earlier releases)."""
+"""The durable record of an operator's event time: changelog headers (and the
+per-partition file a repartitioned copy's first version reads)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,15 @@ from sessionstore.checkpoint.event_time import (
     partition_event_time,
 )
 from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import event_time_name
+from sessionstore.checkpoint.layout import changelog_name, event_time_name
 from sessionstore.encoding.ints import INT64
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]
 
 
-def commit_batches(uri, local, times_by_batch, options=None, legacy=False):
+def commit_batches(uri, local, times_by_batch, options=None):
     """Commit one version per batch for every partition: ``times_by_batch[b][p]``
-    is partition p's event time after batch b. ``legacy``: written the way
-    releases before the header field did (a file per partition and batch)."""
+    is partition p's event time after batch b."""
     partitions = len(times_by_batch[0])
     operator = open_filesystem(uri, options).child("op")
     for p in range(partitions):
@@ -32,11 +31,7 @@ def commit_batches(uri, local, times_by_batch, options=None, legacy=False):
         )
         for batch, times in enumerate(times_by_batch):
             handle = provider.get_store(batch)
-            if legacy:
-                if times[p] is not None:
-                    operator.write_atomic(event_time_name(batch, p), INT64.pack(times[p]))
-            else:
-                handle.note_event_time(times[p])
+            handle.note_event_time(times[p])
             handle.commit()
         provider.close()
     return operator
@@ -53,13 +48,19 @@ def test_each_partition_records_its_event_time_in_its_changelog(checkpoint_locat
     assert operator.list_dirs() == ["0", "1", "2"]  # no object of its own
 
 
-def test_a_checkpoint_of_an_earlier_release_reads_its_event_time_files(tmp_path):
-    operator = commit_batches(
-        f"file://{tmp_path}/r", tmp_path / "l", [[5, None], [7, 8]], legacy=True
-    )
+def test_the_header_is_the_record_and_a_partition_without_the_changelog_reads_its_file(
+    tmp_path,
+):
+    """A file beside a changelog is never read (the header holds the record); a
+    partition without the changelog (a repartitioned copy) reads the file."""
+    operator = commit_batches(f"file://{tmp_path}/r", tmp_path / "l", [[5, None], [7, 8]])
+    operator.write_atomic(event_time_name(1, 0), INT64.pack(99))
+    operator.write_atomic(event_time_name(0, 1), INT64.pack(99))
     assert [partition_event_time(operator, 1, p) for p in range(2)] == [7, 8]
     assert partition_event_time(operator, 0, 1) is None
     assert durable_event_time(operator, 0, 2) == 5
+    operator.delete(f"0/{changelog_name(2)}")
+    assert partition_event_time(operator, 1, 0) == 99
 
 
 def test_a_missing_record_is_an_error_naming_the_changelog(tmp_path):

@@ -11,13 +11,8 @@ import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import (
-    PartitionFiles,
-    changelog_names,
-    content_name,
-    manifest_name,
-)
-from sessionstore.checkpoint.snapshot import read_manifest, referenced
+from sessionstore.checkpoint.layout import PartitionFiles, content_name, manifest_name
+from sessionstore.checkpoint.snapshot import CorruptSnapshotError, read_manifest, referenced
 from sessionstore.checkpoint.verify import verify_checkpoint
 from tests.object_stores import (
     moto_s3_server,
@@ -130,10 +125,10 @@ def test_fewer_than_three_retained_versions_are_refused(tmp_path, value):
         )
 
 
-def as_written_by_an_earlier_release(remote, version):
-    """Rewrite a partition as releases before packs and changelog groups left it:
-    the manifest of ``version`` in format 1 (every file by content) and every
-    changelog at its flat name."""
+def without_pack(remote, version, fmt=2):
+    """Rewrite the manifest of ``version`` with every file by content and no pack,
+    in format ``fmt`` (another writer's manifest when 2; 1 is a format no release
+    wrote)."""
     manifest = read_manifest(remote, version)
     blob = remote.read(content_name(manifest["pack"]["sha256"]))
     files = list(manifest["files"])
@@ -142,17 +137,14 @@ def as_written_by_an_earlier_release(remote, version):
         remote.write_atomic(content_name(entry["sha256"]), data)
         files.append({"name": entry["name"], "sha256": entry["sha256"], "size": entry["size"]})
     remote.delete(content_name(manifest["pack"]["sha256"]))
-    old = {"format": 1, "version": version, "files": files}
-    remote.write_atomic(manifest_name(version), msgpack.packb(old))
-    for v, name in PartitionFiles(remote).changelog_files().items():
-        remote.write_atomic(changelog_names(v)[1], remote.read(name))
-        remote.delete(name)
+    rewritten = {"format": fmt, "version": version, "files": files, "pack": None}
+    remote.write_atomic(manifest_name(version), msgpack.packb(rewritten))
 
 
-def test_a_checkpoint_of_an_earlier_release_loads_and_is_pruned(tmp_path):
-    """Format-1 manifests and flat changelogs restore, replay and verify; the next
-    maintenance prunes the flat changelogs one by one and the format-1 files as
-    orphans once their snapshot leaves retention."""
+def test_a_manifest_of_an_unknown_format_is_refused_naming_it_and_the_format(tmp_path):
+    """Only the manifest format this release writes is read: the reader and
+    ``verify`` name the manifest and the format, and the versions stay loadable
+    from the changelogs."""
     uri = f"file://{tmp_path}/r"
     old = StateStoreProvider(uri, "op", 0, SPECS, str(tmp_path / "old"), snapshot_interval=5)
     for v in range(7):
@@ -162,27 +154,13 @@ def test_a_checkpoint_of_an_earlier_release_loads_and_is_pruned(tmp_path):
     old.do_maintenance()
     old.close()
     remote = open_filesystem(uri).child("op/0")
-    as_written_by_an_earlier_release(remote, 5)
-    assert remote.list("changelog") == [f"{v}.changelog" for v in range(1, 8)]
-    assert verify_checkpoint(uri).problems == []
-    p = StateStoreProvider(
-        uri, "op", 0, SPECS, str(tmp_path / "new"), snapshot_interval=5, retain_versions=3,
-        orphan_grace_s=0,
-    )  # fmt: skip
-    h = p.get_store(7)  # snapshot 5 (format 1), then changelogs 6 and 7 (flat)
-    assert dict(h["counts"].items()) == {f"k{v}": v for v in range(7)}
-    h.abort()
-    for v in range(7, 12):
-        h = p.get_store(v)
-        h["counts"].put(f"k{v}", v)
-        h.commit()
-    p.do_maintenance()  # latest 12, keep 10-12: snapshot 10 is the base
-    assert p.list_versions() == [10, 11, 12]
-    assert remote.list_files("changelog") == [f"1/{v}.changelog" for v in (10, 11, 12)]
-    assert remote.list("snapshot") == ["10.manifest"]
-    p.do_maintenance()  # orphans go at the second sweep that finds them (orphans.py)
-    assert set(remote.list("files")) == referenced(read_manifest(remote, 10))
-    p.close()
+    without_pack(remote, 5, fmt=1)
+    where = f"file://{tmp_path}/r/op/0/snapshot/5.manifest"
+    refusal = "unknown manifest format 1; this sessionstore reads format 2 only"
+    with pytest.raises(CorruptSnapshotError) as err:
+        read_manifest(remote, 5)
+    assert str(err.value) == f"snapshot {where} (version 5) is unusable: {refusal}"
+    assert [p for p in verify_checkpoint(uri).problems if refusal in p and where in p]
 
 
 def test_a_manifest_rewritten_by_another_writer_keeps_its_files(tmp_path):
@@ -201,7 +179,7 @@ def test_a_manifest_rewritten_by_another_writer_keeps_its_files(tmp_path):
             p.do_maintenance()
     p.do_maintenance()  # manifest 5 read and remembered
     remote = open_filesystem(uri).child("op/0")
-    as_written_by_an_earlier_release(remote, 5)  # other files, and no pack
+    without_pack(remote, 5)  # other files, and no pack
     h = p.get_store(7)
     h["counts"].put("k7", 7)
     h.commit()

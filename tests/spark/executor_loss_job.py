@@ -20,11 +20,17 @@ from spark_integration import StateBackend, sessionize  # noqa: E402
 from spark_integration.dev.local import local_spark  # noqa: E402
 from tests.spark.streams import json_source, run_stream, write_json  # noqa: E402
 from tests.spark.test_sessionize import GAP_MS, SCHEMA, generated, rows_of  # noqa: E402
+from tests.standalone.cluster import EXECUTOR_CLASS, MARKER, processes_of  # noqa: E402
 
 KILL_AFTER = 2  # batches
 
 
 def executors() -> list[int]:
+    """The executors of this job: those carrying its tag when it has one (other
+    Spark applications may run on the machine), else every executor."""
+    tag = os.environ.get(MARKER)
+    if tag:
+        return sorted(p.pid for p in processes_of(tag) if EXECUTOR_CLASS in p.cmdline)
     out = subprocess.run(
         ["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True
     )

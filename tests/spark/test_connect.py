@@ -6,18 +6,22 @@ A real Connect server (``spark-submit --class ...SparkConnectServer``, the class
 own process with a ``local[2]`` driver that has no Python of ours; a client process
 (``tests.spark.connect_cases``) runs every case on one Connect session to it. The
 classic side runs the same cases here, on the suite's ``local[2]`` session: one
-Python process cannot hold both kinds of session (see ``connect_cases``). Every
-server process is tagged and ended by pid when the module ends, whatever failed,
-and the module fails if one survives.
+Python process cannot hold both kinds of session (see ``connect_cases``). The
+server and its client are a background job (``tests.background``), started when
+the suite's collection selects these tests, so they run beside the tests before
+them. Every process of theirs is tagged and ended by pid when the job ends,
+whatever failed, and the job fails if one survives.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import background
 from tests.spark.connect_cases import CASES, run_case
 from tests.standalone.cluster import MARKER, end_processes, free_port, spark_home
 
@@ -41,12 +46,12 @@ OPERATORS = [
 
 
 @contextmanager
-def connect_server(workdir: Path, timeout: float = 180.0) -> Iterator[str]:
+def connect_server(workdir: Path, timeout: float = 180.0, tag: str | None = None) -> Iterator[str]:
     """A Spark Connect server on 127.0.0.1 (``local[2]``, the suite's settings),
     its log in ``workdir``; yields its ``sc://`` URL. Every process it started
-    (the JVM, its Python workers and state servers) is ended when the block ends;
-    ``RuntimeError`` if one survives."""
-    tag, port = uuid.uuid4().hex, free_port()
+    (the JVM, its Python workers and state servers), tagged ``tag`` (a new one by
+    default), is ended when the block ends; ``RuntimeError`` if one survives."""
+    tag, port = tag or uuid.uuid4().hex, free_port()
     env = {
         **os.environ, MARKER: tag, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT),
         "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": str(spark_home()),
@@ -95,15 +100,14 @@ def _listening(port: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def results(spark, tmp_path_factory):
-    """Every case's result on the suite's classic session (``"classic"``) and on one
-    Connect session (``"connect"``, with the lines the client's
-    ``spark_integration`` loggers printed: ``"log"``). The Connect client runs while
-    the classic side does."""
-    workdir = tmp_path_factory.mktemp("connect")
-    out, tag = workdir / "results.json", uuid.uuid4().hex
-    with connect_server(workdir) as url:
+def connect_side(tag: str) -> dict:
+    """Every case on one Connect session: a server of its own and a client process,
+    each process tagged ``tag``. ``{"returncode", "client_log"}`` (the log's last
+    4,000 characters) and, when the client succeeded, ``"results"`` (its JSON: the
+    cases and the lines its ``spark_integration`` loggers printed)."""
+    workdir = Path(tempfile.mkdtemp(prefix="sessionstore-connect-"))
+    out = workdir / "results.json"
+    with connect_server(workdir, tag=tag) as url:
         with open(workdir / "client.log", "wb") as log:
             client = subprocess.Popen(
                 [sys.executable, "-m", "tests.spark.connect_cases", url, str(out)],
@@ -111,12 +115,31 @@ def results(spark, tmp_path_factory):
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         try:
-            classic = {name: run_case(spark, name) for name in CASES}
             returncode = client.wait(timeout=900)
         finally:
             end_processes(tag, reap=client.poll)  # the client, if it is still running
-    assert returncode == 0, (workdir / "client.log").read_text()[-4000:]
-    return {"classic": classic, **json.loads(out.read_text())}
+    side = {"returncode": returncode, "client_log": (workdir / "client.log").read_text()[-4000:]}
+    if returncode == 0:
+        side["results"] = json.loads(out.read_text())
+        shutil.rmtree(workdir, ignore_errors=True)
+    return side
+
+
+def background_jobs(item: pytest.Item) -> dict:
+    """The Connect side, started at collection (``tests.background``)."""
+    return {"connect": connect_side}
+
+
+@pytest.fixture(scope="module")
+def results(spark):
+    """Every case's result on the suite's classic session (``"classic"``) and on one
+    Connect session (``"connect"``, with the lines the client's
+    ``spark_integration`` loggers printed: ``"log"``). The Connect side runs in the
+    background, from the suite's collection on."""
+    classic = {name: run_case(spark, name) for name in CASES}
+    connect = background.result("connect", connect_side)
+    assert connect["returncode"] == 0, connect["client_log"]
+    return {"classic": classic, **connect["results"]}
 
 
 @pytest.mark.parametrize("name", OPERATORS)

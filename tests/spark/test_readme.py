@@ -4,7 +4,9 @@ The block is taken from README.md, so the README cannot drift from the code. It
 runs in a fresh Python process (its own SparkSession, with the README's settings)
 in a scratch directory, since its paths are relative. Only its last line,
 ``query.awaitTermination()``, is replaced: the test feeds three files of clicks,
-one micro-batch each, then stops the query and reads the sessions it wrote.
+one micro-batch each, then stops the query and reads the sessions it wrote. The
+process is a background job (``tests.background``), started when the suite's
+collection selects the test, so it runs beside the tests before it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests import background
+from tests.standalone.cluster import MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +74,10 @@ def readme_job() -> str:
     return "\n".join(lines[:-1])
 
 
-def test_readme_example_runs_and_writes_the_sessions(tmp_path):
+def run_readme_job(tag: str) -> subprocess.CompletedProcess:
+    """The example, with the driver above, run in a scratch directory; its
+    processes tagged ``tag``."""
+    tmp_path = background.scratch("readme")
     (tmp_path / "clicks").mkdir()  # the job's input folder; files arrive while it runs
     (tmp_path / "job.py").write_text(readme_job() + "\n" + DRIVER)
     env = dict(
@@ -79,8 +87,9 @@ def test_readme_example_runs_and_writes_the_sessions(tmp_path):
         PYSPARK_DRIVER_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",
         README_BATCHES=json.dumps(BATCHES),
+        **{MARKER: tag},
     )
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "job.py"],
         cwd=tmp_path,
         env=env,
@@ -88,6 +97,15 @@ def test_readme_example_runs_and_writes_the_sessions(tmp_path):
         text=True,
         timeout=300,
     )
+
+
+def background_jobs(item: pytest.Item) -> dict:
+    """The example's run, started at collection (``tests.background``)."""
+    return {"readme": run_readme_job}
+
+
+def test_readme_example_runs_and_writes_the_sessions():
+    done = background.result("readme", run_readme_job)
     assert done.returncode == 0, done.stderr[-3000:]
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert result, done.stdout[-3000:] + done.stderr[-3000:]
