@@ -452,13 +452,7 @@ class Storage:
     def upload_file(self, local_path: str, rel: str) -> None:
         """Copy a local file to ``rel`` (atomically, as write_atomic), streamed:
         :data:`CHUNK_BYTES` in memory at a time however large the file."""
-
-        def fill(out: Any) -> None:
-            with open(local_path, "rb") as f:
-                shutil.copyfileobj(f, out, CHUNK_BYTES)
-
-        size = os.path.getsize(local_path)
-        self._call("write", rel, lambda: self._write(rel, fill, size))
+        self.upload_files([local_path], rel)
 
     def read_tagged(self, rel: str) -> tuple[bytes, str | None]:
         """The whole file, and the tag of the version read for :meth:`replace_if`
@@ -641,13 +635,26 @@ class Storage:
         :meth:`upload_file`), streamed: :data:`CHUNK_BYTES` in memory at a time
         however large they are (a snapshot's pack)."""
 
+        size = sum(os.path.getsize(p) for p in local_paths)
+        if size <= SINGLE_PUT_BYTES:
+            # read whole before the stream opens: a direct PUT is published by the
+            # stream's close even after an exception, so only bytes already in
+            # memory may go that way (one request for a small pack or file)
+            data = b"".join(_read_local(p) for p in local_paths)
+            self._call("write", rel, lambda: self._write(rel, lambda out: out.write(data), size))
+            return
+
         def fill(out: Any) -> None:
             for local_path in local_paths:
                 with open(local_path, "rb") as f:
                     shutil.copyfileobj(f, out, CHUNK_BYTES)
 
-        size = sum(os.path.getsize(p) for p in local_paths)  # a small pack: one PUT
-        self._call("write", rel, lambda: self._write(rel, fill, size))
+        self._call("write", rel, lambda: self._write(rel, fill))  # aside, then moved
+
+
+def _read_local(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _aside(target: str) -> str:

@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -194,10 +193,10 @@ class PartitionLoader:
         tail = range(local + 1, version + 1)
         if not all(v in changelogs for v in tail):
             return False
-        # a large changelog is downloaded beside the partition's folder (and deleted)
-        spool = self._local.restore_dir(uuid.uuid4().hex)
+        # a large changelog is downloaded beside the partition's folder, in a scratch
+        # folder locked for its life (another process's sweep leaves it alone)
         owner = self._identity.record
-        try:
+        with restore_scratch(self._local) as spool:
             try:
                 self.replay(self.db, local + 1, spool, owner)  # checked before applied
             except LineageError as exc:
@@ -205,8 +204,6 @@ class PartitionLoader:
                 return False
             for v in tail[1:]:
                 self.replay(self.db, v, spool, owner)
-        finally:
-            shutil.rmtree(spool, ignore_errors=True)
         self.db.reload_stores()
         return True
 

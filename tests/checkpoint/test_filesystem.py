@@ -294,3 +294,21 @@ def test_where_a_file_shows_while_it_is_written_a_write_goes_to_a_hidden_name_fi
     storage.write_atomic("a/b", b"first")
     storage.write_atomic("a/b", b"second")
     assert storage.read("a/b") == b"second" and _objects(storage) == ["a/b"]
+
+
+def test_a_small_upload_whose_local_read_fails_publishes_nothing_on_s3(s3_bucket, tmp_path):
+    """A pack or file of at most SINGLE_PUT_BYTES goes to its name in one PUT, which
+    the stream's close sends even after an exception: so it is read whole before the
+    stream opens, and a local read that fails (here a member that is a folder) leaves
+    nothing at the final name. Invariant 10."""
+    base, options = s3_bucket
+    storage = open_filesystem(f"{base}/ck", options)
+    first = tmp_path / "first"
+    first.write_bytes(b"x" * 1000)
+    unreadable = tmp_path / "a-folder"
+    unreadable.mkdir()
+    with pytest.raises(IsADirectoryError):
+        storage.upload_files([str(first), str(unreadable)], "files/abc")
+    assert not storage.exists("files/abc")
+    storage.upload_files([str(first), str(first)], "files/abc")
+    assert storage.read("files/abc") == b"x" * 2000

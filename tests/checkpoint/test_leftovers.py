@@ -150,3 +150,38 @@ def test_a_lock_left_without_its_scratch_is_swept_once_its_owner_is_gone(tmp_pat
     p.open_local()
     p.close()
     assert not lock.exists()
+
+
+def test_a_catch_ups_download_folder_is_locked_against_another_process_sweep(
+    tmp_path, monkeypatch
+):
+    """A warm copy catching up downloads large changelogs into a scratch folder
+    beside the partition: another process opening the partition meanwhile sweeps
+    scratch folders whose lock is free, so the catch-up's must be held."""
+    import sessionstore.checkpoint.load as load
+    from sessionstore.checkpoint.layout import LocalPartition
+    from sessionstore.checkpoint.leftovers import sweep_restores
+
+    uri = f"file://{tmp_path}/remote"
+    warm = StateStoreProvider(uri, "op", 0, SPECS, str(tmp_path / "warm"))
+    h = warm.get_store(0)
+    h["values"].put("k", "v1")
+    h.commit()
+    other = StateStoreProvider(uri, "op", 0, SPECS, str(tmp_path / "other"))
+    h = other.get_store(1)
+    h["values"].put("k", "v2")
+    h.commit()
+    other.close()
+    seen, fetch = [], load.fetch_changelog
+
+    def fetch_while_swept(storage, rel, where, version, spool_dir):
+        # another process opening the partition
+        sweep_restores(LocalPartition(tmp_path / "warm", "op", 0))
+        seen.append(Path(spool_dir).is_dir())
+        return fetch(storage, rel, where, version, spool_dir)
+
+    monkeypatch.setattr(load, "fetch_changelog", fetch_while_swept)
+    h = warm.get_store(2)
+    assert h["values"].get("k") == "v2" and seen == [True], seen
+    h.abort()
+    warm.close()
