@@ -61,9 +61,13 @@ from typing import Any
 
 import msgpack
 
-from sessionstore.checkpoint.changelog import CorruptChangelogError, decode_changelog
+from sessionstore.checkpoint.changelog import (
+    CorruptChangelogError,
+    decode_changelog,
+    read_changelog_header,
+)
 from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.layout import changelog_name
+from sessionstore.checkpoint.layout import changelog_name, read_changelog_file
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 
@@ -356,3 +360,15 @@ def read_snapshot_record(path: str) -> SnapshotRecord | None:
     if not isinstance(identity, bytes) or not (commit is None or isinstance(commit, str)):
         return None
     return SnapshotRecord(identity, commit)
+
+
+def stored_commit(remote: Storage, version: int) -> str | None:
+    """The commit of ``version`` in the checkpoint as it is now: the header of its
+    changelog (one ranged read), None if there is none or it is unreadable."""
+    try:
+        header = read_changelog_file(
+            lambda name: read_changelog_header(remote, name, guess=2048), version
+        )
+    except (FileNotFoundError, CorruptChangelogError):
+        return None
+    return header.get(COMMIT_FIELD)

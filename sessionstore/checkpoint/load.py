@@ -36,7 +36,12 @@ from sessionstore.checkpoint.layout import (
     read_changelog_file,
 )
 from sessionstore.checkpoint.leftovers import restore_scratch, sweep_restores, sweep_staging
-from sessionstore.checkpoint.lineage import COMMIT_FIELD, LineageError, check_continues
+from sessionstore.checkpoint.lineage import (
+    COMMIT_FIELD,
+    LineageError,
+    check_continues,
+    stored_commit,
+)
 from sessionstore.checkpoint.metrics import millis
 from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.snapshot import CorruptSnapshotError, download_snapshot
@@ -317,6 +322,12 @@ class PartitionLoader:
             raise _UnusableSnapshot(
                 LineageError(where, base, manifest.get(COMMIT_FIELD), commit_of(db))
             )
+        # a manifest another incarnation's late upload wrote (its pre-publish check
+        # passed, then its retried PUT landed after a reset) names a commit the
+        # checkpoint's own changelog of ``base`` does not: one ranged read a restore
+        stored = stored_commit(self._remote, base) if base else None
+        if stored is not None and stored != commit_of(db):
+            raise _UnusableSnapshot(LineageError(where, base, stored, commit_of(db)))
 
     def _record_repair(self, version: int, base: int, skipped: list[str]) -> None:
         source = f"snapshot {base}" if base else "version 0"

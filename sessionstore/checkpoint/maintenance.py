@@ -15,7 +15,6 @@ import shutil
 import time
 from typing import Any
 
-from sessionstore.checkpoint.changelog import CorruptChangelogError, read_changelog_header
 from sessionstore.checkpoint.identity import CheckpointPartition
 from sessionstore.checkpoint.layout import (
     CHANGELOG_GROUP,
@@ -24,9 +23,8 @@ from sessionstore.checkpoint.layout import (
     changelog_name,
     content_name,
     manifest_name,
-    read_changelog_file,
 )
-from sessionstore.checkpoint.lineage import COMMIT_FIELD, read_snapshot_record
+from sessionstore.checkpoint.lineage import COMMIT_FIELD, read_snapshot_record, stored_commit
 from sessionstore.checkpoint.orphans import OrphanSweep
 from sessionstore.checkpoint.private_dir import private_dir
 from sessionstore.checkpoint.snapshot import (
@@ -268,13 +266,7 @@ class Maintenance:
         new one has other commits, or no such version yet) never lands in the new
         one, while a partition that believed a losing id at the checkpoint's birth
         (see identity.py) still uploads its snapshots of the one lineage."""
-        try:
-            header = read_changelog_file(
-                lambda name: read_changelog_header(self._remote, name, guess=2048), version
-            )
-        except (FileNotFoundError, CorruptChangelogError):
-            return None
-        return header.get(COMMIT_FIELD)
+        return stored_commit(self._remote, version)
 
     def _drop_pending(self, version: int) -> None:
         """Delete the pending local snapshot of ``version`` and its record."""

@@ -167,3 +167,32 @@ def test_a_partition_that_believed_a_losing_id_at_the_birth_still_uploads_its_sn
     fresh = provider(location, tmp_path / "fresh", progress=lambda *a: restores.append(a[0]))
     assert value_at(fresh, 2) == "two" and "download snapshot" in restores
     fresh.close()
+
+
+def test_a_manifest_landing_after_a_reset_is_never_restored(tmp_path):
+    """E1's snapshot upload passed its pre-publish check, then its retried manifest
+    PUT landed only after the checkpoint was deleted and E2 wrote the new one's
+    versions 1-2 (its content files too, as a late upload would): a fresh executor
+    restoring version 2 does not take that manifest (its commit is not the one the
+    checkpoint's changelog of version 2 names) and loads the new version 2."""
+    import shutil
+
+    location = (f"file://{tmp_path}/remote", None)
+    partition = tmp_path / "remote" / "op" / "0"
+    e1 = provider(location, tmp_path / "e1", snapshot_interval=2)
+    put(e1, 0, "OLD-1")
+    put(e1, 1, "OLD-2")
+    assert e1.do_maintenance()["snapshots"] == [2]
+    e1.close()
+    late = tmp_path / "late"
+    for folder in ("snapshot", "files"):
+        shutil.copytree(partition / folder, late / folder)
+    delete_checkpoint(location)
+    e2 = provider(location, tmp_path / "e2", snapshot_interval=100)
+    put(e2, 0, "NEW-1")
+    put(e2, 1, "NEW-2")
+    e2.close()
+    for folder in ("snapshot", "files"):  # the late upload lands
+        shutil.copytree(late / folder, partition / folder, dirs_exist_ok=True)
+    got = values_of_a_fresh_executor(location, tmp_path / "fresh", [2])
+    assert got == ["NEW-2"]
