@@ -496,13 +496,8 @@ class Storage:
         def attempt() -> str:
             h = hashlib.sha256()
             with self.fs.open_input_file(self.path(rel)) as f:
-                size, offset = f.size(), 0
-                while offset < size:
-                    chunk = f.read_at(min(CHUNK_BYTES, size - offset), offset)
-                    if not chunk:
-                        raise OSError(f"the object ended at byte {offset} of {size}")
+                for chunk in _chunks(f):
                     h.update(chunk)
-                    offset += len(chunk)
             return h.hexdigest()
 
         with self._missing(rel):
@@ -619,13 +614,8 @@ class Storage:
 
         def attempt() -> None:
             with self.fs.open_input_file(self.path(rel)) as f, open(local_path, "wb") as out:
-                size, offset = f.size(), 0
-                while offset < size:
-                    chunk = f.read_at(min(CHUNK_BYTES, size - offset), offset)
-                    if not chunk:
-                        raise OSError(f"the object ended at byte {offset} of {size}")
+                for chunk in _chunks(f):
                     out.write(chunk)
-                    offset += len(chunk)
 
         with self._missing(rel):
             self._call("read", rel, attempt)
@@ -650,6 +640,18 @@ class Storage:
                     shutil.copyfileobj(f, out, CHUNK_BYTES)
 
         self._call("write", rel, lambda: self._write(rel, fill))  # aside, then moved
+
+
+def _chunks(f: Any) -> Iterator[bytes]:
+    """The bytes of the open input file ``f``, :data:`CHUNK_BYTES` at a time (one
+    ranged GET each on S3 and GCS); an object shorter than its size is an error."""
+    size, offset = f.size(), 0
+    while offset < size:
+        chunk = f.read_at(min(CHUNK_BYTES, size - offset), offset)
+        if not chunk:
+            raise OSError(f"the object ended at byte {offset} of {size}")
+        yield chunk
+        offset += len(chunk)
 
 
 def _read_local(path: str) -> bytes:
