@@ -85,7 +85,7 @@ from sessionstore.checkpoint.snapshot import referenced, upload_snapshot
 from sessionstore.encoding.ints import INT64
 from sessionstore.engine.db import META_CF
 from sessionstore.errors import SessionStoreError
-from sessionstore.stores.spec import StoreSpec, refuse_pickle
+from sessionstore.stores.spec import StoreSpec, record_of_family, refuse_pickle
 from sessionstore.stores.state_db import StateDB
 
 __all__ = [
@@ -260,13 +260,8 @@ def _copy_rows(
     for family in source.column_families():
         if family == META_CF:
             continue
-        store, _, suffix = family.partition(".")
-        record = records.get(store)
-        if record is None:
-            raise ChangeError(
-                f"{where}: column family {family!r} belongs to no store of the operator "
-                f"(stores: {', '.join(sorted(records))})"
-            )
+        record = record_of_family(family, records, where, ChangeError)
+        suffix = family.partition(".")[2]
         out.create_column_family(family)
         rows = source.scan(family)
         while chunk := list(islice(rows, _CHUNK)):

@@ -70,7 +70,7 @@ from sessionstore.engine.db import META_CF
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import DEFAULT_KEY_SERDE, aux_key, stream_time_key
 from sessionstore.stores.registry import row_key_of, row_splitter_of
-from sessionstore.stores.spec import StoreSpec, refuse_pickle
+from sessionstore.stores.spec import StoreSpec, record_of_family, refuse_pickle
 from sessionstore.stores.state_db import StateDB
 
 __all__ = [
@@ -296,12 +296,7 @@ def routed_rows(
                     yield target, META_CF, b"", meta
                 continue
             store, _, suffix = family.partition(".")
-            record = records.get(store)
-            if record is None:
-                raise RepartitionError(
-                    f"{where}: column family {family!r} belongs to no store of the "
-                    f"operator (stores: {', '.join(sorted(records))})"
-                )
+            record = record_of_family(family, records, where, RepartitionError)
             if record.get("key_serde", DEFAULT_KEY_SERDE) != DEFAULT_KEY_SERDE:
                 raise RepartitionError(
                     f"{where}: store {store!r} keeps its keys with the serde "

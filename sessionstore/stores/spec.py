@@ -11,7 +11,7 @@ from sessionstore.errors import PickleRefusedError
 from sessionstore.stores.base import DEFAULT_KEY_SERDE, DEFAULT_VALUE_SERDE, describe_store
 from sessionstore.stores.registry import kinds_with, store_class
 
-__all__ = ["LAYOUT_FIELDS", "StoreSpec", "refuse_pickle"]
+__all__ = ["LAYOUT_FIELDS", "StoreSpec", "record_of_family", "refuse_pickle"]
 
 #: The spec fields that are layout fields of some kind (a class's ``layout``).
 LAYOUT_FIELDS = ("window_size_ms",)
@@ -99,3 +99,18 @@ def refuse_pickle(
     for record in records:
         if PickleSerde.name in (record.get("key_serde"), record.get("value_serde")):
             raise PickleRefusedError(str(record.get("name")), where, option)
+
+
+def record_of_family(
+    family: str, records: dict[str, dict[str, Any]], where: str, error: type[Exception]
+) -> dict[str, Any]:
+    """The recorded store (``records`` by name, as ``_metadata`` lists them) that
+    the column family ``family`` (``<store>`` or ``<store>.<suffix>``) belongs to;
+    ``error`` naming ``where`` and the operator's stores when it belongs to none."""
+    record = records.get(family.partition(".")[0])
+    if record is None:
+        raise error(
+            f"{where}: column family {family!r} belongs to no store of the operator "
+            f"(stores: {', '.join(sorted(records))})"
+        )
+    return record
