@@ -50,6 +50,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,8 +60,16 @@ from sessionstore.checkpoint.event_time import MissingEventTimeError, durable_ev
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.layout import DUE_BATCHES_MARKER, changelog_name, newest_committed
 from spark_integration.planning.backend import CONF_PREFIX, StateBackend
+from spark_integration.planning.session import is_connect
 
-__all__ = ["DUE_BATCHES_CONF", "OFFSET_FIELD", "DueTimes", "with_due_batches", "due_source_name"]
+__all__ = [
+    "DUE_BATCHES_CONF",
+    "OFFSET_FIELD",
+    "DueSourceUnrunnable",
+    "DueTimes",
+    "with_due_batches",
+    "due_source_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -186,14 +197,57 @@ def _source_class(times: DueTimes, schema_json: str) -> type:
     return DueSource
 
 
-def _enabled(spark: Any) -> bool:
-    """Whether a due source may be added: Spark 4.2+, neither conf turned off."""
+class DueSourceUnrunnable(RuntimeError):
+    """A checkpoint whose operator reads a due source was restarted where the driver
+    cannot start the Python that Spark runs Python data sources with."""
+
+
+def driver_python_problem(spark: Any) -> str | None:
+    """Why the driver cannot start the Python that Spark runs a Python data source's
+    planning with, or ``None`` when it can (or cannot be known: under Connect the
+    server decides).
+
+    Spark runs that planning on the driver with ``PYSPARK_PYTHON``, the executors'
+    Python. The usual way to ship a virtualenv (``spark-submit --archives
+    env.tar.gz#environment`` with ``PYSPARK_PYTHON=./environment/bin/python``) names
+    a path that exists in each executor's working directory but, in client deploy
+    mode, not in the driver's, so every Python data source fails there."""
+    if is_connect(spark):
+        return None
+    python = str(spark.sparkContext.pythonExec)
+    if os.sep in python:
+        found = os.path.isfile(python) and os.access(python, os.X_OK)
+    else:
+        found = shutil.which(python) is not None
+    if found:
+        return None
+    return (
+        f"the executors' Python (PYSPARK_PYTHON / spark.pyspark.python = {python!r}) "
+        f"does not exist on the driver (working directory {os.getcwd()!r}), and Spark "
+        "runs a Python data source's planning on the driver with it"
+    )
+
+
+def _enabled(spark: Any, name: str) -> bool:
+    """Whether a due source may be added: Spark 4.2+, neither conf turned off, and a
+    driver that can run it (else a warning says what the query loses and why)."""
     major, minor = (int(p) for p in spark.version.split(".")[:2])
     if (major, minor) < (4, 2):
         return False
     for key in (DUE_BATCHES_CONF, NO_DATA_CONF):
         if str(spark.conf.get(key, "true")).strip().lower() in ("false", "0", "no"):
             return False
+    problem = driver_python_problem(spark)
+    if problem is not None:
+        warnings.warn(
+            f"sessionstore: operator {name!r} runs without due batches, so on a quiet "
+            f"stream its results wait for the next row: {problem}. Set "
+            "spark.pyspark.python to the driver's Python and "
+            "spark.sql.execution.pyspark.python to the executors' (or run in cluster "
+            "deploy mode; docs/event-time.md, Quiet streams).",
+            stacklevel=4,
+        )
+        return False
     return True
 
 
@@ -206,6 +260,15 @@ def _decided(spark: Any, times: DueTimes) -> bool:
     gets the marker when it has the source."""
     storage = times.storage()
     if storage.exists(DUE_BATCHES_MARKER):
+        problem = driver_python_problem(spark)
+        if problem is not None:
+            raise DueSourceUnrunnable(
+                f"sessionstore: operator {times.name!r}: its checkpoint reads a due "
+                f"source, which Spark cannot start here: {problem}. Set "
+                "spark.pyspark.python to the driver's Python and "
+                "spark.sql.execution.pyspark.python to the executors' (or run in "
+                "cluster deploy mode; docs/event-time.md, Quiet streams)."
+            )
         return True
     if newest_committed(storage, 1) > 0:
         log.info(
@@ -214,7 +277,7 @@ def _decided(spark: Any, times: DueTimes) -> bool:
             "next row); a new checkpoint gets them", times.name,
         )  # fmt: skip
         return False
-    if not _enabled(spark):
+    if not _enabled(spark, times.name):
         return False
     storage.write_atomic(DUE_BATCHES_MARKER, b"1")
     return True

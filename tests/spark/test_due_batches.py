@@ -61,3 +61,37 @@ def test_an_offset_moves_only_after_a_batch_that_moved_the_event_time(tmp_path):
     handle.commit()
     provider.close()
     assert fresh.latest(offset(3)) == offset(3)  # partition 1 has not run batch 4
+
+
+def test_a_driver_that_cannot_run_the_source_leaves_it_out_or_refuses(spark, tmp_path, monkeypatch):
+    """With PYSPARK_PYTHON naming a path only executors have (a shipped archive in
+    client mode), a new checkpoint runs without the due source and warns; one that
+    has the source refuses to start, naming the path, instead of Spark's
+    ``Cannot run program``."""
+    import pytest
+
+    from spark_integration.planning.due_batches import (
+        DueSourceUnrunnable,
+        driver_python_problem,
+        with_due_batches,
+    )
+    from tests.spark.streams import json_source, write_json
+
+    assert driver_python_problem(spark) is None
+    source = tmp_path / "in"
+    write_json(source, 0, [{"user": "a", "ts": 1}])
+    df = json_source(spark, source, "user string, ts long")
+    marked = StateBackend(f"file://{tmp_path}/marked", local_dir=str(tmp_path / "l1"))
+    assert with_due_batches(df, marked, "op", 2) is not df  # marker written
+
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", "./environment/bin/python")
+    problem = driver_python_problem(spark)
+    assert problem is not None and "'./environment/bin/python'" in problem
+    fresh = StateBackend(f"file://{tmp_path}/fresh", local_dir=str(tmp_path / "l2"))
+    with pytest.warns(UserWarning, match="'op' runs without due batches.*environment/bin/python"):
+        assert with_due_batches(df, fresh, "op", 2) is df
+    assert not (tmp_path / "fresh" / "op" / "due_batches").exists()
+    with pytest.raises(DueSourceUnrunnable, match="'op'.*reads a due source.*environment/bin/python"):
+        with_due_batches(df, marked, "op", 2)
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", "no-such-python-3")
+    assert "'no-such-python-3'" in driver_python_problem(spark)

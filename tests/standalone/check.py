@@ -101,7 +101,13 @@ def demo_submit_args(
     launcher.write_text("from spark_integration.dev.demo import main\n\nmain()\n")
     conf = {
         "spark.pyspark.driver.python": str(env.python),
-        "spark.pyspark.python": "./environment/bin/python" if cluster else str(env.python),
+        # client mode: Spark plans a Python data source (the due source) on the
+        # driver with spark.pyspark.python, so that names the driver's Python and
+        # the SQL conf the executors' (docs/event-time.md, "A driver that can run it")
+        "spark.pyspark.python": str(env.python),
+        "spark.sql.execution.pyspark.python": (
+            "./environment/bin/python" if cluster else str(env.python)
+        ),
         "spark.executor.cores": "1",
         "spark.executor.memory": "512m",
         "spark.cores.max": "2",
@@ -246,6 +252,9 @@ def check(local: DemoRun, remote: DemoRun, batches: int) -> list[str]:
                 f"({len(remote.result[part])} vs {len(local.result[part])} rows; "
                 f"e.g. {sorted(diff)[:3]})"
             )
+    for name, run in (("local[2]", local), ("cluster", remote)):
+        if "runs without due batches" in run.log:
+            problems.append(f"the {name} run left its due source out")
     if not remote.result["master"].startswith("spark://"):
         problems.append(f"the cluster run ran on {remote.result['master']}")
     executors = {s.cwd for s in remote.servers.values()}
