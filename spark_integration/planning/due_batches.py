@@ -283,9 +283,7 @@ def _decided(spark: Any, times: DueTimes) -> bool:
     return True
 
 
-def with_due_batches(
-    df: Any, backend: StateBackend, name: str, num_partitions: int
-) -> Any:
+def with_due_batches(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
     """``df`` (an operator's streaming input, before its shuffle) with the operator's
     due source unioned in (see the module doc); ``df`` itself for a batch input, on
     Spark before 4.2, with due batches turned off (:data:`DUE_BATCHES_CONF`) when

@@ -91,7 +91,9 @@ def test_a_driver_that_cannot_run_the_source_leaves_it_out_or_refuses(spark, tmp
     with pytest.warns(UserWarning, match="'op' runs without due batches.*environment/bin/python"):
         assert with_due_batches(df, fresh, "op", 2) is df
     assert not (tmp_path / "fresh" / "op" / "due_batches").exists()
-    with pytest.raises(DueSourceUnrunnable, match="'op'.*reads a due source.*environment/bin/python"):
+    with pytest.raises(
+        DueSourceUnrunnable, match="'op'.*reads a due source.*environment/bin/python"
+    ):
         with_due_batches(df, marked, "op", 2)
     monkeypatch.setattr(spark.sparkContext, "pythonExec", "no-such-python-3")
     assert "'no-such-python-3'" in driver_python_problem(spark)
