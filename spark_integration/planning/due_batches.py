@@ -161,13 +161,22 @@ def _source_class(times: DueTimes, schema_json: str) -> type:
     that its settings, storage options included, travel pickled with it and never
     as source options, which Spark shows in plans)."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-    class DueReader(DataSourceStreamReader):
+    class DueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         def __init__(self) -> None:
             self.times = times
 
         def initialOffset(self) -> dict[str, Any]:
             return {OFFSET_FIELD: -1}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            # Nothing to pin: what becomes due in an availableNow run comes from the
+            # run's own batches, not from outside, so the offset stops by itself
+            # (see the module doc, "availableNow"). Being a SupportsTriggerAvailableNow
+            # source is what makes Spark ask latestOffset before every batch of the
+            # run instead of once before the first.
+            pass
 
         def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
             return self.times.latest(start)
