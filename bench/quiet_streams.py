@@ -22,10 +22,10 @@ all sources together).
 run (a scheduled incremental job): --files files of --keys users' clicks, each 5
 minutes of event time after the one before (so each closes the sessions of the
 one before), read one file per batch, then the run ends. Three queries, one after
-the other, each on a new checkpoint: Spark's ``session_window`` count,
-``sessionize`` with its due source, and ``sessionize`` without it
-(``spark.sessionstore.dueBatches.enabled=false``, the same-run baseline, which
-leaves the last file's sessions for the next run). Reported per query: batches
+the other (the other way round in odd rounds), each on a new checkpoint: Spark's
+``session_window`` count, ``sessionize`` with its due source, and ``sessionize``
+without it (``spark.sessionstore.dueBatches.enabled=false``, the same-run
+baseline, which leaves the last file's sessions for the next run). Reported per query: batches
 run, sessions written, the run's wall time, the summed ``latestOffset`` time (all
 sources; Spark asks the due source before every batch of the run) and the time of
 the batches without input.
@@ -123,8 +123,11 @@ def one_round(spark: Any, work: Path, args: argparse.Namespace) -> list[list[str
     return rows
 
 
-def available_now_round(spark: Any, work: Path, args: argparse.Namespace) -> list[list[str]]:
-    """One ``availableNow`` run per query over the same files (see the module doc)."""
+def available_now_round(
+    spark: Any, work: Path, args: argparse.Namespace, reverse: bool = False
+) -> list[list[str]]:
+    """One ``availableNow`` run per query over the same files (see the module doc),
+    in the listed order or, with ``reverse``, the other way round."""
     from pyspark.sql import functions as F
 
     from spark_integration import StateBackend, sessionize
@@ -136,7 +139,8 @@ def available_now_round(spark: Any, work: Path, args: argparse.Namespace) -> lis
         at = T0 + f * 300_000
         write(source, f, [{"user": f"u{i}", "ts": at + i} for i in range(args.keys)])
     rows = []
-    for name in ("spark session_window", "sessionize", "sessionize, no due source"):
+    names = ["spark session_window", "sessionize", "sessionize, no due source"]
+    for name in reversed(names) if reverse else names:
         stream = (
             spark.readStream.schema("user string, ts long")
             .option("maxFilesPerTrigger", 1)
@@ -194,14 +198,14 @@ def main() -> None:
     spark = local_spark("bench-quiet", partitions=2)
     print(f"# quiet streams, {machine()}, trigger {args.trigger_ms} ms, idle {args.idle_s} s")
     try:
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             with scratch_dir("quiet-") as work:
                 if args.available_now:
                     print_table(
                         f"availableNow over {args.files} files of {args.keys} sessions each",
                         ["query", "batches", "sessions written", "run (ms)",
                          "latestOffset, all batches (ms)", "batches without input (ms)"],
-                        available_now_round(spark, Path(work), args),
+                        available_now_round(spark, Path(work), args, round_ % 2 == 1),
                     )  # fmt: skip
                     continue
                 print_table(
