@@ -18,8 +18,21 @@ latency from "due" (the end of file 2's batch, which made the sessions due) to
 source's ``latestOffset`` takes per idle trigger (in ``durationMs.latestOffset``,
 all sources together).
 
+``--available-now`` measures instead what the due source costs an ``availableNow``
+run (a scheduled incremental job): --files files of --keys users' clicks, each 5
+minutes of event time after the one before (so each closes the sessions of the
+one before), read one file per batch, then the run ends. Three queries, one after
+the other (the other way round in odd rounds), each on a new checkpoint: Spark's
+``session_window`` count, ``sessionize`` with its due source, and ``sessionize``
+without it (``spark.sessionstore.dueBatches.enabled=false``, the same-run
+baseline, which leaves the last file's sessions for the next run). Reported per
+query: batches run, sessions written, the run's wall time (from ``start()``), the
+batches' summed ``triggerExecution`` time (the rest is the query's start), the
+summed ``latestOffset`` time (all sources; Spark asks the due source before every
+batch of the run) and the time of the batches without input.
+
 Run: ``.venv/bin/python bench/quiet_streams.py [--keys N] [--trigger-ms N]
-[--idle-s N] [--rounds N]``.
+[--idle-s N] [--rounds N] [--available-now [--files N]]``.
 """
 
 from __future__ import annotations
@@ -111,6 +124,60 @@ def one_round(spark: Any, work: Path, args: argparse.Namespace) -> list[list[str
     return rows
 
 
+def available_now_round(
+    spark: Any, work: Path, args: argparse.Namespace, reverse: bool = False
+) -> list[list[str]]:
+    """One ``availableNow`` run per query over the same files (see the module doc),
+    in the listed order or, with ``reverse``, the other way round."""
+    from pyspark.sql import functions as F
+
+    from spark_integration import StateBackend, sessionize
+    from spark_integration.planning.due_batches import DUE_BATCHES_CONF
+
+    source = work / "in"
+    source.mkdir()
+    for f in range(args.files):
+        at = T0 + f * 300_000
+        write(source, f, [{"user": f"u{i}", "ts": at + i} for i in range(args.keys)])
+    rows = []
+    names = ["spark session_window", "sessionize", "sessionize, no due source"]
+    for name in reversed(names) if reverse else names:
+        stream = (
+            spark.readStream.schema("user string, ts long")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(source))
+        )
+        timed = stream.withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "10 seconds")
+        if name.startswith("spark"):
+            out = timed.groupBy(F.session_window("t", f"{GAP_S} seconds"), "user").count()
+        else:
+            spark.conf.set(DUE_BATCHES_CONF, str("no due" not in name).lower())
+            backend = StateBackend(f"file://{work}/state-{len(rows)}",
+                                   local_dir=str(work / f"local-{len(rows)}"))  # fmt: skip
+            out = sessionize(timed.drop("ts"), key="user", timestamp="t", gap=f"{GAP_S} s",
+                             backend=backend, name="quiet")  # fmt: skip
+        sink = Sink()
+        began = time.perf_counter()
+        query = (
+            out.writeStream.trigger(availableNow=True)
+            .option("checkpointLocation", str(work / f"ck-{len(rows)}"))
+            .foreachBatch(sink).start()
+        )  # fmt: skip
+        query.awaitTermination()
+        run_ms = (time.perf_counter() - began) * 1000
+        spark.conf.unset(DUE_BATCHES_CONF)
+        progress = query.recentProgress
+        offsets = sum(p["durationMs"].get("latestOffset", 0) for p in progress)
+        batches_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress)
+        empty = sum(p["durationMs"].get("triggerExecution", 0)
+                    for p in progress if not p["numInputRows"])  # fmt: skip
+        rows.append([
+            name, str(len(progress)), str(sum(n for _, n in sink.written)), f"{run_ms:.0f}",
+            f"{batches_ms:.0f}", f"{offsets:.0f}", f"{empty:.0f}",
+        ])  # fmt: skip
+    return rows
+
+
 def _end(progress: dict) -> float:
     """The wall clock (s) at which a progress record's batch ended."""
     from datetime import datetime
@@ -125,14 +192,24 @@ def main() -> None:
     parser.add_argument("--trigger-ms", type=int, default=1000)
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--files", type=int, default=5)
     args = parser.parse_args()
     from spark_integration.dev.local import local_spark
 
     spark = local_spark("bench-quiet", partitions=2)
     print(f"# quiet streams, {machine()}, trigger {args.trigger_ms} ms, idle {args.idle_s} s")
     try:
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             with scratch_dir("quiet-") as work:
+                if args.available_now:
+                    print_table(
+                        f"availableNow over {args.files} files of {args.keys} sessions each",
+                        ["query", "batches", "sessions written", "run (ms)", "batches (ms)",
+                         "latestOffset, all batches (ms)", "batches without input (ms)"],
+                        available_now_round(spark, Path(work), args, round_ % 2 == 1),
+                    )  # fmt: skip
+                    continue
                 print_table(
                     f"{args.keys} sessions made due, then {args.idle_s:.0f} s without input",
                     ["query", "idle batches", "their time (ms)", "due -> written (ms)",

@@ -38,6 +38,15 @@ busy loop. Needs the Python source's admission API (Spark 4.2+, where
 ``latestOffset`` is given the start offset); on older Spark the operators run
 without the due source, as before.
 
+``availableNow``: the due source is a ``SupportsTriggerAvailableNow`` source, so
+Spark asks it for its offset before every batch of the run (a source without it is
+asked once, before the first), and the run ends when no source moved: after the
+due-only batch that follows its last data batch, as Spark's own operators end it
+with their batch without data. ``prepareForTriggerAvailableNow`` pins nothing: what
+becomes due comes from the run's own batches, never from outside, and stops
+after one due-only batch. ``Trigger.Once`` runs one batch per run whatever the
+sources say, so what that batch made due is emitted by the next run.
+
 Spark refuses to restart a query whose sources differ from its checkpoint's, so
 whether an operator has a due source is decided when its checkpoint is new and
 kept for its life (the ``due_batches`` marker next to ``_metadata``, carried by
@@ -162,12 +171,22 @@ def _source_class(times: DueTimes, schema_json: str) -> type:
     as source options, which Spark shows in plans)."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-    class DueReader(DataSourceStreamReader):
+    try:
+        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow as AvailableNow
+    except ImportError:  # a PySpark without it asks the source once per availableNow run
+        AvailableNow = object  # type: ignore[assignment,misc]
+
+    class DueReader(DataSourceStreamReader, AvailableNow):  # type: ignore[misc,valid-type]
         def __init__(self) -> None:
             self.times = times
 
         def initialOffset(self) -> dict[str, Any]:
             return {OFFSET_FIELD: -1}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            # nothing to pin (module doc, availableNow): implementing it is what
+            # makes Spark ask latestOffset before every batch of the run
+            pass
 
         def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
             return self.times.latest(start)

@@ -301,8 +301,40 @@ def quiet_sessionize_case(spark: Any, folder: Path) -> dict:
     return {"rows": _ordered(spark.table(name).collect(), ["user", "count"])}
 
 
+def available_now_sessionize_case(spark: Any, folder: Path) -> dict:
+    """Item 2 of issue 39 (tests/spark/test_quiet_streams.py): an ``availableNow``
+    run over both files of the quiet case ends with the sessions the second closed
+    written (and their batches: two files, one due-only batch)."""
+    from pyspark.sql import functions as F
+
+    from spark_integration import sessionize
+    from tests.spark.test_quiet_streams import FIRST, GAP_S, SCHEMA, SECOND
+
+    source, name = folder / "in", f"q{random.Random().randrange(10**9)}"
+    for index, rows in enumerate([FIRST, SECOND]):
+        write_json(source, index, rows)
+    stream = json_source(spark, source, SCHEMA)
+    out = sessionize(
+        stream.withColumn("t", F.timestamp_millis("ts")).drop("ts"), key="user",
+        timestamp="t", gap=f"{GAP_S} s", grace=0, backend=_backend(folder), name="ends",
+    )  # fmt: skip
+    query = (
+        out.writeStream.format("memory").queryName(name).trigger(availableNow=True)
+        .option("checkpointLocation", str(folder / "spark-ckpt")).start()
+    )  # fmt: skip
+    try:
+        query.awaitTermination(300)
+    finally:
+        query.stop()
+    return {
+        "rows": _ordered(spark.table(name).collect(), ["user", "count"]),
+        "batches": len(query.recentProgress),
+    }
+
+
 CASES: dict[str, Callable[[Any, Path], dict]] = {
     "quiet_sessionize": quiet_sessionize_case,
+    "available_now_sessionize": available_now_sessionize_case,
     "sessionize": sessionize_case,
     "window_aggregate": window_aggregate_case,
     "temporal_join": temporal_join_case,

@@ -163,6 +163,16 @@ def test_a_quiet_stream_closes_its_sessions_over_connect(results):
         assert case["result"]["rows"] == [["a", 2], ["b", 1]]
 
 
+def test_an_available_now_run_ends_with_its_due_batch_over_connect(results):
+    """The due source is asked before every batch of an ``availableNow`` run where
+    the driver's Python is not ours: the run writes the sessions its last file
+    closed, in a due-only batch after the two files' batches."""
+    for side in ("cases", "classic"):
+        case = results[side]["available_now_sessionize"]
+        assert case["error"] is None, case["error"]
+        assert case["result"] == {"rows": [["a", 2], ["b", 1]], "batches": 3}
+
+
 def _sessionize(results: dict, side: str) -> dict:
     case = results["cases" if side == "connect" else "classic"]["sessionize"]
     assert case["error"] is None, case["error"]

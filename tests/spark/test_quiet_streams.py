@@ -264,7 +264,7 @@ def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
     def closed():
         return [b for b, runs in by_batch.items() if any("'a'" in r for r in runs[-1])]
 
-    start({"availableNow": True}).awaitTermination(120)
+    start({"once": True}).awaitTermination(120)
     before = set(by_batch)
     query = start({"processingTime": TRIGGER})
     try:
@@ -285,3 +285,122 @@ def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
         query.stop()
     assert by_batch[due] == [first, first]  # the replay emits the same rows
     assert max(by_batch) == due  # and nothing after it
+
+
+#: a file after SECOND whose event time passes SECOND's session ("c") too
+THIRD = [{"user": "a", "ts": T0 + 600_000}]
+
+
+def run_once(out: Any, checkpoint: Path, trigger: dict, mode: str = "append") -> list[list[dict]]:
+    """Run ``out`` to its end on ``trigger`` (``availableNow`` or ``once``): the rows
+    of each micro-batch it ran, empty ones included (foreachBatch)."""
+    batches: list[list[dict]] = []
+    query = (
+        out.writeStream.outputMode(mode).trigger(**trigger)
+        .option("checkpointLocation", str(checkpoint))
+        .foreachBatch(lambda batch, _: batches.append([r.asDict() for r in batch.collect()]))
+        .start()
+    )  # fmt: skip
+    try:
+        assert query.awaitTermination(180), "the run did not end"
+    finally:
+        query.stop()
+    return batches
+
+
+def session_builds(backend: Any) -> dict[str, Callable[[Any], Any]]:
+    """Spark's session_window count and sessionize's (final), each returning rows
+    ``user, start, n`` (Spark's window start is sessionize's session start)."""
+    from pyspark.sql import functions as F
+
+    def builtin(stream):
+        return (
+            with_time(stream)
+            .groupBy(F.session_window("t", f"{GAP_S} seconds"), "user")
+            .agg(F.count("*").alias("n"))
+            .select("user", F.col("session_window.start").alias("start"), "n")
+        )
+
+    def ours(stream):
+        out = sessionize(
+            with_time(stream).drop("ts"), key="user", timestamp="t", gap=f"{GAP_S} s",
+            aggregations={"n": "count"}, backend=backend, name="sessions",
+        )  # fmt: skip
+        return out.select("user", F.col("session_start").alias("start"), "n")
+
+    return {"spark": builtin, "ours": ours}
+
+
+def sessions(batches: list[list[dict]]) -> list[tuple]:
+    return sorted((r["user"], ms(r["start"]), r["n"]) for rows in batches for r in rows)
+
+
+def test_an_available_now_run_ends_with_nothing_due_left(spark, tmp_path):
+    """Item 2 of issue 39: an ``availableNow`` run over files whose last one closes
+    what the first opened emits what Spark's session_window emits in the same run
+    (Spark's batch without data after the last file's), in as many batches; and two
+    consecutive runs over growing input emit, together, what one uninterrupted run
+    emits. A run with nothing new and nothing due runs no batch."""
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    builds = session_builds(backend)
+    source = tmp_path / "in"
+    for index, rows in enumerate([FIRST, SECOND]):
+        write_json(source, index, rows)
+    first = {
+        name: run_once(build(json_source(spark, source, SCHEMA)), tmp_path / f"ck-{name}",
+                       {"availableNow": True})
+        for name, build in builds.items()
+    }  # fmt: skip
+    want = [("a", T0, 2), ("b", T0 + 1_000, 1)]
+    assert sessions(first["spark"]) == want
+    assert sessions(first["ours"]) == want  # in this run, not the next
+    assert len(first["ours"]) == len(first["spark"]) == 3  # 2 files, 1 due-only batch
+    assert first["ours"][-1] != [] and first["ours"][-2] == []  # the last batch closed them
+
+    write_json(source, 2, THIRD)  # the input grows: the second run closes "c"
+    second = {
+        name: run_once(build(json_source(spark, source, SCHEMA)), tmp_path / f"ck-{name}",
+                       {"availableNow": True})
+        for name, build in builds.items()
+    }  # fmt: skip
+    assert sessions(second["ours"]) == sessions(second["spark"]) == [("c", T0 + 300_000, 1)]
+    assert len(second["ours"]) == len(second["spark"]) == 2
+    whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "local-whole"))
+    uninterrupted = run_once(
+        session_builds(whole)["ours"](json_source(spark, source, SCHEMA)), tmp_path / "ck-whole",
+        {"availableNow": True},
+    )  # fmt: skip
+    assert sessions(first["ours"] + second["ours"]) == sessions(uninterrupted)
+    assert sessions(uninterrupted) == [*want, ("c", T0 + 300_000, 1)]
+
+    third = run_once(
+        builds["ours"](json_source(spark, source, SCHEMA)), tmp_path / "ck-ours",
+        {"availableNow": True},
+    )  # fmt: skip
+    assert third == []  # nothing new, nothing due: no batch
+
+
+def test_trigger_once_runs_one_batch_and_the_next_run_closes(spark, tmp_path):
+    """``Trigger.Once`` runs exactly one batch per run, for Spark's operators as for
+    ours, so neither can close what that batch made due in the same run: Spark's
+    session_window and sessionize emit nothing in the first run over both files.
+    The next run, with no new file, emits the closed sessions in a due-only batch
+    (Spark's own operator, which asks for batches only from the batch before in the
+    same run, waits for a new row); the run after it runs no batch."""
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    builds = session_builds(backend)
+    source = tmp_path / "in"
+    for index, rows in enumerate([FIRST, SECOND]):
+        write_json(source, index, rows)
+
+    def run(name: str) -> list[list[dict]]:
+        stream = json_source(spark, source, SCHEMA)
+        return run_once(builds[name](stream), tmp_path / f"ck-{name}", {"once": True})
+
+    runs = {name: [run(name) for _ in range(3)] for name in builds}
+    print(runs)
+    assert [len(r) for r in runs["spark"]] == [1, 0, 0]
+    assert sessions(runs["spark"][0]) == []
+    assert [len(r) for r in runs["ours"]] == [1, 1, 0]
+    assert sessions(runs["ours"][0]) == []
+    assert sessions(runs["ours"][1]) == [("a", T0, 2), ("b", T0 + 1_000, 1)]
