@@ -14,8 +14,9 @@ The protocol (docs/rewrite.md):
    version is the same V and loadable, no query holds the checkpoint
    (:func:`check_idle`), no change is half applied (one is, first: finish it).
 2. **Stage** (nothing a query or reader sees): each partition's version V is
-   loaded through the provider, its rows go through the change into a new
-   database, which is uploaded as a snapshot by the provider's own
+   loaded through the provider, its rows go through the change into a new local
+   database (every partition's is built before any is uploaded, so a change that
+   refuses a row writes nothing), which is uploaded as a snapshot by the provider's own
    :func:`~sessionstore.checkpoint.snapshot.upload_snapshot` (content named by
    sha256, checked on every restore), except that the manifest goes to
    ``_changes/<id>/<p>.manifest`` instead of ``<p>/snapshot/<V>.manifest``.
@@ -96,6 +97,7 @@ __all__ = [
     "ChangeError",
     "CheckpointBusyError",
     "FamilyChange",
+    "Prepare",
     "ChangeTarget",
     "open_change",
     "check_idle",
@@ -115,6 +117,11 @@ _LOCAL_META = frozenset({VERSION_KEY, IDENTITY_KEY, LAST_COMMIT_KEY, COMMIT_KEY}
 #: ``change(store record, family suffix, rows) -> rows``: what one chunk of raw
 #: ``(key, value)`` rows of the column family ``<store>.<suffix>`` becomes.
 FamilyChange = Callable[[dict[str, Any], str, list[tuple[bytes, bytes]]], list[tuple[bytes, bytes]]]
+
+
+#: ``prepare(partition, stores by name)``: called with a partition's stores at the
+#: changed version (read-only) before its rows go through the change.
+Prepare = Callable[[int, dict[str, Any]], None]
 
 
 class ChangeError(SessionStoreError, ValueError):
@@ -271,10 +278,15 @@ def _copy_rows(
                     out.bulk_writer(family).update(dict(kept))
 
 
-def _stage_partition(
-    target: ChangeTarget, partition: int, change: FamilyChange, change_id: str, workdir: str
-) -> str:
-    """Stage ``partition``'s changed version (step 2); returns its commit id."""
+def _build_partition(
+    target: ChangeTarget,
+    partition: int,
+    change: FamilyChange,
+    workdir: str,
+    prepare: Prepare | None,
+) -> tuple[str, str]:
+    """Build ``partition``'s changed version in ``workdir`` (nothing written to the
+    checkpoint); returns ``(its RocksDB checkpoint directory, its commit id)``."""
     specs = [StoreSpec.from_record(r, target.allow_pickle) for r in target.metadata["stores"]]
     where = f"{target.uri}/{target.operator}/{partition}"
     source_dir = os.path.join(workdir, f"source-{partition}")
@@ -286,6 +298,8 @@ def _stage_partition(
     commit = new_commit_id()
     try:
         handle = provider.get_store(target.version)
+        if prepare is not None:  # rows as a reader sees them, in the read-only batch
+            prepare(partition, handle.stores)
         handle.abort()  # opening stores may write into the batch: read what is committed
         out = StateDB.open(database_in(out_dir))
         try:
@@ -303,6 +317,15 @@ def _stage_partition(
     finally:
         provider.close()
         shutil.rmtree(source_dir, ignore_errors=True)
+    return snapshot, commit
+
+
+def _stage_partition(
+    target: ChangeTarget, partition: int, built: tuple[str, str], change_id: str
+) -> str:
+    """Stage ``partition``'s built version (step 2): its content uploaded, its
+    manifest into the change's folder; returns its commit id."""
+    snapshot, commit = built
     storage = target.storage()
     part = storage.child(str(partition))
     staged = _StagedManifest(
@@ -310,7 +333,7 @@ def _stage_partition(
         storage.child(CHANGES_DIR).child(change_id), f"{partition}.manifest",
     )  # fmt: skip
     upload_snapshot(staged, snapshot, target.version, commit=commit)  # type: ignore[arg-type]
-    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.rmtree(os.path.dirname(snapshot), ignore_errors=True)
     return commit
 
 
@@ -345,10 +368,15 @@ def run_change(
     change: FamilyChange,
     audit: dict[str, Any],
     progress: Callable[[str, int, int], None] | None = None,
+    prepare: Prepare | None = None,
 ) -> dict[str, Any]:
     """Stage, commit and apply ``change`` to every partition of ``target`` (steps
     2-4; :func:`open_change` and :func:`check_idle` first). ``audit`` (no user data:
-    counts and hashes) is recorded with the change. Returns the change record."""
+    counts and hashes) is recorded with the change. Returns the change record.
+
+    Every partition is built locally before anything is uploaded, so a change that
+    raises (a rewrite's refused row) writes nothing to the checkpoint. ``prepare``
+    sees each partition's stores before its rows are copied."""
     report = progress or (lambda label, done, total: None)
     storage = target.storage()
     for leftover in storage.list_dirs(CHANGES_DIR):  # staged by a run that died before 3
@@ -357,9 +385,12 @@ def run_change(
     commits = []
     try:
         with tempfile.TemporaryDirectory(prefix="sessionstore-change-") as workdir:
+            built = []
             for p in range(target.partitions):
                 report("partitions", p, target.partitions)
-                commits.append(_stage_partition(target, p, change, change_id, workdir))
+                built.append(_build_partition(target, p, change, workdir, prepare))
+            for p, done in enumerate(built):
+                commits.append(_stage_partition(target, p, done, change_id))
             report("partitions", target.partitions, target.partitions)
         _check_unchanged(target)
     except BaseException:
