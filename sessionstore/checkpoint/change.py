@@ -102,6 +102,10 @@ __all__ = [
     "open_change",
     "check_idle",
     "run_change",
+    "begin_change",
+    "stage_partition",
+    "abandon_change",
+    "commit_change",
     "finish_change",
     "pending_change",
 ]
@@ -363,6 +367,60 @@ def _check_unchanged(target: ChangeTarget) -> None:
         )
 
 
+def begin_change(target: ChangeTarget) -> str:
+    """A new change id for ``target``, the staging a run that died before its
+    commit point left deleted first (step 2 begins)."""
+    storage = target.storage()
+    for leftover in storage.list_dirs(CHANGES_DIR):
+        storage.delete_dir(f"{CHANGES_DIR}/{leftover}")
+    return uuid.uuid4().hex
+
+
+def stage_partition(
+    target: ChangeTarget,
+    partition: int,
+    change: FamilyChange,
+    change_id: str,
+    prepare: Prepare | None = None,
+) -> str:
+    """Build and stage one partition of the change ``change_id`` (step 2, for a
+    task of a Spark job: one per partition); returns its commit id."""
+    with tempfile.TemporaryDirectory(prefix="sessionstore-change-") as workdir:
+        built = _build_partition(target, partition, change, workdir, prepare)
+        return _stage_partition(target, partition, built, change_id)
+
+
+def abandon_change(target: ChangeTarget, change_id: str) -> None:
+    """Delete the staging of a change that stops before its commit point."""
+    target.storage().delete_dir(f"{CHANGES_DIR}/{change_id}")
+
+
+def commit_change(
+    target: ChangeTarget, change_id: str, commits: list[str], audit: dict[str, Any]
+) -> dict[str, Any]:
+    """Commit (step 3) and apply (step 4) the change ``change_id`` whose
+    partitions are staged with ``commits``; returns its record. Abandoned (and
+    :class:`CheckpointBusyError`) when a partition committed since ``target`` was read."""
+    try:
+        _check_unchanged(target)
+    except BaseException:
+        abandon_change(target, change_id)
+        raise
+    record = {
+        "id": change_id,
+        "version": target.version,
+        "partitions": target.partitions,
+        "commits": commits,
+        "event_time": _event_time(target),
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "audit": audit,
+    }
+    storage = target.storage()
+    write_metadata(storage, {**target.metadata, CHANGE_FIELD: record})  # the commit point
+    finish_change(storage, record)
+    return record
+
+
 def run_change(
     target: ChangeTarget,
     change: FamilyChange,
@@ -378,10 +436,7 @@ def run_change(
     raises (a rewrite's refused row) writes nothing to the checkpoint. ``prepare``
     sees each partition's stores before its rows are copied."""
     report = progress or (lambda label, done, total: None)
-    storage = target.storage()
-    for leftover in storage.list_dirs(CHANGES_DIR):  # staged by a run that died before 3
-        storage.delete_dir(f"{CHANGES_DIR}/{leftover}")
-    change_id = uuid.uuid4().hex
+    change_id = begin_change(target)
     commits = []
     try:
         with tempfile.TemporaryDirectory(prefix="sessionstore-change-") as workdir:
@@ -392,22 +447,10 @@ def run_change(
             for p, done in enumerate(built):
                 commits.append(_stage_partition(target, p, done, change_id))
             report("partitions", target.partitions, target.partitions)
-        _check_unchanged(target)
     except BaseException:
-        storage.delete_dir(f"{CHANGES_DIR}/{change_id}")
+        abandon_change(target, change_id)
         raise
-    record = {
-        "id": change_id,
-        "version": target.version,
-        "partitions": target.partitions,
-        "commits": commits,
-        "event_time": _event_time(target),
-        "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "audit": audit,
-    }
-    write_metadata(storage, {**target.metadata, CHANGE_FIELD: record})  # the commit point
-    finish_change(storage, record)
-    return record
+    return commit_change(target, change_id, commits, audit)
 
 
 def _apply_partition(storage: Storage, record: dict[str, Any], partition: int) -> None:

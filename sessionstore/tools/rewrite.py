@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sessionstore.checkpoint.change import (
     DEFAULT_QUIET_S,
     ChangeError,
+    ChangeTarget,
     check_idle,
     finish_change,
     open_change,
@@ -36,9 +38,9 @@ from sessionstore.encoding.session_key import TIMES_LEN, decode_times, times_of
 from sessionstore.operators.aggregations import recorded_output, recorded_plan
 from sessionstore.operators.restate import with_results
 from sessionstore.stores.registry import row_splitter_of
-from sessionstore.tools.reader import presented_rows
+from sessionstore.tools.reader import CheckpointSource, presented_rows
 
-__all__ = ["rewrite", "REWRITABLE_KINDS", "RowRewriter"]
+__all__ = ["rewrite", "plan_rewrite", "RewritePlan", "REWRITABLE_KINDS", "RowRewriter"]
 
 #: The store kinds whose rows a rewrite can change.
 REWRITABLE_KINDS = ("session",)
@@ -161,6 +163,71 @@ def _store_of(metadata: dict[str, Any], store: str | None, where: str) -> str:
     return store
 
 
+@dataclass(frozen=True)
+class RewritePlan:
+    """A checked rewrite, for the Python and the Spark-job forms."""
+
+    target: ChangeTarget
+    store: str
+    fn: Callable[[dict[str, Any]], Any]
+    raw: bool
+    audit: dict[str, Any]
+    #: the result already: the interrupted rewrite finished was this one
+    finished: dict[str, Any] | None = None
+    resumed: str | None = None
+
+    def rewriter(self) -> RowRewriter:
+        """A fresh row change of this rewrite."""
+        return RowRewriter(self.store, self.fn, self.raw)
+
+    def check_partition(self, partition: int) -> dict[str, int]:
+        """``fn`` on every row of ``partition`` with nothing written: its counts, or
+        :class:`ChangeError` naming the first row the store cannot hold."""
+        target, rewriter = self.target, self.rewriter()
+        source = CheckpointSource(target.uri, target.storage_options, target.allow_pickle)
+        with source.open(target.operator, partition, target.version) as (_, stores):
+            rewriter.prepare(partition, stores)
+        return rewriter.counts
+
+    def result(self, version: int, counts: dict[str, int]) -> dict[str, Any]:
+        """What :func:`rewrite` returns."""
+        return {"operator": self.target.operator, "store": self.store, "version": version,
+                **counts, "resumed": self.resumed}  # fmt: skip
+
+
+def plan_rewrite(
+    checkpoint: str,
+    operator: str,
+    fn: Callable[[dict[str, Any]], Any],
+    store: str | None = None,
+    raw: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    force: bool = False,
+    quiet_s: float = DEFAULT_QUIET_S,
+    allow_pickle: bool = False,
+) -> RewritePlan:
+    """Every check of :func:`rewrite` before a row is read (a change a crash left
+    committed is finished here); arguments as there."""
+    if not callable(fn):
+        raise ChangeError(f"fn must be a function of a row, got {fn!r:.100}")
+    storage = open_filesystem(checkpoint, storage_options).child(operator)
+    resumed = pending_change(storage)
+    if resumed is not None:
+        finish_change(storage, resumed)
+    target = open_change(checkpoint, operator, storage_options, allow_pickle)
+    name = _store_of(target.metadata, store, f"{checkpoint}/{operator}")
+    audit = {"change": "rewrite", "operator": operator, "store": name,
+             "fn": _function_name(fn), "raw": raw}  # fmt: skip
+    plan = RewritePlan(target, name, fn, raw, audit,
+                       resumed=None if resumed is None else resumed["id"])  # fmt: skip
+    if resumed is not None and all(resumed["audit"].get(k) == v for k, v in audit.items()):
+        done = plan.result(resumed["version"], resumed["audit"]["counts"])
+        return replace(plan, finished=done)
+    if not force:
+        check_idle(target, quiet_s)
+    return plan
+
+
 def rewrite(
     checkpoint: str,
     operator: str,
@@ -187,25 +254,16 @@ def rewrite(
     (same ``force``, ``quiet_s``: the query must be stopped). A change a crash left
     committed is finished first; when it was this same function's rewrite of this
     store, finishing it is the whole job (``fn`` is not applied twice).
+    ``spark_integration.rewrite_state`` runs it as a Spark job.
 
     Returns ``{"operator", "store", "version", "rows", "changed", "deleted",
     "resumed"}``.
     """
-    storage = open_filesystem(checkpoint, storage_options).child(operator)
-    resumed = pending_change(storage)
-    if resumed is not None:
-        finish_change(storage, resumed)
-    target = open_change(checkpoint, operator, storage_options, allow_pickle)
-    name = _store_of(target.metadata, store, f"{checkpoint}/{operator}")
-    audit = {"change": "rewrite", "operator": operator, "store": name,
-             "fn": _function_name(fn), "raw": raw}  # fmt: skip
-    done = {"operator": operator, "store": name,
-            "resumed": None if resumed is None else resumed["id"]}  # fmt: skip
-    if resumed is not None and all(resumed["audit"].get(k) == v for k, v in audit.items()):
-        return {**done, "version": resumed["version"], **resumed["audit"]["counts"]}
-    if not force:
-        check_idle(target, quiet_s)
-    rewriter = RowRewriter(name, fn, raw)
-    record = run_change(target, rewriter.change, audit | {"counts": rewriter.counts}, progress,
-                        rewriter.prepare)  # fmt: skip
-    return {**done, "version": record["version"], **rewriter.counts}
+    plan = plan_rewrite(checkpoint, operator, fn, store, raw, storage_options, force,
+                        quiet_s, allow_pickle)  # fmt: skip
+    if plan.finished is not None:
+        return plan.finished
+    rewriter = plan.rewriter()
+    audit = plan.audit | {"counts": rewriter.counts}
+    record = run_change(plan.target, rewriter.change, audit, progress, rewriter.prepare)
+    return plan.result(record["version"], rewriter.counts)
