@@ -201,3 +201,13 @@ def test_repartition_state_needs_a_classic_session(results):
     error = _sessionize(results, "connect")["repartition_state"]["error"]
     assert error.startswith("ClassicSessionRequired: repartition_state needs a classic")
     assert "run `sessionstore repartition` (the CLI)" in error
+
+
+def test_rewrite_state_runs_through_the_connect_session(results):
+    ours, theirs = _sessionize(results, "connect"), _sessionize(results, "classic")
+    assert ours["rewrite_state"] == theirs["rewrite_state"]
+    before, after = theirs["rewrite_state"]["before"], theirs["rewrite_state"]["after"]
+    spent = before["columns"].index("spent")
+    doubled = [[*r[:spent], 2 * r[spent], *r[spent + 1 :]] for r in before["rows"]]
+    assert after["columns"] == before["columns"] and after["rows"] == doubled
+    assert theirs["rewrite_state"]["counts"]["rows"] == len(before["rows"]) > 3
