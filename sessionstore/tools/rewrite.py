@@ -78,7 +78,13 @@ class RowRewriter:
             row = {"partition": partition, **row}
             kept = next(stored)["value"] if plan else row["value"]
             self.counts["rows"] += 1
-            got = self.fn(copy.deepcopy(row))
+            try:
+                got = self.fn(copy.deepcopy(row))
+            except Exception as exc:  # the row it failed on, for the user's own bug
+                raise ChangeError(
+                    f"{where}, row key={row['key']!r} start={row['start']} end={row['end']}: "
+                    f"fn raised {type(exc).__name__}: {exc}"
+                ) from exc
             decided = self._decide(store, row, got, (plan, kept, finish), where)
             if decided is not _KEEP:
                 kb = store.encode_key(row["key"])

@@ -144,6 +144,7 @@ def test_a_deleted_row_leaves_no_session_and_no_index_entry(source, tmp_path):
         (lambda r: {**r, "start": r["start"] + 1}, "fn changed 'start'"),
         (lambda r: {**r, "value": {"total": 1}}, "the value's aggregates are ['total']"),
         (lambda r: 7, "fn returned 7, not a row"),
+        (lambda r: r["value"]["total"] / 0, "fn raised ZeroDivisionError: division by zero"),
     ],
 )
 def test_a_row_the_store_cannot_hold_is_refused_before_anything_is_written(source, fn, words):
