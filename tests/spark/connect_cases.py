@@ -82,7 +82,7 @@ def sessionize_case(spark: Any, folder: Path) -> dict:
     ``metrics`` lines up to the first timing, which varies from run to run), then
     its state through ``spark.read.format("sessionstore")`` (``datasource``) and
     ``repartition_state`` on it (its row count, or the error it raises), then
-    ``rewrite_state`` doubling ``spent`` (its counts and the rows read after)."""
+    ``rewrite_state`` doubling ``n`` (its counts, the latest rows before and after)."""
     from spark_integration import log_state_metrics, sessionize
 
     def build(stream):
@@ -271,9 +271,9 @@ def _repartition(spark: Any, folder: Path) -> dict:
     return {"rows": summary["rows"]}
 
 
-def double_spent(row: dict) -> dict:
+def double_count(row: dict) -> dict:
     """The rewrite of ``_rewrite``: a module's function, so executors import it."""
-    row["value"]["spent"] *= 2
+    row["value"]["n"] *= 2
     return row
 
 
@@ -281,7 +281,7 @@ def _rewrite(spark: Any, folder: Path) -> dict:
     from spark_integration import rewrite_state
 
     before = _read_state(spark, folder, None)
-    done = rewrite_state(spark, f"file://{folder}/state", "sessionize", double_spent, force=True)
+    done = rewrite_state(spark, f"file://{folder}/state", "sessionize", double_count, force=True)
     counts = {k: done[k] for k in ("version", "rows", "changed", "deleted")}
     return {"counts": counts, "before": before, "after": _read_state(spark, folder, None)}
 
