@@ -99,3 +99,30 @@ def test_a_wrong_type_is_refused_by_the_spark_job_before_anything_is_written(spa
     first, later = _stopped_and_restarted(spark, tmp_path, "refused", attempt)
     assert refused == [True]
     assert sorted(map(repr, first + later)) == sorted(map(repr, clean_first + clean_later))
+
+
+def test_a_rewrite_while_the_query_runs_is_refused(spark, tmp_path):
+    from sessionstore.checkpoint.change import CheckpointBusyError
+    from tests.spark.streams import drive
+
+    batches = _batches()
+    backend = StateBackend(f"file://{tmp_path}/ckpt", local_dir=str(tmp_path / "local"))
+    folder = tmp_path / "in"
+    outcome = []
+
+    def rewrite_now():
+        for attempt in (rewrite, lambda *a: rewrite_state(spark, *a)):
+            try:
+                attempt(backend.checkpoint_uri, "sessions", double_total)
+            except CheckpointBusyError as exc:
+                outcome.append(str(exc))
+
+    stream = (
+        _query(spark, folder, backend).writeStream.outputMode("append")
+        .option("checkpointLocation", str(tmp_path / "spark-ck"))
+        .foreachBatch(lambda batch, _: batch.count())  # runs the operator
+        .start()
+    )  # fmt: skip
+    drive(stream, file_steps(batches, folder, range(3)) + [rewrite_now])
+    assert len(outcome) == 2 and all("a query seems to hold the checkpoint" in o for o in outcome)
+    assert not open_filesystem(backend.checkpoint_uri).child("sessions").list("_audit")
