@@ -52,6 +52,7 @@ from sessionstore.stores.session import SessionStore
 from sessionstore.stores.spec import StoreSpec
 from sessionstore.stores.state_db import StateDB
 from sessionstore.stores.versioned import VersionedStore
+from sessionstore.tools.rewrite import rewrite
 
 __all__ = [
     "StateDB",
@@ -63,6 +64,7 @@ __all__ = [
     "CheckpointMismatchError",
     "VersionNotFoundError",
     "erase",
+    "rewrite",
     "SessionStore",
     "InMemorySessionStore",
     "VersionedStore",

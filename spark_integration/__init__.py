@@ -2,6 +2,7 @@
 
 from spark_integration.driver.metrics import StateMetricsListener, log_state_metrics
 from spark_integration.operators.repartition import repartition_state
+from spark_integration.operators.rewrite import rewrite_state
 from spark_integration.operators.sessionize import SessionAggregation, sessionize
 from spark_integration.operators.temporal_join import temporal_join
 from spark_integration.operators.transform_with_state import (
@@ -24,4 +25,5 @@ __all__ = [
     "log_state_metrics",
     "StateMetricsListener",
     "repartition_state",
+    "rewrite_state",
 ]

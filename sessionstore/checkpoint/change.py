@@ -14,8 +14,9 @@ The protocol (docs/rewrite.md):
    version is the same V and loadable, no query holds the checkpoint
    (:func:`check_idle`), no change is half applied (one is, first: finish it).
 2. **Stage** (nothing a query or reader sees): each partition's version V is
-   loaded through the provider, its rows go through the change into a new
-   database, which is uploaded as a snapshot by the provider's own
+   loaded through the provider, its rows go through the change into a new local
+   database (every partition's is built before any is uploaded, so a change that
+   refuses a row writes nothing), which is uploaded as a snapshot by the provider's own
    :func:`~sessionstore.checkpoint.snapshot.upload_snapshot` (content named by
    sha256, checked on every restore), except that the manifest goes to
    ``_changes/<id>/<p>.manifest`` instead of ``<p>/snapshot/<V>.manifest``.
@@ -96,10 +97,15 @@ __all__ = [
     "ChangeError",
     "CheckpointBusyError",
     "FamilyChange",
+    "Prepare",
     "ChangeTarget",
     "open_change",
     "check_idle",
     "run_change",
+    "begin_change",
+    "stage_partition",
+    "abandon_change",
+    "commit_change",
     "finish_change",
     "pending_change",
 ]
@@ -115,6 +121,11 @@ _LOCAL_META = frozenset({VERSION_KEY, IDENTITY_KEY, LAST_COMMIT_KEY, COMMIT_KEY}
 #: ``change(store record, family suffix, rows) -> rows``: what one chunk of raw
 #: ``(key, value)`` rows of the column family ``<store>.<suffix>`` becomes.
 FamilyChange = Callable[[dict[str, Any], str, list[tuple[bytes, bytes]]], list[tuple[bytes, bytes]]]
+
+
+#: ``prepare(partition, stores by name)``: called with a partition's stores at the
+#: changed version (read-only) before its rows go through the change.
+Prepare = Callable[[int, dict[str, Any]], None]
 
 
 class ChangeError(SessionStoreError, ValueError):
@@ -271,10 +282,15 @@ def _copy_rows(
                     out.bulk_writer(family).update(dict(kept))
 
 
-def _stage_partition(
-    target: ChangeTarget, partition: int, change: FamilyChange, change_id: str, workdir: str
-) -> str:
-    """Stage ``partition``'s changed version (step 2); returns its commit id."""
+def _build_partition(
+    target: ChangeTarget,
+    partition: int,
+    change: FamilyChange,
+    workdir: str,
+    prepare: Prepare | None,
+) -> tuple[str, str]:
+    """Build ``partition``'s changed version in ``workdir`` (nothing written to the
+    checkpoint); returns ``(its RocksDB checkpoint directory, its commit id)``."""
     specs = [StoreSpec.from_record(r, target.allow_pickle) for r in target.metadata["stores"]]
     where = f"{target.uri}/{target.operator}/{partition}"
     source_dir = os.path.join(workdir, f"source-{partition}")
@@ -286,6 +302,8 @@ def _stage_partition(
     commit = new_commit_id()
     try:
         handle = provider.get_store(target.version)
+        if prepare is not None:  # rows as a reader sees them, in the read-only batch
+            prepare(partition, handle.stores)
         handle.abort()  # opening stores may write into the batch: read what is committed
         out = StateDB.open(database_in(out_dir))
         try:
@@ -303,6 +321,15 @@ def _stage_partition(
     finally:
         provider.close()
         shutil.rmtree(source_dir, ignore_errors=True)
+    return snapshot, commit
+
+
+def _stage_partition(
+    target: ChangeTarget, partition: int, built: tuple[str, str], change_id: str
+) -> str:
+    """Stage ``partition``'s built version (step 2): its content uploaded, its
+    manifest into the change's folder; returns its commit id."""
+    snapshot, commit = built
     storage = target.storage()
     part = storage.child(str(partition))
     staged = _StagedManifest(
@@ -310,7 +337,7 @@ def _stage_partition(
         storage.child(CHANGES_DIR).child(change_id), f"{partition}.manifest",
     )  # fmt: skip
     upload_snapshot(staged, snapshot, target.version, commit=commit)  # type: ignore[arg-type]
-    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.rmtree(os.path.dirname(snapshot), ignore_errors=True)
     return commit
 
 
@@ -340,30 +367,44 @@ def _check_unchanged(target: ChangeTarget) -> None:
         )
 
 
-def run_change(
-    target: ChangeTarget,
-    change: FamilyChange,
-    audit: dict[str, Any],
-    progress: Callable[[str, int, int], None] | None = None,
-) -> dict[str, Any]:
-    """Stage, commit and apply ``change`` to every partition of ``target`` (steps
-    2-4; :func:`open_change` and :func:`check_idle` first). ``audit`` (no user data:
-    counts and hashes) is recorded with the change. Returns the change record."""
-    report = progress or (lambda label, done, total: None)
+def begin_change(target: ChangeTarget) -> str:
+    """A new change id for ``target``, the staging a run that died before its
+    commit point left deleted first (step 2 begins)."""
     storage = target.storage()
-    for leftover in storage.list_dirs(CHANGES_DIR):  # staged by a run that died before 3
+    for leftover in storage.list_dirs(CHANGES_DIR):
         storage.delete_dir(f"{CHANGES_DIR}/{leftover}")
-    change_id = uuid.uuid4().hex
-    commits = []
+    return uuid.uuid4().hex
+
+
+def stage_partition(
+    target: ChangeTarget,
+    partition: int,
+    change: FamilyChange,
+    change_id: str,
+    prepare: Prepare | None = None,
+) -> str:
+    """Build and stage one partition of the change ``change_id`` (step 2, for a
+    task of a Spark job: one per partition); returns its commit id."""
+    with tempfile.TemporaryDirectory(prefix="sessionstore-change-") as workdir:
+        built = _build_partition(target, partition, change, workdir, prepare)
+        return _stage_partition(target, partition, built, change_id)
+
+
+def abandon_change(target: ChangeTarget, change_id: str) -> None:
+    """Delete the staging of a change that stops before its commit point."""
+    target.storage().delete_dir(f"{CHANGES_DIR}/{change_id}")
+
+
+def commit_change(
+    target: ChangeTarget, change_id: str, commits: list[str], audit: dict[str, Any]
+) -> dict[str, Any]:
+    """Commit (step 3) and apply (step 4) the change ``change_id`` whose
+    partitions are staged with ``commits``; returns its record. Abandoned (and
+    :class:`CheckpointBusyError`) when a partition committed since ``target`` was read."""
     try:
-        with tempfile.TemporaryDirectory(prefix="sessionstore-change-") as workdir:
-            for p in range(target.partitions):
-                report("partitions", p, target.partitions)
-                commits.append(_stage_partition(target, p, change, change_id, workdir))
-            report("partitions", target.partitions, target.partitions)
         _check_unchanged(target)
     except BaseException:
-        storage.delete_dir(f"{CHANGES_DIR}/{change_id}")
+        abandon_change(target, change_id)
         raise
     record = {
         "id": change_id,
@@ -374,9 +415,42 @@ def run_change(
         "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "audit": audit,
     }
+    storage = target.storage()
     write_metadata(storage, {**target.metadata, CHANGE_FIELD: record})  # the commit point
     finish_change(storage, record)
     return record
+
+
+def run_change(
+    target: ChangeTarget,
+    change: FamilyChange,
+    audit: dict[str, Any],
+    progress: Callable[[str, int, int], None] | None = None,
+    prepare: Prepare | None = None,
+) -> dict[str, Any]:
+    """Stage, commit and apply ``change`` to every partition of ``target`` (steps
+    2-4; :func:`open_change` and :func:`check_idle` first). ``audit`` (no user data:
+    counts and hashes) is recorded with the change. Returns the change record.
+
+    Every partition is built locally before anything is uploaded, so a change that
+    raises (a rewrite's refused row) writes nothing to the checkpoint. ``prepare``
+    sees each partition's stores before its rows are copied."""
+    report = progress or (lambda label, done, total: None)
+    change_id = begin_change(target)
+    commits = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="sessionstore-change-") as workdir:
+            built = []
+            for p in range(target.partitions):
+                report("partitions", p, target.partitions)
+                built.append(_build_partition(target, p, change, workdir, prepare))
+            for p, done in enumerate(built):
+                commits.append(_stage_partition(target, p, done, change_id))
+            report("partitions", target.partitions, target.partitions)
+    except BaseException:
+        abandon_change(target, change_id)
+        raise
+    return commit_change(target, change_id, commits, audit)
 
 
 def _apply_partition(storage: Storage, record: dict[str, Any], partition: int) -> None:

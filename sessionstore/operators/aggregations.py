@@ -52,6 +52,7 @@ __all__ = [
     "record_output_plan",
     "record_time_type",
     "recorded_output",
+    "recorded_plan",
     "recorded_time_type",
 ]
 
@@ -377,6 +378,11 @@ def _recorded_plan(store: Any) -> dict[str, Any] | None:
     read = getattr(store, "read_aux", None)
     packed = None if read is None else read(OUTPUT_PLAN_AUX)
     return None if packed is None else msgpack.unpackb(packed, raw=False)
+
+
+def recorded_plan(store: Any) -> dict[str, Any] | None:
+    """The output plan recorded in ``store`` (see :func:`output_plan`), or None."""
+    return _recorded_plan(store)
 
 
 def recorded_time_type(store: Any) -> str | None:

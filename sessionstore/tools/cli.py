@@ -13,6 +13,8 @@
     sessionstore repartition URI --operator OP --partitions N --to URI2 [--version V]
                              [--key-types string,long]
     sessionstore erase URI --operator OP (--key K ... | --keys-from FILE.parquet) [--force]
+    sessionstore rewrite URI --operator OP --function MODULE:NAME [--store S] [--raw]
+                         [--force]
 
 ``URI`` is a checkpoint root (``file://``, a path, ``s3://`` with ``--storage-option
 k=v``, ``--storage-options-file FILE`` or the AWS environment) or a local database
@@ -607,9 +609,7 @@ def _as_text(value: Any) -> str:
 @click.option("--key-json", is_flag=True)
 @click.option("--as-of", default=None)
 @click.option("--version", type=int, default=None)
-@click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "table", "csv"]), default="jsonl"
-)
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "table", "csv"]), default="jsonl")
 @raw_option
 @epoch_ms_option
 @storage_option
@@ -781,6 +781,60 @@ def erase(uri, operator, keys, keys_from, force, storage_options, allow_pickle):
         f"erased {done['keys']:,} keys (sha256 {done['keys_sha256']}) from {operator}: "
         f"version {done['version']} is a new commit; versions before it are no longer "
         "loadable"
+    )
+
+
+def _function(spec: str) -> Any:
+    """The function ``module:name`` (``--function``), imported."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise CliError(f"--function {spec!r}: give it as MODULE:NAME (e.g. fixes:double_total)")
+    if os.getcwd() not in sys.path:  # a module of the current directory, as `python -m`
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.import_module(module)
+    except ImportError as exc:
+        raise CliError(f"--function {spec!r}: cannot import {module!r} ({exc})") from None
+    fn = getattr(found, name, None)
+    if not callable(fn):
+        raise CliError(f"--function {spec!r}: {module!r} has no function {name!r}")
+    return fn
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--operator", required=True)
+@click.option("--function", "function", required=True,
+              help="MODULE:NAME of a function of a row (importable from here)")  # fmt: skip
+@click.option("--store", default=None, help="default: the operator's only session store")
+@click.option("--raw", is_flag=True, help="the function sees and returns accumulators")
+@click.option(
+    "--force", is_flag=True,
+    help="rewrite even though the checkpoint was committed to recently (docs/rewrite.md)",
+)  # fmt: skip
+@storage_option
+@allow_pickle_option
+def rewrite(uri, operator, function, store, raw, force, storage_options, allow_pickle):
+    """Rewrite the rows of a store with a Python function (sessionstore.rewrite):
+    each row as dump shows it, changed, kept or deleted (None), every row checked
+    before anything is written. The query must be stopped. docs/rewrite.md."""
+    from sessionstore.tools.rewrite import rewrite as rewrite_rows
+
+    source = _checkpoint_only(_source(uri, storage_options), "rewrite")
+    fn = _function(function)
+    with _progress() as progress:
+        done = rewrite_rows(
+            uri, operator, fn, store=store, raw=raw, storage_options=source.storage_options,
+            force=force, allow_pickle=allow_pickle, progress=progress,
+        )  # fmt: skip
+    if done["resumed"]:
+        click.echo(f"finished the interrupted change {done['resumed']}")
+    click.echo(
+        f"rewrote {done['store']} of {operator}: {done['rows']:,} rows, {done['changed']:,} "
+        f"changed, {done['deleted']:,} deleted; version {done['version']} is a new commit; "
+        "versions before it are no longer loadable"
     )
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "LocalSource",
     "open_source",
     "store_rows",
+    "presented_rows",
     "processor_declarations",
     "variable_declaration",
     "operators",
@@ -473,6 +474,22 @@ def _finished(
         yield {**row, **fields, "value": Aggregates(results)}
 
 
+def presented_rows(
+    store: Any, kind: str, where: str, row_filter: RowFilter = RowFilter(), raw: bool = False
+) -> Iterator[dict[str, Any]]:
+    """The rows of one open ``store`` of ``kind`` as :func:`store_rows` shows them
+    (without ``partition``): finished by its recorded output plan unless ``raw``,
+    event times as :class:`Instant` where the operator shows timestamps. ``where``
+    names the store in errors."""
+    rows = row_filter.rows(store)
+    finish = None if raw else recorded_output(store)
+    if finish is not None:
+        rows = _finished(rows, finish, where)
+    if recorded_time_type(store) == "timestamp":
+        rows = _instants(rows, store_class(kind).time_columns)
+    return rows
+
+
 def store_rows(
     source: CheckpointSource | LocalSource,
     operator: str,
@@ -506,12 +523,8 @@ def store_rows(
         if progress is not None:
             progress("partitions", done, len(ids))
         with source.open(operator, partition, version, progress) as (_, stores):
-            rows = row_filter.rows(stores[store])
-            finish = None if raw else recorded_output(stores[store])
-            if finish is not None:
-                rows = _finished(rows, finish, f"{operator}/{partition} store {store!r}")
-            if recorded_time_type(stores[store]) == "timestamp":
-                rows = _instants(rows, store_class(kind).time_columns)
+            where = f"{operator}/{partition} store {store!r}"
+            rows = presented_rows(stores[store], kind, where, row_filter, raw)
             for row in rows:
                 yield {"partition": partition, **row}
                 count += 1

@@ -81,7 +81,8 @@ def sessionize_case(spark: Any, folder: Path) -> dict:
     """A sessionize query with ``log_state_metrics`` on (its ``output`` and the
     ``metrics`` lines up to the first timing, which varies from run to run), then
     its state through ``spark.read.format("sessionstore")`` (``datasource``) and
-    ``repartition_state`` on it (its row count, or the error it raises)."""
+    ``repartition_state`` on it (its row count, or the error it raises), then
+    ``rewrite_state`` doubling ``n`` (its counts, the latest rows before and after)."""
     from spark_integration import log_state_metrics, sessionize
 
     def build(stream):
@@ -105,6 +106,7 @@ def sessionize_case(spark: Any, folder: Path) -> dict:
         "metrics": sorted(line.split(", load max")[0] for line in lines),
         "datasource": _read_state(spark, folder),
         "repartition_state": _repartition(spark, folder),
+        "rewrite_state": _rewrite(spark, folder),
     }
 
 
@@ -241,19 +243,19 @@ def transform_with_state_in_pandas_case(spark: Any, folder: Path) -> dict:
     return _one_stream(spark, folder, _items(6), build, ITEMS)
 
 
-def _read_state(spark: Any, folder: Path) -> dict:
-    """The sessions open after the third micro-batch, through the data source."""
+def _read_state(spark: Any, folder: Path, batch: int | None = 3) -> dict:
+    """The sessions open after micro-batch ``batch`` (None: the latest), through
+    the data source."""
     from spark_integration.datasource import register
 
     register(spark)
-    read = (
+    reader = (
         spark.read.format("sessionstore")
         .option("path", f"file://{folder}/state")
         .option("operator", "sessionize")
         .option("store", "sessions")
-        .option("batchId", "3")
-        .load()
     )
+    read = (reader if batch is None else reader.option("batchId", str(batch))).load()
     return {"columns": read.columns, "rows": _ordered(read.collect(), read.columns)}
 
 
@@ -267,6 +269,21 @@ def _repartition(spark: Any, folder: Path) -> dict:
     except Exception as error:  # the result is the error itself
         return {"error": f"{type(error).__name__}: {error}"}
     return {"rows": summary["rows"]}
+
+
+def double_count(row: dict) -> dict:
+    """The rewrite of ``_rewrite``: a module's function, so executors import it."""
+    row["value"]["n"] *= 2
+    return row
+
+
+def _rewrite(spark: Any, folder: Path) -> dict:
+    from spark_integration import rewrite_state
+
+    before = _read_state(spark, folder, None)
+    done = rewrite_state(spark, f"file://{folder}/state", "sessionize", double_count, force=True)
+    counts = {k: done[k] for k in ("version", "rows", "changed", "deleted")}
+    return {"counts": counts, "before": before, "after": _read_state(spark, folder, None)}
 
 
 def quiet_sessionize_case(spark: Any, folder: Path) -> dict:

@@ -211,3 +211,15 @@ def test_repartition_state_needs_a_classic_session(results):
     error = _sessionize(results, "connect")["repartition_state"]["error"]
     assert error.startswith("ClassicSessionRequired: repartition_state needs a classic")
     assert "run `sessionstore repartition` (the CLI)" in error
+
+
+def test_rewrite_state_runs_through_the_connect_session(results):
+    ours, theirs = _sessionize(results, "connect"), _sessionize(results, "classic")
+    assert ours["rewrite_state"] == theirs["rewrite_state"]
+    before, after = theirs["rewrite_state"]["before"], theirs["rewrite_state"]["after"]
+    at = before["columns"].index("value")  # a struct of the aggregates
+    doubled = [[*r[:at], {**r[at], "n": 2 * r[at]["n"]}, *r[at + 1 :]] for r in before["rows"]]
+    assert after["columns"] == before["columns"] and after["rows"] == doubled
+    assert all(r[at]["n"] > 0 for r in before["rows"])
+    counts = theirs["rewrite_state"]["counts"]
+    assert counts["rows"] == counts["changed"] == len(before["rows"]) > 0
