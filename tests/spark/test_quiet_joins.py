@@ -37,8 +37,9 @@ def stored_keys(spark: Any, backend: StateBackend, operator: str, store: str) ->
     return sorted(r["key"] for r in rows)
 
 
-def run_quiet(spark: Any, tmp_path: Path, builds: dict, first: list, second: list,
-              settled: Any) -> dict[str, Collected]:
+def run_quiet(
+    spark: Any, tmp_path: Path, builds: dict, first: list, second: list, settled: Any
+) -> dict[str, Collected]:
     """Start each build over one folder, feed ``first`` then ``second``, wait until
     ``settled(queries)`` holds, stay idle :data:`IDLE_S` and stop them."""  # fmt: skip
     source = tmp_path / "in"
