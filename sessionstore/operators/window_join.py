@@ -83,6 +83,23 @@ class WindowedJoin:
     def stream_time(self) -> int | None:
         return self._stream_time
 
+    def advance(self, ts: int) -> None:
+        """Move stream time forward to ``ts`` (never back) as if a message at
+        ``ts`` had arrived, without one: later messages are judged late against it,
+        and both buffers drop what no message that can still arrive may pair with.
+
+        Operators call it with the query's event time before each batch, so that a
+        partition whose keys went quiet still expires its buffers (and judges
+        lateness as the partitions that saw the later rows do)."""
+        ts = check_timestamp("ts", ts)
+        if self._stream_time is not None and ts <= self._stream_time:
+            return
+        with self.left.batch():
+            self._stream_time = ts
+            self.left.write_aux("join_stream_time", _I64.pack(ts))
+            for store in (self.left, self.right):
+                store.advance_stream_time(ts)
+
     def process(
         self, side: str, key: Any, value: Any, timestamp: int | None, offset: int | None = None
     ) -> list[JoinedPair]:

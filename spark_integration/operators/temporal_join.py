@@ -15,6 +15,9 @@ table's history retention is dropped rather than joined with a wrong version.
 the history retention before that, in every partition alike. So the output does
 not depend on the partition count or on which keys share a partition, and a
 rescaled checkpoint continues as the uninterrupted query would (docs/rescale.md).
+The advance is also what expires history older than the retention in a partition
+whose keys went quiet; the due source (:mod:`spark_integration.planning.due_batches`)
+makes Spark run that batch, without rows, when nothing else arrives.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from spark_integration.execution.runtime import (
     struct_values,
 )
 from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.due_batches import with_due_batches
 from spark_integration.planning.intervals import interval_ms
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
@@ -121,6 +125,7 @@ def temporal_join(
         # the table's versions are its rows' times: timestamps where its column is
         time_type="timestamp" if isinstance(table_time_type, T.TimestampType) else None,
     )
+    combined = with_due_batches(combined, backend, name, n)
     return state_map(combined, keys, n, task, out_schema, name)
 
 

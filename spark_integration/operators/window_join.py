@@ -7,6 +7,14 @@ is joined with the other side's rows within ``within`` of its event time, each
 pair emitted once. Rows of a batch are processed in a deterministic order (by
 time, then content), and a row's offset is its position in that order within the
 batch, so a retried batch buffers and joins exactly the same rows.
+
+Before each batch every partition advances to the operator's event time after the
+previous one (the largest row time any partition had, shared as sessionize shares
+its own, :mod:`sessionstore.checkpoint.event_time`): rows are late against the
+query's event time, not their partition's, and a partition whose keys went quiet
+still expires its buffers. The due source
+(:mod:`spark_integration.planning.due_batches`) makes Spark run that batch, without
+rows, when nothing else arrives, as Spark runs one for its own join's eviction.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from spark_integration.execution.runtime import (
     struct_values,
 )
 from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.due_batches import with_due_batches
 from spark_integration.planning.intervals import interval_ms
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
@@ -87,6 +96,7 @@ def window_join(
     )
     backend, n = resolve(left_df, backend, num_partitions, name)
     coordinator = operator_coordinator(left_df, backend, name, n)  # metrics to the driver
+    combined = with_due_batches(combined, backend, name, n)
     task = _WindowJoinTask(
         backend=backend,
         name=name,
@@ -132,13 +142,17 @@ class _WindowJoinTask:
             specs,
             self.num_partitions,
             batches,
+            shared_event_time=True,
             key_types=self.key_types,
             coordinator=self.coordinator,
-        ) as (handle, _, inputs, _):
+        ) as (handle, _, inputs, shared):
             join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
+            if shared is not None:
+                join.advance(shared)
             if inputs:
                 table = deterministic_order(pa.Table.from_batches(inputs), [TS, SIDE])
                 pairs = self._join(join, table, info.batch_id)
+            handle.note_event_time(join.stream_time)
             handle.note(late_dropped=join.dropped_records, emitted=len(pairs))
         if pairs:
             columns = {c: [p.value[0][c] for p in pairs] for c in self.left_cols}

@@ -64,6 +64,29 @@ def test_expiry_drops_whole_segments(db, join):
     assert families == ["clicks.7", "clicks.8", "clicks.9"]
 
 
+def test_an_advance_without_a_message_expires_and_judges_lateness(db, join):
+    """``advance`` (the query's event time, before a batch) acts as a message at
+    that time would, without storing one: both buffers expire what it leaves behind
+    (whole segments), later messages are late against it, and it never goes back."""
+    join.process(LEFT, "k", "l", 10, offset=1)
+    join.process(RIGHT, "k", "r", 12, offset=1)
+    join.advance(100)
+    assert join.stream_time == 100
+    # retention 13 at stream time 100: segments below 87 // 10 = 8 are gone
+    assert [f for f in db.column_families() if f.startswith(("clicks.", "views."))] == []
+    assert list(join.left.messages("k", 0, 200)) == []
+    assert join.process(RIGHT, "k", "r2", 92, offset=2) == []  # 92 < 100 - 5 - 2
+    assert join.dropped_records == 1
+    join.advance(50)  # never back
+    assert join.stream_time == 100
+    assert join.process(LEFT, "k", "l2", 95, offset=2) == []  # accepted, no partner
+    assert join.dropped_records == 1
+    reopened = WindowedJoin(join.left, join.right, within_ms=5, grace_ms=2)
+    assert reopened.stream_time == 100  # kept with the state
+    with pytest.raises(TypeError, match="ts must be an int of epoch milliseconds, got NoneType"):
+        join.advance(None)
+
+
 def test_bad_configuration(db):
     a, b = db.message_store("a", 10), db.message_store("b", 10)
     with pytest.raises(ValueError, match="within_ms must be a non-negative int"):

@@ -131,15 +131,15 @@ def _two_streams(
     right = json_source(spark, right_src, schemas[1])
     out = build(left, right)
 
-    def step(i, lefts, rights):
-        # The running query may start a micro-batch between the two writes. The
-        # right side (temporal_join's table) goes first, so a batch that sees this
-        # step's left rows has seen its right rows too: temporal_join applies a
-        # batch's table rows before its stream rows, so either cut gives the same
-        # output (with the left rows first, a cut between the writes joins older rates).
-        return lambda: (write_json(right_src, i, rights), write_json(left_src, i, lefts))
-
-    steps = [step(i, lefts, rights) for i, (lefts, rights) in enumerate(batches)]
+    # The right side (temporal_join's table) goes first, and the query takes it
+    # before the left file is written: Spark asks the two file sources for their
+    # offsets one after the other, so with both files written at once a batch
+    # could see the left file and not the right one, and join older rates.
+    steps = [
+        lambda i=i, rows=rows, src=src: write_json(src, i, rows)
+        for i, (lefts, rights) in enumerate(batches)
+        for src, rows in ((right_src, rights), (left_src, lefts))
+    ]
     return _run_memory(spark, out, folder, steps)
 
 

@@ -95,9 +95,9 @@ def _query(spark, folder, backend, n, operator):
             return sessionize(events, ["user", "uid"], "ts", gap=3000, **common)
         if operator == "windows":
             return window_aggregate(events, "user", "ts", size=4000, **common)
-    return temporal_join(
-        events, table, "uid", "ts", "plan_ts", history_retention=10**9, how="left", **common
-    )
+        return temporal_join(
+            events, table, "uid", "ts", "plan_ts", history_retention=10**9, how="left", **common
+        )
 
 
 def _contents(uri, operator, version):
@@ -201,11 +201,11 @@ def _zipf_query(spark, folder, backend, n, case, due_batches=False):
             emit = case.split("_")[1]
             return window_aggregate(events, "user", "ts", size=20_000, grace=10_000,
                                     emit=emit, aggregations=aggs, **common)  # fmt: skip
-    from pyspark.sql import functions as F
+        from pyspark.sql import functions as F
 
-    table = src.filter("kind = 't'").select("uid", F.col("ts").alias("plan_ts"), "plan")
-    return temporal_join(events, table, "uid", "ts", "plan_ts", history_retention=60_000,
-                         how="left", **common)  # fmt: skip
+        table = src.filter("kind = 't'").select("uid", F.col("ts").alias("plan_ts"), "plan")
+        return temporal_join(events, table, "uid", "ts", "plan_ts", history_retention=60_000,
+                             how="left", **common)  # fmt: skip
 
 
 @pytest.mark.parametrize(
