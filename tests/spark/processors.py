@@ -561,7 +561,11 @@ class RowRescaled(StatefulProcessor):
         self.count.update(((self.count.get() or (0,))[0] + len(rows),))
         self.amounts.appendList([(r.amount,) for r in rows])
         for r in rows:
-            seen = self.by_amount.getValue((r.amount,)) if self.by_amount.containsKey((r.amount,)) else None
+            seen = (
+                self.by_amount.getValue((r.amount,))
+                if self.by_amount.containsKey((r.amount,))
+                else None
+            )
             self.by_amount.updateValue((r.amount,), ((seen or (0,))[0] + 1,))
         self.handle.registerTimer(max(r.ts for r in rows) + 20_000)
         listed = sum(a for (a,) in self.amounts.get())

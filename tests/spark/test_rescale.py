@@ -13,8 +13,13 @@ import pytest
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.layout import read_metadata
 from sessionstore.checkpoint.rescale import GENERATION_FIELD, RescaleError
-from spark_integration import StateBackend, sessionize, temporal_join, transform_with_state
-from spark_integration import window_aggregate
+from spark_integration import (
+    StateBackend,
+    sessionize,
+    temporal_join,
+    transform_with_state,
+    window_aggregate,
+)
 from tests.spark import processors as P
 from tests.spark.streams import json_source, run_stream_batches, without_due_batches, write_json
 from tests.spark.test_repartition import SCHEMA, _batches
@@ -81,9 +86,7 @@ def _uninterrupted(spark, tmp_path, case):
 @pytest.mark.parametrize(
     "case", ["sessions_final", "sessions_update", "windows_final", "join", "tws"]
 )
-def test_restarts_at_4_7_3_partitions_write_the_uninterrupted_output(
-    spark, tmp_path, case, caplog
-):
+def test_restarts_at_4_7_3_partitions_write_the_uninterrupted_output(spark, tmp_path, case, caplog):
     expected = _uninterrupted(spark, tmp_path, case)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
     operator = open_filesystem(backend.checkpoint_uri).child(case)
