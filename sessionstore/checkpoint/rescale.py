@@ -28,6 +28,12 @@ from typing import Any
 
 from sessionstore.checkpoint.change import ChangeError, ChangeTarget, open_change
 from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.generation import (
+    GENERATION_FIELD,
+    GENERATIONS_DIR,
+    generation_root,
+    state_root,
+)
 from sessionstore.checkpoint.layout import (
     CHANGE_FIELD,
     EVENT_TIME_DIR,
@@ -41,59 +47,18 @@ from sessionstore.checkpoint.repartition import (
     plan_repartition,
 )
 from sessionstore.errors import SessionStoreError
-from sessionstore.stores.base import check_store_name
 
 __all__ = [
-    "GENERATION_FIELD",
-    "GENERATIONS_DIR",
     "RescaleError",
     "RescalePlan",
-    "state_root",
-    "generation_root",
     "plan_rescale",
     "commit_rescale",
     "drop_state",
 ]
 
-#: The field of an operator's root ``_metadata`` naming the generation that holds
-#: its state (absent: the checkpoint root holds it).
-GENERATION_FIELD = "generation"
-#: The folder of an operator's directory holding its generations.
-GENERATIONS_DIR = "_generations"
-
 
 class RescaleError(SessionStoreError, ValueError):
     """A rescale on restart that cannot be done; the checkpoint is unchanged."""
-
-
-def generation_root(uri: str, operator: str, generation: str) -> str:
-    """The checkpoint root of generation ``generation`` of ``operator`` at ``uri``."""
-    return f"{uri.rstrip('/')}/{operator}/{GENERATIONS_DIR}/{generation}"
-
-
-def state_root(
-    uri: str,
-    operator: str,
-    storage_options: dict[str, Any] | None = None,
-    metadata: dict[str, Any] | None = None,
-) -> str:
-    """The checkpoint root holding ``operator``'s state: ``uri``, or the generation
-    its ``_metadata`` names (read unless given; ``uri`` when there is none)."""
-    check_store_name(operator)
-    if metadata is None:
-        try:
-            metadata = read_metadata(open_filesystem(uri, storage_options).child(operator))
-        except FileNotFoundError:
-            return uri
-    generation = metadata.get(GENERATION_FIELD)
-    if generation is None:
-        return uri
-    if not isinstance(generation, str) or not generation.isalnum():
-        raise RescaleError(
-            f"{uri}/{operator}/_metadata names the generation {generation!r}, which no "
-            "sessionstore writes (expected letters and digits)"
-        )
-    return generation_root(uri, operator, generation)
 
 
 @dataclass(frozen=True)
@@ -176,14 +141,16 @@ def commit_rescale(plan: RescalePlan) -> int | None:
 
 
 def drop_state(plan: RescalePlan) -> None:
-    """Delete the state the switch left behind (after :func:`commit_rescale`): the
-    previous generation, or, for a checkpoint never rescaled, its partitions and
+    """Delete the state the switch left behind (after :func:`commit_rescale`): every
+    generation but the new one (the previous one, and any a crashed rescale left
+    half written), and, for a checkpoint never rescaled before, its partitions and
     event-time files (its ``_metadata``, now the switch, and the operator's other
     files stay). Errors are the caller's to log: what remains is never read."""
     operator = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
-    if plan.source_root != plan.uri:
-        operator.delete_dir(f"{GENERATIONS_DIR}/{plan.source_root.rsplit('/', 1)[1]}")
-        return
-    for name in operator.list_dirs():
-        if name.isdigit() or name == EVENT_TIME_DIR:
-            operator.delete_dir(name)
+    for generation in operator.list_dirs(GENERATIONS_DIR):
+        if generation != plan.generation:
+            operator.delete_dir(f"{GENERATIONS_DIR}/{generation}")
+    if plan.source_root == plan.uri:
+        for name in operator.list_dirs():
+            if name.isdigit() or name == EVENT_TIME_DIR:
+                operator.delete_dir(name)

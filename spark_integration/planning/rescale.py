@@ -23,15 +23,10 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+from sessionstore.checkpoint.generation import state_root
 from sessionstore.checkpoint.identity import recorded_partitions
 from sessionstore.checkpoint.repartition import RepartitionPlan, TargetWriter, routed_rows
-from sessionstore.checkpoint.rescale import (
-    RescalePlan,
-    commit_rescale,
-    drop_state,
-    plan_rescale,
-    state_root,
-)
+from sessionstore.checkpoint.rescale import RescalePlan, commit_rescale, drop_state, plan_rescale
 from spark_integration.planning.backend import StateBackend
 
 __all__ = ["located_backend", "rescale", "copy_state"]

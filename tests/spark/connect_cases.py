@@ -301,6 +301,39 @@ def quiet_sessionize_case(spark: Any, folder: Path) -> dict:
     return {"rows": _ordered(spark.table(name).collect(), ["user", "count"])}
 
 
+def rescale_case(spark: Any, folder: Path) -> dict:
+    """Issue 41: a sessionize query run at 4 partitions for two micro-batches, then
+    restarted at 3 (the rescale runs as a job of this session): its rows, and
+    those of an uninterrupted run at 4; whether its state is in a generation."""
+    from spark_integration import StateBackend, sessionize
+    from spark_integration.planning.rescale import located_backend
+
+    batches = _events(3)
+
+    def steps(source: Path) -> list[Callable[[], None]]:
+        return [
+            lambda i=i, rows=rows: write_json(source, i, rows) for i, rows in enumerate(batches)
+        ]
+
+    def build(state: str, n: int) -> Any:
+        backend = StateBackend(f"file://{folder}/{state}", local_dir=str(folder / state))
+        stream = json_source(spark, folder / f"in-{state}", EVENTS)
+        return sessionize(stream, key="user", timestamp="ts", gap="5 seconds",
+                          backend=backend, num_partitions=n)  # fmt: skip
+
+    with without_due_batches(spark):
+        first = _run_memory(spark, build("state", 4), folder, steps(folder / "in-state")[:2])
+        then = _run_memory(spark, build("state", 3), folder, steps(folder / "in-state")[2:])
+        whole = _run_memory(spark, build("whole", 4), folder / "whole", steps(folder / "in-whole"))
+    backend = StateBackend(f"file://{folder}/state")
+    located = located_backend(spark, backend, "sessionize", 3)  # no second rescale
+    return {
+        "rescaled": sorted(first["rows"] + then["rows"], key=json.dumps),
+        "uninterrupted": whole["rows"],
+        "generation": located.checkpoint_uri != backend.checkpoint_uri,
+    }
+
+
 CASES: dict[str, Callable[[Any, Path], dict]] = {
     "quiet_sessionize": quiet_sessionize_case,
     "sessionize": sessionize_case,
@@ -309,6 +342,7 @@ CASES: dict[str, Callable[[Any, Path], dict]] = {
     "window_join": window_join_case,
     "transform_with_state": transform_with_state_case,
     "transform_with_state_in_pandas": transform_with_state_in_pandas_case,
+    "rescale": rescale_case,
 }
 
 

@@ -190,8 +190,9 @@ def test_log_state_metrics_prints_the_classic_lines_over_connect(results):
 def test_without_a_coordinator_one_log_line_says_so(results):
     """The coordinator needs the driver's Python: a Connect client runs the
     operators without it, and says so once, not as an error."""
-    assert len(results["log"]) == 1, results["log"]
-    line = results["log"][0]
+    lines = [line for line in results["log"] if "planning.rescale" not in line]
+    assert len(lines) == 1, results["log"]
+    line = lines[0]
     assert line.startswith("INFO spark_integration.planning.session:")
     assert "Spark Connect session: no event-time coordinator" in line
 
@@ -201,3 +202,18 @@ def test_repartition_state_needs_a_classic_session(results):
     error = _sessionize(results, "connect")["repartition_state"]["error"]
     assert error.startswith("ClassicSessionRequired: repartition_state needs a classic")
     assert "run `sessionstore repartition` (the CLI)" in error
+
+
+def test_a_restart_with_another_count_rescales_over_connect(results):
+    """Issue 41: the rescale on restart runs as DataFrame jobs of the Connect
+    session; the output equals an uninterrupted run's, as on a classic session,
+    and the client logs one line saying what it did."""
+    for side in ("cases", "classic"):
+        case = results[side]["rescale"]
+        assert case["error"] is None, case["error"]
+        result = case["result"]
+        assert len(result["uninterrupted"]) > 3
+        assert (result["rescaled"], result["generation"]) == (result["uninterrupted"], True)
+    [line] = [line for line in results["log"] if "planning.rescale" in line]
+    assert line.startswith("WARNING spark_integration.planning.rescale: sessionstore rescaled")
+    assert "from 4 to 3 partitions at version 2" in line

@@ -11,8 +11,9 @@ from collections import Counter
 import pytest
 
 from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.generation import GENERATION_FIELD
 from sessionstore.checkpoint.layout import read_metadata
-from sessionstore.checkpoint.rescale import GENERATION_FIELD, RescaleError
+from sessionstore.checkpoint.rescale import RescaleError
 from spark_integration import (
     StateBackend,
     sessionize,
