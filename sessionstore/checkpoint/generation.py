@@ -17,13 +17,23 @@ from sessionstore.checkpoint.layout import read_metadata
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import check_store_name
 
-__all__ = ["GENERATION_FIELD", "GENERATIONS_DIR", "state_root", "generation_root"]
+__all__ = [
+    "GENERATION_FIELD",
+    "GENERATIONS_DIR",
+    "GENERATION_FORMAT",
+    "state_root",
+    "generation_root",
+]
 
 #: The field of an operator's root ``_metadata`` naming the generation that holds
 #: its state (absent: the checkpoint root holds it).
 GENERATION_FIELD = "generation"
 #: The folder of an operator's directory holding its generations.
 GENERATIONS_DIR = "_generations"
+#: The ``format`` of a root ``_metadata`` that names a generation: a release that
+#: knows no generations refuses it by its format check, where it would otherwise
+#: find no partitions at the root and start the operator from empty state.
+GENERATION_FORMAT = 2
 
 
 def generation_root(uri: str, operator: str, generation: str) -> str:

@@ -171,14 +171,15 @@ def plan_repartition(
     except FileNotFoundError:
         known = ", ".join(operators(root)) or "none"
         raise RepartitionError(f"no operator {operator!r} in {uri} (operators: {known})") from None
+    source = state_root(uri, operator, storage_options, metadata)  # after a rescale
+    if source != uri:
+        uri, root = source, open_filesystem(source, storage_options)
+        metadata = read_metadata(root.child(operator))
     if metadata.get("format") != FORMAT:
         raise RepartitionError(
             f"{uri}/{operator} has checkpoint format {metadata.get('format')}; this "
             f"sessionstore repartitions format {FORMAT}"
         )
-    source = state_root(uri, operator, storage_options, metadata)  # after a rescale
-    if source != uri:
-        uri, root = source, open_filesystem(source, storage_options)
     refuse_pickle(metadata.get("stores") or [], f"{uri}/{operator}", allow_pickle)
     types = _key_types(metadata.get(KEY_TYPES_FIELD), key_types, f"{uri}/{operator}")
     count = metadata.get("num_partitions")

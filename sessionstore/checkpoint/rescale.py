@@ -30,6 +30,7 @@ from sessionstore.checkpoint.change import ChangeError, ChangeTarget, open_chang
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.generation import (
     GENERATION_FIELD,
+    GENERATION_FORMAT,
     GENERATIONS_DIR,
     generation_root,
     state_root,
@@ -136,7 +137,8 @@ def commit_rescale(plan: RescalePlan) -> int | None:
     target = open_filesystem(plan.copy.target_uri, plan.storage_options).child(plan.operator)
     metadata = read_metadata(target)
     root = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
-    write_metadata(root, {**metadata, GENERATION_FIELD: plan.generation})  # the switch
+    switch = {**metadata, GENERATION_FIELD: plan.generation, "format": GENERATION_FORMAT}
+    write_metadata(root, switch)  # the switch
     return shared
 
 

@@ -11,6 +11,7 @@ from sessionstore import StateStoreProvider
 from sessionstore.checkpoint.filesystem import open_filesystem
 from sessionstore.checkpoint.generation import GENERATION_FIELD, state_root
 from sessionstore.checkpoint.layout import read_metadata
+from sessionstore.checkpoint.provider import CheckpointMismatchError
 from sessionstore.checkpoint.repartition import copy_partitions
 from sessionstore.checkpoint.rescale import (
     RescaleError,
@@ -51,6 +52,14 @@ def test_the_switch_is_the_one_write_that_moves_readers(tmp_path):
     assert root == f"{uri}/op/_generations/{plan.generation}"
     switched = read_metadata(open_filesystem(uri).child("op"))
     assert (switched["num_partitions"], switched[GENERATION_FIELD]) == (7, plan.generation)
+    # a release without generations refuses the switched _metadata by its format; this
+    # one, opened at the checkpoint root instead of the generation, says where to look
+    assert switched["format"] == 2
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=rf"ck/op/_metadata was rescaled: its state is in {root}, a checkpoint root",
+    ):
+        StateStoreProvider(uri, "op", 0, SPECS, str(tmp_path / "l2"), num_partitions=7)
     assert CheckpointSource(uri).partitions("op") == list(range(7))
     assert max(p for p, _ in _rows(uri)) > 3
     assert _sessions(uri) == before
