@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.generation import GENERATION_FIELD, GENERATIONS_DIR
 from sessionstore.checkpoint.layout import (
     CHANGE_FIELD,
     CHECKPOINT_ID_FIELD,
@@ -231,6 +232,12 @@ class CheckpointIdentity:
         change = recorded.get(CHANGE_FIELD)
         if change is not None:  # committed, not yet applied: neither old nor new state
             raise CheckpointMismatchError(_half_applied(self._operator, change))
+        if recorded.get(GENERATION_FIELD) is not None:
+            raise CheckpointMismatchError(
+                f"{where} was rescaled: its state is in "
+                f"{self._operator.where(GENERATIONS_DIR)}/{recorded[GENERATION_FIELD]}, a "
+                "checkpoint root of its own (docs/rescale.md); open that root"
+            )
         if recorded.get("format") != FORMAT:
             raise CheckpointMismatchError(
                 f"{where} has checkpoint format {recorded.get('format')}; this sessionstore "

@@ -42,6 +42,7 @@ import msgpack
 
 from sessionstore.checkpoint.event_time import MissingEventTimeError, durable_event_time
 from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.generation import state_root
 from sessionstore.checkpoint.layout import (
     CHECKPOINT_ID_FIELD,
     COMMIT_KEY,
@@ -82,6 +83,7 @@ __all__ = [
     "carry_event_time",
     "summary",
     "finish_repartition",
+    "copy_partitions",
     "repartition_checkpoint",
 ]
 
@@ -169,6 +171,10 @@ def plan_repartition(
     except FileNotFoundError:
         known = ", ".join(operators(root)) or "none"
         raise RepartitionError(f"no operator {operator!r} in {uri} (operators: {known})") from None
+    source = state_root(uri, operator, storage_options, metadata)  # after a rescale
+    if source != uri:
+        uri, root = source, open_filesystem(source, storage_options)
+        metadata = read_metadata(root.child(operator))
     if metadata.get("format") != FORMAT:
         raise RepartitionError(
             f"{uri}/{operator} has checkpoint format {metadata.get('format')}; this "
@@ -489,6 +495,15 @@ def repartition_checkpoint(
         uri, operator, partitions, to, version, key_types, storage_options,
         target_storage_options, allow_pickle,
     )  # fmt: skip
+    rows = copy_partitions(plan, progress)
+    shared, checkpoint_id = finish_repartition(plan)
+    return summary(plan, rows, shared, checkpoint_id)
+
+
+def copy_partitions(plan: RepartitionPlan, progress: Progress | None = None) -> int:
+    """Write every target partition of ``plan`` in this process (source partitions
+    read one at a time; every target's database open until the end) and return
+    the rows written; :func:`finish_repartition` completes the copy."""
     report = progress or (lambda label, done, total: None)
     with tempfile.TemporaryDirectory(prefix="sessionstore-repartition-") as workdir:
         writers: list[TargetWriter] = []
@@ -511,8 +526,7 @@ def repartition_checkpoint(
         finally:
             for writer in writers:
                 writer.close()
-    shared, checkpoint_id = finish_repartition(plan)
-    return summary(plan, rows, shared, checkpoint_id)
+    return rows
 
 
 def summary(

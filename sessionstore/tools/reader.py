@@ -32,8 +32,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sessionstore.checkpoint.changelog import read_changelog_header
-from sessionstore.checkpoint.filesystem import Storage
+from sessionstore.checkpoint.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.first_contact import reach
+from sessionstore.checkpoint.generation import state_root
 from sessionstore.checkpoint.layout import (
     PartitionFiles,
     committed_version,
@@ -176,6 +177,7 @@ class CheckpointSource(_PickleGuard):
         # answered within a bounded time, or one line saying what to fix
         self.root = reach(uri, storage_options, waiting)
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
+        self._roots: dict[str, str] = {}
         #: read stores recorded with the pickle serde (see refuse_pickle)
         self.allow_pickle, self.pickle_option = allow_pickle, pickle_option
 
@@ -189,11 +191,23 @@ class CheckpointSource(_PickleGuard):
             self._records[operator] = {r["name"]: r for r in stores}
         return self._records[operator]
 
+    def state_uri(self, operator: str) -> str:
+        """The checkpoint root holding ``operator``'s state: this one, or the
+        generation its last rescale wrote (docs/rescale.md)."""
+        if operator not in self._roots:
+            metadata = operator_metadata(self.root, operator)
+            self._roots[operator] = state_root(self.uri, operator, self.storage_options, metadata)
+        return self._roots[operator]
+
+    def _state(self, operator: str) -> Storage:
+        uri = self.state_uri(operator)
+        return self.root if uri == self.uri else open_filesystem(uri, self.storage_options)
+
     def partitions(self, operator: str) -> list[int]:
-        return partitions(self.root, operator)
+        return partitions(self._state(operator), operator)
 
     def info(self, operator: str, partition: int) -> PartitionInfo:
-        files = PartitionFiles(self.root.child(f"{operator}/{partition}"))
+        files = PartitionFiles(self._state(operator).child(f"{operator}/{partition}"))
         latest = files.latest()
         stats = None
         if latest in files.changelogs():
@@ -215,8 +229,9 @@ class CheckpointSource(_PickleGuard):
         side by side (object stores answer each in tens of ms)."""
         from concurrent.futures import ThreadPoolExecutor
 
+        state = self._state(operator)
         parts = {
-            p: PartitionFiles(self.root.child(f"{operator}/{p}")) for p in self.partitions(operator)
+            p: PartitionFiles(state.child(f"{operator}/{p}")) for p in self.partitions(operator)
         }
         with ThreadPoolExecutor(16) as pool:
             listed = dict(
@@ -275,7 +290,7 @@ class CheckpointSource(_PickleGuard):
         place = nullcontext(workdir) if workdir else tempfile.TemporaryDirectory(prefix="ss-read-")
         with place as workdir:
             provider = StateStoreProvider(
-                self.uri, operator, partition, specs, workdir,
+                self.state_uri(operator), operator, partition, specs, workdir,
                 storage_options=self.storage_options, progress=progress,
             )  # fmt: skip
             try:

@@ -18,9 +18,10 @@ from typing import Any
 
 from sessionstore.checkpoint.first_contact import reach
 from sessionstore.checkpoint.lineage import warn_unfenced
-from sessionstore.checkpoint.provider import check_partition_count, recorded_partitions
+from sessionstore.checkpoint.provider import recorded_partitions
 from spark_integration.dev.local import UNIX_SOCKET_CONF
 from spark_integration.planning.backend import CONF_PREFIX, StateBackend
+from spark_integration.planning.rescale import located_backend
 from spark_integration.planning.session import conf_value, default_parallelism
 
 __all__ = [
@@ -43,8 +44,8 @@ __all__ = [
 #: Columns of a tagged union: which input a row came from, and its event time.
 SIDE, TS = "__ss_side", "__ss_ts"
 
-#: The Spark conf key that sets the partition count of operators whose checkpoint
-#: does not exist yet and that get no ``num_partitions``.
+#: The Spark conf key that sets the partition count of operators that get no
+#: ``num_partitions`` (an existing checkpoint of another count is rescaled to it).
 PARTITIONS_CONF = CONF_PREFIX + "partitions"
 #: The default partition count per core of the cluster (Spark's
 #: ``defaultParallelism``). Spark's guidance for stateful queries is 1-2 tasks per
@@ -111,7 +112,9 @@ def resolve(
     df: Any, backend: StateBackend | None, num_partitions: int | None, name: str
 ) -> tuple[StateBackend, int]:
     """``(backend, partition count)`` of operator ``name``: the given backend or the
-    session's conf, and :func:`partition_count`."""
+    session's conf, pointed at the operator's state (rescaled to the count when its
+    checkpoint records another: :mod:`spark_integration.planning.rescale`), and
+    :func:`partition_count`."""
     spark = df.sparkSession
     backend = backend or StateBackend.from_conf(spark)
     warn_tcp_workers(spark)
@@ -119,7 +122,9 @@ def resolve(
     # or fails with one line saying what was tried and what to fix
     storage = reach(backend.checkpoint_uri, backend.storage_options)
     warn_unfenced(storage)  # once per checkpoint location: the risk where nothing fences
-    return backend, partition_count(spark, backend, name, num_partitions)
+    n = partition_count(spark, backend, name, num_partitions)
+    # a checkpoint of another count is rescaled here, before the first batch
+    return located_backend(spark, backend, name, n), n
 
 
 def _positive(value: Any, what: str) -> int:
@@ -135,36 +140,25 @@ def _positive(value: Any, what: str) -> int:
 def partition_count(
     spark: Any, backend: StateBackend, name: str, num_partitions: int | None = None
 ) -> int:
-    """How many partitions operator ``name`` hash-partitions its input into.
-
-    The count is fixed for the life of a checkpoint, so an operator whose checkpoint
-    exists keeps the count recorded in its ``_metadata`` (one small read on the
-    driver); a ``num_partitions`` that differs from it raises
-    :class:`~sessionstore.checkpoint.CheckpointMismatchError`. A new checkpoint gets
-    ``num_partitions``, else the conf's :data:`PARTITIONS_CONF`, else
+    """How many partitions operator ``name`` hash-partitions its input into:
+    ``num_partitions``, else the conf's :data:`PARTITIONS_CONF`, else the count
+    recorded in the operator's checkpoint (one small read on the driver), else
     :data:`PARTITIONS_PER_CORE` times the cluster's cores
-    (``spark.sparkContext.defaultParallelism``). Spark's ``spark.sql.shuffle.partitions``
-    (200 unless set) is not used: at 200 tasks per micro-batch their fixed costs
-    dominate (BENCHMARKS.md, "Spark at scale").
+    (``spark.sparkContext.defaultParallelism``).
+
+    A count that differs from an existing checkpoint's rescales the checkpoint
+    before the first batch (:func:`resolve`, docs/rescale.md). Spark's
+    ``spark.sql.shuffle.partitions`` (200 unless set) is not used: at 200 tasks per
+    micro-batch their fixed costs dominate (BENCHMARKS.md, "Spark at scale").
     """
-    wanted = None if num_partitions is None else _positive(num_partitions, "num_partitions")
-    recorded = recorded_partitions(backend.checkpoint_uri, name, backend.storage_options)
-    if recorded is not None:
-        check_partition_count(f"{backend.checkpoint_uri}/{name}/_metadata", recorded, wanted)
-        configured = spark.conf.get(PARTITIONS_CONF, None)
-        if wanted is None and configured and _positive(configured, PARTITIONS_CONF) != recorded:
-            warnings.warn(
-                f"{PARTITIONS_CONF}={configured} is ignored by operator {name!r}: its "
-                f"checkpoint {backend.checkpoint_uri} has {recorded} partitions, fixed for "
-                f"its life (the conf sets the count of new checkpoints only)",
-                stacklevel=4,  # the code that built the operator
-            )
-        return recorded
-    if wanted is not None:
-        return wanted
+    if num_partitions is not None:
+        return _positive(num_partitions, "num_partitions")
     configured = spark.conf.get(PARTITIONS_CONF, None)
     if configured:
         return _positive(configured, PARTITIONS_CONF)
+    recorded = recorded_partitions(backend.checkpoint_uri, name, backend.storage_options)
+    if recorded is not None:
+        return recorded
     return PARTITIONS_PER_CORE * default_parallelism(spark)
 
 

@@ -349,6 +349,53 @@ def available_now_sessionize_case(spark: Any, folder: Path) -> dict:
     }
 
 
+def rescale_case(spark: Any, folder: Path) -> dict:
+    """Issue 41: a sessionize query run at 4 partitions for two micro-batches, then
+    restarted at 3 (the rescale runs as a job of this session): its rows, and
+    those of an uninterrupted run at 4; whether its state is in a generation."""
+    from spark_integration import StateBackend, sessionize
+    from spark_integration.planning.rescale import located_backend
+
+    batches = _events(3)
+
+    def steps(source: Path) -> list[Callable[[], None]]:
+        return [
+            lambda i=i, rows=rows: write_json(source, i, rows) for i, rows in enumerate(batches)
+        ]
+
+    def build(state: str, n: int) -> Any:
+        backend = StateBackend(f"file://{folder}/{state}", local_dir=str(folder / f"local-{state}"))
+        stream = json_source(spark, folder / f"in-{state}", EVENTS)
+        return sessionize(stream, key="user", timestamp="ts", gap="5 seconds",
+                          backend=backend, num_partitions=n)  # fmt: skip
+
+    def run(state: str, n: int, part: list[Callable[[], None]]) -> list[str]:
+        # a file sink: a memory sink's query cannot restart from its checkpoint
+        out = build(state, n)
+        query = (
+            out.writeStream.format("parquet").option("path", str(folder / f"out-{state}"))
+            .option("checkpointLocation", str(folder / f"ck-{state}")).start()
+        )  # fmt: skip
+        drive(query, part)
+        return out.columns
+
+    with without_due_batches(spark):
+        run("state", 4, steps(folder / "in-state")[:2])
+        columns = run("state", 3, steps(folder / "in-state")[2:])
+        run("whole", 4, steps(folder / "in-whole"))
+    rescaled, whole = (
+        _ordered(spark.read.parquet(str(folder / f"out-{state}")).collect(), columns)
+        for state in ("state", "whole")
+    )
+    backend = StateBackend(f"file://{folder}/state")
+    located = located_backend(spark, backend, "sessionize", 3)  # no second rescale
+    return {
+        "rescaled": rescaled,
+        "uninterrupted": whole,
+        "generation": located.checkpoint_uri != backend.checkpoint_uri,
+    }
+
+
 CASES: dict[str, Callable[[Any, Path], dict]] = {
     "quiet_sessionize": quiet_sessionize_case,
     "available_now_sessionize": available_now_sessionize_case,
@@ -358,6 +405,7 @@ CASES: dict[str, Callable[[Any, Path], dict]] = {
     "window_join": window_join_case,
     "transform_with_state": transform_with_state_case,
     "transform_with_state_in_pandas": transform_with_state_in_pandas_case,
+    "rescale": rescale_case,
 }
 
 

@@ -544,3 +544,42 @@ class RowComposite(_Composite, StatefulProcessor):
 
     def handleInitialState(self, key, initialState, timerValues) -> None:
         self._seed(initialState.tags)  # nested structs arrive as dicts
+
+
+class RowRescaled(StatefulProcessor):
+    """Value, list and map state and an event-time timer per key, each emitted as
+    a number that depends on every row the key ever had (test_rescale.py)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+        self.amounts = handle.getListState("amounts", "amount long")
+        self.by_amount = handle.getMapState("by_amount", "amount long", "n long")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[Row]:
+        rows = list(rows)
+        self.count.update(((self.count.get() or (0,))[0] + len(rows),))
+        self.amounts.appendList([(r.amount,) for r in rows])
+        for r in rows:
+            seen = (
+                self.by_amount.getValue((r.amount,))
+                if self.by_amount.containsKey((r.amount,))
+                else None
+            )
+            self.by_amount.updateValue((r.amount,), ((seen or (0,))[0] + 1,))
+        self.handle.registerTimer(max(r.ts for r in rows) + 20_000)
+        listed = sum(a for (a,) in self.amounts.get())
+        mapped = sum(k * 100 + v for (k,), (v,) in self.by_amount.iterator())
+        yield Row(id=key[0], kind="count", value=self.count.get()[0])
+        yield Row(id=key[0], kind="list", value=listed)
+        yield Row(id=key[0], kind="map", value=mapped)
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[Row]:
+        yield Row(id=key[0], kind="fired", value=expiredTimerInfo.getExpiryTimeInMs())
+        yield Row(id=key[0], kind="fired count", value=(self.count.get() or (0,))[0])
+
+    def close(self) -> None:
+        pass
+
+
+RESCALED_SCHEMA = "id string, kind string, value long"

@@ -200,8 +200,10 @@ def test_log_state_metrics_prints_the_classic_lines_over_connect(results):
 def test_without_a_coordinator_one_log_line_says_so(results):
     """The coordinator needs the driver's Python: a Connect client runs the
     operators without it, and says so once, not as an error."""
-    assert len(results["log"]) == 1, results["log"]
-    line = results["log"][0]
+    # the rescale case logs its own lines (planning.rescale, planning.due_batches)
+    lines = [line for line in results["log"] if "planning.session" in line]
+    assert len(lines) == 1, results["log"]
+    line = lines[0]
     assert line.startswith("INFO spark_integration.planning.session:")
     assert "Spark Connect session: no event-time coordinator" in line
 
@@ -223,3 +225,18 @@ def test_rewrite_state_runs_through_the_connect_session(results):
     assert all(r[at]["n"] > 0 for r in before["rows"])
     counts = theirs["rewrite_state"]["counts"]
     assert counts["rows"] == counts["changed"] == len(before["rows"]) > 0
+
+
+def test_a_restart_with_another_count_rescales_over_connect(results):
+    """Issue 41: the rescale on restart runs as DataFrame jobs of the Connect
+    session; the output equals an uninterrupted run's, as on a classic session,
+    and the client logs one line saying what it did."""
+    for side in ("cases", "classic"):
+        case = results[side]["rescale"]
+        assert case["error"] is None, case["error"]
+        result = case["result"]
+        assert len(result["uninterrupted"]) > 3
+        assert (result["rescaled"], result["generation"]) == (result["uninterrupted"], True)
+    [line] = [line for line in results["log"] if "planning.rescale" in line]
+    assert line.startswith("WARNING spark_integration.planning.rescale: sessionstore rescaled")
+    assert "from 4 to 3 partitions at version 2" in line

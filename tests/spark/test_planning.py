@@ -91,32 +91,14 @@ def test_a_new_checkpoint_gets_two_partitions_per_core_unless_told(tmp_path):
 
 
 def test_an_existing_checkpoint_keeps_its_recorded_partition_count(tmp_path):
-    import warnings
-
-    import pytest
-
-    from sessionstore.checkpoint import CheckpointMismatchError
     from spark_integration.planning.resolve import PARTITIONS_CONF, partition_count
 
     backend = checkpoint_with(tmp_path, 3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert partition_count(fake_session(cores=8), backend, "op") == 3
-        assert partition_count(fake_session(), backend, "op", 3) == 3
-        assert partition_count(fake_session({PARTITIONS_CONF: "3"}), backend, "op") == 3
-    # the conf sets new checkpoints' count: said once per operator built, not applied
-    with pytest.warns(
-        UserWarning,
-        match=r"spark.sessionstore.partitions=7 is ignored by operator 'op': its checkpoint .* has 3 partitions",
-    ):
-        assert partition_count(fake_session({PARTITIONS_CONF: "7"}), backend, "op") == 3
-    # an explicit other count fails on the driver, with the provider's message
-    with pytest.raises(
-        CheckpointMismatchError,
-        match=r"op/_metadata was written with 3 partitions, but this query has 5; the "
-        r"partition count is fixed",
-    ):
-        partition_count(fake_session(), backend, "op", 5)
+    assert partition_count(fake_session(cores=8), backend, "op") == 3
+    assert partition_count(fake_session(), backend, "op", 3) == 3
+    # another count, given or by the conf, is the count the query rescales to
+    assert partition_count(fake_session({PARTITIONS_CONF: "7"}), backend, "op") == 7
+    assert partition_count(fake_session({PARTITIONS_CONF: "7"}), backend, "op", 5) == 5
     # another operator of the same checkpoint is new
     assert partition_count(fake_session(cores=8), backend, "other") == 16
 

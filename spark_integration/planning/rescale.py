@@ -1,0 +1,159 @@
+"""Rescale on restart, as a Spark job of the query's own session, before its first
+batch (:func:`located_backend`, called when an operator is planned).
+
+The engine-agnostic steps are :mod:`sessionstore.checkpoint.rescale` (checks, the
+generation, the atomic switch) and :mod:`sessionstore.checkpoint.repartition`
+(routing, target databases): what runs here is the copy between them, written
+with DataFrames so that it runs alike on a classic session and on a Spark Connect
+client: a range of one row per source partition, ``mapInArrow`` loading each
+source partition and emitting ``(target, family, key, value)`` rows, a
+``repartition`` by target, and ``mapInArrow`` writing each target partition's
+database and uploading it as its snapshot. The driver (or Connect client) then
+commits the rescale with one metadata write and logs one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+from sessionstore.checkpoint.generation import state_root
+from sessionstore.checkpoint.identity import recorded_partitions
+from sessionstore.checkpoint.repartition import RepartitionPlan, TargetWriter, routed_rows
+from sessionstore.checkpoint.rescale import RescalePlan, commit_rescale, drop_state, plan_rescale
+from spark_integration.planning.backend import StateBackend
+
+__all__ = ["located_backend", "rescale", "copy_state"]
+
+log = logging.getLogger(__name__)
+
+_ROUTED = "target int, family string, key binary, value binary"
+_WRITTEN = "partition int, rows long"
+#: Rows per Arrow batch a source task emits.
+_BATCH_ROWS = 8192
+
+
+def located_backend(spark: Any, backend: StateBackend, name: str, partitions: int) -> StateBackend:
+    """``backend`` pointed at the state root of operator ``name`` (the checkpoint
+    root, or the generation a rescale made), after rescaling the operator's
+    checkpoint to ``partitions`` when it records another count. The tasks, the
+    coordinator and the due-batch reader all open the state there."""
+    uri, options = backend.checkpoint_uri, backend.storage_options
+    recorded = recorded_partitions(uri, name, options)
+    if recorded is not None and recorded != partitions:
+        rescale(spark, backend, name, partitions)
+    root = state_root(uri, name, options)
+    return backend if root == uri else dataclasses.replace(backend, checkpoint_uri=root)
+
+
+def rescale(spark: Any, backend: StateBackend, name: str, partitions: int) -> dict[str, Any]:
+    """Rescale operator ``name``'s checkpoint to ``partitions`` partitions with a
+    Spark job of ``spark``; logs one line and returns ``{"operator", "version",
+    "from_partitions", "partitions", "rows", "seconds"}``.
+    :class:`~sessionstore.checkpoint.rescale.RescaleError` (before anything is
+    switched) when it cannot be done."""
+    started = time.perf_counter()
+    plan = plan_rescale(
+        backend.checkpoint_uri, name, partitions, backend.storage_options, backend.allow_pickle
+    )
+    rows = copy_state(spark, plan.copy)
+    commit_rescale(plan)
+    _drop_previous(plan)
+    seconds = time.perf_counter() - started
+    copy = plan.copy
+    log.warning(
+        "sessionstore rescaled operator %r of %s from %d to %d partitions at version %d "
+        "(%d rows, a Spark job) in %.1f s",
+        name, backend.checkpoint_uri, copy.source_partitions, copy.partitions, copy.version,
+        rows, seconds,
+    )  # fmt: skip
+    return {
+        "operator": name,
+        "version": copy.version,
+        "from_partitions": copy.source_partitions,
+        "partitions": copy.partitions,
+        "rows": rows,
+        "seconds": seconds,
+    }
+
+
+def _drop_previous(plan: RescalePlan) -> None:
+    try:
+        drop_state(plan)
+    except OSError as exc:  # never read again; a later rescale or erase removes it
+        log.warning("sessionstore could not delete the state before the rescale: %s", exc)
+
+
+def copy_state(spark: Any, plan: RepartitionPlan) -> int:
+    """Write every target partition of ``plan`` (its snapshot of ``plan.version``)
+    with DataFrame jobs of ``spark`` (classic or Connect); returns the rows
+    written. Raises when a target partition was not written."""
+    from pyspark.sql import functions as F
+
+    n = plan.source_partitions
+    sources = spark.range(0, n, 1, n).select(F.col("id").cast("int").alias("source"))
+    routed = sources.mapInArrow(partial(_route, plan), _ROUTED)
+    # one task per target partition (a hash of the target: a task may get several)
+    by_target = routed.repartition(plan.partitions, "target")
+    written = by_target.mapInArrow(partial(_write, plan), _WRITTEN).collect()
+    done = sorted(row["partition"] for row in written)
+    if done != list(range(plan.partitions)):
+        raise RuntimeError(
+            f"the rescale of {plan.operator!r} wrote partitions {done}, not 0..{plan.partitions - 1}"
+        )
+    return sum(row["rows"] for row in written)
+
+
+def _route(plan: RepartitionPlan, batches: Iterator[Any]) -> Iterator[Any]:
+    """Source task: every row of its source partitions, with its target."""
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [("target", pa.int32()), ("family", pa.string()), ("key", pa.binary()),
+         ("value", pa.binary())]
+    )  # fmt: skip
+    workdir = tempfile.mkdtemp(prefix="sessionstore-rescale-")
+    try:
+        for batch in batches:
+            for source in batch.column("source").to_pylist():
+                columns: list[list[Any]] = [[], [], [], []]
+                for row in routed_rows(plan, source, workdir):
+                    for column, value in zip(columns, row, strict=True):
+                        column.append(value)
+                    if len(columns[0]) >= _BATCH_ROWS:
+                        yield pa.RecordBatch.from_arrays(columns, schema=schema)
+                        columns = [[], [], [], []]
+                if columns[0]:
+                    yield pa.RecordBatch.from_arrays(columns, schema=schema)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _write(plan: RepartitionPlan, batches: Iterator[Any]) -> Iterator[Any]:
+    """Target task: the databases of the target partitions whose rows it got."""
+    import pyarrow as pa
+
+    workdir = tempfile.mkdtemp(prefix="sessionstore-rescale-")
+    writers: dict[int, TargetWriter] = {}
+    try:
+        for batch in batches:
+            columns = [batch.column(c).to_pylist() for c in ("target", "family", "key", "value")]
+            for target, family, key, value in zip(*columns, strict=True):
+                writer = writers.get(target)
+                if writer is None:
+                    writer = writers[target] = TargetWriter(plan, target, workdir)
+                writer.add(family, key, value)
+        done = [writers[t].finish() for t in sorted(writers)]
+        yield pa.RecordBatch.from_pylist(
+            done, schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())])
+        )
+    finally:
+        for writer in writers.values():
+            writer.close()
+        shutil.rmtree(workdir, ignore_errors=True)

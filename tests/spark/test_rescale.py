@@ -1,0 +1,170 @@
+"""Rescale on restart (issue 41, part 3): a query restarted with another partition
+count rescales its checkpoint with a Spark job before its first batch, and writes
+exactly what an uninterrupted run at the first count writes; a rescale that dies
+before its switch leaves the old count loading the old state."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+
+from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.generation import GENERATION_FIELD
+from sessionstore.checkpoint.layout import read_metadata
+from sessionstore.checkpoint.rescale import RescaleError
+from spark_integration import (
+    StateBackend,
+    sessionize,
+    temporal_join,
+    transform_with_state,
+    window_aggregate,
+)
+from tests.spark import processors as P
+from tests.spark.streams import json_source, run_stream_batches, without_due_batches, write_json
+from tests.spark.test_repartition import SCHEMA, _batches
+
+pytestmark = pytest.mark.slow
+
+#: the micro-batches (one file each) run at each count: 4, then 7, then 3
+RUNS = ((4, range(0, 3)), (7, range(3, 6)), (3, range(6, 8)))
+MODES = {"sessions_update": "update", "windows_update": "update", "tws": "update"}
+
+
+def _query(spark, folder, backend, n, case):
+    from pyspark.sql import functions as F
+
+    src = json_source(spark, folder, SCHEMA)
+    events = src.filter("kind = 'e'").select("user", "uid", "ts", "amount")
+    common = {"backend": backend, "name": case, "num_partitions": n}
+    aggs = {"events": "count", "total": ("sum", "amount")}
+    with without_due_batches(spark):  # one micro-batch per file, compared batch by batch
+        if case.startswith("sessions"):
+            emit = "update" if case.endswith("update") else "final"
+            return sessionize(events, ["user", "uid"], "ts", gap=3000, emit=emit,
+                              aggregations=aggs, **common)  # fmt: skip
+        if case.startswith("windows"):
+            emit = "update" if case.endswith("update") else "final"
+            return window_aggregate(events, "user", "ts", size=4000, emit=emit,
+                                    aggregations=aggs, **common)  # fmt: skip
+        if case == "tws":
+            timed = events.withColumn("event", F.timestamp_millis("ts"))
+            return transform_with_state(
+                timed.withWatermark("event", "0 seconds"), "user", P.RowRescaled(),
+                P.RESCALED_SCHEMA, time_mode="EventTime", **common,
+            )  # fmt: skip
+        table = src.filter("kind = 't'").select("uid", F.col("ts").alias("plan_ts"), "plan")
+        return temporal_join(events, table, "uid", "ts", "plan_ts", history_retention=10**9,
+                             how="left", **common)  # fmt: skip
+
+
+def _steps(folder, part):
+    return [
+        (lambda i=i, rows=rows: write_json(folder, i, rows))
+        for i, rows in enumerate(_batches())
+        if i in part
+    ]
+
+
+def _same_batches(expected, got):
+    assert len(got) == len(expected)
+    for batch, (want, have) in enumerate(zip(expected, got, strict=True)):
+        missing = Counter(map(str, want)) - Counter(map(str, have))
+        extra = Counter(map(str, have)) - Counter(map(str, want))
+        assert (batch, missing, extra) == (batch, Counter(), Counter())
+
+
+def _uninterrupted(spark, tmp_path, case):
+    whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
+    query = _query(spark, tmp_path / "in1", whole, 4, case)
+    mode = MODES.get(case, "append")
+    expected = run_stream_batches(query, tmp_path / "ck1", _steps(tmp_path / "in1", range(8)), mode)
+    assert sum(map(len, expected)) > 20
+    return expected
+
+
+@pytest.mark.parametrize(
+    "case", ["sessions_final", "sessions_update", "windows_final", "join", "tws"]
+)
+def test_restarts_at_4_7_3_partitions_write_the_uninterrupted_output(spark, tmp_path, case, caplog):
+    expected = _uninterrupted(spark, tmp_path, case)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
+    operator = open_filesystem(backend.checkpoint_uri).child(case)
+    got, mode = [], MODES.get(case, "append")
+    for n, part in RUNS:
+        with caplog.at_level(logging.WARNING, "spark_integration.planning.rescale"):
+            caplog.clear()
+            query = _query(spark, tmp_path / "in2", backend, n, case)
+        if n == 4:
+            assert caplog.messages == []
+        else:
+            [line] = caplog.messages
+            assert f"rescaled operator {case!r} of {backend.checkpoint_uri} from " in line
+            assert f"to {n} partitions at version {part[0]}" in line
+        got += run_stream_batches(query, tmp_path / "ck2", _steps(tmp_path / "in2", part), mode)
+        metadata = read_metadata(operator)
+        assert metadata["num_partitions"] == n
+        if n != 4:  # the state before the switch is deleted: only the new generation
+            assert [d for d in operator.list_dirs() if d.isdigit()] == []
+            assert operator.list_dirs("_generations") == [metadata[GENERATION_FIELD]]
+    _same_batches(expected, got)
+
+
+class Crash(Exception):
+    """A rescale dying between its last partition and its switch."""
+
+
+def test_a_rescale_that_dies_before_its_switch_leaves_the_old_count_exact(
+    spark, tmp_path, monkeypatch
+):
+    from sessionstore.checkpoint.repartition import finish_repartition
+    from spark_integration.planning import rescale
+
+    case = "sessions_final"
+    expected = _uninterrupted(spark, tmp_path, case)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
+    operator = open_filesystem(backend.checkpoint_uri).child(case)
+
+    def run(n, part):
+        query = _query(spark, tmp_path / "in2", backend, n, case)
+        return run_stream_batches(query, tmp_path / "ck2", _steps(tmp_path / "in2", part))
+
+    got = run(4, range(0, 2))
+    before = read_metadata(operator)
+
+    def dies(plan):  # every partition and the generation's _metadata written, no switch
+        finish_repartition(plan.copy)
+        raise Crash
+
+    monkeypatch.setattr(rescale, "commit_rescale", dies)
+    with pytest.raises(Crash):
+        _query(spark, tmp_path / "in2", backend, 7, case)
+    monkeypatch.undo()
+    assert read_metadata(operator) == before
+    [left] = operator.list_dirs("_generations")  # a whole copy, never read
+    got += run(4, range(2, 4))  # the old count loads the old state
+    got += run(7, range(4, 8))  # and a new rescale writes another generation
+    assert left not in operator.list_dirs("_generations")
+    _same_batches(expected, got)
+
+
+def test_a_checkpoint_between_batches_is_refused_and_unchanged(spark, tmp_path):
+    """Partitions at different versions (a query running, or stopped in the middle
+    of a batch) cannot be rescaled: the error says so, and nothing is written."""
+    case = "sessions_final"
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
+    query = _query(spark, tmp_path / "in", backend, 4, case)
+    run_stream_batches(query, tmp_path / "ck", _steps(tmp_path / "in", range(2)))
+    operator = open_filesystem(backend.checkpoint_uri).child(case)
+    operator.delete_dir("3/changelog")  # partition 3 lost its commits: version 0
+    before = read_metadata(operator)
+    with pytest.raises(
+        RescaleError,
+        match=r"cannot rescale .*/state/sessions_final to 7 partitions on restart: the "
+        r"partitions of .* are not at one version \(0: 2, 1: 2, 2: 2, 3: 0\).*; the "
+        r"checkpoint is unchanged",
+    ):
+        _query(spark, tmp_path / "in", backend, 7, case)
+    assert read_metadata(operator) == before
+    assert not operator.exists("_generations")
