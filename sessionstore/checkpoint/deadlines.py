@@ -62,8 +62,10 @@ class Deadlines:
         (wall clock) from the shared event time recorded here."""
         if self.processing is not None and self.processing <= now_ms:
             return True
-        return self.event is not None and self.event_time is not None and (
-            self.event <= self.event_time
+        return (
+            self.event is not None
+            and self.event_time is not None
+            and (self.event <= self.event_time)
         )
 
 
@@ -89,9 +91,7 @@ def partition_deadlines(operator_storage: Storage, batch_id: int, partition: int
     )
 
 
-def operator_deadlines(
-    operator_storage: Storage, batch_id: int, num_partitions: int
-) -> Deadlines:
+def operator_deadlines(operator_storage: Storage, batch_id: int, num_partitions: int) -> Deadlines:
     """The shared event time after ``batch_id`` and the earliest deadlines of the
     operator's ``num_partitions`` partitions: one ranged read per partition,
     several at once (``MissingEventTimeError`` while a partition has not

@@ -57,9 +57,7 @@ class DueTimers(DueTimes):
     def deadlines_after(self, batch: int) -> Deadlines:
         """What the partitions recorded after ``batch`` (read once per batch)."""
         if batch not in self._deadlines:
-            self._deadlines[batch] = operator_deadlines(
-                self.storage(), batch, self.num_partitions
-            )
+            self._deadlines[batch] = operator_deadlines(self.storage(), batch, self.num_partitions)
             while len(self._deadlines) > 4:
                 del self._deadlines[min(self._deadlines)]
         return self._deadlines[batch]

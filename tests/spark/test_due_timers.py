@@ -39,9 +39,7 @@ def offset(value: int) -> dict:
     return {OFFSET_FIELD: value}
 
 
-def test_processing_deadlines_make_a_batch_due_once_the_clock_passes_them(
-    tmp_path, monkeypatch
-):
+def test_processing_deadlines_make_a_batch_due_once_the_clock_passes_them(tmp_path, monkeypatch):
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     clock = [10_000]
     monkeypatch.setattr(due_timers, "now_ms", lambda: clock[0])
@@ -68,9 +66,7 @@ def test_processing_deadlines_make_a_batch_due_once_the_clock_passes_them(
     assert times.latest(start) == offset(1)
 
 
-def test_event_deadlines_make_a_batch_due_once_the_event_time_passes_them(
-    tmp_path, monkeypatch
-):
+def test_event_deadlines_make_a_batch_due_once_the_event_time_passes_them(tmp_path, monkeypatch):
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     monkeypatch.setattr(due_timers, "now_ms", lambda: 10**13)
     times = DueTimers(backend, "op", PARTITIONS)
