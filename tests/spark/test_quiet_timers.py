@@ -53,6 +53,31 @@ def ours(api: str, processor: Any, schema: str, time_mode: str, backend: StateBa
     )
 
 
+class Running(Collected):
+    """:class:`Collected` for a query that may run a batch on every trigger (Spark's
+    transformWithState in processing time), where ``processAllAvailable`` never
+    returns: waits for progress reports instead."""
+
+    def __init__(self, out: Any, checkpoint: Path) -> None:
+        self.rows: list[dict] = []
+        self.batches = 0
+        self.query = (
+            out.writeStream.outputMode("append")
+            .trigger(processingTime=TRIGGER)
+            .option("checkpointLocation", str(checkpoint))
+            .foreachBatch(self._take)
+            .start()
+        )
+        wait_for(lambda: self.query.lastProgress is not None, timeout=120)
+
+    def took(self, rows: int) -> None:
+        """Wait until the query has read ``rows`` input rows in all."""
+        wait_for(
+            lambda: sum(p["numInputRows"] for p in self.query.recentProgress) >= rows,
+            timeout=120,
+        )
+
+
 class Appeared:
     """When ``rows(query)`` first held ``want`` (monotonic seconds)."""
 
@@ -81,15 +106,17 @@ def quiet(
     source = tmp_path / "in"
     source.mkdir()
     queries = {
-        name: Collected(build(json_source(spark, source, SCHEMA)), tmp_path / f"ck-{name}")
+        name: Running(build(json_source(spark, source, SCHEMA)), tmp_path / f"ck-{name}")
         for name, build in builds.items()
     }
     appeared = Appeared()
     try:
+        taken = 0
         for i, rows_ in enumerate(files):
             write_json(source, i, rows_)
+            taken += len(rows_)
             for q in queries.values():
-                q.query.processAllAvailable()
+                q.took(taken)
         written = time.monotonic()
         wait_for(lambda: appeared.check(queries, want, rows), timeout=60)
         time.sleep(idle_s)
