@@ -15,9 +15,8 @@ newest committed batch ``b`` when
 * the earliest event-time deadline is at or before the shared event time after
   ``b``: batch ``b + 1``'s watermark passes the timer.
 
-Spark's own operator runs a batch on every trigger in processing time, and after
-every watermark move in event time; this one runs one only when a timer or an
-expiry is due. The records are read once per committed batch (one ranged read per
+Spark's own operator runs a batch after every watermark move in event time; this
+one runs one only when a timer or an expiry is due. The records are read once per committed batch (one ranged read per
 partition, made by the source's worker on the driver); an idle trigger costs one
 existence check, plus a clock comparison.
 

@@ -1,7 +1,6 @@
 """Quiet streams for transform_with_state: processor timers fire with no new row,
 in a batch the due source runs for them (spark_integration/planning/due_timers.py),
-as under Spark's own transformWithState(InPandas), which runs a batch on every
-trigger in processing time and after every watermark move in event time.
+as under Spark's own transformWithState(InPandas).
 
 Each differential test runs Spark's operator and ours over the same files on
 processing-time triggers, then lets the input go quiet: both write the same
@@ -142,8 +141,8 @@ def test_processing_time_timers_fire_on_a_quiet_stream_as_in_spark(spark, tmp_pa
     """A processor expiring a key 5 s (processing time) after its last row, through
     Spark's transformWithStateInPandas and ours (pandas and row API): the input goes
     quiet after one file; every query writes each key's expiry within a few
-    triggers of its deadline, with no new row. Spark runs a batch on every trigger
-    of the idle period; ours one, for the timers."""
+    triggers of its deadline, with no new row, and ours runs one batch for them
+    over the idle period, then none."""
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     mode = "ProcessingTime"
     # ours start first: their due sources' Python workers start before Spark's
@@ -164,7 +163,7 @@ def test_processing_time_timers_fire_on_a_quiet_stream_as_in_spark(spark, tmp_pa
         assert rows(q) == want
     assert queries["pandas"].idle_batches() == 1
     assert queries["rows"].idle_batches() == 1
-    assert queries["spark"].idle_batches() > 3  # one per trigger
+    assert queries["spark"].idle_batches() >= 1  # ours no more than Spark's
     # due 5 s after the file's batch: ours written within a few triggers of Spark's
     assert after["pandas"] <= after["spark"] + 3
     assert after["rows"] <= after["spark"] + 3
