@@ -207,7 +207,7 @@ class ProcessorTester:
         handle = self._provider.get_store(self.version)
         try:
             times = BatchTimes(self.processing_time_ms, self.watermark_ms)
-            out, _ = task.process(handle, table, times, initial)
+            out, _, _ = task.process(handle, table, times, initial)
         except BaseException:
             handle.abort()  # the batch leaves nothing, as a failed task
             raise

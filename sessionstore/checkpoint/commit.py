@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from sessionstore.checkpoint.changelog import encode_changelog
+from sessionstore.checkpoint.deadlines import DUE_EVENT_FIELD, DUE_PROCESSING_FIELD
 from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.filesystem import Storage
 from sessionstore.checkpoint.identity import CheckpointPartition
@@ -168,6 +169,13 @@ class StoreHandle:
         """Record the batch's processing time in the commit's changelog header: the
         durable record a replay of the batch reads (see processing_time.py)."""
         self.header[PROCESSING_TIME_FIELD] = processing_ms
+
+    def note_deadlines(self, processing_ms: int | None, event_ms: int | None) -> None:
+        """Record in the commit's changelog header when the partition next has work
+        without input: the earliest processing time and shared event time at
+        which a batch fires a timer or expires a value (see deadlines.py)."""
+        self.header[DUE_PROCESSING_FIELD] = processing_ms
+        self.header[DUE_EVENT_FIELD] = event_ms
 
     def note(
         self,

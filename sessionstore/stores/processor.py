@@ -341,6 +341,12 @@ class ProcessorStore(UntimedStore):
                 break
         return rows
 
+    def index_first(self, family: str) -> int | None:
+        """The earliest time in an index family (None when it is empty): one seek."""
+        for raw, _ in self._db.scan(family):
+            return decode_time(raw)
+        return None
+
     # ------------------------------------------------------------------ routing
     def grouping_key_of(self, family: str, raw: bytes) -> bytes:
         """The encoded grouping key a row of ``family`` belongs to (for routing

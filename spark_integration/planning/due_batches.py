@@ -302,15 +302,19 @@ def _decided(spark: Any, times: DueTimes) -> bool:
     return True
 
 
-def with_due_batches(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
+def with_due_batches(
+    df: Any, backend: StateBackend, name: str, num_partitions: int, kind: type = DueTimes
+) -> Any:
     """``df`` (an operator's streaming input, before its shuffle) with the operator's
     due source unioned in (see the module doc); ``df`` itself for a batch input, on
     Spark before 4.2, with due batches turned off (:data:`DUE_BATCHES_CONF`) when
-    the checkpoint is new, or for a checkpoint started without them."""
+    the checkpoint is new, or for a checkpoint started without them. ``kind`` says
+    when something is due: :class:`DueTimes` or a subclass (``DueTimers`` for
+    processor timers, spark_integration/planning/due_timers.py)."""
     spark = df.sparkSession
     if not df.isStreaming:
         return df
-    times = DueTimes(backend, name, num_partitions)
+    times = kind(backend, name, num_partitions)
     if not _decided(spark, times):
         return df
     source = _source_class(times, df.schema.json())

@@ -150,6 +150,18 @@ class Reference:
             self.state[key]["t"].remove(t)
         return out
 
+    def next_deadlines(self, now):
+        """The earliest pending timer, and the earliest expiry after ``now`` of a
+        stored item (what the batch at ``now`` left to expire): what each commit
+        records for the due source (sessionstore/checkpoint/deadlines.py)."""
+        timers = [t for s in self.state.values() for t in s["t"]]
+        expiries = []
+        for s in self.state.values():
+            expiries += [s["v"][1]] if s["v"] is not None else []
+            expiries += [e for _, e in s["l"]] + [e for _, e in s["m"].values()]
+        later = [e for e in expiries if e is not None and e > now]
+        return (min(timers) if timers else None), (min(later) if later else None)
+
 
 KEYS = st.sampled_from([("a",), ("b",), ("c",), ("é",)])
 OPS = st.one_of(
@@ -210,6 +222,9 @@ def _check_against_reference(path, batches, ttl, processor, check=lambda got: No
             got = _run_ours(db, processor(), groups, now).outputs
             assert got == expected
             check(got)
+            store = db.open_store("processor", "proc")
+            pending = (store.index_first(store.timers_cf), store.index_first(store.ttl_cf))
+            assert pending == reference.next_deadlines(now)
             if reopen:
                 db.close()
                 db = StateDB.open(path)

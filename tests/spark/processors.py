@@ -578,8 +578,54 @@ class RowRescaled(StatefulProcessor):
         yield Row(id=key[0], kind="fired", value=expiredTimerInfo.getExpiryTimeInMs())
         yield Row(id=key[0], kind="fired count", value=(self.count.get() or (0,))[0])
 
+
+# --------------------------------------------------------------- quiet streams
+# Processors of tests/spark/test_quiet_timers.py: timers that fire with no input.
+
+IDLE_SCHEMA = "id string, events long"
+
+
+class _IdleExpiry:
+    """Counts a key's events; 5 s of processing time after the key's latest row,
+    a timer emits the count and forgets the key (a cart expired after inactivity)."""
+
+    idle_ms = 5_000
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.events = handle.getValueState("events", "n long")
+
+    def _seen(self, n: int, tv: Any) -> None:
+        self.events.update(((self.events.get() or (0,))[0] + n,))
+        for t in list(self.handle.listTimers()):
+            self.handle.deleteTimer(t)
+        self.handle.registerTimer(tv.getCurrentProcessingTimeInMs() + self.idle_ms)
+
+    def _fired(self) -> int:
+        n = self.events.get()[0]
+        self.events.clear()
+        return n
+
     def close(self) -> None:
         pass
 
 
 RESCALED_SCHEMA = "id string, kind string, value long"
+
+
+class PandasIdleExpiry(_IdleExpiry, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        self._seen(sum(len(f) for f in rows), timerValues)
+        return iter([])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield pd.DataFrame({"id": [key[0]], "events": [self._fired()]})
+
+
+class RowIdleExpiry(_IdleExpiry, StatefulProcessor):
+    def handleInputRows(self, key, rows, timerValues):
+        self._seen(len(list(rows)), timerValues)
+        return iter([])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield Row(id=key[0], events=self._fired())

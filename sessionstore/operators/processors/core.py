@@ -235,7 +235,18 @@ class ProcessorCore:
         read of the timer index."""
         return self.store.index_before(self.store.timers_cf, threshold + 1)
 
+    def next_timer(self) -> int | None:
+        """The expiry of the earliest pending timer of any key (None if none)."""
+        return self.store.index_first(self.store.timers_cf)
+
     # ---------------------------------------------------------------- TTL
+    def next_expiry(self) -> int | None:
+        """The earliest TTL expiry of any value (None if none, or no variable has a
+        TTL: then nothing would clean it, and nothing is due)."""
+        if not self.has_ttl():
+            return None
+        return self.store.index_first(self.store.ttl_cf)
+
     def has_ttl(self) -> bool:
         """Whether any defined variable has a TTL."""
         return any(v.ttl_ms is not None for v in self.variables.values())

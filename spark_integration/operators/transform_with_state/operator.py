@@ -23,6 +23,8 @@ from spark_integration.operators.transform_with_state.initial_state import (
 )
 from spark_integration.operators.transform_with_state.task import NOW, ProcessorTask
 from spark_integration.planning.backend import StateBackend
+from spark_integration.planning.due_batches import with_due_batches
+from spark_integration.planning.due_timers import DueTimers
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
     TS,
@@ -210,7 +212,10 @@ def _transform(
         pandas=pandas_conf(df.sparkSession) if api == "pandas" else None,
         event_time_column=event_time_column,
     )
-    out = state_map(df.select(*columns), keys, n, task, out_schema, name)
+    selected = df.select(*columns)
+    if mode != "None":  # timers and TTL fire on a quiet stream too (due_timers.py)
+        selected = with_due_batches(selected, backend, name, n, DueTimers)
+    out = state_map(selected, keys, n, task, out_schema, name)
     if event_time_column is None:
         return out
     return _carry_event_time(out, event_time_column, marked[0][1])

@@ -125,9 +125,10 @@ class ProcessorTask:
                     provider.operator_storage, self.initial, info.partition, self.keys,
                     self.api, self.pandas,
                 )  # fmt: skip
-            out, dropped = self.process(stores, table, times, initial)
+            out, dropped, due = self.process(stores, table, times, initial)
             if self.time_mode != "None":
                 stores.note_processing_time(times.processing_ms)  # (processing_time.py)
+                stores.note_deadlines(*due)  # what the due source reads (deadlines.py)
                 if info.run is not None:
                     store.write_aux(RUN_AUX, info.run.encode())
             if event_time:
@@ -174,9 +175,10 @@ class ProcessorTask:
         table: pa.Table | None,
         times: BatchTimes,
         initial: dict[tuple, list[Any]] | None = None,
-    ) -> tuple[pa.Table, int]:
+    ) -> tuple[pa.Table, int, tuple[int | None, int | None]]:
         """Run the processor over one batch of a partition whose stores are loaded
-        (``stores[name]``): the output as Arrow, and how many rows had a null key."""
+        (``stores[name]``): the output as Arrow, how many rows had a null key, and
+        when the partition next has work without input (:meth:`deadlines`)."""
         store = stores[STORE]
         handle = self.handle(store, lambda kind, store_name, retention: stores[store_name])
         # the batch allocates rows, keys and state payloads by the hundred thousand,
@@ -185,7 +187,22 @@ class ProcessorTask:
             groups, dropped = self.groups(store, table)
             runner = ProcessorRunner(self.processor, handle, self.time_mode)
             counts = runner.run_batch(groups, times, initial)
-            return self.output(counts.outputs), dropped
+            return self.output(counts.outputs), dropped, self.deadlines(handle.core)
+
+    def deadlines(self, core: Any) -> tuple[int | None, int | None]:
+        """When the partition next has work without input, after a batch: the
+        earliest processing time (a processing-time timer, a TTL expiry) and the
+        earliest shared event time (an event-time timer's expiry plus the
+        watermark delay: the batch's watermark is that time minus the delay)."""
+        if self.time_mode == "None":
+            return None, None
+        timer = core.next_timer()
+        expiry = core.next_expiry()
+        if self.time_mode == "ProcessingTime":
+            known = [t for t in (timer, expiry) if t is not None]
+            return (min(known) if known else None), None
+        event = None if timer is None else timer + (self.delay_ms or 0)
+        return expiry, event
 
     # ---------------------------------------------------------------- times
     def _times(
