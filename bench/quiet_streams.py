@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=30.0)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    from spark_integration.dev.local import local_spark
+    from spark_integration.conf.local_spark import local_spark
 
     spark = local_spark("bench-quiet", partitions=2)
     print(f"# quiet streams, {machine()}, trigger {args.trigger_ms} ms, idle {args.idle_s} s")

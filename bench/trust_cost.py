@@ -51,7 +51,7 @@ def per_call_us(fn: Callable[[], object], number: int = 2000) -> float:
 
 
 def coordinator(repeat: int) -> dict[str, float]:
-    from spark_integration.driver import coordinator as coord
+    from spark_integration.coordinator import server as coord
 
     c = coord.Coordinator("127.0.0.1", 0)
     try:
@@ -114,7 +114,7 @@ def state_server(repeat: int) -> dict[str, float]:
 
         one()  # starts the server
         out = {"state server: one task's exchange (100 rows)": median_us(one, repeat)}
-        from sessionstore.checkpoint.request_server import peer_credentials
+        from sessionstore.checkpoint.service.request_server import peer_credentials
 
         a, b = socket.socketpair(socket.AF_UNIX)
         with a, b:

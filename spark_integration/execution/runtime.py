@@ -23,15 +23,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle
-from sessionstore.checkpoint.event_time import EVENT_TIME_FIELD
-from sessionstore.checkpoint.metrics import millis
+from sessionstore.checkpoint.records.event_time import EVENT_TIME_FIELD
+from sessionstore.checkpoint.records.metrics import millis
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.sessions.model import ClosedSessions
 from sessionstore.stores.segments import operator_segment_interval
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.driver.coordinator import CoordinatorAddress, commit_arbiter, report
-from spark_integration.driver.coordinator import shared_event_time as event_time_after
-from spark_integration.planning.backend import StateBackend
+from spark_integration.conf.backend import StateBackend
+from spark_integration.coordinator.server import CoordinatorAddress, commit_arbiter, report
+from spark_integration.coordinator.server import shared_event_time as event_time_after
 from spark_integration.planning.resolve import TS
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class TaskContext:
     #: the process lives on after the task (a reused Python worker, a state
     #: server), so a snapshot upload can run after the commit, in the background
     outlives_task: bool = False
-    #: the task's metrics record (:mod:`spark_integration.driver.metrics`), set
+    #: the task's metrics record (:mod:`spark_integration.execution.metrics`), set
     #: when it commits
     metrics: dict[str, Any] | None = None
 
@@ -233,7 +233,7 @@ def partition_state(
     interval get the operators' one. ``key_types`` (the key columns' Spark types,
     from planning) are recorded in the checkpoint for a later repartition.
     """
-    from sessionstore.checkpoint.store_service import StoreService
+    from sessionstore.checkpoint.service.store_service import StoreService
 
     info = context.info
     check_partition(name, info.partition, num_partitions)
@@ -332,7 +332,7 @@ def state_and_inputs(
     """:func:`partition_state`, the task's non-empty input batches, and with
     ``shared_event_time`` the operator's event time after the previous batch (see
     :func:`run_aggregator`; else None): the answer of the driver's ``coordinator``
-    (:mod:`spark_integration.driver.coordinator`), or without one the durable records.
+    (:mod:`spark_integration.coordinator.server`), or without one the durable records.
     Once the block's commit is durable, the task reports its event time (and its
     metrics record) to the coordinator.
 

@@ -20,7 +20,9 @@ import pyarrow as pa
 from sessionstore.operators.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.driver.coordinator import CoordinatorAddress
+from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.intervals import interval_ms
+from spark_integration.coordinator.server import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.runtime import (
     TaskContext,
@@ -29,8 +31,6 @@ from spark_integration.execution.runtime import (
     state_and_inputs,
     struct_values,
 )
-from spark_integration.planning.backend import StateBackend
-from spark_integration.planning.intervals import interval_ms
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
     SIDE,

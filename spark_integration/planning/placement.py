@@ -40,7 +40,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_integration.driver.metrics import with_state_metrics
+from spark_integration.conf.backend import CONF_PREFIX
+from spark_integration.conf.spark_session import default_parallelism
+from spark_integration.execution.metrics import with_state_metrics
 from spark_integration.execution.runtime import (
     ContextTask,
     SparkTask,
@@ -48,9 +50,7 @@ from spark_integration.execution.runtime import (
     check_partition,
 )
 from spark_integration.execution.state_server import served
-from spark_integration.planning.backend import CONF_PREFIX
 from spark_integration.planning.resolve import PARTITIONS_PER_CORE
-from spark_integration.planning.session import default_parallelism
 
 __all__ = ["TASKS_CONF", "SHARD", "ShardedTask", "state_map", "task_count"]
 
@@ -96,7 +96,7 @@ def state_map(
     """Run operator ``task`` over ``df`` hash-partitioned by ``keys`` into
     ``partitions`` state partitions: in ``task_count`` Spark tasks, each state
     partition in its state server (see the module doc); with the state metrics of
-    :func:`~spark_integration.driver.metrics.with_state_metrics`."""
+    :func:`~spark_integration.execution.metrics.with_state_metrics`."""
     from pyspark.sql import functions as F
 
     spark = df.sparkSession

@@ -16,12 +16,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from sessionstore.checkpoint.first_contact import reach
-from sessionstore.checkpoint.lineage import warn_unfenced
-from sessionstore.checkpoint.provider import check_partition_count, recorded_partitions
-from spark_integration.dev.local import UNIX_SOCKET_CONF
-from spark_integration.planning.backend import CONF_PREFIX, StateBackend
-from spark_integration.planning.session import conf_value, default_parallelism
+from sessionstore.checkpoint.partition.lineage import warn_unfenced
+from sessionstore.checkpoint.partition.provider import check_partition_count, recorded_partitions
+from sessionstore.checkpoint.storage.first_contact import reach
+from spark_integration.conf.backend import CONF_PREFIX, StateBackend
+from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
+from spark_integration.conf.spark_session import conf_value, default_parallelism
 
 __all__ = [
     "resolve",
@@ -73,7 +73,7 @@ def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
     watermark passes its end, as in Spark: the watermark of micro-batch N is the
     largest event time of the batches before it, across partitions, minus the delay.
     """
-    from spark_integration.planning.intervals import interval_ms
+    from spark_integration.conf.intervals import interval_ms
 
     if grace is not None:
         return interval_ms(grace, "grace")
@@ -170,9 +170,9 @@ def partition_count(
 
 def operator_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
     """The address of this driver's coordinator (event time, state metrics) for ``name``
-    (started on first use, see :mod:`spark_integration.driver.coordinator`), for its
+    (started on first use, see :mod:`spark_integration.coordinator.server`), for its
     tasks; None when it is turned off or cannot listen."""
-    from spark_integration.driver.coordinator import coordinator_for
+    from spark_integration.coordinator.server import coordinator_for
 
     return coordinator_for(
         df.sparkSession, backend.checkpoint_uri, name, num_partitions, backend.storage_options

@@ -192,7 +192,7 @@ def test_without_a_coordinator_one_log_line_says_so(results):
     operators without it, and says so once, not as an error."""
     assert len(results["log"]) == 1, results["log"]
     line = results["log"][0]
-    assert line.startswith("INFO spark_integration.planning.session:")
+    assert line.startswith("INFO spark_integration.conf.spark_session:")
     assert "Spark Connect session: no event-time coordinator" in line
 
 

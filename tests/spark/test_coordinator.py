@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_integration.driver import coordinator as coord
-from spark_integration.driver.coordinator import (
+from spark_integration.coordinator import server as coord
+from spark_integration.coordinator.server import (
     Coordinator,
     CoordinatorAddress,
     CoordinatorReadError,
@@ -126,7 +126,7 @@ class _NeverRead:
 
 
 def test_a_failed_durable_read_makes_tasks_ask_again_never_read_p_records(coordinator, tmp_path):
-    from sessionstore.checkpoint.retry import RetryPolicy
+    from sessionstore.checkpoint.storage.retry import RetryPolicy
 
     uri = checkpoint(tmp_path, [[4, 9, 30]])
     address = coordinator.register(uri, "op", 3)
@@ -198,7 +198,7 @@ def test_oversized_slow_and_garbage_requests_are_dropped(coordinator, tmp_path):
 
 
 def test_an_unreachable_coordinator_falls_back_to_the_durable_records(tmp_path):
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     uri = checkpoint(tmp_path, [[4, 9]])
     with socket.socket() as s:  # a port nobody listens on
@@ -369,7 +369,7 @@ def test_a_reply_not_signed_by_the_coordinator_is_ignored(tmp_path):
     time of 2^62: the task ignores it and reads the durable records."""
     import threading
 
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     uri = checkpoint(tmp_path, [[4, 9]])
     listener = socket.create_server(("127.0.0.1", 0))

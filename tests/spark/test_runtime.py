@@ -45,7 +45,7 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
     from sessionstore.operators.arrow_io import columns_of
     from spark_integration.execution.output import OperatorOutput
     from spark_integration.execution.runtime import TaskInfo, run_aggregator
-    from spark_integration.planning.aggregations import parse_aggregations
+    from spark_integration.planning.aggregation_specs import parse_aggregations
     from spark_integration.planning.resolve import TS
 
     aggregation, value_cols, plan = parse_aggregations(
@@ -269,10 +269,10 @@ def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path,
     import pytest
 
     import spark_integration.execution.runtime as runtime
-    from sessionstore.checkpoint.event_time import partition_event_time
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.records.event_time import partition_event_time
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
     from spark_integration import StateBackend
-    from spark_integration.driver.coordinator import Coordinator, ask
+    from spark_integration.coordinator.server import Coordinator, ask
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     operator = open_filesystem(backend.checkpoint_uri).child("op")
@@ -390,7 +390,7 @@ def test_sessions_an_advance_closes_become_the_rows_their_updates_would(tmp_path
     from sessionstore import InMemorySessionStore
     from sessionstore.operators import SessionWindowAggregator, SessionWindows
     from spark_integration.execution.output import OperatorOutput
-    from spark_integration.planning.aggregations import parse_aggregations
+    from spark_integration.planning.aggregation_specs import parse_aggregations
 
     aggregation, _, plan = parse_aggregations(
         {"n": "count", "avg": ("avg", "amount"), "sd": ("stddev", "amount"),

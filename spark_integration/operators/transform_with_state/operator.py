@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.operators.processors import ProcessorHandle, normalise_time_mode
+from spark_integration.conf.backend import StateBackend
 from spark_integration.operators.transform_with_state.frames import pandas_conf
 from spark_integration.operators.transform_with_state.initial_state import (
     initial_state_token,
     route_initial_state,
 )
 from spark_integration.operators.transform_with_state.task import NOW, ProcessorTask
-from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
     TS,

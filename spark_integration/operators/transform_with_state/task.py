@@ -42,7 +42,8 @@ from sessionstore.operators.processors import (
     extra_store_name,
 )
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.driver.coordinator import CoordinatorAddress
+from spark_integration.conf.backend import StateBackend
+from spark_integration.coordinator.server import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema
 from spark_integration.execution.runtime import TaskContext, state_and_inputs
 from spark_integration.operators.transform_with_state.frames import (
@@ -54,7 +55,6 @@ from spark_integration.operators.transform_with_state.frames import (
 from spark_integration.operators.transform_with_state.grouping import grouped_rows
 from spark_integration.operators.transform_with_state.initial_state import read_initial_state
 from spark_integration.operators.transform_with_state.rows import row_maker, row_slices, rows_output
-from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.resolve import TS
 
 __all__ = ["ProcessorTask", "NOW", "STORE"]
@@ -285,7 +285,7 @@ def _empty_partition_now(store: Any, provider: Any, info: Any) -> int:
     the changelog this task is about to write: present only when an earlier
     attempt committed the batch, and then its time is the one the sink may have
     kept. Tasks with rows need none of this: their time is in their input."""
-    from sessionstore.checkpoint.processing_time import recorded_processing_time
+    from sessionstore.checkpoint.records.processing_time import recorded_processing_time
 
     run = store.read_aux(RUN_AUX)
     if info.attempt == 0 and info.run is not None and run == info.run.encode():

@@ -1,0 +1,253 @@
+"""State metrics in the job: each task's record reaches the driver, one line per
+operator and micro-batch.
+
+Every task knows its metrics once it has committed (the record its changelog
+header carries, see :mod:`sessionstore.checkpoint.records.metrics`, plus its own commit
+time). Reading P changelog headers per micro-batch on the driver would cost P
+object-store requests per batch, so the record travels another way:
+
+* **The coordinator (default).** Every task already tells the driver's
+  coordinator (:mod:`spark_integration.coordinator.server`) that it has committed, which
+  is how event time is shared; the record rides along in that report. The
+  :class:`StateMetricsListener` that :func:`log_state_metrics` registers reads the
+  records of each finished micro-batch from the coordinator and prints one line
+  per operator. No object-store request, no extra row, no Spark job: the cost per
+  task is one small message (none extra for event-time operators, which report
+  anyway; BENCHMARKS.md, "State metrics").
+* **Observed metrics (opt-in, :data:`METRICS_CONF`).** For
+  ``query.lastProgress["observedMetrics"]`` too, the task yields one more row
+  whose hidden column ``__ss_metrics`` holds the record; the operator's DataFrame
+  aggregates it with ``df.observe("sessionstore.<name>", ...)`` and filters those
+  rows out. That costs the JVM work on every output row (5-15% of the 1M-event
+  benchmark), so it is off unless asked for, and it is how metrics reach the
+  driver where the coordinator cannot (Spark Connect).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sessionstore.checkpoint.records.metrics import LOAD_KINDS, summarize_batch
+from spark_integration.conf.spark_session import can_coordinate
+from spark_integration.execution.runtime import ContextTask, SparkTask, TaskContext
+
+__all__ = [
+    "METRICS_COLUMN",
+    "METRICS_CONF",
+    "OBSERVATION_PREFIX",
+    "StateMetricsListener",
+    "log_state_metrics",
+    "format_line",
+    "batch_lines",
+    "with_state_metrics",
+]
+
+#: The hidden column of an operator's metrics rows.
+METRICS_COLUMN = "__ss_metrics"
+#: Observed metrics of an operator are named this followed by the operator's name.
+OBSERVATION_PREFIX = "sessionstore."
+#: The Spark conf key that adds the operators' metrics to Spark's observed metrics
+#: (``query.lastProgress["observedMetrics"]``) for operators built after it is set.
+#: Off by default: the metrics rows and ``observe`` cost the JVM work on every
+#: output row (BENCHMARKS.md, "State metrics"); :func:`log_state_metrics` needs it
+#: only where there is no coordinator.
+METRICS_CONF = "spark.sessionstore.metrics.enabled"
+
+#: The task record's fields as they travel (Spark DDL types).
+_FIELDS = [
+    ("batch", "bigint"), ("partition", "int"), ("rows_total", "bigint"),
+    ("rows_updated", "bigint"), ("rows_removed", "bigint"), ("late_dropped", "bigint"),
+    ("emitted", "bigint"), ("load_kind", "string"), ("load_ms", "double"),
+    ("commit_ms", "double"), ("prepare_ms", "double"), ("upload_ms", "double"),
+    ("apply_ms", "double"), ("uploaded_bytes", "bigint"), ("snapshot_lag", "bigint"),
+    ("memory_bytes", "bigint"), ("repaired", "bigint"),
+]  # fmt: skip
+_ARROW = {"bigint": pa.int64(), "int": pa.int32(), "string": pa.string(), "double": pa.float64()}
+_STRUCT = pa.struct([(name, _ARROW[kind]) for name, kind in _FIELDS])
+
+
+def _spark_struct() -> Any:
+    from pyspark.sql import types as T
+
+    types = {
+        "bigint": T.LongType(), "int": T.IntegerType(), "string": T.StringType(),
+        "double": T.DoubleType(),
+    }  # fmt: skip
+    return T.StructType([T.StructField(n, types[k], True) for n, k in _FIELDS])
+
+
+@dataclass
+class _WithMetrics:
+    """An operator task (:class:`~spark_integration.execution.runtime.ContextTask`)
+    that passes the output of ``task`` through with the metrics column null, then
+    yields the metrics record ``task`` left in its context as one more row
+    (picklable, as the task it wraps)."""
+
+    task: ContextTask
+    schema_json: str  # the wrapped task's output schema, all fields nullable
+
+    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
+        """``task``'s output, then its metrics row."""
+        from spark_integration.execution.output import arrow_schema
+
+        schema = arrow_schema(self.schema_json)
+        for out in self.task.run(batches, context):
+            for batch in out.to_batches() if isinstance(out, pa.Table) else [out]:
+                yield pa.RecordBatch.from_arrays(
+                    [*batch.columns, pa.nulls(batch.num_rows, _STRUCT)],
+                    schema=schema,
+                )
+        record = context.metrics
+        if record is not None:  # None: the task committed nothing
+            row = pa.array([{n: record.get(n) for n, _ in _FIELDS}], type=_STRUCT)
+            nulls = [pa.nulls(1, f.type) for f in schema][:-1]
+            yield pa.RecordBatch.from_arrays([*nulls, row], schema=schema)
+
+
+def metrics_enabled(spark: Any) -> bool:
+    """Whether operators built now observe their tasks' metrics (:data:`METRICS_CONF`)."""
+    value = spark.conf.get(METRICS_CONF, "false")
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def with_state_metrics(
+    df: Any,
+    task: ContextTask,
+    out_schema: Any,
+    name: str,
+    outer: Callable[[ContextTask], Any] = SparkTask,
+) -> Any:
+    """``df.mapInArrow(outer(task), out_schema)``; with :data:`METRICS_CONF` on, the
+    tasks' metrics are also observed as ``sessionstore.<name>`` (see the module
+    doc), and the output has ``out_schema``'s columns, all nullable (the metrics
+    rows travel in the same batches). ``task`` runs one state partition; ``outer``
+    makes the ``mapInArrow`` function of a Spark task from it: by default
+    :class:`~spark_integration.execution.runtime.SparkTask` (a Spark task per state
+    partition), else one around several (:mod:`spark_integration.planning.placement`)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if not metrics_enabled(df.sparkSession):
+        return df.mapInArrow(outer(task), out_schema)
+
+    fields = [T.StructField(f.name, f.dataType, True) for f in out_schema.fields]
+    schema = T.StructType([*fields, T.StructField(METRICS_COLUMN, _spark_struct(), True)])
+    m = F.col(METRICS_COLUMN)
+    aggregates = [
+        F.count(m).alias("partitions"),
+        F.max(m["batch"]).alias("batch"),
+        F.sum(m["rows_total"]).alias("rows_total"),
+        F.sum(m["rows_updated"]).alias("rows_updated"),
+        F.sum(m["rows_removed"]).alias("rows_removed"),
+        F.sum(m["late_dropped"]).alias("late_dropped"),
+        F.sum(m["emitted"]).alias("emitted"),
+        F.max(m["load_ms"]).alias("load_ms_max"),
+        *[F.count_if(m["load_kind"] == kind).alias(f"loads_{kind}") for kind in LOAD_KINDS],
+        F.percentile_approx(m["commit_ms"], 0.5).alias("commit_ms_p50"),
+        F.max(m["commit_ms"]).alias("commit_ms_max"),
+        F.sum(m["uploaded_bytes"]).alias("uploaded_bytes"),
+        F.max(m["snapshot_lag"]).alias("snapshot_lag_max"),
+        F.max(m["memory_bytes"]).alias("memory_bytes_max"),
+        F.sum(m["repaired"]).alias("repaired"),
+    ]
+    wrapped = _WithMetrics(task, schema.json())
+    return (
+        df.mapInArrow(outer(wrapped), schema)
+        .observe(f"{OBSERVATION_PREFIX}{name}", *aggregates)
+        .where(m.isNull())
+        .drop(METRICS_COLUMN)
+    )
+
+
+def format_line(name: str, metrics: dict[str, Any]) -> str:
+    """One line for an operator's metrics of a micro-batch: a ``sessionstore stats``
+    row (:func:`~sessionstore.checkpoint.records.metrics.summarize_batch`) or an observed
+    metrics row (its ``loads_<kind>`` counts)."""
+    loads = metrics.get("loads")
+    if loads is None:
+        loads = {k: metrics.get(f"loads_{k}") for k in LOAD_KINDS}
+    loads_text = " ".join(f"{k}:{loads[k]}" for k in LOAD_KINDS if loads.get(k))
+
+    def ms(value: Any) -> str:
+        return "-" if value is None else f"{value:.1f}ms"
+
+    return (
+        f"sessionstore {name} batch {metrics.get('batch')}: {metrics.get('partitions')} "
+        f"partitions, {metrics.get('rows_total') or 0:,} rows (+{metrics.get('rows_updated') or 0:,}"
+        f" -{metrics.get('rows_removed') or 0:,}), emitted {metrics.get('emitted') or 0:,}, "
+        f"late {metrics.get('late_dropped') or 0:,}, load max {ms(metrics.get('load_ms_max'))} "
+        f"({loads_text or '-'}), commit p50 {ms(metrics.get('commit_ms_p50'))} max "
+        f"{ms(metrics.get('commit_ms_max'))}, uploaded {metrics.get('uploaded_bytes') or 0:,} B, "
+        f"snapshot lag {metrics.get('snapshot_lag_max')}, native memory "
+        f"{(metrics.get('memory_bytes_max') or 0) / 2**20:.1f} MiB"
+        + (f", REPAIRED {metrics['repaired']}" if metrics.get("repaired") else "")
+    )
+
+
+def batch_lines(run: Any, batch: int, observed: dict[str, Any] | None = None) -> list[str]:
+    """The lines of micro-batch ``batch`` of query run ``run``: one per operator,
+    from the records its tasks reported to this driver's coordinator, else from
+    ``observed`` (the progress's observed metrics, when :data:`METRICS_CONF` is on)."""
+    from spark_integration.coordinator.server import driver_coordinator
+
+    lines: dict[str, str] = {}
+    coordinator = driver_coordinator()
+    if coordinator is not None:
+        for name, records in coordinator.batch_metrics(run, batch).items():
+            lines[name] = format_line(name, summarize_batch(name, batch, records))
+    for key, row in (observed or {}).items():
+        name = key[len(OBSERVATION_PREFIX) :]
+        if key.startswith(OBSERVATION_PREFIX) and name not in lines:
+            lines[name] = format_line(name, row.asDict() if hasattr(row, "asDict") else row)
+    return [lines[name] for name in sorted(lines)]
+
+
+def _listener_base() -> type:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    return StreamingQueryListener
+
+
+class StateMetricsListener(_listener_base()):  # type: ignore[misc]
+    """Prints one line per sessionstore operator and finished micro-batch (from the
+    query's observed metrics) to ``out`` (default: stderr)."""
+
+    def __init__(self, out: Callable[[str], None] | None = None) -> None:
+        self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 (Spark's names)
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        progress = event.progress
+        run = None if progress.runId is None else str(progress.runId)
+        for line in batch_lines(run, progress.batchId, progress.observedMetrics):
+            self._out(line)
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        pass
+
+
+def log_state_metrics(spark: Any, out: Callable[[str], None] | None = None) -> Any:
+    """Register a :class:`StateMetricsListener` on ``spark`` and return it (remove it
+    with ``spark.streams.removeListener``): one line per sessionstore operator and
+    micro-batch, from the records the tasks reported to the driver's coordinator.
+    Call it before or after building the operators. Where there is no coordinator
+    (it is turned off, or Spark Connect), it turns on :data:`METRICS_CONF` for the
+    operators built after this call and prints their observed metrics instead."""
+    from spark_integration.coordinator.server import ENABLED_CONF
+
+    off = str(spark.conf.get(ENABLED_CONF, "true")).strip().lower() in ("false", "0", "no")
+    if off or not can_coordinate(spark):
+        spark.conf.set(METRICS_CONF, "true")
+    listener = StateMetricsListener(out)
+    spark.streams.addListener(listener)
+    return listener

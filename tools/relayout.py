@@ -1,0 +1,90 @@
+"""Rewrite module paths moved by the re-layout (tools/relayout_map.txt) in files.
+
+Usage: python tools/relayout.py FILE...   (rewrites in place, prints what changed)
+
+Not shipped: a tool for merging branches written against the old module paths.
+Dotted names (``a.b.c``, in imports, ``mock.patch`` strings, ``-m`` entry points)
+and slashed paths (``a/b/c.py``, in docs) are rewritten; a name is matched whole,
+so ``checkpoint.change`` never rewrites ``checkpoint.changelog``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+
+MAP = pathlib.Path(__file__).with_name("relayout_map.txt")
+
+
+def moves() -> list[tuple[str, str]]:
+    pairs = []
+    for line in MAP.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            old, new = (part.strip() for part in line.split("->"))
+            pairs.append((old, new))
+    return pairs
+
+
+def _patterns() -> list[tuple[re.Pattern[str], str]]:
+    out = []
+    for old, new in moves():
+        out.append((re.compile(rf"(?<![\w.]){re.escape(old)}(?![\w])"), new))
+        old_path, new_path = old.replace(".", "/"), new.replace(".", "/")
+        out.append((re.compile(rf"(?<![\w]){re.escape(old_path)}(?=\.py\b)"), new_path))
+        # a path named from inside its top package (docs: "checkpoint/commit.py")
+        old_tail, new_tail = old_path.split("/", 1)[1], new_path.split("/", 1)[1]
+        if old_tail.startswith(("checkpoint/", "planning/", "driver/", "dev/")):
+            out.append((re.compile(rf"(?<![\w/]){re.escape(old_tail)}(?=\.py\b)"), new_tail))
+    return out
+
+
+_FROM = re.compile(r"^(\s*)from ([\w.]+) import ([\w, ]+?)\s*$")
+
+
+def _from_line(line: str, table: dict[str, str]) -> str:
+    """``from package import module`` where the module moved: one line per moved
+    module, its old name kept as the local name."""
+    match = _FROM.match(line)
+    if match is None:
+        return line
+    indent, package, names = match.groups()
+    kept, moved = [], []
+    for item in (n.strip() for n in names.split(",") if n.strip()):
+        name, _, alias = (part.strip() for part in item.partition(" as "))
+        new = table.get(f"{package}.{name}")
+        if new is None:
+            kept.append(item)
+            continue
+        parent, leaf = new.rsplit(".", 1)
+        local = alias or name
+        moved.append(
+            f"{indent}from {parent} import {leaf}" + (f" as {local}" if local != leaf else "")
+        )
+    if not moved:
+        return line
+    if kept:
+        moved.insert(0, f"{indent}from {package} import {', '.join(kept)}")
+    return "\n".join(moved)
+
+
+def rewrite(text: str) -> str:
+    table = dict(moves())
+    text = "\n".join(_from_line(line, table) for line in text.split("\n"))
+    for pattern, new in _patterns():
+        text = pattern.sub(new, text)
+    return text
+
+
+def main(paths: list[str]) -> None:
+    for name in paths:
+        path = pathlib.Path(name)
+        text = path.read_text()
+        new = rewrite(text)
+        if new != text:
+            path.write_text(new)
+            print("rewrote", name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
