@@ -42,7 +42,7 @@ def make_input(events: int, keys: int, batches: int, partitions: int, values: bo
     ``TS`` in ms, and the value columns), in the benchmark's stream."""
     import pyarrow as pa
 
-    from spark_integration.planning.resolve import TS
+    from spark_integration.conf.names import TS
 
     rng = np.random.default_rng(5)
     names = zipf_users(rng, events, keys)

@@ -1,6 +1,7 @@
 """Rewrite module paths moved by the re-layout (tools/relayout_map.txt) in files.
 
 Usage: python tools/relayout.py FILE...   (rewrites in place, prints what changed)
+then ``ruff check --fix --select I`` to sort the imports it wrote.
 
 Not shipped: a tool for merging branches written against the old module paths.
 Dotted names (``a.b.c``, in imports, ``mock.patch`` strings, ``-m`` entry points)
@@ -10,6 +11,7 @@ so ``checkpoint.change`` never rewrites ``checkpoint.changelog``.
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 import sys
@@ -17,13 +19,57 @@ import sys
 MAP = pathlib.Path(__file__).with_name("relayout_map.txt")
 
 
-def moves() -> list[tuple[str, str]]:
+def _lines() -> list[tuple[str, str]]:
     pairs = []
     for line in MAP.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             old, new = (part.strip() for part in line.split("->"))
             pairs.append((old, new))
     return pairs
+
+
+def moves() -> list[tuple[str, str]]:
+    """Whole modules: ``old.module -> new.module``."""
+    return [(old, new) for old, new in _lines() if ":" not in old]
+
+
+def symbol_moves() -> dict[tuple[str, str], str]:
+    """Names moved to another module: ``old.module:Name -> new.module`` (the module
+    path after the module moves)."""
+    out = {}
+    for old, new in _lines():
+        if ":" in old:
+            module, name = old.split(":")
+            out[(module, name)] = new
+    return out
+
+
+def _symbols(text: str) -> str:
+    """``from old import A, Name`` where Name moved: ``from old import A`` and
+    ``from new import Name`` (ruff's isort puts them in order)."""
+    table = symbol_moves()
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    lines = text.split("\n")
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0]
+    for node in sorted(nodes, key=lambda n: -n.lineno):
+        kept, moved = [], {}
+        for alias in node.names:
+            new = table.get((node.module, alias.name))
+            text_of = alias.name + (f" as {alias.asname}" if alias.asname else "")
+            if new is None:
+                kept.append(text_of)
+            else:
+                moved.setdefault(new, []).append(text_of)
+        if not moved:
+            continue
+        indent = " " * node.col_offset
+        out = [f"{indent}from {node.module} import {', '.join(kept)}"] if kept else []
+        out += [f"{indent}from {new} import {', '.join(names)}" for new, names in moved.items()]
+        lines[node.lineno - 1 : node.end_lineno] = out
+    return "\n".join(lines)
 
 
 def _patterns() -> list[tuple[re.Pattern[str], str]]:
@@ -68,19 +114,19 @@ def _from_line(line: str, table: dict[str, str]) -> str:
     return "\n".join(moved)
 
 
-def rewrite(text: str) -> str:
+def rewrite(text: str, python: bool = True) -> str:
     table = dict(moves())
     text = "\n".join(_from_line(line, table) for line in text.split("\n"))
     for pattern, new in _patterns():
         text = pattern.sub(new, text)
-    return text
+    return _symbols(text) if python else text
 
 
 def main(paths: list[str]) -> None:
     for name in paths:
         path = pathlib.Path(name)
         text = path.read_text()
-        new = rewrite(text)
+        new = rewrite(text, python=path.suffix == ".py")
         if new != text:
             path.write_text(new)
             print("rewrote", name)

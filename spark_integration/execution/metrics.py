@@ -14,7 +14,7 @@ object-store requests per batch, so the record travels another way:
   per operator. No object-store request, no extra row, no Spark job: the cost per
   task is one small message (none extra for event-time operators, which report
   anyway; BENCHMARKS.md, "State metrics").
-* **Observed metrics (opt-in, :data:`METRICS_CONF`).** For
+* **Observed metrics (opt-in, :data:`~spark_integration.conf.names.METRICS_CONF`).** For
   ``query.lastProgress["observedMetrics"]`` too, the task yields one more row
   whose hidden column ``__ss_metrics`` holds the record; the operator's DataFrame
   aggregates it with ``df.observe("sessionstore.<name>", ...)`` and filters those
@@ -33,13 +33,11 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.checkpoint.records.metrics import LOAD_KINDS, summarize_batch
+from spark_integration.conf.names import METRICS_COLUMN, METRICS_CONF, OBSERVATION_PREFIX
 from spark_integration.conf.spark_session import can_coordinate
 from spark_integration.execution.runtime import ContextTask, SparkTask, TaskContext
 
 __all__ = [
-    "METRICS_COLUMN",
-    "METRICS_CONF",
-    "OBSERVATION_PREFIX",
     "StateMetricsListener",
     "log_state_metrics",
     "format_line",
@@ -47,16 +45,6 @@ __all__ = [
     "with_state_metrics",
 ]
 
-#: The hidden column of an operator's metrics rows.
-METRICS_COLUMN = "__ss_metrics"
-#: Observed metrics of an operator are named this followed by the operator's name.
-OBSERVATION_PREFIX = "sessionstore."
-#: The Spark conf key that adds the operators' metrics to Spark's observed metrics
-#: (``query.lastProgress["observedMetrics"]``) for operators built after it is set.
-#: Off by default: the metrics rows and ``observe`` cost the JVM work on every
-#: output row (BENCHMARKS.md, "State metrics"); :func:`log_state_metrics` needs it
-#: only where there is no coordinator.
-METRICS_CONF = "spark.sessionstore.metrics.enabled"
 
 #: The task record's fields as they travel (Spark DDL types).
 _FIELDS = [
@@ -110,7 +98,7 @@ class _WithMetrics:
 
 
 def metrics_enabled(spark: Any) -> bool:
-    """Whether operators built now observe their tasks' metrics (:data:`METRICS_CONF`)."""
+    """Whether operators built now observe their tasks' metrics (:data:`~spark_integration.conf.names.METRICS_CONF`)."""
     value = spark.conf.get(METRICS_CONF, "false")
     return str(value).strip().lower() in ("true", "1", "yes")
 
@@ -122,7 +110,7 @@ def with_state_metrics(
     name: str,
     outer: Callable[[ContextTask], Any] = SparkTask,
 ) -> Any:
-    """``df.mapInArrow(outer(task), out_schema)``; with :data:`METRICS_CONF` on, the
+    """``df.mapInArrow(outer(task), out_schema)``; with :data:`~spark_integration.conf.names.METRICS_CONF` on, the
     tasks' metrics are also observed as ``sessionstore.<name>`` (see the module
     doc), and the output has ``out_schema``'s columns, all nullable (the metrics
     rows travel in the same batches). ``task`` runs one state partition; ``outer``
@@ -192,7 +180,7 @@ def format_line(name: str, metrics: dict[str, Any]) -> str:
 def batch_lines(run: Any, batch: int, observed: dict[str, Any] | None = None) -> list[str]:
     """The lines of micro-batch ``batch`` of query run ``run``: one per operator,
     from the records its tasks reported to this driver's coordinator, else from
-    ``observed`` (the progress's observed metrics, when :data:`METRICS_CONF` is on)."""
+    ``observed`` (the progress's observed metrics, when :data:`~spark_integration.conf.names.METRICS_CONF` is on)."""
     from spark_integration.coordinator.server import driver_coordinator
 
     lines: dict[str, str] = {}
@@ -241,7 +229,7 @@ def log_state_metrics(spark: Any, out: Callable[[str], None] | None = None) -> A
     with ``spark.streams.removeListener``): one line per sessionstore operator and
     micro-batch, from the records the tasks reported to the driver's coordinator.
     Call it before or after building the operators. Where there is no coordinator
-    (it is turned off, or Spark Connect), it turns on :data:`METRICS_CONF` for the
+    (it is turned off, or Spark Connect), it turns on :data:`~spark_integration.conf.names.METRICS_CONF` for the
     operators built after this call and prints their observed metrics instead."""
     from spark_integration.coordinator.server import ENABLED_CONF
 

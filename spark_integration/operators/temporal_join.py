@@ -30,6 +30,7 @@ from sessionstore.operators.temporal_join import TemporalJoin
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
+from spark_integration.conf.names import SIDE, TS
 from spark_integration.coordinator.server import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.runtime import (
@@ -41,8 +42,6 @@ from spark_integration.execution.runtime import (
 )
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
-    SIDE,
-    TS,
     checked_fields,
     key_types,
     operator_coordinator,

@@ -22,6 +22,7 @@ from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
+from spark_integration.conf.names import SIDE, TS
 from spark_integration.coordinator.server import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.runtime import (
@@ -33,8 +34,6 @@ from spark_integration.execution.runtime import (
 )
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
-    SIDE,
-    TS,
     checked_fields,
     key_types,
     operator_coordinator,

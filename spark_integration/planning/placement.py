@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_integration.conf.backend import CONF_PREFIX
+from spark_integration.conf.names import SHARD
 from spark_integration.conf.spark_session import default_parallelism
 from spark_integration.execution.metrics import with_state_metrics
 from spark_integration.execution.runtime import (
@@ -52,12 +53,10 @@ from spark_integration.execution.runtime import (
 from spark_integration.execution.state_server import served
 from spark_integration.planning.resolve import PARTITIONS_PER_CORE
 
-__all__ = ["TASKS_CONF", "SHARD", "ShardedTask", "state_map", "task_count"]
+__all__ = ["TASKS_CONF", "ShardedTask", "state_map", "task_count"]
 
 #: Spark conf key: Spark tasks per micro-batch of an operator (see the module doc).
 TASKS_CONF = CONF_PREFIX + "tasks"
-#: The column that carries each row's state partition to its Spark task.
-SHARD = "__ss_partition"
 
 
 def task_count(spark: Any, partitions: int) -> int:
@@ -115,7 +114,7 @@ def state_map(
 
 
 def _split(batches: Iterator[pa.RecordBatch]) -> dict[int, list[pa.RecordBatch]]:
-    """The rows of each state partition, without the :data:`SHARD` column."""
+    """The rows of each state partition, without the :data:`~spark_integration.conf.names.SHARD` column."""
     inputs = [b for b in batches if b.num_rows]
     if not inputs:
         return {}

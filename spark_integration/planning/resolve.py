@@ -6,7 +6,8 @@ milliseconds, the grace period defaults to the watermark delay, two inputs are
 unioned into one tagged input (:func:`tagged_union`), the backend comes from the
 session's conf when not given, and the partition count from the operator's
 checkpoint or the cluster's cores (:func:`partition_count`). Tasks read the columns
-named here (:data:`SIDE`, :data:`TS`). An event-time operator is registered with
+named here (:data:`~spark_integration.conf.names.SIDE`,
+:data:`~spark_integration.conf.names.TS`). An event-time operator is registered with
 the driver's coordinator (:func:`operator_coordinator`).
 """
 
@@ -21,6 +22,7 @@ from sessionstore.checkpoint.partition.provider import check_partition_count, re
 from sessionstore.checkpoint.storage.first_contact import reach
 from spark_integration.conf.backend import CONF_PREFIX, StateBackend
 from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
+from spark_integration.conf.names import SIDE, TS
 from spark_integration.conf.spark_session import conf_value, default_parallelism
 
 __all__ = [
@@ -36,12 +38,7 @@ __all__ = [
     "watermark_delay_ms",
     "tagged_union",
     "key_types",
-    "SIDE",
-    "TS",
 ]
-
-#: Columns of a tagged union: which input a row came from, and its event time.
-SIDE, TS = "__ss_side", "__ss_ts"
 
 #: The Spark conf key that sets the partition count of operators whose checkpoint
 #: does not exist yet and that get no ``num_partitions``.

@@ -43,10 +43,10 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
     from sessionstore import StateStoreProvider, StoreSpec
     from sessionstore.operators import SessionWindowAggregator, SessionWindows
     from sessionstore.operators.arrow_io import columns_of
+    from spark_integration.conf.names import TS
     from spark_integration.execution.output import OperatorOutput
     from spark_integration.execution.runtime import TaskInfo, run_aggregator
     from spark_integration.planning.aggregation_specs import parse_aggregations
-    from spark_integration.planning.resolve import TS
 
     aggregation, value_cols, plan = parse_aggregations(
         {"n": "count", "lo": ("min", "amount"), "hi": ("max", "amount"), "exit": ("last", "page")},

@@ -337,7 +337,8 @@ def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
 
     from pyspark import cloudpickle
 
-    from spark_integration.planning.placement import SHARD, ShardedTask
+    from spark_integration.conf.names import SHARD
+    from spark_integration.planning.placement import ShardedTask
 
     _, servers = daemon
     calls = []

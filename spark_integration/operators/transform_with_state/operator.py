@@ -17,6 +17,7 @@ from typing import Any
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.operators.processors import ProcessorHandle, normalise_time_mode
 from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.names import TS
 from spark_integration.operators.transform_with_state.frames import pandas_conf
 from spark_integration.operators.transform_with_state.initial_state import (
     initial_state_token,
@@ -25,7 +26,6 @@ from spark_integration.operators.transform_with_state.initial_state import (
 from spark_integration.operators.transform_with_state.task import NOW, ProcessorTask
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
-    TS,
     WATERMARK_DELAY_KEY,
     checked_fields,
     key_types,

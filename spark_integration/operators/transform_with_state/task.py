@@ -43,6 +43,7 @@ from sessionstore.operators.processors import (
 )
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.names import TS
 from spark_integration.coordinator.server import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema
 from spark_integration.execution.runtime import TaskContext, state_and_inputs
@@ -55,7 +56,6 @@ from spark_integration.operators.transform_with_state.frames import (
 from spark_integration.operators.transform_with_state.grouping import grouped_rows
 from spark_integration.operators.transform_with_state.initial_state import read_initial_state
 from spark_integration.operators.transform_with_state.rows import row_maker, row_slices, rows_output
-from spark_integration.planning.resolve import TS
 
 __all__ = ["ProcessorTask", "NOW", "STORE"]
 
