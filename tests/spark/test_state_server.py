@@ -338,7 +338,7 @@ def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
     from pyspark import cloudpickle
 
     from spark_integration.conf.names import SHARD
-    from spark_integration.planning.placement import ShardedTask
+    from spark_integration.execution.sharding import ShardedTask
 
     _, servers = daemon
     calls = []
