@@ -1,7 +1,7 @@
 """Spark glue for sessionstore: everything that imports pyspark lives here."""
 
 from spark_integration.conf.backend import StateBackend
-from spark_integration.execution.metrics import StateMetricsListener, log_state_metrics
+from spark_integration.coordinator.metrics_listener import StateMetricsListener, log_state_metrics
 from spark_integration.operators.repartition import repartition_state
 from spark_integration.operators.sessionize import SessionAggregation, sessionize
 from spark_integration.operators.temporal_join import temporal_join

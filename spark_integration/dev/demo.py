@@ -117,7 +117,7 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
     """Run the demo queries on ``spark`` (``interval`` seconds between micro-batches);
     print and return ``(emitted sessions, sessions in state per partition, clicks
     joined with their plan, seconds the micro-batches took)``."""
-    from spark_integration.execution.metrics import log_state_metrics
+    from spark_integration.coordinator.metrics_listener import log_state_metrics
 
     shutil.rmtree(out_dir, ignore_errors=True)
     staging, source = os.path.join(out_dir, "staging"), os.path.join(out_dir, "clicks")

@@ -14,8 +14,9 @@ from sessionstore.checkpoint.records.metrics import LOAD_KINDS, summarize_batch
 from sessionstore.tools.reader import CheckpointSource
 from spark_integration import StateBackend, sessionize
 from spark_integration.conf.names import METRICS_CONF
+from spark_integration.coordinator.metrics_listener import format_line, log_state_metrics
 from spark_integration.coordinator.server import driver_coordinator
-from spark_integration.execution.metrics import format_line, log_state_metrics, with_state_metrics
+from spark_integration.execution.metrics import with_state_metrics
 from tests.spark.streams import json_source, without_due_batches, write_json
 
 pytestmark = pytest.mark.slow
