@@ -96,7 +96,8 @@ def main() -> None:
     # the default in-job path: the record rides in the report every task of an
     # event-time operator sends the driver's coordinator anyway (a round trip on
     # 127.0.0.1 here); what the metrics add is the difference
-    from spark_integration.coordinator.server import Coordinator, report
+    from spark_integration.coordinator.client import report
+    from spark_integration.coordinator.server import Coordinator
 
     coordinator = Coordinator("127.0.0.1", 0)
     try:

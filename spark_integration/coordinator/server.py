@@ -26,6 +26,9 @@ equals it:
   the driver; a firewall) reads the durable records itself (the same answer, at
   the cost of P requests per task) and stops trying for :data:`RETRY_AFTER_S`.
 
+The task side is :mod:`spark_integration.coordinator.client`, the signed wire
+between them :mod:`spark_integration.coordinator.protocol`.
+
 It is also the arbiter between attempts of one batch on an object store
 (:func:`claim`, :mod:`sessionstore.checkpoint.partition.lineage`): before it uploads its
 changelog, a task claims (partition, version) with its commit id; the first claim
@@ -41,92 +44,56 @@ of the task, over Spark's own RPC) and never on the coordinator's wire. The serv
 is a :class:`~sessionstore.checkpoint.service.request_server.RequestServer`: one selector
 thread, requests of at most :data:`MAX_REQUEST_BYTES`, short timeouts, at most
 :data:`MAX_CLIENTS` connections.
-
-Wire format (docs/security.md, "Coordinator"). A request is
-``length u32 ‖ msgpack [key id, body, mac]``:
-
-* ``key id``: 16 hex digits of SHA-256 of the operator's token (names the key,
-  reveals nothing of it);
-* ``body``: msgpack map of the request (``op``, ``run``, ``batch``, ...) with
-  ``ts`` (the sender's Unix time in ms) and ``nonce`` (16 random bytes);
-* ``mac``: HMAC-SHA256 of ``body`` keyed by the token.
-
-The coordinator drops, unanswered, a request whose mac is wrong, whose ``ts`` is
-more than :data:`MAX_CLOCK_SKEW_S` from its clock, or whose nonce it has seen (it
-remembers nonces as long as their timestamps are acceptable, at most
-:data:`MAX_NONCES`; when it forgets one early, no request as old is taken any
-more). A reply is ``length u32 ‖ msgpack [body, mac]`` with the mac over
-``b"reply" ‖ request nonce ‖ body``, so a task takes only the answer to its own
-request from the coordinator that holds the token. A report whose fields are out
-of range, or whose metrics record has unknown fields or is larger than
-:data:`MAX_METRICS_BYTES`, is dropped, and each kind of refusal is logged once.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import hmac
 import logging
 import os
 import secrets
 import socket
-import struct
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from sessionstore.checkpoint.partition.lineage import CommitArbiter
 from sessionstore.checkpoint.records.event_time import durable_event_time, max_event_time
 from sessionstore.checkpoint.records.metrics import TASK_FIELDS
 from sessionstore.checkpoint.service.request_server import NO_REPLY, RequestServer
 from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
-from sessionstore.errors import SessionStoreError
 from spark_integration.conf.spark_session import can_coordinate
+from spark_integration.coordinator.protocol import (
+    ANSWER_TIMEOUT_S,
+    MAX_REQUEST_BYTES,
+    NONCE_BYTES,
+    CoordinatorAddress,
+    key_id,
+    mac_of,
+    parse_frame,
+    signed_reply,
+)
 
-__all__ = [
-    "CoordinatorAddress",
-    "Coordinator",
-    "coordinator_for",
-    "driver_coordinator",
-    "report",
-    "ask",
-    "claim",
-    "commit_arbiter",
-    "shared_event_time",
-    "CoordinatorReadError",
-    "ENABLED_CONF",
-    "PORT_CONF",
-]
+__all__ = ["Coordinator", "coordinator_for", "driver_coordinator", "ENABLED_CONF", "PORT_CONF"]
 
 log = logging.getLogger(__name__)
+
 
 #: Spark conf: ``false`` turns the coordinator off (every task then reads the
 #: durable records itself, P reads per task).
 ENABLED_CONF = "spark.sessionstore.coordinator.enabled"
 #: Spark conf: the driver port the coordinator listens on (0, the default: any).
 PORT_CONF = "spark.sessionstore.coordinator.port"
-
-#: The largest request: a token, a few numbers and a task's metrics record.
-MAX_REQUEST_BYTES = 64 * 1024
 #: How long a connected client may take to send its request.
 REQUEST_TIMEOUT_S = 2.0
-#: How long an ask may wait for the durable records (P ranged reads on the driver).
-ANSWER_TIMEOUT_S = 120.0
 #: Connections served at once (the tasks of a micro-batch ask at about the same
 #: time; more wait in the listen backlog).
 MAX_CLIENTS = 256
 #: How often a waiting ask is tried again (a finished read also wakes the server).
 RETRY_S = 0.05
-#: How long a task waits to connect to the coordinator before it reads the durable
-#: records itself; after a failure its worker stops trying for RETRY_AFTER_S.
-CONNECT_TIMEOUT_S = 2.0
-RETRY_AFTER_S = 60.0
 #: Batches (per query run) whose reports, and batches whose durable answers, are
 #: kept per operator; runs kept per operator.
 KEEP_BATCHES = 4
@@ -134,7 +101,6 @@ KEEP_RUNS = 4
 #: Versions whose winning claim is kept per partition (attempts of one batch
 #: overlap; a version older than these is never claimed again by a live query).
 KEEP_CLAIMS = 8
-
 #: How far a request's timestamp may be from the coordinator's clock, in seconds
 #: (executors' clocks differ a little; a captured request is refused after this).
 MAX_CLOCK_SKEW_S = 60.0
@@ -145,100 +111,6 @@ MAX_METRICS_BYTES = 2048
 #: Reported event times and batch ids must lie within +-2^53 and [0, 2^53): an
 #: event time far outside would close every session of the query.
 MAX_INT = 2**53
-_NONCE_BYTES = 16
-
-_LENGTH = struct.Struct(">I")
-
-
-class CoordinatorReadError(SessionStoreError, OSError):
-    """The coordinator could not read the durable event-time records (its message is
-    the driver's error: the retry policy tells a transient one from a permanent
-    one)."""
-
-
-@dataclass(frozen=True)
-class CoordinatorAddress:
-    """Where a task reaches its operator's coordinator, and the operator's token
-    (travels to the tasks pickled with them)."""
-
-    host: str
-    port: int
-    token: str
-
-    def __repr__(self) -> str:  # the token is a secret: never logged
-        return f"CoordinatorAddress({self.host!r}, {self.port})"
-
-
-def _frame(message: Any) -> bytes:
-    body = msgpack.packb(message, use_bin_type=True)
-    return _LENGTH.pack(len(body)) + body
-
-
-@functools.lru_cache(maxsize=256)
-def key_id(token: str) -> str:
-    """The public name of ``token``'s key on the wire (see the module doc)."""
-    return hashlib.sha256(token.encode()).hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=256)
-def _keyed(token: str) -> Any:
-    """An HMAC-SHA256 keyed by ``token`` with nothing fed yet (copied per message:
-    the key's padding is hashed once, not per request)."""
-    return hmac.new(token.encode(), digestmod=hashlib.sha256)
-
-
-def _mac(token: str, *parts: bytes) -> bytes:
-    mac = _keyed(token).copy()
-    for part in parts:
-        mac.update(part)
-    return mac.digest()
-
-
-def signed_request(token: str, message: dict[str, Any]) -> tuple[bytes, bytes]:
-    """``(frame, nonce)``: ``message`` as a signed request (see the module doc)."""
-    nonce = os.urandom(_NONCE_BYTES)
-    body = msgpack.packb(
-        {**message, "ts": int(time.time() * 1000), "nonce": nonce}, use_bin_type=True
-    )
-    return _frame([key_id(token), body, _mac(token, body)]), nonce
-
-
-def _signed_reply(token: str, nonce: bytes, message: dict[str, Any]) -> bytes:
-    body = msgpack.packb(message, use_bin_type=True)
-    return _frame([body, _mac(token, b"reply", nonce, body)])
-
-
-def _reply_of(token: str, nonce: bytes, data: bytes) -> dict[str, Any] | None:
-    """The reply in ``data`` (a whole frame) if the coordinator holding ``token``
-    signed it for the request ``nonce``; None otherwise."""
-    try:
-        body, mac = msgpack.unpackb(data[_LENGTH.size :], raw=False)
-        if not hmac.compare_digest(_mac(token, b"reply", nonce, body), mac):
-            return None
-        reply = msgpack.unpackb(body, raw=False)
-    except Exception:
-        return None
-    return reply if isinstance(reply, dict) else None
-
-
-def _parse(buffer: bytearray) -> Any:
-    """A whole request from ``buffer`` (None until it has arrived): the decoded
-    msgpack value, checked by the coordinator; ``ValueError`` for bytes that are
-    not one."""
-    if len(buffer) < _LENGTH.size:
-        return None
-    (length,) = _LENGTH.unpack_from(buffer)
-    if length > MAX_REQUEST_BYTES - _LENGTH.size:
-        raise ValueError(f"a request of {length} bytes")
-    if len(buffer) < _LENGTH.size + length:
-        return None
-    if len(buffer) > _LENGTH.size + length:
-        raise ValueError("bytes after the request")
-    try:
-        request = msgpack.unpackb(bytes(buffer[_LENGTH.size :]), raw=False)
-    except Exception as exc:
-        raise ValueError(f"not msgpack: {exc}") from None
-    return request
 
 
 def _metrics_problem(metrics: Any) -> str | None:
@@ -456,7 +328,7 @@ class Coordinator:
         of the module doc (mac, time, nonce), as ``(token, operator, nonce, body
         map)``; ``ValueError`` (dropped) otherwise. Runs once per request: a request
         whose answer waits is asked again without being verified again."""
-        frame = _parse(buffer)
+        frame = parse_frame(buffer)
         if frame is None:
             return None
         if not (
@@ -468,7 +340,7 @@ class Coordinator:
         if known is None:
             self._refuse("unknown key")
         token, state = known
-        if not hmac.compare_digest(_mac(token, frame[1]), frame[2]):
+        if not hmac.compare_digest(mac_of(token, frame[1]), frame[2]):
             self._refuse("wrong mac")
         try:
             body = msgpack.unpackb(frame[1], raw=False)
@@ -477,7 +349,7 @@ class Coordinator:
         if not isinstance(body, dict):
             self._refuse("malformed body")
         ts, nonce = body.get("ts"), body.get("nonce")
-        if type(ts) is not int or not isinstance(nonce, bytes) or len(nonce) != _NONCE_BYTES:
+        if type(ts) is not int or not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
             self._refuse("malformed body")
         now = time.time()
         if abs(now * 1000 - ts) > MAX_CLOCK_SKEW_S * 1000 or ts <= self._floor_ms:
@@ -514,14 +386,14 @@ class Coordinator:
                     self._refuse("invalid report", problem)
                 state.add_report(run, batch, body["partition"], body.get("event_time"),
                                  body.get("metrics"))  # fmt: skip
-                return _signed_reply(token, nonce, {"ok": True})
+                return signed_reply(token, nonce, {"ok": True})
             if body.get("op") == "claim":
                 problem = _claim_problem(body, state.num_partitions)
                 if problem is not None:
                     self._refuse("invalid claim", problem)
                 winner = state.claim(body["partition"], body["version"], body["commit"],
                                      body.get("parent"), body.get("supersede"))  # fmt: skip
-                return _signed_reply(token, nonce, {"winner": winner})
+                return signed_reply(token, nonce, {"winner": winner})
             if body.get("op") != "ask":
                 self._refuse("malformed request", f"op {str(body.get('op'))[:20]!r}")
         except ValueError:
@@ -529,8 +401,8 @@ class Coordinator:
         try:
             answer = state.answer(run, batch, self._pool, self._server.wake)
         except Exception as exc:  # the task reads the records itself, and fails there
-            return _signed_reply(token, nonce, {"error": f"{type(exc).__name__}: {exc}"})
-        return None if answer is None else _signed_reply(token, nonce, {"event_time": answer[0]})
+            return signed_reply(token, nonce, {"error": f"{type(exc).__name__}: {exc}"})
+        return None if answer is None else signed_reply(token, nonce, {"event_time": answer[0]})
 
 
 _coordinator: tuple[int, Coordinator] | None = None
@@ -603,138 +475,3 @@ def coordinator_for(
 def driver_coordinator() -> Coordinator | None:
     """This driver's coordinator, if one was started (tests, metrics)."""
     return _coordinator[1] if _coordinator and _coordinator[0] == os.getpid() else None
-
-
-# ------------------------------------------------------------------ task side
-_unreachable_until: dict[tuple[str, int], float] = {}
-
-
-def _request(address: CoordinatorAddress, message: dict[str, Any]) -> dict[str, Any] | None:
-    """One request and its reply; None if the coordinator cannot be reached (then
-    the worker stops trying for :data:`RETRY_AFTER_S`) or drops the request."""
-    where = (address.host, address.port)
-    if time.monotonic() < _unreachable_until.get(where, 0.0):
-        return None
-    try:
-        with socket.create_connection(where, timeout=CONNECT_TIMEOUT_S) as conn:
-            conn.settimeout(ANSWER_TIMEOUT_S)
-            request, nonce = signed_request(address.token, message)
-            conn.sendall(request)
-            data = b""
-            while (
-                len(data) < _LENGTH.size or len(data) < _LENGTH.size + _LENGTH.unpack_from(data)[0]
-            ):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return None  # dropped: a wrong token, or the coordinator is gone
-                data += chunk
-                if len(data) > MAX_REQUEST_BYTES:
-                    return None  # not a reply of ours: replies are small
-    except OSError as exc:
-        _unreachable_until[where] = time.monotonic() + RETRY_AFTER_S
-        log.warning(
-            "sessionstore: the event-time coordinator at %s:%d is unreachable (%s); "
-            "tasks of this worker read event time from object storage for %.0f s",
-            address.host, address.port, exc, RETRY_AFTER_S,
-        )  # fmt: skip
-        return None
-    return _reply_of(address.token, nonce, data)
-
-
-def report(
-    address: CoordinatorAddress,
-    run: str | None,
-    batch: int,
-    partition: int,
-    event_time: int | None,
-    metrics: dict[str, Any] | None = None,
-) -> bool:
-    """Tell the coordinator ``partition``'s event time after ``batch`` (call only
-    once the commit that recorded it is durable), with the task's metrics record.
-    True if it took the report."""
-    message = {
-        "op": "report", "run": run, "batch": batch, "partition": partition,
-        "event_time": event_time, "metrics": metrics,
-    }  # fmt: skip
-    reply = _request(address, message)
-    return bool(reply and reply.get("ok"))
-
-
-def claim(
-    address: CoordinatorAddress,
-    run: str | None,
-    partition: int,
-    version: int,
-    commit: str,
-    parent: str | None,
-    supersede: str | None = None,
-) -> str | None:
-    """Claim ``version`` of ``partition`` for commit ``commit`` (built on
-    ``parent``): the winning commit's id, or None when the coordinator did not
-    answer (the caller then looks before it writes)."""
-    message = {
-        "op": "claim", "run": run, "batch": version - 1, "partition": partition,
-        "version": version, "commit": commit, "parent": parent, "supersede": supersede,
-    }  # fmt: skip
-    reply = _request(address, message)
-    winner = reply.get("winner") if reply else None
-    return winner if isinstance(winner, str) else None
-
-
-def commit_arbiter(address: CoordinatorAddress, run: str | None, partition: int) -> CommitArbiter:
-    """The :data:`~sessionstore.checkpoint.partition.lineage.CommitArbiter` of one task's
-    partition: its claims go to the coordinator at ``address``."""
-
-    def arbiter(version: int, commit: str, parent: str | None, supersede: str | None) -> str | None:
-        return claim(address, run, partition, version, commit, parent, supersede)
-
-    return arbiter
-
-
-#: Answers this process was given, by (coordinator, run, batch): an answer is final
-#: (the event time after a committed batch never changes), and a Spark task that
-#: runs several partitions (spark_integration.planning.placement) asks once for all of them.
-_answers: OrderedDict[tuple[Any, ...], int | None] = OrderedDict()
-_ANSWERS_KEPT = 64
-
-
-def ask(address: CoordinatorAddress, run: str | None, batch: int) -> tuple[bool, int | None]:
-    """``(answered, event time)``: the operator's event time after ``batch``, or
-    ``(False, None)`` when the coordinator did not answer. A coordinator whose read
-    of the durable records failed answers so: :class:`CoordinatorReadError`."""
-    key = (address.host, address.port, address.token, run, batch)
-    if key in _answers:
-        return True, _answers[key]
-    reply = _request(address, {"op": "ask", "run": run, "batch": batch})
-    if reply is not None and isinstance(reply.get("error"), str):
-        raise CoordinatorReadError(
-            f"the event-time coordinator at {address.host}:{address.port} could not read "
-            f"the event time after batch {batch}: {reply['error']}"
-        )
-    if reply is None or "event_time" not in reply:
-        return False, None
-    _answers[key] = reply["event_time"]
-    while len(_answers) > _ANSWERS_KEPT:
-        _answers.popitem(last=False)
-    return True, reply["event_time"]
-
-
-def shared_event_time(
-    address: CoordinatorAddress | None,
-    operator_storage: Storage,
-    run: str | None,
-    batch: int,
-    num_partitions: int,
-) -> int | None:
-    """The operator's event time after ``batch``: the coordinator's answer, or the
-    durable records read by this task when there is no coordinator to ask (turned
-    off, unreachable). When the coordinator's own read fails, the task asks it again
-    under ``operator_storage``'s retry policy and, once that gives up, fails with
-    the coordinator's error: it never reads the records itself then."""
-    if batch < 0:
-        return None
-    if address is not None:
-        answered, value = operator_storage.retry.call(lambda: ask(address, run, batch))
-        if answered:
-            return value
-    return durable_event_time(operator_storage, batch, num_partitions)

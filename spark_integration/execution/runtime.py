@@ -31,8 +31,9 @@ from sessionstore.stores.segments import operator_segment_interval
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.names import TS
-from spark_integration.coordinator.server import CoordinatorAddress, commit_arbiter, report
-from spark_integration.coordinator.server import shared_event_time as event_time_after
+from spark_integration.coordinator.client import commit_arbiter, report
+from spark_integration.coordinator.client import shared_event_time as event_time_after
+from spark_integration.coordinator.protocol import CoordinatorAddress
 
 if TYPE_CHECKING:
     from sessionstore.operators import Aggregation

@@ -23,7 +23,7 @@ from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
 from spark_integration.conf.names import SIDE, TS
-from spark_integration.coordinator.server import CoordinatorAddress
+from spark_integration.coordinator.protocol import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.runtime import (
     TaskContext,

@@ -14,7 +14,8 @@ from sessionstore.checkpoint.records.changelog import decode_changelog, encode_c
 from sessionstore.checkpoint.records.layout import COMMIT_KEY, PartitionFiles, changelog_name
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.engine.db import META_CF
-from spark_integration.coordinator.server import Coordinator, commit_arbiter
+from spark_integration.coordinator.client import commit_arbiter
+from spark_integration.coordinator.server import Coordinator
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]
 

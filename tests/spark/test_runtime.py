@@ -272,7 +272,8 @@ def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path,
     from sessionstore.checkpoint.records.event_time import partition_event_time
     from sessionstore.checkpoint.storage.filesystem import open_filesystem
     from spark_integration import StateBackend
-    from spark_integration.coordinator.server import Coordinator, ask
+    from spark_integration.coordinator.client import ask
+    from spark_integration.coordinator.server import Coordinator
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     operator = open_filesystem(backend.checkpoint_uri).child("op")
