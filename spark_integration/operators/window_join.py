@@ -25,7 +25,7 @@ from spark_integration.conf.intervals import interval_ms
 from spark_integration.conf.names import SIDE, TS
 from spark_integration.coordinator.protocol import CoordinatorAddress
 from spark_integration.execution.output import arrow_schema, record_batch
-from spark_integration.execution.runtime import (
+from spark_integration.execution.partition_state import (
     TaskContext,
     deterministic_order,
     key_values,
