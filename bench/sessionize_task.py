@@ -102,7 +102,7 @@ def make_task(folder: str, partitions: int, aggregates: bool):
 
 def run_once(inputs, folder: str, aggregates: bool, profile: str | None = None):
     """Run every task of every micro-batch; returns (CPU seconds, output rows)."""
-    from spark_integration.execution.partition_state import TaskContext, TaskInfo
+    from spark_integration.execution.context import TaskContext, TaskInfo
 
     os.makedirs(folder)
     task = make_task(folder, len(inputs[0]), aggregates)

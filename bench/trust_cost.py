@@ -100,7 +100,7 @@ class Echo:
 
 def state_server(repeat: int) -> dict[str, float]:
     from spark_integration.execution import state_server as ss
-    from spark_integration.execution.partition_state import TaskContext, TaskInfo
+    from spark_integration.execution.context import TaskContext, TaskInfo
     from spark_integration.execution.state_server import client
 
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])

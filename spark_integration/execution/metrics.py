@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from sessionstore.checkpoint.records.metrics import LOAD_KINDS
 from spark_integration.conf.names import METRICS_COLUMN, METRICS_CONF, OBSERVATION_PREFIX
-from spark_integration.execution.partition_state import ContextTask, SparkTask, TaskContext
+from spark_integration.execution.context import ContextTask, SparkTask, TaskContext
 
 __all__ = ["with_state_metrics", "metrics_enabled"]
 
@@ -63,7 +63,7 @@ def _spark_struct() -> Any:
 
 @dataclass
 class _WithMetrics:
-    """An operator task (:class:`~spark_integration.execution.partition_state.ContextTask`)
+    """An operator task (:class:`~spark_integration.execution.context.ContextTask`)
     that passes the output of ``task`` through with the metrics column null, then
     yields the metrics record ``task`` left in its context as one more row
     (picklable, as the task it wraps)."""
@@ -107,7 +107,7 @@ def with_state_metrics(
     doc), and the output has ``out_schema``'s columns, all nullable (the metrics
     rows travel in the same batches). ``task`` runs one state partition; ``outer``
     makes the ``mapInArrow`` function of a Spark task from it: by default
-    :class:`~spark_integration.execution.partition_state.SparkTask` (a Spark task per state
+    :class:`~spark_integration.execution.context.SparkTask` (a Spark task per state
     partition), else one around several (:mod:`spark_integration.planning.placement`)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_integration.conf.names import SHARD
-from spark_integration.execution.partition_state import ContextTask, TaskContext, check_partition
+from spark_integration.execution.context import ContextTask, TaskContext, check_partition
 
 __all__ = ["ShardedTask"]
 

@@ -14,8 +14,8 @@ from typing import Any
 from sessionstore.operators import Aggregation
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.names import TS
+from spark_integration.execution.aggregator_task import AggregatorTask
 from spark_integration.execution.output import OperatorOutput
-from spark_integration.execution.partition_state import AggregatorTask
 from spark_integration.planning.aggregation_specs import parse_aggregations, value_type
 from spark_integration.planning.due_batches import with_due_batches
 from spark_integration.planning.placement import state_map

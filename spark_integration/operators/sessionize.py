@@ -30,7 +30,7 @@ from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
-from spark_integration.execution.partition_state import AggregatorTask, Emitted
+from spark_integration.execution.aggregator_task import AggregatorTask, Emitted
 from spark_integration.operators.aggregate_skeleton import aggregate_input
 from spark_integration.planning.aggregation_specs import SessionAggregation
 from spark_integration.planning.resolve import grace_ms

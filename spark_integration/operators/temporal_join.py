@@ -32,14 +32,10 @@ from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
 from spark_integration.conf.names import SIDE, TS
 from spark_integration.coordinator.protocol import CoordinatorAddress
+from spark_integration.execution.context import TaskContext
+from spark_integration.execution.inputs import deterministic_order, key_values, struct_values
 from spark_integration.execution.output import arrow_schema, record_batch
-from spark_integration.execution.partition_state import (
-    TaskContext,
-    deterministic_order,
-    key_values,
-    state_and_inputs,
-    struct_values,
-)
+from spark_integration.execution.partition_state import state_and_inputs
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import (
     checked_fields,

@@ -38,8 +38,8 @@ from typing import Any
 from spark_integration.conf.backend import CONF_PREFIX
 from spark_integration.conf.names import SHARD
 from spark_integration.conf.spark_session import default_parallelism
+from spark_integration.execution.context import ContextTask, SparkTask
 from spark_integration.execution.metrics import with_state_metrics
-from spark_integration.execution.partition_state import ContextTask, SparkTask
 from spark_integration.execution.sharding import ShardedTask
 from spark_integration.execution.state_server import served
 from spark_integration.planning.resolve import PARTITIONS_PER_CORE

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from spark_integration.conf.names import SHARD
-from spark_integration.execution.partition_state import TaskContext, TaskInfo
+from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.sharding import ShardedTask
 from spark_integration.planning import placement
 from spark_integration.planning.placement import task_count

@@ -7,7 +7,7 @@ import random
 
 import pyarrow as pa
 
-from spark_integration.execution.partition_state import deterministic_order
+from spark_integration.execution.inputs import deterministic_order
 
 
 def test_any_delivery_order_gives_the_same_sequence():
@@ -44,8 +44,9 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
     from sessionstore.operators import SessionWindowAggregator, SessionWindows
     from sessionstore.operators.arrow_io import columns_of
     from spark_integration.conf.names import TS
+    from spark_integration.execution.aggregator_task import run_aggregator
+    from spark_integration.execution.context import TaskInfo
     from spark_integration.execution.output import OperatorOutput
-    from spark_integration.execution.partition_state import TaskInfo, run_aggregator
     from spark_integration.planning.aggregation_specs import parse_aggregations
 
     aggregation, value_cols, plan = parse_aggregations(
@@ -114,7 +115,8 @@ def _take_state(
     """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions),
     committing ``event_time`` as the partition's event time if given."""
     from sessionstore import StoreSpec
-    from spark_integration.execution.partition_state import TaskContext, TaskInfo, state_and_inputs
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import state_and_inputs
 
     specs = [StoreSpec("sessions", "session", 10**12)]
     context = TaskContext(TaskInfo(partition=partition, batch_id=batch_id, attempt=0))
@@ -311,7 +313,8 @@ def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path,
 def test_operator_stores_get_hour_long_segments_unless_their_spec_names_one(tmp_path):
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.execution.partition_state import TaskContext, TaskInfo, partition_state
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001), StoreSpec("named", "session", 120_001, 60_000)]
@@ -351,7 +354,8 @@ def test_a_task_numbered_beyond_the_operators_partitions_is_refused_before_any_s
 
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.execution.partition_state import TaskContext, TaskInfo, partition_state
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001)]
@@ -368,7 +372,8 @@ def test_each_task_context_gets_its_own_commits_metrics_record(tmp_path):
     committed holds none."""
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.execution.partition_state import TaskContext, TaskInfo, partition_state
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001)]

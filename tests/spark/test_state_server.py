@@ -24,7 +24,7 @@ import pytest
 
 from sessionstore.errors import StatefulProcessorError
 from spark_integration.execution import state_server as ss
-from spark_integration.execution.partition_state import TaskContext, TaskInfo
+from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session

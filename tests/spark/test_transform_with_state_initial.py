@@ -13,7 +13,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from sessionstore.checkpoint.records.layout import INITIAL_STATE_DIR, initial_state_complete_name
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import StateBackend
-from spark_integration.execution.partition_state import TaskInfo
+from spark_integration.execution.context import TaskInfo
 from spark_integration.operators.transform_with_state.initial_state import PID, initial_state_token
 from tests.object_stores import (
     moto_s3_server,

@@ -18,7 +18,7 @@ from sessionstore.checkpoint.records.processing_time import PROCESSING_TIME_FIEL
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import StateBackend
 from spark_integration.coordinator.server import Coordinator
-from spark_integration.execution.partition_state import TaskInfo
+from spark_integration.execution.context import TaskInfo
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,

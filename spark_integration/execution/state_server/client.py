@@ -19,7 +19,7 @@ import msgpack
 import pyarrow as pa
 
 from sessionstore.checkpoint.service.request_server import peer_credentials
-from spark_integration.execution.partition_state import ContextTask, TaskContext, TaskInfo
+from spark_integration.execution.context import ContextTask, TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
     IO_TIMEOUT_S,
     SERVERS_PER_SLOT,

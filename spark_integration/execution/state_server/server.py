@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from sessionstore.checkpoint.service.request_server import RefusalLog, same_user
 from sessionstore.engine.memory import memory_budget
-from spark_integration.execution.partition_state import TaskContext, TaskInfo
+from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
     DEFAULT_SERVER_MEMORY_MB,
     IDLE_EXIT_S,

@@ -30,7 +30,7 @@ from sessionstore.checkpoint.records.layout import (
     newest_committed,
 )
 from sessionstore.checkpoint.storage.filesystem import Storage
-from spark_integration.execution.partition_state import deterministic_order
+from spark_integration.execution.inputs import deterministic_order
 from spark_integration.operators.transform_with_state.frames import (
     PandasConf,
     reindexed,

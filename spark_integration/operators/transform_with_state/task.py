@@ -45,8 +45,9 @@ from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.names import TS
 from spark_integration.coordinator.protocol import CoordinatorAddress
+from spark_integration.execution.context import TaskContext
 from spark_integration.execution.output import arrow_schema
-from spark_integration.execution.partition_state import TaskContext, state_and_inputs
+from spark_integration.execution.partition_state import state_and_inputs
 from spark_integration.operators.transform_with_state.frames import (
     PandasConf,
     frames_output,
