@@ -6,9 +6,9 @@ runs it and yields the output.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -27,7 +27,50 @@ if TYPE_CHECKING:
     from sessionstore.operators import Aggregation
     from spark_integration.execution.output import OperatorOutput
 
-__all__ = ["AggregatorTask", "Emitted", "run_aggregator"]
+__all__ = ["AggregatorTask", "Emitted", "run_aggregator", "EventTimeAggregator", "ClosesAsColumns"]
+
+
+class EventTimeAggregator(Protocol):
+    """What :func:`run_aggregator` asks of an engine-agnostic event-time aggregator
+    (:class:`~sessionstore.operators.SessionWindowAggregator`, the window
+    aggregators): the seam between ``sessionstore.operators`` and a task."""
+
+    #: rows dropped as late so far (the commit's metrics)
+    dropped_records: int
+
+    @property
+    def stream_time(self) -> int | None:
+        """The largest event time seen (None before any)."""
+
+    def advance_to(self, event_time: int) -> list[Any]:
+        """Close what ``event_time`` closes; the updates it emits."""
+
+    def finish_input(self) -> list[Any]:
+        """Emit everything still open (no later row can come)."""
+
+    def process_table(
+        self, batch: pa.Table, key: str | Sequence[str], timestamp: str, value: Any
+    ) -> pa.Table | None:
+        """The columnar path, or None with nothing changed when the batch does not
+        qualify."""
+
+    def process_rows(
+        self, keys: Sequence[Any], timestamps: Sequence[int | None], values: Sequence[Any],
+        *, net: bool = False,
+    ) -> list[Any]:  # fmt: skip
+        """The rows as Python values; the updates they emit."""
+
+
+@runtime_checkable
+class ClosesAsColumns(EventTimeAggregator, Protocol):
+    """An aggregator that gives what an advance closes as columns (one result
+    column per aggregate, not a dict per session)."""
+
+    def advance_columns(self, event_time: int) -> ClosedSessions:
+        """:meth:`advance_to`, as columns."""
+
+    def finish_input_columns(self) -> ClosedSessions:
+        """:meth:`finish_input`, as columns."""
 
 
 @dataclass
@@ -49,7 +92,7 @@ class Emitted:
 
 
 def run_aggregator(
-    agg: Any,
+    agg: EventTimeAggregator,
     provider: StateStoreProvider,
     info: TaskInfo,
     inputs: list[pa.RecordBatch],
@@ -69,12 +112,12 @@ def run_aggregator(
     session and window still open (the aggregator's ``finish_input``), as Spark's
     batch ``session_window`` and Flink's final watermark do.
 
-    An aggregator that gives closed sessions as columns (``advance_columns``: one
-    result column per aggregate, not a dict per session) gives them so."""
+    An aggregator that gives closed sessions as columns (:class:`ClosesAsColumns`)
+    gives them so."""
     from sessionstore.operators.arrow_io import columns_of
 
     out = Emitted([], [], None)
-    as_columns = hasattr(agg, "advance_columns")
+    as_columns = isinstance(agg, ClosesAsColumns)
     if shared is not None:
         with gc_paused():  # an object per session the advance closes, no cycles
             if as_columns:
@@ -129,7 +172,7 @@ class AggregatorTask:
         """The spec of the operator's store."""
         raise NotImplementedError
 
-    def aggregator(self, store: Any) -> Any:
+    def aggregator(self, store: Any) -> EventTimeAggregator:
         """The operator's aggregator over ``store``, the partition's store."""
         raise NotImplementedError
 
