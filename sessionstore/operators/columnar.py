@@ -28,7 +28,7 @@ from sessionstore.operators.arrow_io import epoch_millis_array
 from sessionstore.operators.vectorised import SUM_LIMIT, columnar_functions
 
 __all__ = [
-    "Slot", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",
+    "AggregateColumn", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",
     "GroupAggregates", "result_table", "rows_result", "empty_result",
 ]  # fmt: skip
 
@@ -39,7 +39,7 @@ _BY = ("min_by", "max_by")
 
 
 @dataclass
-class Slot:
+class AggregateColumn:
     """One aggregate's input: its function and, unless a count of rows, its Arrow
     column, with as numpy: the int64 values for sum, min and max; for count(c),
     avg and the moments the values as doubles (``numbers``) and their validity;
@@ -64,7 +64,7 @@ class Prepared:
 
     table: pa.Table
     key_names: list[str]
-    slots: list[Slot]
+    slots: list[AggregateColumn]
     ts: np.ndarray
     valid: np.ndarray
     codes: np.ndarray
@@ -122,14 +122,14 @@ def _array(table: pa.Table, name: str) -> pa.Array:
     return table.column(name).combine_chunks()
 
 
-def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[Slot] | None:
+def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[AggregateColumn] | None:
     """Each aggregate's input column, or None if the batch does not qualify."""
     slots = []
     n = table.num_rows
     for spec in aggregation.specs:
         fn, column = spec.fn, spec.column
         if fn == "count" and column is None:
-            slots.append(Slot(fn, None, None))
+            slots.append(AggregateColumn(fn, None, None))
             continue
         # the value the record path would aggregate: a scalar column, or a row's field
         if isinstance(value, str) and column is None:
@@ -143,11 +143,11 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[Slot] | None:
         arr = _array(table, name)
         ints = None
         if fn in FOLDED:
-            slots.append(Slot(fn, arr, None, bound=bind(spec)))
+            slots.append(AggregateColumn(fn, arr, None, bound=bind(spec)))
             continue
         if fn == "count":  # of a column: its validity is all it reads
             valid = arr.is_valid().to_numpy(zero_copy_only=False)
-            slots.append(Slot(fn, arr, None, np.zeros(n), valid))
+            slots.append(AggregateColumn(fn, arr, None, np.zeros(n), valid))
             continue
         if fn in _NUMERIC or fn in _BY:
             source = arr
@@ -159,7 +159,7 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[Slot] | None:
             if numbers is None:
                 return None
             order = source if fn in _BY else None
-            slots.append(Slot(fn, arr, None, numbers[0], numbers[1], order))
+            slots.append(AggregateColumn(fn, arr, None, numbers[0], numbers[1], order))
             continue
         if fn in ("sum", "min", "max"):
             if not pa.types.is_integer(arr.type) or arr.null_count:
@@ -170,7 +170,7 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[Slot] | None:
                 return None  # uint64 beyond int64
             if fn == "sum" and n and int(np.abs(ints).max()) * n >= SUM_LIMIT:
                 return None
-        slots.append(Slot(fn, arr, ints))
+        slots.append(AggregateColumn(fn, arr, ints))
     return slots
 
 
@@ -232,7 +232,7 @@ class GroupAggregates:
     stores them: ``first``/``last`` as ``[time, value]``."""
 
     def __init__(
-        self, rows: np.ndarray, times: np.ndarray, starts: np.ndarray, slots: list[Slot]
+        self, rows: np.ndarray, times: np.ndarray, starts: np.ndarray, slots: list[AggregateColumn]
     ) -> None:
         m = len(rows)
         self.a = np.flatnonzero(starts)  # each group's first position
@@ -255,7 +255,7 @@ class GroupAggregates:
                 ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[slot.fn]
                 self.reduced.append(ufunc.reduceat(slot.ints[rows], self.a))
 
-    def _folded(self, slot: Slot, rows: np.ndarray) -> list[Any]:
+    def _folded(self, slot: AggregateColumn, rows: np.ndarray) -> list[Any]:
         """Each group's slot: its values, in order, added as the record path adds them."""
         values = slot.column.take(pa.array(rows, pa.int64())).to_pylist()
         init, add, groups = slot.bound.init, slot.bound.add, slot.bound.groups
@@ -269,7 +269,7 @@ class GroupAggregates:
             out.append(acc)
         return out
 
-    def _numeric(self, slot: Slot, rows: np.ndarray, times: np.ndarray, m: int) -> Any:
+    def _numeric(self, slot: AggregateColumn, rows: np.ndarray, times: np.ndarray, m: int) -> Any:
         """count(c), avg and the moments: ``(n, sum, mean, m2)`` per group; min_by and
         max_by: the row of each group's extreme ordering value (-1 for none) and its
         time."""
@@ -371,7 +371,7 @@ class GroupAggregates:
         return [list(acc) for acc in zip(*per_slot, strict=True)]
 
 
-def value_struct_type(aggregation: Any, slots: list[Slot]) -> pa.StructType:
+def value_struct_type(aggregation: Any, slots: list[AggregateColumn]) -> pa.StructType:
     """The ``value`` struct: int64 counts, sums, minima and maxima; double averages
     and moments; ``first``, ``last``, ``min_by`` and ``max_by`` keep their column's
     type."""

@@ -37,7 +37,7 @@ This module holds the record path (:meth:`SessionWindowAggregator.process`, the
 reference the batch paths are held equal to) and chooses a batch's path: the
 record-exact replay (:mod:`.replay`, which hands in-order keys to the vectorised
 :mod:`.vectorised_keys`) or the columnar path (:mod:`.columns`). Every path works on the
-aggregator's :class:`~.state.SessionState`, never on the aggregator itself.
+aggregator's :class:`~.state.SessionWindowState`, never on the aggregator itself.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from sessionstore.operators.sessions.rule import (
     is_late,
     merged_window,
 )
-from sessionstore.operators.sessions.state import SessionState
+from sessionstore.operators.sessions.state import SessionWindowState
 from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
@@ -100,7 +100,7 @@ class SessionWindowAggregator(ArrowBatches):
         # a record whose offset a candidate session already holds is a replay.
         aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         #: What every path reads and moves: store, end index, times, counters.
-        self.state = SessionState(
+        self.state = SessionWindowState(
             store,
             windows,
             aggregation,

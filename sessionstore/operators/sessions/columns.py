@@ -40,9 +40,9 @@ import pyarrow.compute as pc
 from sessionstore.encoding.keys import encode_str_keys
 from sessionstore.operators.arrow_io import columns_of
 from sessionstore.operators.columnar import (
+    AggregateColumn,
     GroupAggregates,
     Prepared,
-    Slot,
     empty_result,
     group_key_values,
     result_table,
@@ -53,13 +53,15 @@ from sessionstore.operators.columnar import (
 from sessionstore.operators.sessions.model import SessionUpdate
 from sessionstore.operators.sessions.replay import replay, settle
 from sessionstore.operators.sessions.rule import components, gap_breaks
-from sessionstore.operators.sessions.state import SessionState
+from sessionstore.operators.sessions.state import SessionWindowState
 from sessionstore.operators.vectorised import FAR_PAST, merge_slot
 
 __all__ = ["run_final"]
 
 
-def run_final(state: SessionState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
+def run_final(
+    state: SessionWindowState, batch_in: Prepared, timestamp: str, value: Any
+) -> pa.Table:
     """Process a prepared batch in emit-on-close mode, inside the store's batch;
     return the closed sessions as a table (key columns, ``start``, ``end``, ``value``
     struct, ``timestamp``) in the order :meth:`process_rows` emits them."""
@@ -69,7 +71,7 @@ def run_final(state: SessionState, batch_in: Prepared, timestamp: str, value: An
     return out
 
 
-def _run(state: SessionState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
+def _run(state: SessionWindowState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
     table, key_names, slots = batch_in.table, batch_in.key_names, batch_in.slots
     ts, valid, codes = batch_in.ts, batch_in.valid, batch_in.codes
     n = table.num_rows
@@ -91,7 +93,7 @@ class _Batch:
     """One batch on the columnar path: its keys, the record-exact replay of the keys
     that need it, and what the rest of the path writes and emits."""
 
-    def __init__(self, state: SessionState, table, key_names, ts, times, rows, codes) -> None:
+    def __init__(self, state: SessionWindowState, table, key_names, ts, times, rows, codes) -> None:
         self.state, self.table, self.key_names, self.ts, self.rows = (
             state,
             table,
@@ -149,7 +151,7 @@ class _Batch:
         self.loaded_ids: set[tuple[bytes, int, int]] = set()
         self.row_bad = self.bad[self.inv]
 
-    def _string_kbs(self, state: SessionState, key_names: list[str]) -> list[bytes] | None:
+    def _string_kbs(self, state: SessionWindowState, key_names: list[str]) -> list[bytes] | None:
         """Every group's encoded key when the key is one string column of the
         default codec (``sortable``) and none holds a zero byte; else None."""
         if len(key_names) != 1:
@@ -183,7 +185,7 @@ class _Batch:
             self.emitted, self.tracked, self.loaded_ids, allow_fast=False,
         )  # fmt: skip
 
-    def runs(self, slots: list[Slot]) -> _Runs:
+    def runs(self, slots: list[AggregateColumn]) -> _Runs:
         """Every other key: runs of its records, sorted by time within the key."""
         good = ~self.row_bad
         grows, gg = self.rows[good], self.inv[good]

@@ -1,6 +1,6 @@
 """What a session aggregator keeps, and what its paths share.
 
-:class:`SessionState` is the aggregator's state: its store and end index, the
+:class:`SessionWindowState` is the aggregator's state: its store and end index, the
 stream time and last close time it keeps beside the store (saved in the store's
 metadata with each batch), and its counters. The aggregator's record path works
 on it, and so do the batch paths, which never see the aggregator: the
@@ -24,7 +24,7 @@ from sessionstore.operators.sessions.model import SessionWindows
 from sessionstore.operators.sessions.rule import close_time
 from sessionstore.operators.vectorised import FAR_PAST
 
-__all__ = ["SessionState", "Session", "Timing"]
+__all__ = ["SessionWindowState", "Session", "Timing"]
 
 
 class Timing(NamedTuple):
@@ -59,7 +59,7 @@ class Session:
         self.removed_at: int | None = None
 
 
-class SessionState:
+class SessionWindowState:
     """A session aggregator's store, settings, times and counters.
 
     Opening it sets the store up for the mode: a minimum retention that keeps open
