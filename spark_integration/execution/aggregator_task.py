@@ -114,7 +114,7 @@ def run_aggregator(
 
     An aggregator that gives closed sessions as columns (:class:`ClosesAsColumns`)
     gives them so."""
-    from sessionstore.operators.arrow_io import columns_of
+    from sessionstore.operators.batch_paths.arrow_io import columns_of
 
     out = Emitted([], [], None)
     as_columns = isinstance(agg, ClosesAsColumns)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.operators.arrow_io import epoch_millis
+from sessionstore.operators.batch_paths.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend

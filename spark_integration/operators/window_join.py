@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.operators.arrow_io import epoch_millis
+from sessionstore.operators.batch_paths.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend

@@ -42,7 +42,7 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
 
     from sessionstore import StateStoreProvider, StoreSpec
     from sessionstore.operators import SessionWindowAggregator, SessionWindows
-    from sessionstore.operators.arrow_io import columns_of
+    from sessionstore.operators.batch_paths.arrow_io import columns_of
     from spark_integration.conf.names import TS
     from spark_integration.execution.aggregator_task import run_aggregator
     from spark_integration.execution.context import TaskInfo

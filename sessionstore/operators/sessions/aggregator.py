@@ -52,7 +52,12 @@ from sessionstore.operators.aggregations import (
     make_aggregation,
     record_output_plan,
 )
-from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute, check_closes_on
+from sessionstore.operators.batch_paths.arrow_batches import (
+    ArrowBatches,
+    StateAttribute,
+    check_closes_on,
+)
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.sessions.model import ClosedSessions, SessionUpdate, SessionWindows
 from sessionstore.operators.sessions.replay import net_changes, replay_rows, stored_values
@@ -63,7 +68,6 @@ from sessionstore.operators.sessions.rule import (
     merged_window,
 )
 from sessionstore.operators.sessions.state import SessionWindowState
-from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
 

@@ -20,7 +20,7 @@ Rows stay on the record-exact replay of the batch path when they could behave
 differently: every record of a key that has a late record, or a record near a
 closed or hidden session (the conditions of :mod:`.vectorised_keys`). Keys with open
 stored sessions read them once and merge them with their runs in Python, with the
-replay's tie rules (:func:`~sessionstore.operators.vectorised.merge_slot`). A batch qualifies only when the
+replay's tie rules (:func:`~sessionstore.operators.batch_paths.vectorised.merge_slot`). A batch qualifies only when the
 aggregation is built-in count/sum/min/max/first/last or count(c)/avg/moments/
 min_by/max_by over numeric columns, sums, minima and maxima read integer columns
 without nulls whose sum cannot overflow int64, and offsets are not tracked (the aggregator checks its mode and state, :func:`columnar.prepare` the
@@ -38,8 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.encoding.keys import encode_str_keys
-from sessionstore.operators.arrow_io import columns_of
-from sessionstore.operators.columnar import (
+from sessionstore.operators.batch_paths.arrow_io import columns_of
+from sessionstore.operators.batch_paths.columnar import (
     AggregateColumn,
     GroupAggregates,
     Prepared,
@@ -50,11 +50,11 @@ from sessionstore.operators.columnar import (
     sortable_keys,
     value_struct_type,
 )
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST, merge_slot
 from sessionstore.operators.sessions.model import SessionUpdate
 from sessionstore.operators.sessions.replay import replay, settle
 from sessionstore.operators.sessions.rule import components, gap_breaks
 from sessionstore.operators.sessions.state import SessionWindowState
-from sessionstore.operators.vectorised import FAR_PAST, merge_slot
 
 __all__ = ["run_final"]
 

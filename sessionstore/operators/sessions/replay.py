@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST
 from sessionstore.operators.sessions.model import SessionUpdate
 from sessionstore.operators.sessions.rule import candidate_bounds, is_late, merged_window
 from sessionstore.operators.sessions.state import Session, SessionWindowState, Timing
@@ -27,7 +28,6 @@ from sessionstore.operators.sessions.vectorised_keys import (
     run_fast_final,
     run_fast_keys,
 )
-from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["replay_rows", "replay", "settle", "group", "net_of", "stored_values", "net_changes"]
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.encoding.ints import INT64
-from sessionstore.operators.arrow_io import epoch_millis_array
+from sessionstore.operators.batch_paths.arrow_io import epoch_millis_array
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.processors import (
     BatchTimes,

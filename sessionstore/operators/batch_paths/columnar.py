@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.operators.aggregate_functions import FOLDED, MOMENTS, bind
-from sessionstore.operators.arrow_io import epoch_millis_array
-from sessionstore.operators.vectorised import SUM_LIMIT, columnar_functions
+from sessionstore.operators.batch_paths.arrow_io import epoch_millis_array
+from sessionstore.operators.batch_paths.vectorised import SUM_LIMIT, columnar_functions
 
 __all__ = [
     "AggregateColumn", "Prepared", "prepare", "sortable_keys", "group_key_values", "value_struct_type",

@@ -42,7 +42,7 @@ class ArrowBatches:
         milliseconds or an Arrow timestamp column. ``net``: the batch's net change
         in update mode (see ``process_rows``).
         """
-        from sessionstore.operators.arrow_io import columns_of
+        from sessionstore.operators.batch_paths.arrow_io import columns_of
 
         table = self.process_table(batch, key, timestamp, value)
         if table is not None:
@@ -64,7 +64,7 @@ class ArrowBatches:
         :func:`columnar.prepare`'s."""
         if not self._columnar_applies():
             return None
-        from sessionstore.operators.columnar import prepare
+        from sessionstore.operators.batch_paths.columnar import prepare
 
         prepared = prepare(self.aggregation, batch, key, timestamp, value)
         if prepared is None:
@@ -82,7 +82,7 @@ class ArrowBatches:
         return self.state.rolling_back()
 
     def _updates_table(self, updates: list[Any], key: str | Sequence[str]) -> Any:
-        from sessionstore.operators.arrow_io import updates_to_arrow
+        from sessionstore.operators.batch_paths.arrow_io import updates_to_arrow
 
         return updates_to_arrow(updates, key)
 
