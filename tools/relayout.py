@@ -22,7 +22,7 @@ MAP = pathlib.Path(__file__).with_name("relayout_map.txt")
 def _lines() -> list[tuple[str, str]]:
     pairs = []
     for line in MAP.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
+        if line.strip() and not line.startswith("#") and "=>" not in line:
             old, new = (part.strip() for part in line.split("->"))
             pairs.append((old, new))
     return pairs
@@ -44,6 +44,27 @@ def symbol_moves() -> dict[tuple[str, str], str]:
     return out
 
 
+def renames() -> list[tuple[str, str, str]]:
+    """Classes renamed in their module: ``module:Old => New``."""
+    out = []
+    for line in MAP.read_text().splitlines():
+        if "=>" in line and not line.startswith("#"):
+            old, new = (part.strip() for part in line.split("=>"))
+            module, name = old.split(":")
+            out.append((module, name, new))
+    return out
+
+
+def _renamed(text: str) -> str:
+    """Every use of a renamed class in a file that imports it from its module."""
+    for module, old, new in renames():
+        if re.search(rf"^\s*from {re.escape(module)} import[^\n]*\b{old}\b", text, re.M) or (
+            re.search(rf"^\s*from {re.escape(module)} import \([^)]*\b{old}\b", text, re.M)
+        ):
+            text = re.sub(rf"\b{old}\b", new, text)
+    return text
+
+
 def _symbols(text: str) -> str:
     """``from old import A, Name`` where Name moved: ``from old import A`` and
     ``from new import Name`` (ruff's isort puts them in order)."""
@@ -53,7 +74,9 @@ def _symbols(text: str) -> str:
     except SyntaxError:
         return text
     lines = text.split("\n")
-    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0]
+    nodes = [
+        n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+    ]
     for node in sorted(nodes, key=lambda n: -n.lineno):
         kept, moved = [], {}
         for alias in node.names:
@@ -119,7 +142,7 @@ def rewrite(text: str, python: bool = True) -> str:
     text = "\n".join(_from_line(line, table) for line in text.split("\n"))
     for pattern, new in _patterns():
         text = pattern.sub(new, text)
-    return _symbols(text) if python else text
+    return _renamed(_symbols(text)) if python else text
 
 
 def main(paths: list[str]) -> None:
