@@ -18,14 +18,9 @@ from spark_integration.execution.aggregator_task import AggregatorTask
 from spark_integration.execution.output import OperatorOutput
 from spark_integration.planning.aggregation_specs import parse_aggregations, value_type
 from spark_integration.planning.due_batches import with_due_batches
+from spark_integration.planning.input_columns import checked_fields, key_types, time_column
 from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import (
-    checked_fields,
-    key_types,
-    operator_coordinator,
-    resolve,
-    time_column,
-)
+from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = ["AggregateInput", "aggregate_input"]
 

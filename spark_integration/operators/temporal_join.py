@@ -36,15 +36,14 @@ from spark_integration.execution.context import TaskContext
 from spark_integration.execution.inputs import deterministic_order, key_values, struct_values
 from spark_integration.execution.output import arrow_schema, record_batch
 from spark_integration.execution.partition_state import state_and_inputs
-from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import (
+from spark_integration.planning.input_columns import (
     checked_fields,
     key_types,
-    operator_coordinator,
-    resolve,
     tagged_union,
     time_column,
 )
+from spark_integration.planning.placement import state_map
+from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = ["temporal_join"]
 

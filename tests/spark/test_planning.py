@@ -12,7 +12,7 @@ def test_input_checks_name_the_missing_column_and_the_bad_time_type():
     import pytest
     from pyspark.sql import types as T
 
-    from spark_integration.planning.resolve import checked_fields, time_column
+    from spark_integration.planning.input_columns import checked_fields, time_column
 
     df = SimpleNamespace(
         schema=T.StructType(

@@ -24,14 +24,9 @@ from spark_integration.operators.transform_with_state.initial_state import (
     route_initial_state,
 )
 from spark_integration.operators.transform_with_state.task import NOW, ProcessorTask
+from spark_integration.planning.input_columns import WATERMARK_DELAY_KEY, checked_fields, key_types
 from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import (
-    WATERMARK_DELAY_KEY,
-    checked_fields,
-    key_types,
-    operator_coordinator,
-    resolve,
-)
+from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = [
     "transform_with_state",
