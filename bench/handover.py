@@ -33,7 +33,7 @@ from rocksdict import Options, Rdict  # noqa: E402
 
 from bench.common import machine, print_table, scratch_dir  # noqa: E402
 from sessionstore import StateDB, StateStoreProvider, StoreSpec  # noqa: E402
-from sessionstore.checkpoint.store_service import StoreService  # noqa: E402
+from sessionstore.checkpoint.service.store_service import StoreService  # noqa: E402
 
 SPECS = [StoreSpec("sessions", "session", 120_001)]
 
@@ -43,7 +43,7 @@ HOLDER = textwrap.dedent(
     import numpy as np
     sys.path.insert(0, sys.argv[5])
     from sessionstore import StateStoreProvider, StoreSpec
-    from sessionstore.checkpoint.store_service import StoreService
+    from sessionstore.checkpoint.service.store_service import StoreService
     remote, local, baton, busy = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "busy"
     specs = [StoreSpec("sessions", "session", 120_001)]
     service = StoreService.instance()

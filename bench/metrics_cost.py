@@ -8,7 +8,7 @@ add, on a partition database holding that many sessions:
 * the header's extra packing: ``encode_changelog`` with and without metrics;
 * the ``last_commit`` record: one local meta read and write;
 * the default in-job path: what the record adds to the report each task sends
-  the driver's coordinator (spark_integration/driver/coordinator.py);
+  the driver's coordinator (spark_integration/coordinator/server.py);
 * ``_WithMetrics``'s Arrow work (the opt-in observed path): the null metrics
   column on the output and the metrics row.
 
@@ -24,9 +24,9 @@ import time
 import pyarrow as pa
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.changelog import encode_changelog
-from sessionstore.checkpoint.layout import LAST_COMMIT_KEY
-from sessionstore.checkpoint.provider import store_stats
+from sessionstore.checkpoint.partition.provider import store_stats
+from sessionstore.checkpoint.records.changelog import encode_changelog
+from sessionstore.checkpoint.records.layout import LAST_COMMIT_KEY
 from sessionstore.engine.write_buffer import WriteBuffer
 
 
@@ -78,7 +78,7 @@ def main() -> None:
             args.repeat,
         )
         p.close()
-    from spark_integration.driver.metrics import _FIELDS, _STRUCT
+    from spark_integration.execution.metrics import _FIELDS, _STRUCT
 
     out = pa.record_batch({"user": pa.array([f"u{i}" for i in range(5_000)])})
     schema = pa.schema([("user", pa.string()), ("__ss_metrics", _STRUCT)])
@@ -96,7 +96,8 @@ def main() -> None:
     # the default in-job path: the record rides in the report every task of an
     # event-time operator sends the driver's coordinator anyway (a round trip on
     # 127.0.0.1 here); what the metrics add is the difference
-    from spark_integration.driver.coordinator import Coordinator, report
+    from spark_integration.coordinator.client import report
+    from spark_integration.coordinator.server import Coordinator
 
     coordinator = Coordinator("127.0.0.1", 0)
     try:

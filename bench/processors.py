@@ -222,7 +222,7 @@ def main(argv=None) -> str:
         profile(args, classes)
         return ""
 
-    from spark_integration.dev.local import local_spark
+    from spark_integration.conf.local_spark import local_spark
 
     spark = local_spark("sessionstore-bench", partitions=PARTITIONS, spark__driver__memory="4g")
     spark.conf.set(

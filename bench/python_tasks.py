@@ -27,7 +27,7 @@ from bench.spark_sessionize import count_rows  # noqa: E402
 
 def measure(unix_socket: bool, tasks: int, repeat: int) -> dict[str, float]:
     """Median job times (s) for ``tasks`` trivial tasks, JVM only and with Python."""
-    from spark_integration.dev.local import local_spark
+    from spark_integration.conf.local_spark import local_spark
 
     spark = local_spark(
         "sessionstore-bench-python-tasks",

@@ -195,7 +195,7 @@ def main() -> None:
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--files", type=int, default=5)
     args = parser.parse_args()
-    from spark_integration.dev.local import local_spark
+    from spark_integration.conf.local_spark import local_spark
 
     spark = local_spark("bench-quiet", partitions=2)
     print(f"# quiet streams, {machine()}, trigger {args.trigger_ms} ms, idle {args.idle_s} s")

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import machine, print_table, scratch_dir  # noqa: E402
 from sessionstore import StateStoreProvider, StoreSpec  # noqa: E402
-from sessionstore.checkpoint.repartition import repartition_checkpoint  # noqa: E402
+from sessionstore.checkpoint.offline.repartition import repartition_checkpoint  # noqa: E402
 from sessionstore.encoding.spark_hash import partition_ids  # noqa: E402
 
 SPECS = [StoreSpec("sessions", "session", 10**12, segment_interval_ms=3_600_000)]
@@ -67,7 +67,7 @@ def main() -> None:
         cli_s = time.perf_counter() - start
 
         from spark_integration import repartition_state
-        from spark_integration.dev.local import local_spark
+        from spark_integration.conf.local_spark import local_spark
 
         spark = local_spark("bench-repartition", partitions=args.target)
         try:

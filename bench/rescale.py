@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import machine, print_table, scratch_dir  # noqa: E402
 from bench.repartition import build  # noqa: E402
-from sessionstore.checkpoint.repartition import repartition_checkpoint  # noqa: E402
+from sessionstore.checkpoint.offline.repartition import repartition_checkpoint  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
         cli_s = time.perf_counter() - start
 
         from spark_integration import StateBackend
-        from spark_integration.dev.local import local_spark
+        from spark_integration.conf.local_spark import local_spark
         from spark_integration.planning.rescale import rescale
 
         spark = local_spark("bench-rescale", partitions=args.target)

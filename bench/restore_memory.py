@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import machine, print_table, scratch_dir  # noqa: E402
 from sessionstore import StateStoreProvider, StoreSpec  # noqa: E402
-from sessionstore.checkpoint.layout import changelog_name  # noqa: E402
+from sessionstore.checkpoint.records.layout import changelog_name  # noqa: E402
 
 SPECS = [StoreSpec("sessions", "session", 10**12)]
 

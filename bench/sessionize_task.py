@@ -42,7 +42,7 @@ def make_input(events: int, keys: int, batches: int, partitions: int, values: bo
     ``TS`` in ms, and the value columns), in the benchmark's stream."""
     import pyarrow as pa
 
-    from spark_integration.planning.resolve import TS
+    from spark_integration.conf.names import TS
 
     rng = np.random.default_rng(5)
     names = zipf_users(rng, events, keys)
@@ -71,10 +71,10 @@ def make_task(folder: str, partitions: int, aggregates: bool):
     """The task ``sessionize`` plans for this input (emit on close)."""
     from pyspark.sql import types as T
 
+    from spark_integration.conf.backend import StateBackend
     from spark_integration.execution.output import OperatorOutput
     from spark_integration.operators.sessionize import _SessionizeTask
-    from spark_integration.planning.aggregations import parse_aggregations, value_type
-    from spark_integration.planning.backend import StateBackend
+    from spark_integration.planning.aggregation_specs import parse_aggregations, value_type
 
     fields = {
         "user": T.StructField("user", T.StringType()),
@@ -102,7 +102,7 @@ def make_task(folder: str, partitions: int, aggregates: bool):
 
 def run_once(inputs, folder: str, aggregates: bool, profile: str | None = None):
     """Run every task of every micro-batch; returns (CPU seconds, output rows)."""
-    from spark_integration.execution.runtime import TaskContext, TaskInfo
+    from spark_integration.execution.context import TaskContext, TaskInfo
 
     os.makedirs(folder)
     task = make_task(folder, len(inputs[0]), aggregates)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", default=None)
     args = parser.parse_args(argv)
     inputs = make_input(args.events, args.keys, args.batches, args.partitions, args.aggregates)
-    from sessionstore.checkpoint.store_service import StoreService
+    from sessionstore.checkpoint.service.store_service import StoreService
 
     service = StoreService.instance()
     best, rows = float("inf"), 0

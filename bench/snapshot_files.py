@@ -42,9 +42,9 @@ from rocksdict import WriteBatch  # noqa: E402
 
 from bench.common import machine, print_table, scratch_dir, zipf_users  # noqa: E402
 from sessionstore import StateDB  # noqa: E402
-from sessionstore.checkpoint.filesystem import open_filesystem  # noqa: E402
-from sessionstore.checkpoint.layout import FILES_DIR  # noqa: E402
-from sessionstore.checkpoint.snapshot import download_snapshot, upload_snapshot  # noqa: E402
+from sessionstore.checkpoint.records.layout import FILES_DIR  # noqa: E402
+from sessionstore.checkpoint.records.snapshot import download_snapshot, upload_snapshot  # noqa: E402
+from sessionstore.checkpoint.storage.filesystem import open_filesystem  # noqa: E402
 from sessionstore.engine.db import Database  # noqa: E402
 from sessionstore.engine.write_buffer import WriteBuffer  # noqa: E402
 from sessionstore.operators import SessionWindowAggregator, SessionWindows  # noqa: E402

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> str:
     from pyspark.sql import functions as F
 
     from spark_integration import StateBackend, sessionize
-    from spark_integration.dev.local import local_spark
+    from spark_integration.conf.local_spark import local_spark
     from spark_integration.execution.state_server import SERVERS_CONF
     from spark_integration.planning.placement import TASKS_CONF
 

@@ -119,7 +119,7 @@ def main(argv=None) -> str:
     from pyspark.sql import functions as F
 
     from spark_integration import StateBackend, sessionize
-    from spark_integration.dev.local import local_spark
+    from spark_integration.conf.local_spark import local_spark
 
     spark = local_spark("sessionstore-bench", partitions=PARTITIONS, spark__driver__memory="4g")
     rows = []

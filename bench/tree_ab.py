@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def worker(args: argparse.Namespace) -> None:
     """One process: warm up, then time one query; print the seconds as JSON."""
     try:
-        from spark_integration.dev.local import local_spark
+        from spark_integration.conf.local_spark import local_spark
     except ImportError:  # a tree from before spark_integration had folders
         from spark_integration.local import local_spark
     from spark_integration import StateBackend, sessionize

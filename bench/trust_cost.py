@@ -51,7 +51,8 @@ def per_call_us(fn: Callable[[], object], number: int = 2000) -> float:
 
 
 def coordinator(repeat: int) -> dict[str, float]:
-    from spark_integration.driver import coordinator as coord
+    from spark_integration.coordinator import client, protocol
+    from spark_integration.coordinator import server as coord
 
     c = coord.Coordinator("127.0.0.1", 0)
     try:
@@ -59,29 +60,29 @@ def coordinator(repeat: int) -> dict[str, float]:
         record = {"rows_total": 10, "load_kind": "warm", "load_ms": 1.5, "commit_ms": 3.0}
         out = {
             "coordinator report round trip": median_us(
-                lambda: coord.report(address, "run", 1, 0, 5, record), repeat
+                lambda: client.report(address, "run", 1, 0, 5, record), repeat
             )
         }
-        coord.report(address, "run", 2, 0, 5, record)
+        client.report(address, "run", 2, 0, 5, record)
         # ask answered from the reports; the worker's answer cache is bypassed
         out["coordinator ask round trip"] = median_us(
-            lambda: (coord._answers.clear(), coord.ask(address, "run", 2)), repeat
+            lambda: (client._answers.clear(), client.ask(address, "run", 2)), repeat
         )
-        if hasattr(coord, "signed_request"):
+        if hasattr(protocol, "signed_request"):
             message = {"op": "report", "run": "run", "batch": 1, "partition": 0,
                        "event_time": 5, "metrics": record}  # fmt: skip
             out["HMAC: sign one request (client)"] = per_call_us(
-                lambda: coord.signed_request(address.token, message)
+                lambda: protocol.signed_request(address.token, message)
             )
 
             def verify() -> None:
-                frame, _ = coord.signed_request(address.token, message)
+                frame, _ = protocol.signed_request(address.token, message)
                 c._verified(bytearray(frame))
 
             out["HMAC: sign + verify one request"] = per_call_us(verify)
-            body = coord.msgpack.packb(message)
+            body = protocol.msgpack.packb(message)
             out["HMAC: the HMAC-SHA256 alone (one side)"] = per_call_us(
-                lambda: coord._mac(address.token, body)
+                lambda: protocol.mac_of(address.token, body)
             )
     finally:
         c.stop()
@@ -99,7 +100,7 @@ class Echo:
 
 def state_server(repeat: int) -> dict[str, float]:
     from spark_integration.execution import state_server as ss
-    from spark_integration.execution.runtime import TaskContext, TaskInfo
+    from spark_integration.execution.context import TaskContext, TaskInfo
     from spark_integration.execution.state_server import client
 
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
@@ -114,7 +115,7 @@ def state_server(repeat: int) -> dict[str, float]:
 
         one()  # starts the server
         out = {"state server: one task's exchange (100 rows)": median_us(one, repeat)}
-        from sessionstore.checkpoint.request_server import peer_credentials
+        from sessionstore.checkpoint.service.request_server import peer_credentials
 
         a, b = socket.socketpair(socket.AF_UNIX)
         with a, b:

@@ -12,7 +12,7 @@ from sessionstore.checkpoint import (
     StoreHandle,
     VersionNotFoundError,
 )
-from sessionstore.checkpoint.erase import erase
+from sessionstore.checkpoint.offline.erase import erase
 from sessionstore.encoding.keys import decode_key, encode_key
 from sessionstore.encoding.serde import BytesSerde, KeyCodecSerde, MsgpackSerde, Serde, StringSerde
 from sessionstore.errors import (

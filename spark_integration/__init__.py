@@ -1,6 +1,7 @@
 """Spark glue for sessionstore: everything that imports pyspark lives here."""
 
-from spark_integration.driver.metrics import StateMetricsListener, log_state_metrics
+from spark_integration.conf.backend import StateBackend
+from spark_integration.coordinator.metrics_listener import StateMetricsListener, log_state_metrics
 from spark_integration.operators.repartition import repartition_state
 from spark_integration.operators.rewrite import rewrite_state
 from spark_integration.operators.sessionize import SessionAggregation, sessionize
@@ -11,7 +12,6 @@ from spark_integration.operators.transform_with_state import (
 )
 from spark_integration.operators.window_aggregate import window_aggregate
 from spark_integration.operators.window_join import window_join
-from spark_integration.planning.backend import StateBackend
 
 __all__ = [
     "StateBackend",

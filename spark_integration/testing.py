@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from sessionstore.checkpoint import StateStoreProvider
 from sessionstore.operators.processors import BatchTimes, normalise_time_mode
+from spark_integration.conf.backend import StateBackend
 from spark_integration.datasource import ddl_parts
 from spark_integration.execution.output import arrow_schema
 from spark_integration.operators.transform_with_state import (
@@ -37,7 +38,6 @@ from spark_integration.operators.transform_with_state import (
     plan_processor,
 )
 from spark_integration.operators.transform_with_state.initial_state import initial_items
-from spark_integration.planning.backend import StateBackend
 
 __all__ = ["ProcessorTester"]
 

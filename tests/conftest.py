@@ -69,7 +69,7 @@ SUITE_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSeria
 @pytest.fixture(scope="session")
 def spark():
     """A local[2] SparkSession whose Python workers use this interpreter."""
-    from spark_integration.dev.local import local_spark
+    from spark_integration.conf.local_spark import local_spark
 
     # one retry per task; 2 partitions per operator, as the tests were written for
     # (the default would be 2 per core: spark_integration.planning.resolve.partition_count)

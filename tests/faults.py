@@ -18,8 +18,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.provider import CommitStep
+from sessionstore.checkpoint.partition.provider import CommitStep
+from sessionstore.checkpoint.storage.filesystem import Storage
 
 __all__ = [
     "KILL_STEPS", "KillAt", "FailOnceAfterCommit", "InjectedFailure", "pause_before_write",

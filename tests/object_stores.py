@@ -247,7 +247,7 @@ def gcs_server() -> Iterator[dict[str, Any]]:
 
 def new_gcs_bucket(options: dict[str, Any]) -> str:
     """Create a uniquely named bucket on the GCS endpoint; return its name."""
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     name = f"test-{uuid.uuid4().hex[:12]}"
     open_filesystem(f"gs://{name}", options).fs.create_dir(name)

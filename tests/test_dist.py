@@ -165,7 +165,7 @@ def test_readme_stores_example_runs_on_the_installed_wheel(installed, tmp_path):
 SESSIONIZE = """
 import json, sys
 from spark_integration import StateBackend, sessionize
-from spark_integration.dev.local import local_spark
+from spark_integration.conf.local_spark import local_spark
 
 spark = local_spark("wheel-check")
 clicks = spark.createDataFrame(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import yaml
 
-from spark_integration.planning.backend import CONF_KEYS, CONF_PREFIX, STORAGE_PREFIX
+from spark_integration.conf.backend import CONF_KEYS, CONF_PREFIX, STORAGE_PREFIX
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 

@@ -1,13 +1,13 @@
 """Durability: changelogs and snapshots in object storage, versioned per micro-batch."""
 
-from sessionstore.checkpoint.changelog import CorruptChangelogError
-from sessionstore.checkpoint.provider import (
+from sessionstore.checkpoint.partition.provider import (
     CheckpointMismatchError,
     StateStoreProvider,
     StoreHandle,
     VersionNotFoundError,
 )
-from sessionstore.checkpoint.snapshot import CorruptSnapshotError
+from sessionstore.checkpoint.records.changelog import CorruptChangelogError
+from sessionstore.checkpoint.records.snapshot import CorruptSnapshotError
 from sessionstore.stores.spec import StoreSpec
 
 __all__ = [

@@ -17,7 +17,7 @@ name the time filters its ``read_rows`` takes (``from_ts``, ``to_ts``, ``as_of``
 
 Its classmethod ``row_key(family, raw) -> bytes`` says which user key a raw row of
 its family ``<store>.<family>`` belongs to (the key's encoded bytes): a repartition
-(:mod:`sessionstore.checkpoint.repartition`) routes every row by it, so a new kind
+(:mod:`sessionstore.checkpoint.offline.repartition`) routes every row by it, so a new kind
 needs only that method to be rescaled. A family whose rows may hold several keys'
 data (a session store's blocks of closing sessions) has its rows first split into
 rows of one key each by the function the class's optional classmethod

@@ -55,16 +55,16 @@ from typing import Any
 
 import click
 
-from sessionstore.checkpoint.filesystem import is_secret_option
-from sessionstore.checkpoint.first_contact import StoreUnreachableError
-from sessionstore.checkpoint.layout import LocalPartition
-from sessionstore.checkpoint.retry import (
+from sessionstore.checkpoint.offline.verify import verify_checkpoint
+from sessionstore.checkpoint.records.layout import LocalPartition
+from sessionstore.checkpoint.storage.filesystem import is_secret_option
+from sessionstore.checkpoint.storage.first_contact import StoreUnreachableError
+from sessionstore.checkpoint.storage.retry import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_SECONDS,
     MAX_ATTEMPTS_OPTION,
     MAX_SECONDS_OPTION,
 )
-from sessionstore.checkpoint.verify import verify_checkpoint
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.registry import store_class
 from sessionstore.tools.processor_rows import timer_rows, variable_rows
@@ -203,7 +203,7 @@ def _readable_times(rows: Iterator[dict], columns: tuple[str, ...]) -> Iterator[
 def storage_option(command: Callable[..., Any]) -> Callable[..., Any]:
     """``--storage-option KEY=VALUE`` (repeatable) and the retry policy of object-store
     requests, ``--retry-max-attempts`` and ``--retry-max-seconds``
-    (sessionstore/checkpoint/retry.py), which travel with the storage options."""
+    (sessionstore/checkpoint/storage/retry.py), which travel with the storage options."""
 
     @functools.wraps(command)
     def run(
@@ -723,7 +723,7 @@ def repartition(uri, operator, count, target, version, key_types, storage_option
     partition, each row moved where repartition(N, *key columns) sends its key,
     written as a new checkpoint at URI2 that a query restarted with
     num_partitions=N continues from. URI is only read."""
-    from sessionstore.checkpoint.repartition import repartition_checkpoint
+    from sessionstore.checkpoint.offline.repartition import repartition_checkpoint
 
     source = _checkpoint_only(_source(uri, storage_options), "repartition")
     types = None if key_types is None else [t for t in key_types.split(",") if t.strip()]
@@ -761,8 +761,8 @@ def erase(uri, operator, keys, keys_from, force, storage_options, allow_pickle):
     """Erase every row of the given keys from every store of an operator, in its
     latest version and in its retained history (older versions are deleted). The
     query must be stopped. docs/rewrite.md."""
-    from sessionstore.checkpoint.erase import erase as erase_keys
-    from sessionstore.checkpoint.erase import recorded_key_types, typed_key
+    from sessionstore.checkpoint.offline.erase import erase as erase_keys
+    from sessionstore.checkpoint.offline.erase import recorded_key_types, typed_key
 
     source = _checkpoint_only(_source(uri, storage_options), "erase")
     key_types = recorded_key_types(source.root.child(operator)) if keys else None
@@ -921,7 +921,7 @@ def stats(uri, operator, last, fmt, storage_options, allow_pickle):
     """State metrics per operator and micro-batch, over its partitions: rows,
     late drops, output, loads, commit times, uploads, snapshot lag, memory, and
     restores repaired around an unusable snapshot."""
-    from sessionstore.checkpoint.metrics import STATS_FIELDS
+    from sessionstore.checkpoint.records.metrics import STATS_FIELDS
 
     source = _checkpoint_only(_source(uri, storage_options, allow_pickle), "stats")
     operators = [_operator(source, operator)] if operator else source.operators()

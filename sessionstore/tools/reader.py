@@ -31,11 +31,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from sessionstore.checkpoint.changelog import read_changelog_header
-from sessionstore.checkpoint.filesystem import Storage, open_filesystem
-from sessionstore.checkpoint.first_contact import reach
-from sessionstore.checkpoint.generation import state_root
-from sessionstore.checkpoint.layout import (
+from sessionstore.checkpoint.partition.provider import StateStoreProvider, store_stats
+from sessionstore.checkpoint.records.changelog import read_changelog_header
+from sessionstore.checkpoint.records.generation import state_root
+from sessionstore.checkpoint.records.layout import (
     PartitionFiles,
     committed_version,
     local_databases,
@@ -44,8 +43,9 @@ from sessionstore.checkpoint.layout import (
     read_changelog_file,
     read_metadata,
 )
-from sessionstore.checkpoint.metrics import summarize_batch, task_records
-from sessionstore.checkpoint.provider import StateStoreProvider, store_stats
+from sessionstore.checkpoint.records.metrics import summarize_batch, task_records
+from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.storage.first_contact import reach
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.operators.aggregations import recorded_output, recorded_time_type
@@ -222,7 +222,7 @@ class CheckpointSource(_PickleGuard):
     def batch_metrics(self, operator: str, last: int | None = None) -> list[dict[str, Any]]:
         """One row per micro-batch of ``operator`` (the ``last`` newest, else every
         retained one), its partitions' task metrics aggregated
-        (:func:`~sessionstore.checkpoint.metrics.summarize_batch`), oldest first.
+        (:func:`~sessionstore.checkpoint.records.metrics.summarize_batch`), oldest first.
 
         Reads one listing per partition and the header of each changelog shown,
         plus the next one (which holds the commit time), with ranged reads run
@@ -424,7 +424,7 @@ def open_source(
 ) -> CheckpointSource | LocalSource:
     """The source at ``uri``: local databases if the path holds RocksDB databases,
     otherwise a checkpoint root (object storage or a local folder), first reached
-    within a bounded time (:func:`~sessionstore.checkpoint.first_contact.reach`;
+    within a bounded time (:func:`~sessionstore.checkpoint.storage.first_contact.reach`;
     ``waiting``, a spinner, shows while it takes more than a second). Stores
     recorded with the pickle serde are read only with ``allow_pickle``
     (``pickle_option`` names how the user says so, in the refusal)."""

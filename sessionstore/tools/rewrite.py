@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sessionstore.checkpoint.change import (
+from sessionstore.checkpoint.offline.change import (
     DEFAULT_QUIET_S,
     ChangeError,
     ChangeTarget,
@@ -33,7 +33,7 @@ from sessionstore.checkpoint.change import (
     pending_change,
     run_change,
 )
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.encoding.session_key import TIMES_LEN, decode_times, times_of
 from sessionstore.operators.aggregations import recorded_output, recorded_plan
 from sessionstore.operators.restate import with_results
@@ -55,7 +55,7 @@ def _function_name(fn: Callable[..., Any]) -> str:
 
 class RowRewriter:
     """What ``fn`` makes of each row of one store, partition by partition: the
-    ``prepare`` hook and the row change of :func:`~sessionstore.checkpoint.change.run_change`."""
+    ``prepare`` hook and the row change of :func:`~sessionstore.checkpoint.offline.change.run_change`."""
 
     def __init__(self, store: str, fn: Callable[[dict], Any], raw: bool) -> None:
         self.store, self.fn, self.raw = store, fn, raw

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sessionstore.checkpoint import StateStoreProvider
-from sessionstore.checkpoint.provider import recorded_partitions
+from sessionstore.checkpoint.partition.provider import recorded_partitions
 from sessionstore.stores.spec import StoreSpec
 from sessionstore.tools.cli import main as cli_main
 from sessionstore.tools.demo import click_stream
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
-    from spark_integration.dev.local import local_spark
+    from spark_integration.conf.local_spark import local_spark
 
     conf = dict(item.split("=", 1) for item in args.conf)
     spark = local_spark(
@@ -117,7 +117,7 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
     """Run the demo queries on ``spark`` (``interval`` seconds between micro-batches);
     print and return ``(emitted sessions, sessions in state per partition, clicks
     joined with their plan, seconds the micro-batches took)``."""
-    from spark_integration.driver.metrics import log_state_metrics
+    from spark_integration.coordinator.metrics_listener import log_state_metrics
 
     shutil.rmtree(out_dir, ignore_errors=True)
     staging, source = os.path.join(out_dir, "staging"), os.path.join(out_dir, "clicks")
@@ -150,7 +150,7 @@ def run(spark, n_clicks: int, users: int, batches: int, out_dir: str, interval: 
 def _backend(spark, out_dir: str):
     """The conf's backend (e.g. S3 in docker/compose.yaml), else local folders."""
     from spark_integration import StateBackend
-    from spark_integration.planning.backend import CONF_PREFIX
+    from spark_integration.conf.backend import CONF_PREFIX
 
     if spark.conf.get(CONF_PREFIX + "checkpointUri", None):
         return StateBackend.from_conf(spark)

@@ -2,7 +2,7 @@
 larger than one machine.
 
 The same pieces as ``sessionstore repartition``
-(:mod:`sessionstore.checkpoint.repartition`), distributed: one task per source
+(:mod:`sessionstore.checkpoint.offline.repartition`), distributed: one task per source
 partition loads version V and emits ``(target partition, family, key, value)``
 rows, Spark's shuffle brings each target partition's rows together, and one task
 per target partition writes its database and uploads it as the snapshot of
@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from sessionstore.checkpoint.repartition import (
+from sessionstore.checkpoint.offline.repartition import (
     RepartitionPlan,
     TargetWriter,
     finish_repartition,
@@ -26,7 +26,7 @@ from sessionstore.checkpoint.repartition import (
     routed_rows,
     summary,
 )
-from spark_integration.planning.session import require_classic
+from spark_integration.conf.spark_session import require_classic
 
 __all__ = ["repartition_state"]
 
@@ -46,8 +46,8 @@ def repartition_state(
     """Repartition version ``version`` (default: the latest) of ``operator``'s state
     at ``uri`` to ``partitions`` partitions, as a new checkpoint at ``to``, on the
     executors of ``spark``. Arguments and result as
-    :func:`~sessionstore.checkpoint.repartition.repartition_checkpoint`;
-    :class:`~sessionstore.checkpoint.repartition.RepartitionError` (before any task
+    :func:`~sessionstore.checkpoint.offline.repartition.repartition_checkpoint`;
+    :class:`~sessionstore.checkpoint.offline.repartition.RepartitionError` (before any task
     runs) names what is wrong."""
     require_classic(spark, "repartition_state", "run `sessionstore repartition` (the CLI)")
     plan = plan_repartition(

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sessionstore.checkpoint.change import (
+from sessionstore.checkpoint.offline.change import (
     DEFAULT_QUIET_S,
     ChangeError,
     abandon_change,

@@ -8,8 +8,8 @@ state after the batches before it), processes its rows, and commits version
 ``batchId + 1``. A retried or replayed batch loads the same version again, so its
 output is the same: exactly-once with idempotent or replay-tolerant sinks.
 
-Event time is shared across partitions (:mod:`sessionstore.checkpoint.event_time`,
-through the driver's :mod:`~spark_integration.driver.coordinator`): before batch N every
+Event time is shared across partitions (:mod:`sessionstore.checkpoint.records.event_time`,
+through the driver's :mod:`~spark_integration.coordinator.server`): before batch N every
 partition advances to the largest event time of batch N-1, so sessions close in
 partitions that receive no data. That advance is the only thing that closes
 (``closes_on="advance"``): the rows of batch N extend and merge sessions, and are
@@ -28,12 +28,12 @@ import pyarrow as pa
 
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.execution.runtime import AggregatorTask, Emitted
-from spark_integration.planning.aggregate_operator import aggregate_input
-from spark_integration.planning.aggregations import SessionAggregation
-from spark_integration.planning.backend import StateBackend
-from spark_integration.planning.intervals import interval_ms
-from spark_integration.planning.resolve import grace_ms
+from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.intervals import interval_ms
+from spark_integration.execution.aggregator_task import AggregatorTask, Emitted
+from spark_integration.operators.aggregate_skeleton import aggregate_input
+from spark_integration.planning.aggregation_specs import SessionAggregation
+from spark_integration.planning.input_columns import grace_ms
 
 __all__ = ["sessionize", "SessionAggregation"]
 

@@ -10,7 +10,7 @@ table's history retention is dropped rather than joined with a wrong version.
 
 "Older" is measured against the operator's event time after the previous batch
 (the largest table time of any partition, shared as sessionize shares its own,
-:mod:`sessionstore.checkpoint.event_time`), held through the batch
+:mod:`sessionstore.checkpoint.records.event_time`), held through the batch
 (``VersionedStore.stream_time_held``): a row is dropped when its time is more than
 the history retention before that, in every partition alike. So the output does
 not depend on the partition count or on which keys share a partition, and a
@@ -28,32 +28,26 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.operators.arrow_io import epoch_millis
+from sessionstore.operators.batch_paths.arrow_io import epoch_millis
 from sessionstore.operators.temporal_join import TemporalJoin
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.driver.coordinator import CoordinatorAddress
+from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.intervals import interval_ms
+from spark_integration.conf.names import SIDE, TS
+from spark_integration.coordinator.protocol import CoordinatorAddress
+from spark_integration.execution.context import TaskContext
+from spark_integration.execution.inputs import deterministic_order, key_values, struct_values
 from spark_integration.execution.output import arrow_schema, record_batch
-from spark_integration.execution.runtime import (
-    TaskContext,
-    deterministic_order,
-    key_values,
-    state_and_inputs,
-    struct_values,
-)
-from spark_integration.planning.backend import StateBackend
+from spark_integration.execution.partition_state import state_and_inputs
 from spark_integration.planning.due_batches import with_due_batches
-from spark_integration.planning.intervals import interval_ms
-from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import (
-    SIDE,
-    TS,
+from spark_integration.planning.input_columns import (
     checked_fields,
     key_types,
-    operator_coordinator,
-    resolve,
     tagged_union,
     time_column,
 )
+from spark_integration.planning.placement import state_map
+from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = ["temporal_join"]
 

@@ -16,11 +16,11 @@ import pyarrow as pa
 
 from sessionstore.operators import TimeWindows, WindowAggregator
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.execution.runtime import AggregatorTask, Emitted
-from spark_integration.planning.aggregate_operator import aggregate_input
-from spark_integration.planning.backend import StateBackend
-from spark_integration.planning.intervals import interval_ms
-from spark_integration.planning.resolve import grace_ms
+from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.intervals import interval_ms
+from spark_integration.execution.aggregator_task import AggregatorTask, Emitted
+from spark_integration.operators.aggregate_skeleton import aggregate_input
+from spark_integration.planning.input_columns import grace_ms
 
 __all__ = ["window_aggregate"]
 

@@ -10,7 +10,7 @@ batch, so a retried batch buffers and joins exactly the same rows.
 
 Before each batch every partition advances to the operator's event time after the
 previous one (the largest row time any partition had, shared as sessionize shares
-its own, :mod:`sessionstore.checkpoint.event_time`): rows are late against the
+its own, :mod:`sessionstore.checkpoint.records.event_time`): rows are late against the
 query's event time, not their partition's, and a partition whose keys went quiet
 still expires its buffers. The due source
 (:mod:`spark_integration.planning.due_batches`) makes Spark run that batch, without
@@ -25,32 +25,26 @@ from typing import Any
 
 import pyarrow as pa
 
-from sessionstore.operators.arrow_io import epoch_millis
+from sessionstore.operators.batch_paths.arrow_io import epoch_millis
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.driver.coordinator import CoordinatorAddress
+from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.intervals import interval_ms
+from spark_integration.conf.names import SIDE, TS
+from spark_integration.coordinator.protocol import CoordinatorAddress
+from spark_integration.execution.context import TaskContext
+from spark_integration.execution.inputs import deterministic_order, key_values, struct_values
 from spark_integration.execution.output import arrow_schema, record_batch
-from spark_integration.execution.runtime import (
-    TaskContext,
-    deterministic_order,
-    key_values,
-    state_and_inputs,
-    struct_values,
-)
-from spark_integration.planning.backend import StateBackend
+from spark_integration.execution.partition_state import state_and_inputs
 from spark_integration.planning.due_batches import with_due_batches
-from spark_integration.planning.intervals import interval_ms
-from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import (
-    SIDE,
-    TS,
+from spark_integration.planning.input_columns import (
     checked_fields,
     key_types,
-    operator_coordinator,
-    resolve,
     tagged_union,
     time_column,
 )
+from spark_integration.planning.placement import state_map
+from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = ["window_join"]
 

@@ -65,11 +65,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessionstore.checkpoint.event_time import MissingEventTimeError, durable_event_time
-from sessionstore.checkpoint.filesystem import Storage, open_filesystem
-from sessionstore.checkpoint.layout import DUE_BATCHES_MARKER, changelog_name, newest_committed
-from spark_integration.planning.backend import CONF_PREFIX, StateBackend
-from spark_integration.planning.session import is_connect
+from sessionstore.checkpoint.records.event_time import MissingEventTimeError, durable_event_time
+from sessionstore.checkpoint.records.layout import (
+    DUE_BATCHES_MARKER,
+    changelog_name,
+    newest_committed,
+)
+from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
+from spark_integration.conf.backend import CONF_PREFIX, StateBackend
+from spark_integration.conf.spark_session import is_connect
 
 __all__ = [
     "DUE_BATCHES_CONF",

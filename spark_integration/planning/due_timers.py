@@ -4,7 +4,7 @@ or TTL expiry falls due, when no row arrives.
 The operator unions the due source of spark_integration/planning/due_batches.py
 into its input before its shuffle, with :class:`DueTimers` deciding when its
 offset advances. Each partition's commit records when it next has work without
-input (sessionstore/checkpoint/deadlines.py): the earliest processing time (a
+input (sessionstore/checkpoint/records/deadlines.py): the earliest processing time (a
 processing-time timer, a TTL expiry) and the earliest shared event time (an
 event-time timer's expiry plus the watermark delay). Something is due after the
 newest committed batch ``b`` when
@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sessionstore.checkpoint.deadlines import Deadlines, operator_deadlines
+from sessionstore.checkpoint.records.deadlines import Deadlines, operator_deadlines
 from spark_integration.planning.due_batches import DueTimes
 
 __all__ = ["DueTimers"]

@@ -32,32 +32,22 @@ largest divisor of ``P`` up to two per core if it gives every core a task, else
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from spark_integration.driver.metrics import with_state_metrics
-from spark_integration.execution.runtime import (
-    ContextTask,
-    SparkTask,
-    TaskContext,
-    check_partition,
-)
+from spark_integration.conf.backend import CONF_PREFIX
+from spark_integration.conf.names import SHARD
+from spark_integration.conf.spark_session import default_parallelism
+from spark_integration.execution.context import ContextTask, SparkTask
+from spark_integration.execution.metrics import with_state_metrics
+from spark_integration.execution.sharding import ShardedTask
 from spark_integration.execution.state_server import served
-from spark_integration.planning.backend import CONF_PREFIX
 from spark_integration.planning.resolve import PARTITIONS_PER_CORE
-from spark_integration.planning.session import default_parallelism
 
-__all__ = ["TASKS_CONF", "SHARD", "ShardedTask", "state_map", "task_count"]
+__all__ = ["TASKS_CONF", "state_map", "task_count"]
 
 #: Spark conf key: Spark tasks per micro-batch of an operator (see the module doc).
 TASKS_CONF = CONF_PREFIX + "tasks"
-#: The column that carries each row's state partition to its Spark task.
-SHARD = "__ss_partition"
 
 
 def task_count(spark: Any, partitions: int) -> int:
@@ -96,7 +86,7 @@ def state_map(
     """Run operator ``task`` over ``df`` hash-partitioned by ``keys`` into
     ``partitions`` state partitions: in ``task_count`` Spark tasks, each state
     partition in its state server (see the module doc); with the state metrics of
-    :func:`~spark_integration.driver.metrics.with_state_metrics`."""
+    :func:`~spark_integration.execution.metrics.with_state_metrics`."""
     from pyspark.sql import functions as F
 
     spark = df.sparkSession
@@ -112,42 +102,3 @@ def state_map(
         name,
         outer=lambda each: SparkTask(ShardedTask(each, partitions, tasks)),
     )
-
-
-def _split(batches: Iterator[pa.RecordBatch]) -> dict[int, list[pa.RecordBatch]]:
-    """The rows of each state partition, without the :data:`SHARD` column."""
-    inputs = [b for b in batches if b.num_rows]
-    if not inputs:
-        return {}
-    table = pa.Table.from_batches(inputs)
-    order = pc.sort_indices(table.column(SHARD))
-    table = table.take(order)
-    shards = table.column(SHARD).to_numpy()
-    table = table.drop_columns([SHARD])
-    starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
-    ends = np.r_[starts[1:], len(shards)]
-    return {
-        int(shards[s]): table.slice(s, e - s).combine_chunks().to_batches()
-        for s, e in zip(starts, ends, strict=True)
-    }
-
-
-@dataclass
-class ShardedTask:
-    """The task of Spark task ``t`` of ``tasks``: runs ``each`` (the operator task of
-    one state partition) for state partitions ``t, t + tasks, ...`` below
-    ``partitions``, each with its own rows and its own context (see the module doc)."""
-
-    each: ContextTask
-    partitions: int
-    tasks: int
-
-    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
-        """Run ``each`` for this Spark task's state partitions (see :class:`ContextTask`)."""
-        info = context.info
-        check_partition(None, info.partition, self.tasks, "Spark tasks")
-        rows = _split(batches)
-        for partition in range(info.partition, self.partitions, self.tasks):
-            yield from self.each.run(
-                iter(rows.pop(partition, [])), context.for_partition(partition)
-            )

@@ -1,8 +1,8 @@
 """Rescale on restart, as a Spark job of the query's own session, before its first
 batch (:func:`located_backend`, called when an operator is planned).
 
-The engine-agnostic steps are :mod:`sessionstore.checkpoint.rescale` (checks, the
-generation, the atomic switch) and :mod:`sessionstore.checkpoint.repartition`
+The engine-agnostic steps are :mod:`sessionstore.checkpoint.offline.rescale` (checks, the
+generation, the atomic switch) and :mod:`sessionstore.checkpoint.offline.repartition`
 (routing, target databases): what runs here is the copy between them, written
 with DataFrames so that it runs alike on a classic session and on a Spark Connect
 client: a range of one row per source partition, ``mapInArrow`` loading each
@@ -23,11 +23,16 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from sessionstore.checkpoint.generation import state_root
-from sessionstore.checkpoint.identity import recorded_partitions
-from sessionstore.checkpoint.repartition import RepartitionPlan, TargetWriter, routed_rows
-from sessionstore.checkpoint.rescale import RescalePlan, commit_rescale, drop_state, plan_rescale
-from spark_integration.planning.backend import StateBackend
+from sessionstore.checkpoint.offline.repartition import RepartitionPlan, TargetWriter, routed_rows
+from sessionstore.checkpoint.offline.rescale import (
+    RescalePlan,
+    commit_rescale,
+    drop_state,
+    plan_rescale,
+)
+from sessionstore.checkpoint.partition.identity import recorded_partitions
+from sessionstore.checkpoint.records.generation import state_root
+from spark_integration.conf.backend import StateBackend
 
 __all__ = ["located_backend", "rescale", "copy_state"]
 
@@ -56,7 +61,7 @@ def rescale(spark: Any, backend: StateBackend, name: str, partitions: int) -> di
     """Rescale operator ``name``'s checkpoint to ``partitions`` partitions with a
     Spark job of ``spark``; logs one line and returns ``{"operator", "version",
     "from_partitions", "partitions", "rows", "seconds"}``.
-    :class:`~sessionstore.checkpoint.rescale.RescaleError` (before anything is
+    :class:`~sessionstore.checkpoint.offline.rescale.RescaleError` (before anything is
     switched) when it cannot be done."""
     started = time.perf_counter()
     plan = plan_rescale(

@@ -1,28 +1,22 @@
-"""Driver-side planning of the sessionstore operators: what an operator checks and
-derives from its input DataFrames before any task runs.
-
-Input columns are checked with clear errors, the event time becomes epoch
-milliseconds, the grace period defaults to the watermark delay, two inputs are
-unioned into one tagged input (:func:`tagged_union`), the backend comes from the
-session's conf when not given, and the partition count from the operator's
-checkpoint or the cluster's cores (:func:`partition_count`). Tasks read the columns
-named here (:data:`SIDE`, :data:`TS`). An event-time operator is registered with
-the driver's coordinator (:func:`operator_coordinator`).
+"""What an operator's state needs on the driver before any task runs: the backend
+(given, else the session's conf), the first request to its checkpoint's store, the
+partition count (the checkpoint's, else the conf's or the cluster's cores:
+:func:`partition_count`), and the driver's coordinator for an event-time operator
+(:func:`operator_coordinator`).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
-from sessionstore.checkpoint.first_contact import reach
-from sessionstore.checkpoint.lineage import warn_unfenced
-from sessionstore.checkpoint.provider import recorded_partitions
-from spark_integration.dev.local import UNIX_SOCKET_CONF
-from spark_integration.planning.backend import CONF_PREFIX, StateBackend
+from sessionstore.checkpoint.partition.lineage import warn_unfenced
+from sessionstore.checkpoint.partition.provider import recorded_partitions
+from sessionstore.checkpoint.storage.first_contact import reach
+from spark_integration.conf.backend import CONF_PREFIX, StateBackend
+from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
+from spark_integration.conf.spark_session import conf_value, default_parallelism
 from spark_integration.planning.rescale import located_backend
-from spark_integration.planning.session import conf_value, default_parallelism
 
 __all__ = [
     "resolve",
@@ -31,18 +25,8 @@ __all__ = [
     "PARTITIONS_PER_CORE",
     "operator_coordinator",
     "warn_tcp_workers",
-    "checked_fields",
-    "time_column",
-    "grace_ms",
-    "watermark_delay_ms",
-    "tagged_union",
-    "key_types",
-    "SIDE",
-    "TS",
 ]
 
-#: Columns of a tagged union: which input a row came from, and its event time.
-SIDE, TS = "__ss_side", "__ss_ts"
 
 #: The Spark conf key that sets the partition count of operators that get no
 #: ``num_partitions`` (an existing checkpoint of another count is rescaled to it).
@@ -52,60 +36,6 @@ PARTITIONS_CONF = CONF_PREFIX + "partitions"
 #: core: each task costs a fixed share of a slot (and one database per partition),
 #: while a second task per core evens out skewed keys and a straggler.
 PARTITIONS_PER_CORE = 2
-
-#: Where Spark records ``withWatermark``'s delay: metadata of the event-time column.
-WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
-
-
-def watermark_delay_ms(df: Any, timestamp: str) -> int | None:
-    """The delay of the watermark the input declares on ``timestamp``
-    (``withWatermark``), or None."""
-    for field in df.schema.fields:
-        if field.name == timestamp and WATERMARK_DELAY_KEY in (field.metadata or {}):
-            return int(field.metadata[WATERMARK_DELAY_KEY])
-    return None
-
-
-def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
-    """The grace period in ms: ``grace`` when given, else the delay of the watermark
-    the input declares on ``timestamp`` (``withWatermark``), else 0.
-
-    With grace equal to the delay, a session or window closes when the query's
-    watermark passes its end, as in Spark: the watermark of micro-batch N is the
-    largest event time of the batches before it, across partitions, minus the delay.
-    """
-    from spark_integration.planning.intervals import interval_ms
-
-    if grace is not None:
-        return interval_ms(grace, "grace")
-    delay = watermark_delay_ms(df, timestamp)
-    return 0 if delay is None else delay
-
-
-def checked_fields(df: Any, columns: Sequence[str], side: str = "the input") -> dict[str, Any]:
-    """The fields of ``df`` by name; ``ValueError`` naming the first of ``columns``
-    that ``df`` lacks (and ``side``, for operators with two inputs)."""
-    fields = {f.name: f for f in df.schema.fields}
-    for column in columns:
-        if column not in fields:
-            raise ValueError(f"{side} has no column {column!r} (it has {sorted(fields)})")
-    return fields
-
-
-def time_column(fields: dict[str, Any], timestamp: str) -> tuple[Any, Any]:
-    """``(epoch-millisecond column, output time type)`` for a timestamp or long column."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    ts_type = fields[timestamp].dataType
-    if isinstance(ts_type, (T.TimestampType, T.TimestampNTZType)):
-        return F.unix_millis(F.col(timestamp).cast("timestamp")), T.TimestampType()
-    if isinstance(ts_type, (T.LongType, T.IntegerType)):
-        return F.col(timestamp).cast("long"), T.LongType()
-    raise ValueError(
-        f"timestamp column {timestamp!r} must be a timestamp or epoch milliseconds (long), "
-        f"not {ts_type.simpleString()}"
-    )
 
 
 def resolve(
@@ -164,9 +94,9 @@ def partition_count(
 
 def operator_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
     """The address of this driver's coordinator (event time, state metrics) for ``name``
-    (started on first use, see :mod:`spark_integration.driver.coordinator`), for its
+    (started on first use, see :mod:`spark_integration.coordinator.server`), for its
     tasks; None when it is turned off or cannot listen."""
-    from spark_integration.driver.coordinator import coordinator_for
+    from spark_integration.coordinator.server import coordinator_for
 
     return coordinator_for(
         df.sparkSession, backend.checkpoint_uri, name, num_partitions, backend.storage_options
@@ -198,34 +128,3 @@ def warn_tcp_workers(spark: Any) -> bool:
         stacklevel=3,
     )
     return True
-
-
-def key_types(df: Any, keys: Sequence[str]) -> list[str]:
-    """The Spark type names (``DataType.typeName()``: ``string``, ``long``,
-    ``integer``...) of the key columns of ``df``, the DataFrame an operator
-    repartitions by them. Recorded in the checkpoint: the store keeps a str or an
-    int, not whether the column was an int or a long, and Spark hashes the two
-    differently, so a repartition of the state needs them (sessionstore repartition)."""
-    fields = {f.name: f for f in df.schema.fields}
-    return [fields[k].dataType.typeName() for k in keys]
-
-
-def tagged_union(keys: list[str], sides: list[tuple[Any, Any, list[str], str]]) -> Any:
-    """Union several inputs as (keys, side number, event-time ms, struct of columns).
-
-    ``sides`` holds ``(DataFrame, millisecond time column, struct columns, struct
-    name)``; each input's own columns travel in its struct, nulls elsewhere."""
-    from pyspark.sql import functions as F
-
-    combined = None
-    for number, (df, millis, columns, struct) in enumerate(sides):
-        tagged = df.select(
-            *[F.col(k) for k in keys],
-            F.lit(number).alias(SIDE),
-            millis.alias(TS),
-            F.struct(*[F.col(c) for c in columns]).alias(struct),
-        )
-        combined = (
-            tagged if combined is None else combined.unionByName(tagged, allowMissingColumns=True)
-        )
-    return combined

@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionstore.checkpoint.changelog import (
+from sessionstore.checkpoint.records.changelog import (
     CorruptChangelogError,
     decode_changelog,
     encode_changelog,
     read_changelog_header,
 )
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.engine.write_buffer import WriteBuffer
 
 
@@ -123,7 +123,7 @@ def test_a_body_that_does_not_decode_is_named_even_with_a_valid_checksum():
 def _merged(changelog, limit):
     """The buffers of ``changelog.writes(limit)`` in one, and the largest one's
     accounted size (keys, values and the per-entry cost)."""
-    from sessionstore.checkpoint.changelog import _ENTRY_COST
+    from sessionstore.checkpoint.records.changelog import _ENTRY_COST
 
     whole, largest, chunks = WriteBuffer(), 0, list(changelog.writes(limit))
     for i, chunk in enumerate(chunks):
@@ -160,7 +160,7 @@ def test_streamed_writes_add_up_to_the_whole_decode_in_bounded_buffers(
     """Held by invariant 5: a changelog's writes come in buffers of about
     ``limit``, and together they are exactly the writes a
     whole-file decode gives (a drop takes the family's writes)."""
-    from sessionstore.checkpoint.changelog import Changelog, _Source
+    from sessionstore.checkpoint.records.changelog import Changelog, _Source
 
     buf = WriteBuffer()
     buf.created.extend(created)
@@ -189,8 +189,8 @@ def test_a_large_changelog_is_read_from_a_file_and_its_damage_still_named(tmp_pa
     import struct
     import zlib
 
-    from sessionstore.checkpoint import changelog as module
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.records import changelog as module
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     buf = WriteBuffer()
     for i in range(20_000):

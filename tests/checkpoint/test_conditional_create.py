@@ -13,11 +13,11 @@ import sys
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint import conditional_create
-from sessionstore.checkpoint.changelog import decode_changelog, encode_changelog
-from sessionstore.checkpoint.filesystem import Storage, open_filesystem
-from sessionstore.checkpoint.layout import changelog_name
-from sessionstore.checkpoint.lineage import COMMIT_FIELD, publish
+from sessionstore.checkpoint.partition.lineage import COMMIT_FIELD, publish
+from sessionstore.checkpoint.records.changelog import decode_changelog, encode_changelog
+from sessionstore.checkpoint.records.layout import changelog_name
+from sessionstore.checkpoint.storage import conditional_create
+from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
 from tests.checkpoint.test_lineage import commit, tags  # commit: no arbiter by default
 from tests.faults import pause_before_write
 from tests.object_stores import (
@@ -271,7 +271,7 @@ def test_a_store_without_conditional_writes_looks_before_writing_from_then_on(
     options = counting_bucket[1]
     reset_s3_request_counts(options)
     fail_next_s3_requests(options, "PUT", status, code)
-    with caplog.at_level(logging.WARNING, logger="sessionstore.checkpoint.conditional_create"):
+    with caplog.at_level(logging.WARNING, logger="sessionstore.checkpoint.storage.conditional_create"):
         commit(p, 0, "first")
         commit(p, 1, "second")
     counts = s3_request_counts(options)
@@ -301,7 +301,7 @@ def test_a_conditional_replace_is_refused_once_the_object_changed(location):
 
 
 def _changelog(version, commit_id, parent):
-    from sessionstore.checkpoint.lineage import PARENT_FIELD
+    from sessionstore.checkpoint.partition.lineage import PARENT_FIELD
     from sessionstore.engine.write_buffer import WriteBuffer
 
     buf = WriteBuffer()

@@ -1,4 +1,4 @@
-"""Erasing keys (checkpoint/erase.py, change.py) without Spark: every store kind,
+"""Erasing keys (checkpoint/offline/erase.py, change.py) without Spark: every store kind,
 the retained history scanned object by object, the restart, a busy checkpoint,
 and kill -9 in the middle."""
 
@@ -14,12 +14,12 @@ import tempfile
 import pytest
 
 from sessionstore import StateStoreProvider, erase
-from sessionstore.checkpoint.change import CheckpointBusyError
-from sessionstore.checkpoint.changelog import decode_changelog
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import read_metadata
-from sessionstore.checkpoint.provider import CheckpointMismatchError
-from sessionstore.checkpoint.snapshot import download_snapshot, read_manifest, referenced
+from sessionstore.checkpoint.offline.change import CheckpointBusyError
+from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
+from sessionstore.checkpoint.records.changelog import decode_changelog
+from sessionstore.checkpoint.records.layout import read_metadata
+from sessionstore.checkpoint.records.snapshot import download_snapshot, read_manifest, referenced
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.encoding.keys import encode_key
 from sessionstore.engine.db import META_CF
 from sessionstore.stores import closing
@@ -188,7 +188,7 @@ def test_bad_keys_are_refused_naming_them(source):
 
 _KILLER = """
 import os, signal, sys
-import sessionstore.checkpoint.change as change
+import sessionstore.checkpoint.offline.change as change
 from sessionstore import erase
 step, at = sys.argv[2], int(sys.argv[3])
 original = getattr(change, step)

@@ -8,13 +8,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.event_time import (
+from sessionstore.checkpoint.records.event_time import (
     MissingEventTimeError,
     durable_event_time,
     partition_event_time,
 )
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import changelog_name, event_time_name
+from sessionstore.checkpoint.records.layout import changelog_name, event_time_name
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.encoding.ints import INT64
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]

@@ -10,8 +10,8 @@ import errno
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.provider import COMMIT_STEPS
+from sessionstore.checkpoint.partition.provider import COMMIT_STEPS
+from sessionstore.checkpoint.storage.filesystem import Storage
 from sessionstore.stores.state_db import StateDB
 
 SPECS = [StoreSpec("sessions", "session", 1000), StoreSpec("counts", "kv", 0)]

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.filesystem import StorageOptionError, open_filesystem, redact
+from sessionstore.checkpoint.storage.filesystem import StorageOptionError, open_filesystem, redact
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]
 
@@ -25,7 +25,7 @@ def test_options_given_as_text_are_typed(gs_bucket):
     storage.write_atomic("a/b", b"x")
     assert storage.read("a/b") == b"x" and storage.list("a") == ["b"]
     # "false" is false: pyarrow takes any string as a true boolean
-    from sessionstore.checkpoint.filesystem import _typed
+    from sessionstore.checkpoint.storage.filesystem import _typed
 
     typed = _typed(uri, {"anonymous": "false", "retry_time_limit": "2.5", "scheme": "http"})
     assert typed == {
@@ -237,7 +237,7 @@ def test_a_local_commit_flushes_its_changelog_and_directory_before_the_commit_po
     import os
     import re
 
-    from sessionstore.checkpoint.provider import CommitStep
+    from sessionstore.checkpoint.partition.provider import CommitStep
 
     synced: list[str] = []
     real_fsync = os.fsync
@@ -281,7 +281,7 @@ def test_where_a_file_shows_while_it_is_written_a_write_goes_to_a_hidden_name_fi
     replacement is whole too."""
     import pyarrow.fs as pafs
 
-    from sessionstore.checkpoint.filesystem import Storage
+    from sessionstore.checkpoint.storage.filesystem import Storage
 
     (tmp_path / "store").mkdir()
     fs = pafs.SubTreeFileSystem(str(tmp_path / "store"), pafs.LocalFileSystem())

@@ -12,11 +12,11 @@ import time
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint import snapshot
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import PartitionFiles
-from sessionstore.checkpoint.orphans import OrphanSweep
-from sessionstore.checkpoint.snapshot import read_manifest, referenced
+from sessionstore.checkpoint.partition.orphans import OrphanSweep
+from sessionstore.checkpoint.records import snapshot
+from sessionstore.checkpoint.records.layout import PartitionFiles
+from sessionstore.checkpoint.records.snapshot import read_manifest, referenced
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from tests.faults import InjectedFailure, pause_before_write, slow_writes
 
 SPECS = [StoreSpec("counts", "kv", 0)]
@@ -178,7 +178,7 @@ def test_a_maintenance_while_a_snapshot_is_taken_leaves_it_for_the_next(tmp_path
     """A background maintenance can run while the task's commit takes a snapshot.
     Between the RocksDB checkpoint and its lineage record it must not see the
     snapshot (it would drop it as another checkpoint's); the next one uploads it."""
-    from sessionstore.checkpoint import commit as committing
+    from sessionstore.checkpoint.partition import commit as committing
 
     p = provider(f"file://{tmp_path}/remote", tmp_path / "local", snapshot_interval=2)
     real, during = committing.write_snapshot_record, []

@@ -11,9 +11,9 @@ import socket
 import time
 import uuid
 
-from sessionstore.checkpoint import store_service
-from sessionstore.checkpoint.request_server import RefusalLog
-from sessionstore.checkpoint.store_service import StoreService
+from sessionstore.checkpoint.service import store_service
+from sessionstore.checkpoint.service.request_server import RefusalLog
+from sessionstore.checkpoint.service.store_service import StoreService
 from tests.foreign_user import NOBODY, AsNobody, needs_root
 
 

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.filesystem import Storage, open_filesystem
+from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
 from tests.faults import pause_before_write
 
 SPECS = [StoreSpec("values", "kv", 0)]

@@ -1,4 +1,4 @@
-"""checkpoint/layout.py names every file a provider writes, and the commit observer
+"""checkpoint/records/layout.py names every file a provider writes, and the commit observer
 sees each step of a commit (the extension point tests/faults.py plugs into)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import (
+from sessionstore.checkpoint.partition.provider import CommitStep
+from sessionstore.checkpoint.records.layout import (
     IDENTITY_KEY,
     METADATA,
     LocalPartition,
@@ -20,8 +20,8 @@ from sessionstore.checkpoint.layout import (
     newest_committed,
     read_metadata,
 )
-from sessionstore.checkpoint.provider import CommitStep
-from sessionstore.checkpoint.snapshot import read_manifest, referenced
+from sessionstore.checkpoint.records.snapshot import read_manifest, referenced
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.stores.state_db import StateDB
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
-    import sessionstore.checkpoint.commit as commit
-    import sessionstore.checkpoint.load as load
+    import sessionstore.checkpoint.partition.commit as commit
+    import sessionstore.checkpoint.partition.load as load
     from sessionstore import StateStoreProvider, StoreSpec
 
     uri, local, mode, go = sys.argv[1:5]
@@ -158,9 +158,9 @@ def test_a_catch_ups_download_folder_is_locked_against_another_process_sweep(
     """A warm copy catching up downloads large changelogs into a scratch folder
     beside the partition: another process opening the partition meanwhile sweeps
     scratch folders whose lock is free, so the catch-up's must be held."""
-    import sessionstore.checkpoint.load as load
-    from sessionstore.checkpoint.layout import LocalPartition
-    from sessionstore.checkpoint.leftovers import sweep_restores
+    import sessionstore.checkpoint.partition.load as load
+    from sessionstore.checkpoint.partition.leftovers import sweep_restores
+    from sessionstore.checkpoint.records.layout import LocalPartition
 
     uri = f"file://{tmp_path}/remote"
     warm = StateStoreProvider(uri, "op", 0, SPECS, str(tmp_path / "warm"))

@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint import lineage
-from sessionstore.checkpoint.changelog import decode_changelog, encode_changelog
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import COMMIT_KEY, PartitionFiles, changelog_name
-from sessionstore.checkpoint.lineage import COMMIT_FIELD, PARENT_FIELD
+from sessionstore.checkpoint.partition import lineage
+from sessionstore.checkpoint.partition.lineage import COMMIT_FIELD, PARENT_FIELD
+from sessionstore.checkpoint.records.changelog import decode_changelog, encode_changelog
+from sessionstore.checkpoint.records.layout import COMMIT_KEY, PartitionFiles, changelog_name
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.engine.db import META_CF
-from spark_integration.driver.coordinator import Coordinator, commit_arbiter
+from spark_integration.coordinator.client import commit_arbiter
+from spark_integration.coordinator.server import Coordinator
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]
 

@@ -10,10 +10,10 @@ import msgpack
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import PartitionFiles, content_name, manifest_name
-from sessionstore.checkpoint.snapshot import CorruptSnapshotError, read_manifest, referenced
-from sessionstore.checkpoint.verify import verify_checkpoint
+from sessionstore.checkpoint.offline.verify import verify_checkpoint
+from sessionstore.checkpoint.records.layout import PartitionFiles, content_name, manifest_name
+from sessionstore.checkpoint.records.snapshot import CorruptSnapshotError, read_manifest, referenced
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,

@@ -4,15 +4,15 @@ carried by the next changelog, snapshot lag, and old changelogs without metrics.
 from __future__ import annotations
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.changelog import (
+from sessionstore.checkpoint.records.changelog import (
     _HEAD,
     FORMAT,
     MAGIC,
     encode_changelog,
     read_changelog_header,
 )
-from sessionstore.checkpoint.layout import changelog_name
-from sessionstore.checkpoint.metrics import (
+from sessionstore.checkpoint.records.layout import changelog_name
+from sessionstore.checkpoint.records.metrics import (
     HEADER_FIELDS,
     STATS_FIELDS,
     TASK_FIELDS,

@@ -1,4 +1,4 @@
-"""Local state directories are private (sessionstore.checkpoint.private_dir): made
+"""Local state directories are private (sessionstore.checkpoint.storage.private_dir): made
 with mode 0700, and one that another user owns or may access at all is refused
 before anything is read from or written to it, each time a database is opened, a
 restore or a snapshot is put in place or maintenance runs (docs/security.md)."""
@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.private_dir import check_private_dir, private_dir
+from sessionstore.checkpoint.storage.private_dir import check_private_dir, private_dir
 from sessionstore.errors import UnsafeLocalDirError
 from tests.foreign_user import NOBODY, needs_root
 
@@ -103,7 +103,7 @@ def test_private_dir_checks_only_from_its_base_down(tmp_path):
 
 
 def test_the_default_local_dir_is_per_user():
-    from spark_integration.planning.backend import StateBackend
+    from spark_integration.conf.backend import StateBackend
 
     path = StateBackend("file:///ck").resolved_local_dir
     assert f"sessionstore-local-{os.geteuid()}" in path.split(os.sep)
@@ -121,7 +121,7 @@ def own_tmp(tmp_path, monkeypatch):
 
 
 def _default_provider(tmp_path):
-    from spark_integration.planning.backend import StateBackend
+    from spark_integration.conf.backend import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/remote")
     return _provider(tmp_path, backend.resolved_local_dir), backend.resolved_local_dir

@@ -113,7 +113,8 @@ def test_a_task_takes_the_opt_in_from_its_backend(tmp_path):
     """What a Spark task runs (partition_state, the warm providers' service): the
     backend's allow_pickle reaches the provider, and is part of its cache key."""
     from spark_integration import StateBackend
-    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import partition_state
 
     uri, marker = _tampered(tmp_path)
     specs = [StoreSpec("processor", "processor", 0)]

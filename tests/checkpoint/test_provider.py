@@ -15,9 +15,9 @@ from sessionstore import (
     StoreSpec,
     VersionNotFoundError,
 )
-from sessionstore.checkpoint.filesystem import UnknownSchemeError, open_filesystem
-from sessionstore.checkpoint.layout import changelog_name, manifest_name
-from sessionstore.checkpoint.snapshot import CorruptSnapshotError, read_manifest, referenced
+from sessionstore.checkpoint.records.layout import changelog_name, manifest_name
+from sessionstore.checkpoint.records.snapshot import CorruptSnapshotError, read_manifest, referenced
+from sessionstore.checkpoint.storage.filesystem import UnknownSchemeError, open_filesystem
 
 SPECS = [
     StoreSpec("sessions", "session", 10**9),
@@ -270,7 +270,7 @@ def test_bad_arguments(tmp_path):
 
 
 def test_credentials_are_not_shown(tmp_path):
-    from sessionstore.checkpoint.filesystem import redact
+    from sessionstore.checkpoint.storage.filesystem import redact
 
     shown = redact({"access_key": "AKIA", "secret_key": "s3cr3t", "region": "eu-west-1"})
     assert shown == {"access_key": "***", "secret_key": "***", "region": "eu-west-1"}
@@ -305,7 +305,7 @@ def test_a_local_dir_shared_by_two_checkpoints_never_mixes_their_states(tmp_path
 
 
 def test_default_local_dirs_differ_per_checkpoint():
-    from spark_integration.planning.backend import StateBackend
+    from spark_integration.conf.backend import StateBackend
 
     a, b = StateBackend("s3://x/a"), StateBackend("s3://x/b")
     assert a.resolved_local_dir != b.resolved_local_dir

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import content_name, manifest_name
-from sessionstore.checkpoint.snapshot import read_manifest, referenced
-from sessionstore.checkpoint.verify import verify_checkpoint
+from sessionstore.checkpoint.offline.verify import verify_checkpoint
+from sessionstore.checkpoint.records.layout import content_name, manifest_name
+from sessionstore.checkpoint.records.snapshot import read_manifest, referenced
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from tests.checkpoint.test_gc import commit as commit_writes
 from tests.checkpoint.test_gc import contents, provider
 from tests.checkpoint.test_metrics import header

@@ -1,4 +1,4 @@
-"""Rescaling a checkpoint (checkpoint/repartition.py) without Spark: every store
+"""Rescaling a checkpoint (checkpoint/offline/repartition.py) without Spark: every store
 kind, rows routed exactly by Spark's hash partitioning (encoding/spark_hash.py,
 itself checked against Spark in tests/spark/test_repartition.py), meta merged,
 refusals, and a run that dies midway."""
@@ -8,14 +8,14 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-import sessionstore.checkpoint.repartition as rp
+import sessionstore.checkpoint.offline.repartition as rp
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.event_time import partition_event_time
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import read_metadata
-from sessionstore.checkpoint.provider import CheckpointMismatchError
-from sessionstore.checkpoint.repartition import RepartitionError, repartition_checkpoint
-from sessionstore.checkpoint.snapshot import download_snapshot
+from sessionstore.checkpoint.offline.repartition import RepartitionError, repartition_checkpoint
+from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
+from sessionstore.checkpoint.records.event_time import partition_event_time
+from sessionstore.checkpoint.records.layout import read_metadata
+from sessionstore.checkpoint.records.snapshot import download_snapshot
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.encoding.ints import INT64
 from sessionstore.encoding.spark_hash import partition_ids
 from sessionstore.stores import closing
@@ -269,8 +269,8 @@ def test_the_due_batches_marker_moves_with_the_checkpoint(source, tmp_path):
     """A query that read a due source (spark_integration/planning/due_batches.py)
     must read one after a rescale, or Spark refuses its restart: the marker is
     carried; a checkpoint without one gives a copy without one."""
-    from sessionstore.checkpoint.filesystem import open_filesystem
-    from sessionstore.checkpoint.layout import DUE_BATCHES_MARKER
+    from sessionstore.checkpoint.records.layout import DUE_BATCHES_MARKER
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     plain = f"file://{tmp_path}/plain"
     repartition_checkpoint(source, "op", 3, plain)

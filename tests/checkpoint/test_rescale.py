@@ -1,4 +1,4 @@
-"""Rescale on restart without Spark (checkpoint/rescale.py, generation.py): the new
+"""Rescale on restart without Spark (checkpoint/offline/rescale.py, generation.py): the new
 generation is read only after the switch, a partition committed during the copy
 stops the switch, and every refusal leaves the checkpoint as it was. The Spark
 query side is tests/spark/test_rescale.py."""
@@ -8,17 +8,17 @@ from __future__ import annotations
 import pytest
 
 from sessionstore import StateStoreProvider
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.generation import GENERATION_FIELD, state_root
-from sessionstore.checkpoint.layout import read_metadata
-from sessionstore.checkpoint.provider import CheckpointMismatchError
-from sessionstore.checkpoint.repartition import copy_partitions
-from sessionstore.checkpoint.rescale import (
+from sessionstore.checkpoint.offline.repartition import copy_partitions
+from sessionstore.checkpoint.offline.rescale import (
     RescaleError,
     commit_rescale,
     drop_state,
     plan_rescale,
 )
+from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
+from sessionstore.checkpoint.records.generation import GENERATION_FIELD, state_root
+from sessionstore.checkpoint.records.layout import read_metadata
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.tools.reader import CheckpointSource, store_rows
 from tests.checkpoint.test_repartition import SPECS, write_source
 

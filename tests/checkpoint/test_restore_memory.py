@@ -13,11 +13,11 @@ import textwrap
 import pytest
 
 from sessionstore import CorruptChangelogError, StateStoreProvider, StoreSpec
-from sessionstore.checkpoint import changelog as changelog_module
-from sessionstore.checkpoint import snapshot as snapshot_module
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import changelog_name, content_name
-from sessionstore.checkpoint.snapshot import CorruptSnapshotError, read_manifest
+from sessionstore.checkpoint.records import changelog as changelog_module
+from sessionstore.checkpoint.records import snapshot as snapshot_module
+from sessionstore.checkpoint.records.layout import changelog_name, content_name
+from sessionstore.checkpoint.records.snapshot import CorruptSnapshotError, read_manifest
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.engine.db import Database
 
 SPECS = [StoreSpec("sessions", "session", 10**12)]

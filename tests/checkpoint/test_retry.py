@@ -1,4 +1,4 @@
-"""The retry policy of object-store requests (sessionstore/checkpoint/retry.py):
+"""The retry policy of object-store requests (sessionstore/checkpoint/storage/retry.py):
 transient errors retried with a bounded number of attempts and time, permanent
 ones at once; a throttling S3 endpoint (20% of requests answered ``503 SlowDown``)
 under a provider's commits and maintenance; transfers in bounded memory."""
@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.filesystem import StorageOptionError, open_filesystem
-from sessionstore.checkpoint.retry import RetryCounter, RetryPolicy, is_transient
+from sessionstore.checkpoint.storage.filesystem import StorageOptionError, open_filesystem
+from sessionstore.checkpoint.storage.retry import RetryCounter, RetryPolicy, is_transient
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,
@@ -160,7 +160,7 @@ def test_a_throttling_store_loses_no_commit_and_restores_exactly(s3_throttling_s
 _TRANSFER = """
 import os, resource, sys
 sys.path.insert(0, {root!r})
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 uri, options, size = sys.argv[1], eval(sys.argv[2]), int(sys.argv[3])
 path = os.path.join({tmp!r}, "big")
 with open(path, "wb") as f:

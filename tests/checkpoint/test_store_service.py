@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.store_service import StoreService
+from sessionstore.checkpoint.service.store_service import StoreService
 
 SPECS = [StoreSpec("sessions", "session", 10**12)]
 
@@ -63,7 +63,7 @@ WORKER = textwrap.dedent(
     """
     import json, os, sys, time
     from sessionstore import StateStoreProvider, StoreSpec
-    from sessionstore.checkpoint.store_service import StoreService
+    from sessionstore.checkpoint.service.store_service import StoreService
     remote, local, baton, me = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     specs = [StoreSpec("sessions", "session", 10**12)]
     service = StoreService.instance()
@@ -114,7 +114,7 @@ def test_two_processes_hand_a_partition_back_and_forth(tmp_path):
 
 
 def test_without_a_handover_socket_databases_are_closed_after_each_use(tmp_path, monkeypatch):
-    from sessionstore.checkpoint import store_service
+    from sessionstore.checkpoint.service import store_service
 
     monkeypatch.setattr(store_service, "_addresses", lambda pid: [f"{tmp_path}/no/such/dir/s"])
     service = StoreService()
@@ -167,7 +167,7 @@ HOLDER = textwrap.dedent(
     """
     import json, os, sys, time
     from sessionstore import StateStoreProvider, StoreSpec
-    from sessionstore.checkpoint.store_service import StoreService
+    from sessionstore.checkpoint.service.store_service import StoreService
     remote, local, baton = sys.argv[1], sys.argv[2], sys.argv[3]
     specs = [StoreSpec("sessions", "session", 10**12)]
     service = StoreService.instance()
@@ -260,7 +260,7 @@ def _ask(address, payload, timeout=5.0):
 @pytest.fixture
 def service(monkeypatch):
     """A fresh service listening on an abstract socket of its own: (service, address)."""
-    from sessionstore.checkpoint import store_service
+    from sessionstore.checkpoint.service import store_service
 
     address = f"\0sessionstore-test-{os.getpid()}-{uuid.uuid4().hex}"
     monkeypatch.setattr(store_service, "_addresses", lambda pid: [address])
@@ -382,7 +382,7 @@ IDLE_HOLDER = textwrap.dedent(
     """
     import json, os, sys, time
     from sessionstore import StateStoreProvider, StoreSpec
-    from sessionstore.checkpoint.store_service import StoreService
+    from sessionstore.checkpoint.service.store_service import StoreService
     remote, local, baton = sys.argv[1], sys.argv[2], sys.argv[3]
     specs = [StoreSpec("sessions", "session", 10**12)]
     service = StoreService.instance()

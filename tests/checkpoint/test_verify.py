@@ -1,15 +1,15 @@
-"""checkpoint/verify.py: what a sound checkpoint and each kind of damage report."""
+"""checkpoint/offline/verify.py: what a sound checkpoint and each kind of damage report."""
 
 from __future__ import annotations
 
 import os
 
 from sessionstore import StateStoreProvider
-from sessionstore.checkpoint.changelog import encode_changelog
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import changelog_name, content_name, manifest_name
-from sessionstore.checkpoint.snapshot import read_manifest
-from sessionstore.checkpoint.verify import Verification, verify_checkpoint, verify_partition
+from sessionstore.checkpoint.offline.verify import Verification, verify_checkpoint, verify_partition
+from sessionstore.checkpoint.records.changelog import encode_changelog
+from sessionstore.checkpoint.records.layout import changelog_name, content_name, manifest_name
+from sessionstore.checkpoint.records.snapshot import read_manifest
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.engine.write_buffer import WriteBuffer
 from tests.tools.test_cli import SPECS, write_checkpoint
 

@@ -153,7 +153,7 @@ class Reference:
     def next_deadlines(self, now):
         """The earliest pending timer, and the earliest expiry after ``now`` of a
         stored item (what the batch at ``now`` left to expire): what each commit
-        records for the due source (sessionstore/checkpoint/deadlines.py)."""
+        records for the due source (sessionstore/checkpoint/records/deadlines.py)."""
         timers = [t for s in self.state.values() for t in s["t"]]
         expiries = []
         for s in self.state.values():

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from spark_integration import StateBackend, sessionize  # noqa: E402
-from spark_integration.dev.local import local_spark  # noqa: E402
+from spark_integration.conf.local_spark import local_spark  # noqa: E402
 from tests.spark.streams import json_source, run_stream, write_json  # noqa: E402
 from tests.spark.test_sessionize import GAP_MS, SCHEMA, generated, rows_of  # noqa: E402
 from tests.standalone.cluster import EXECUTOR_CLASS, MARKER, processes_of  # noqa: E402
@@ -76,7 +76,7 @@ def main() -> None:
     # local-cluster workers keep executor work dirs under <SPARK_HOME>/work/<app id>
     spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
     app_dir = os.path.join(spark_home, "work", spark.sparkContext.applicationId)
-    from spark_integration.driver.coordinator import driver_coordinator
+    from spark_integration.coordinator.server import driver_coordinator
 
     coordinator = driver_coordinator()
     n = partitions or int(spark.conf.get("spark.sessionstore.partitions"))

@@ -37,7 +37,7 @@ def run_task(monkeypatch: Any, module: Any, task: Any, info: Any, columns: dict[
     sorted tuples."""
     import pyarrow as pa
 
-    from spark_integration.execution.runtime import TaskContext
+    from spark_integration.execution.context import TaskContext
 
     batch = pa.RecordBatch.from_pydict(columns, schema=schema)
     out = list(task.run(iter([batch]), TaskContext(info)))

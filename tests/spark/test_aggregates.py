@@ -515,7 +515,7 @@ def test_a_lone_session_aggregation_keeps_its_stored_layout():
     """Alone, a SessionAggregation's accumulator is the stored value (the layout of
     checkpoints written before custom aggregates could sit beside others); beside
     another aggregate it is one slot of the list."""
-    from spark_integration.planning.aggregations import parse_aggregations
+    from spark_integration.planning.aggregation_specs import parse_aggregations
 
     double = SessionAggregation(lambda: 1, lambda k, v, a: a * 2, lambda k, a, b: a * b, "bigint")
     alone, columns, plan = parse_aggregations({"p": double}, ["v"])

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_integration.planning.backend import StateBackend
+from spark_integration.conf.backend import StateBackend
 
 
 def fake_spark(conf: dict[str, str]) -> SimpleNamespace:
@@ -46,7 +46,7 @@ def test_bad_memory_max_mb_is_refused(bad):
 def test_retry_settings_are_read_from_conf_and_reach_every_storage():
     """spark.sessionstore.retry.* (not under .storage., whose keys go to pyarrow.fs)
     travel in the backend's storage options, so every process applies them."""
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     conf = {
         "spark.sessionstore.checkpointUri": "s3://bucket/ck",

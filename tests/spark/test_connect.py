@@ -201,10 +201,10 @@ def test_without_a_coordinator_one_log_line_says_so(results):
     """The coordinator needs the driver's Python: a Connect client runs the
     operators without it, and says so once, not as an error."""
     # the rescale case logs its own lines (planning.rescale, planning.due_batches)
-    lines = [line for line in results["log"] if "planning.session" in line]
+    lines = [line for line in results["log"] if "conf.spark_session" in line]
     assert len(lines) == 1, results["log"]
     line = lines[0]
-    assert line.startswith("INFO spark_integration.planning.session:")
+    assert line.startswith("INFO spark_integration.conf.spark_session:")
     assert "Spark Connect session: no event-time coordinator" in line
 
 

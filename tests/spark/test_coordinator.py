@@ -13,14 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_integration.driver import coordinator as coord
-from spark_integration.driver.coordinator import (
-    Coordinator,
-    CoordinatorAddress,
-    CoordinatorReadError,
-    ask,
-    report,
-)
+from spark_integration.coordinator import client, protocol
+from spark_integration.coordinator import server as coord
+from spark_integration.coordinator.client import ask, report
+from spark_integration.coordinator.protocol import CoordinatorAddress, CoordinatorReadError
+from spark_integration.coordinator.server import Coordinator
 from tests.checkpoint.test_event_time import commit_batches
 
 
@@ -34,8 +31,8 @@ def coordinator():
 @pytest.fixture(autouse=True)
 def _reachable_again(monkeypatch):
     """Each test starts with no coordinator marked unreachable, and no answer kept."""
-    monkeypatch.setattr(coord, "_unreachable_until", {})
-    monkeypatch.setattr(coord, "_answers", coord.OrderedDict())
+    monkeypatch.setattr(client, "_unreachable_until", {})
+    monkeypatch.setattr(client, "_answers", client.OrderedDict())
 
 
 def checkpoint(tmp_path, times_by_batch):
@@ -126,7 +123,7 @@ class _NeverRead:
 
 
 def test_a_failed_durable_read_makes_tasks_ask_again_never_read_p_records(coordinator, tmp_path):
-    from sessionstore.checkpoint.retry import RetryPolicy
+    from sessionstore.checkpoint.storage.retry import RetryPolicy
 
     uri = checkpoint(tmp_path, [[4, 9, 30]])
     address = coordinator.register(uri, "op", 3)
@@ -135,7 +132,7 @@ def test_a_failed_durable_read_makes_tasks_ask_again_never_read_p_records(coordi
     # cancel its other reads not yet started)
     state.storage = _Throttled(state.storage, failures=1, partition=0)
     task = _NeverRead(RetryPolicy(max_attempts=5, jitter=lambda bound: 0.01))
-    assert coord.shared_event_time(address, task, "run-1", 0, 3) == 30
+    assert client.shared_event_time(address, task, "run-1", 0, 3) == 30
     # the task asked twice; each ask was one look on the driver: at most 3 reads
     # each, and the second look read all three
     assert state.stats["durable_reads"] == 2
@@ -145,7 +142,7 @@ def test_a_failed_durable_read_makes_tasks_ask_again_never_read_p_records(coordi
     state.storage = _Throttled(state.storage._storage, failures=10**6)
     task = _NeverRead(RetryPolicy(max_attempts=3, jitter=lambda bound: 0.01))
     with pytest.raises(CoordinatorReadError, match=r"SLOW_DOWN.*tried 3 times"):
-        coord.shared_event_time(address, task, "run-1", 1, 3)
+        client.shared_event_time(address, task, "run-1", 1, 3)
 
 
 def _raw(address, payload, read=True):
@@ -198,7 +195,7 @@ def test_oversized_slow_and_garbage_requests_are_dropped(coordinator, tmp_path):
 
 
 def test_an_unreachable_coordinator_falls_back_to_the_durable_records(tmp_path):
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     uri = checkpoint(tmp_path, [[4, 9]])
     with socket.socket() as s:  # a port nobody listens on
@@ -206,12 +203,12 @@ def test_an_unreachable_coordinator_falls_back_to_the_durable_records(tmp_path):
         port = s.getsockname()[1]
     address = CoordinatorAddress("127.0.0.1", port, "t")
     operator = open_filesystem(uri).child("op")
-    assert coord.shared_event_time(address, operator, None, 0, 2) == 9
-    assert ("127.0.0.1", port) in coord._unreachable_until  # not tried again for a while
+    assert client.shared_event_time(address, operator, None, 0, 2) == 9
+    assert ("127.0.0.1", port) in client._unreachable_until  # not tried again for a while
     t0 = time.monotonic()
-    assert coord.shared_event_time(address, operator, None, 0, 2) == 9
+    assert client.shared_event_time(address, operator, None, 0, 2) == 9
     assert time.monotonic() - t0 < 0.5
-    assert coord.shared_event_time(None, operator, None, 0, 2) == 9  # turned off
+    assert client.shared_event_time(None, operator, None, 0, 2) == 9  # turned off
 
 
 @settings(
@@ -285,7 +282,7 @@ def recorded(monkeypatch):
         def __exit__(self, *exc):
             self._conn.close()
 
-    monkeypatch.setattr(coord.socket, "create_connection", lambda *a, **k: Recording(real(*a, **k)))
+    monkeypatch.setattr(client.socket, "create_connection", lambda *a, **k: Recording(real(*a, **k)))
     return sent
 
 
@@ -310,11 +307,11 @@ def test_a_request_with_a_wrong_mac_is_refused_and_changes_nothing(coordinator, 
     uri = checkpoint(tmp_path, [[4, 9]])
     address = coordinator.register(uri, "op", 2)
     message = {"op": "report", "run": None, "batch": 0, "partition": 0, "event_time": 2**52}
-    frame, _ = coord.signed_request("0" * 32, message)  # a guessed key
+    frame, _ = protocol.signed_request("0" * 32, message)  # a guessed key
     key, body, mac = msgpack.unpackb(frame[4:])
-    forged = _frame([coord.key_id(address.token), body, mac])  # under the real key's id
+    forged = _frame([protocol.key_id(address.token), body, mac])  # under the real key's id
     assert _raw(address, forged) == b""
-    tampered = _frame([coord.key_id(address.token), body + b"\x00", mac])
+    tampered = _frame([protocol.key_id(address.token), body + b"\x00", mac])
     assert _raw(address, tampered) == b""
     assert coordinator.refused == {"wrong mac": 2}
     assert coordinator.operator(address).stats["reports"] == 0
@@ -327,7 +324,7 @@ def test_a_request_with_a_stale_or_future_timestamp_is_refused(coordinator, tmp_
     now = time.time()
     for skew in (-coord.MAX_CLOCK_SKEW_S - 5, coord.MAX_CLOCK_SKEW_S + 5):
         monkeypatch.setattr(coord.time, "time", lambda skew=skew: now + skew)
-        frame, _ = coord.signed_request(address.token, {"op": "report", "run": None,
+        frame, _ = protocol.signed_request(address.token, {"op": "report", "run": None,
                                                         "batch": 0, "partition": 0,
                                                         "event_time": 2**52})  # fmt: skip
         monkeypatch.undo()
@@ -369,7 +366,7 @@ def test_a_reply_not_signed_by_the_coordinator_is_ignored(tmp_path):
     time of 2^62: the task ignores it and reads the durable records."""
     import threading
 
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     uri = checkpoint(tmp_path, [[4, 9]])
     listener = socket.create_server(("127.0.0.1", 0))
@@ -385,7 +382,7 @@ def test_a_reply_not_signed_by_the_coordinator_is_ignored(tmp_path):
     thread = threading.Thread(target=fake, daemon=True)
     thread.start()
     address = CoordinatorAddress("127.0.0.1", port, "ab" * 16)
-    assert coord.shared_event_time(address, open_filesystem(uri).child("op"), None, 0, 2) == 9
+    assert client.shared_event_time(address, open_filesystem(uri).child("op"), None, 0, 2) == 9
     thread.join(5)
 def test_the_first_claim_of_a_version_wins(coordinator, tmp_path):
     """The arbiter between attempts of one batch (lineage.py): the first claim of
@@ -395,21 +392,21 @@ def test_the_first_claim_of_a_version_wins(coordinator, tmp_path):
     claim is dropped."""
     address = coordinator.register(f"file://{tmp_path}/r", "op", 2)
     a, b, c = "a" * 32, "b" * 32, "c" * 32
-    assert coord.claim(address, "run", 0, 5, a, "p") == a
-    assert coord.claim(address, "run", 0, 5, b, "p") == a
-    assert coord.claim(address, "run", 0, 5, a, "p") == a
-    assert coord.claim(address, "run", 1, 5, b, "p") == b
-    assert coord.claim(address, "run", 0, 5, b, "p", supersede=a) == b
-    assert coord.claim(address, "run", 0, 5, c, "p", supersede=a) == b  # a no longer holds it
-    assert coord.claim(address, "run", 0, 5, c, "other parent") == c
+    assert client.claim(address, "run", 0, 5, a, "p") == a
+    assert client.claim(address, "run", 0, 5, b, "p") == a
+    assert client.claim(address, "run", 0, 5, a, "p") == a
+    assert client.claim(address, "run", 1, 5, b, "p") == b
+    assert client.claim(address, "run", 0, 5, b, "p", supersede=a) == b
+    assert client.claim(address, "run", 0, 5, c, "p", supersede=a) == b  # a no longer holds it
+    assert client.claim(address, "run", 0, 5, c, "other parent") == c
     for bad in ({"partition": 2}, {"version": "5"}, {"commit": 7}, {"parent": 1}):
         message = {
             "op": "claim", "run": "run", "batch": 4, "partition": 0, "version": 5,
             "commit": a, "parent": None, "supersede": None, **bad,
         }  # fmt: skip
-        frame, _ = coord.signed_request(address.token, message)  # signed, but malformed
+        frame, _ = protocol.signed_request(address.token, message)  # signed, but malformed
         assert _raw(address, frame) == b""
     assert coordinator.refused == {"invalid claim": 4}
     for version in range(6, 6 + coord.KEEP_CLAIMS):  # older claims are forgotten
-        coord.claim(address, "run", 0, version, a, "p")
-    assert coord.claim(address, "run", 0, 5, a, "p") == a
+        client.claim(address, "run", 0, version, a, "p")
+    assert client.claim(address, "run", 0, 5, a, "p") == a

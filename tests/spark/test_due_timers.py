@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.deadlines import Deadlines, operator_deadlines
+from sessionstore.checkpoint.records.deadlines import Deadlines, operator_deadlines
 from spark_integration import StateBackend
 from spark_integration.planning import due_timers
 from spark_integration.planning.due_batches import OFFSET_FIELD

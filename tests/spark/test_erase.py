@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from sessionstore import erase
-from sessionstore.checkpoint.change import CheckpointBusyError
+from sessionstore.checkpoint.offline.change import CheckpointBusyError
 from spark_integration import StateBackend
 from tests.spark.streams import drive, run_stream
 from tests.spark.test_repartition import _batches, _query, file_steps

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sessionstore.checkpoint.first_contact import StoreUnreachableError
+from sessionstore.checkpoint.storage.first_contact import StoreUnreachableError
 from spark_integration import StateBackend, sessionize
 from tests.tools.test_cli_first_contact import refused_port, silent_endpoint
 

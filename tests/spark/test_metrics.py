@@ -8,18 +8,15 @@ import time
 
 import pytest
 
-from sessionstore.checkpoint.changelog import read_changelog_header
-from sessionstore.checkpoint.layout import changelog_name
-from sessionstore.checkpoint.metrics import LOAD_KINDS, summarize_batch
+from sessionstore.checkpoint.records.changelog import read_changelog_header
+from sessionstore.checkpoint.records.layout import changelog_name
+from sessionstore.checkpoint.records.metrics import LOAD_KINDS, summarize_batch
 from sessionstore.tools.reader import CheckpointSource
 from spark_integration import StateBackend, sessionize
-from spark_integration.driver.coordinator import driver_coordinator
-from spark_integration.driver.metrics import (
-    METRICS_CONF,
-    format_line,
-    log_state_metrics,
-    with_state_metrics,
-)
+from spark_integration.conf.names import METRICS_CONF
+from spark_integration.coordinator.metrics_listener import format_line, log_state_metrics
+from spark_integration.coordinator.server import driver_coordinator
+from spark_integration.execution.metrics import with_state_metrics
 from tests.spark.streams import json_source, without_due_batches, write_json
 
 pytestmark = pytest.mark.slow

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import StateBackend
-from spark_integration.driver.coordinator import driver_coordinator
+from spark_integration.coordinator.server import driver_coordinator
 from spark_integration.planning.resolve import PARTITIONS_CONF
 from tests.models import offline_sessions
 from tests.object_stores import (
@@ -86,7 +86,7 @@ def test_requests_per_task_at_32_partitions_stay_within_budget(spark, tmp_path):
 def test_without_the_coordinator_tasks_read_the_durable_records(spark, tmp_path):
     """Turned off (or out of reach, as under Spark Connect), every task reads the
     operator's event time from the changelog headers: the same sessions close."""
-    from spark_integration.driver.coordinator import ENABLED_CONF
+    from spark_integration.coordinator.server import ENABLED_CONF
 
     batches = generated(seed=4)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))

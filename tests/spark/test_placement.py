@@ -7,9 +7,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from spark_integration.execution.runtime import TaskContext, TaskInfo
+from spark_integration.conf.names import SHARD
+from spark_integration.execution.context import TaskContext, TaskInfo
+from spark_integration.execution.sharding import ShardedTask
 from spark_integration.planning import placement
-from spark_integration.planning.placement import SHARD, ShardedTask, task_count
+from spark_integration.planning.placement import task_count
 from tests.spark.fakes import fake_session
 
 

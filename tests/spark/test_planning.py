@@ -12,7 +12,7 @@ def test_input_checks_name_the_missing_column_and_the_bad_time_type():
     import pytest
     from pyspark.sql import types as T
 
-    from spark_integration.planning.resolve import checked_fields, time_column
+    from spark_integration.planning.input_columns import checked_fields, time_column
 
     df = SimpleNamespace(
         schema=T.StructType(
@@ -35,7 +35,7 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     import pytest
 
     import spark_integration.planning.resolve as planning
-    from spark_integration.dev.local import UNIX_SOCKET_CONF
+    from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
 
     def session(version, conf):
         spark_conf = SimpleNamespace(get=lambda key, default=None: conf.get(key, default))
@@ -114,7 +114,7 @@ def test_a_store_that_cannot_fence_is_named_once_at_planning(s3_bucket, tmp_path
 
     import pytest
 
-    from sessionstore.checkpoint import lineage
+    from sessionstore.checkpoint.partition import lineage
     from spark_integration import StateBackend
     from spark_integration.planning.resolve import resolve
 

@@ -12,8 +12,8 @@ from contextlib import nullcontext
 
 import pytest
 
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.snapshot import download_snapshot
+from sessionstore.checkpoint.records.snapshot import download_snapshot
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.encoding.spark_hash import partition_ids
 from sessionstore.stores.state_db import StateDB
 from spark_integration import (

@@ -10,10 +10,10 @@ from collections import Counter
 
 import pytest
 
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.generation import GENERATION_FIELD
-from sessionstore.checkpoint.layout import read_metadata
-from sessionstore.checkpoint.rescale import RescaleError
+from sessionstore.checkpoint.offline.rescale import RescaleError
+from sessionstore.checkpoint.records.generation import GENERATION_FIELD
+from sessionstore.checkpoint.records.layout import read_metadata
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import (
     StateBackend,
     sessionize,
@@ -118,7 +118,7 @@ class Crash(Exception):
 def test_a_rescale_that_dies_before_its_switch_leaves_the_old_count_exact(
     spark, tmp_path, monkeypatch
 ):
-    from sessionstore.checkpoint.repartition import finish_repartition
+    from sessionstore.checkpoint.offline.repartition import finish_repartition
     from spark_integration.planning import rescale
 
     case = "sessions_final"

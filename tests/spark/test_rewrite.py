@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 
 from sessionstore import rewrite
-from sessionstore.checkpoint.change import ChangeError
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.offline.change import ChangeError
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.tools.reader import CheckpointSource, store_rows
 from spark_integration import StateBackend, rewrite_state, sessionize
 from tests.spark.streams import json_source, run_stream, without_due_batches
@@ -102,7 +102,7 @@ def test_a_wrong_type_is_refused_by_the_spark_job_before_anything_is_written(spa
 
 
 def test_a_rewrite_while_the_query_runs_is_refused(spark, tmp_path):
-    from sessionstore.checkpoint.change import CheckpointBusyError
+    from sessionstore.checkpoint.offline.change import CheckpointBusyError
     from tests.spark.streams import drive
 
     batches = _batches()

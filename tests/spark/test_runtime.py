@@ -7,7 +7,7 @@ import random
 
 import pyarrow as pa
 
-from spark_integration.execution.runtime import deterministic_order
+from spark_integration.execution.inputs import deterministic_order
 
 
 def test_any_delivery_order_gives_the_same_sequence():
@@ -42,11 +42,12 @@ def test_run_aggregator_takes_the_columnar_path_and_its_output_equals_the_record
 
     from sessionstore import StateStoreProvider, StoreSpec
     from sessionstore.operators import SessionWindowAggregator, SessionWindows
-    from sessionstore.operators.arrow_io import columns_of
+    from sessionstore.operators.batch_paths.arrow_io import columns_of
+    from spark_integration.conf.names import TS
+    from spark_integration.execution.aggregator_task import run_aggregator
+    from spark_integration.execution.context import TaskInfo
     from spark_integration.execution.output import OperatorOutput
-    from spark_integration.execution.runtime import TaskInfo, run_aggregator
-    from spark_integration.planning.aggregations import parse_aggregations
-    from spark_integration.planning.resolve import TS
+    from spark_integration.planning.aggregation_specs import parse_aggregations
 
     aggregation, value_cols, plan = parse_aggregations(
         {"n": "count", "lo": ("min", "amount"), "hi": ("max", "amount"), "exit": ("last", "page")},
@@ -114,7 +115,8 @@ def _take_state(
     """Run one task's ``state_and_inputs`` block of operator "op" (2 partitions),
     committing ``event_time`` as the partition's event time if given."""
     from sessionstore import StoreSpec
-    from spark_integration.execution.runtime import TaskContext, TaskInfo, state_and_inputs
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import state_and_inputs
 
     specs = [StoreSpec("sessions", "session", 10**12)]
     context = TaskContext(TaskInfo(partition=partition, batch_id=batch_id, attempt=0))
@@ -153,7 +155,7 @@ def _retry_values(backend):
 def test_state_is_taken_while_the_input_arrives_and_commits_after_the_block(tmp_path, monkeypatch):
     import threading
 
-    import spark_integration.execution.runtime as runtime
+    import spark_integration.execution.partition_state as runtime
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
@@ -226,7 +228,7 @@ def test_a_failing_input_aborts_the_taken_state_and_releases_it(tmp_path):
 def test_the_shared_event_time_is_read_on_the_helper_thread(tmp_path, monkeypatch):
     import threading
 
-    import spark_integration.execution.runtime as runtime
+    import spark_integration.execution.partition_state as runtime
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
@@ -249,7 +251,7 @@ def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_pa
 
     import pytest
 
-    import spark_integration.execution.runtime as runtime
+    import spark_integration.execution.partition_state as runtime
     from spark_integration import StateBackend
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
@@ -268,11 +270,12 @@ def test_a_failing_event_time_read_fails_the_task_and_frees_its_partition(tmp_pa
 def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path, monkeypatch):
     import pytest
 
-    import spark_integration.execution.runtime as runtime
-    from sessionstore.checkpoint.event_time import partition_event_time
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    import spark_integration.execution.partition_state as runtime
+    from sessionstore.checkpoint.records.event_time import partition_event_time
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
     from spark_integration import StateBackend
-    from spark_integration.driver.coordinator import Coordinator, ask
+    from spark_integration.coordinator.client import ask
+    from spark_integration.coordinator.server import Coordinator
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     operator = open_filesystem(backend.checkpoint_uri).child("op")
@@ -310,7 +313,8 @@ def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path,
 def test_operator_stores_get_hour_long_segments_unless_their_spec_names_one(tmp_path):
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001), StoreSpec("named", "session", 120_001, 60_000)]
@@ -350,7 +354,8 @@ def test_a_task_numbered_beyond_the_operators_partitions_is_refused_before_any_s
 
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001)]
@@ -367,7 +372,8 @@ def test_each_task_context_gets_its_own_commits_metrics_record(tmp_path):
     committed holds none."""
     from sessionstore import StoreSpec
     from spark_integration import StateBackend
-    from spark_integration.execution.runtime import TaskContext, TaskInfo, partition_state
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import partition_state
 
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     specs = [StoreSpec("open", "session", 120_001)]
@@ -390,7 +396,7 @@ def test_sessions_an_advance_closes_become_the_rows_their_updates_would(tmp_path
     from sessionstore import InMemorySessionStore
     from sessionstore.operators import SessionWindowAggregator, SessionWindows
     from spark_integration.execution.output import OperatorOutput
-    from spark_integration.planning.aggregations import parse_aggregations
+    from spark_integration.planning.aggregation_specs import parse_aggregations
 
     aggregation, _, plan = parse_aggregations(
         {"n": "count", "avg": ("avg", "amount"), "sd": ("stddev", "amount"),

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sessionstore.checkpoint.layout import changelog_name
+from sessionstore.checkpoint.records.layout import changelog_name
 from spark_integration import StateBackend, sessionize
 from tests.faults import FailOnceAfterCommit
 from tests.models import offline_sessions
@@ -155,7 +155,7 @@ def test_partition_count_from_the_conf_key_or_the_cores(spark, tmp_path):
 
     def planned(name, **kwargs):
         """The operator's state partitions, as its first batch records them."""
-        from sessionstore.checkpoint.provider import recorded_partitions
+        from sessionstore.checkpoint.partition.provider import recorded_partitions
 
         out = sessionize(df, "user", "ts", "1 second", backend=backend, name=name, **kwargs)
         out.collect()
@@ -185,7 +185,7 @@ def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
     ``spark.sessionstore.*`` set on the session (storage options as text, as
     spark-submit passes them): stopped after 3 batches, restarted on a new local
     dir, the output is the uninterrupted run's."""
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     uri, options = gs_bucket
     batches = generated(seed=11)

@@ -24,7 +24,7 @@ import pytest
 
 from sessionstore.errors import StatefulProcessorError
 from spark_integration.execution import state_server as ss
-from spark_integration.execution.runtime import TaskContext, TaskInfo
+from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
@@ -337,7 +337,8 @@ def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
 
     from pyspark import cloudpickle
 
-    from spark_integration.planning.placement import SHARD, ShardedTask
+    from spark_integration.conf.names import SHARD
+    from spark_integration.execution.sharding import ShardedTask
 
     _, servers = daemon
     calls = []

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from sessionstore.checkpoint.request_server import RefusalLog
+from sessionstore.checkpoint.service.request_server import RefusalLog
 from spark_integration.execution.state_server import server
 from tests.foreign_user import NOBODY, AsNobody, needs_root
 

@@ -1,6 +1,6 @@
 """A Spark query against an S3 endpoint that throttles: 20% of its requests are
 answered ``503 SlowDown`` (tests/object_stores.py). The retry policy
-(sessionstore/checkpoint/retry.py) absorbs them: no task attempt fails and the
+(sessionstore/checkpoint/storage/retry.py) absorbs them: no task attempt fails and the
 output is the unthrottled run's."""
 
 from __future__ import annotations

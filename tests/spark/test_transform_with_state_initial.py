@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import INITIAL_STATE_DIR, initial_state_complete_name
+from sessionstore.checkpoint.records.layout import INITIAL_STATE_DIR, initial_state_complete_name
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import StateBackend
-from spark_integration.execution.runtime import TaskInfo
+from spark_integration.execution.context import TaskInfo
 from spark_integration.operators.transform_with_state.initial_state import PID, initial_state_token
 from tests.object_stores import (
     moto_s3_server,

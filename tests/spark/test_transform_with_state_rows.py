@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pyspark import cloudpickle
 from pyspark.sql import Row
 
-from spark_integration.execution.runtime import deterministic_order
+from spark_integration.execution.inputs import deterministic_order
 from spark_integration.operators.transform_with_state.grouping import (
     group_bounds,
     grouped_rows,

@@ -13,12 +13,12 @@ from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.layout import partition_changelog_header
-from sessionstore.checkpoint.processing_time import PROCESSING_TIME_FIELD
+from sessionstore.checkpoint.records.layout import partition_changelog_header
+from sessionstore.checkpoint.records.processing_time import PROCESSING_TIME_FIELD
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import StateBackend
-from spark_integration.driver.coordinator import Coordinator
-from spark_integration.execution.runtime import TaskInfo
+from spark_integration.coordinator.server import Coordinator
+from spark_integration.execution.context import TaskInfo
 from tests.object_stores import (
     moto_s3_server,
     new_bucket,

@@ -108,7 +108,7 @@ def test_bad_emission_settings_are_refused_on_the_driver(
 
     # the modules (the package's ``window_aggregate`` is the function), wherever
     # the planning calls it
-    for name in ("spark_integration.planning.aggregations", "spark_integration.operators.window_aggregate"):
+    for name in ("spark_integration.planning.aggregation_specs", "spark_integration.operators.window_aggregate"):
         module = importlib.import_module(name)
         monkeypatch.setattr(module, "resolve", resolve, raising=False)
     df = spark.createDataFrame([("u", 1, 1)], "user string, ts long, amount int")

@@ -11,7 +11,7 @@ from decimal import Decimal
 import msgpack
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.layout import read_metadata
+from sessionstore.checkpoint.records.layout import read_metadata
 from sessionstore.encoding.keys import encode_key
 from sessionstore.operators.processors import BatchTimes, ProcessorHandle, ProcessorRunner
 

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.layout import changelog_name
+from sessionstore.checkpoint.records.layout import changelog_name
 
 SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
 CLI = [sys.executable, "-m", "sessionstore.tools.cli"]
@@ -44,7 +44,7 @@ def checkpoint(checkpoint_location, tmp_path):
 def storage_flags(options, folder) -> list[str]:
     """CLI flags for storage ``options``: the credentials in a storage options file
     (mode 0600) in ``folder``, as docs/cli.md advises, the rest as --storage-option."""
-    from sessionstore.checkpoint.filesystem import is_secret_option
+    from sessionstore.checkpoint.storage.filesystem import is_secret_option
 
     options = options or {}
     flags = [f"--storage-option={k}={v}" for k, v in options.items() if not is_secret_option(k)]
@@ -165,7 +165,7 @@ def test_console_script_is_installed():
 
 
 def test_verify_passes_then_names_each_problem(checkpoint, checkpoint_location):
-    from sessionstore.checkpoint.filesystem import open_filesystem
+    from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     uri, flags = checkpoint
     out = run("verify", uri, *flags)

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from tests.checkpoint.test_erase import ERASED, rows_of_keys
 from tests.checkpoint.test_repartition import SPECS, rows, write_source
 from tests.tools.test_cli import run, storage_flags

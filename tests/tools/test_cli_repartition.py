@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from tests.checkpoint.test_repartition import rows, write_source
 from tests.tools.test_cli import run, storage_flags
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.tools.reader import CheckpointSource, store_rows
 from tests.tools.test_cli import run
 from tests.tools.test_rewrite import KEYS, VERSIONS, files, source  # noqa: F401 - fixture

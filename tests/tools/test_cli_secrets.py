@@ -12,7 +12,7 @@ import os
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.filesystem import redact, secret_values
+from sessionstore.checkpoint.storage.filesystem import redact, secret_values
 from tests.tools.test_cli import run
 
 SPECS = [StoreSpec("s", "kv", 0)]
@@ -80,7 +80,7 @@ PROXY = {"scheme": "http", "host": "proxy.corp", "port": 3128, "username": "svc"
 
 @pytest.mark.parametrize("proxy", [PROXY, "http://svc:pr0xy-pass@proxy.corp:3128"])
 def test_proxy_options_and_external_id_are_masked_wherever_options_are_shown(tmp_path, proxy):
-    from spark_integration.planning.backend import StateBackend
+    from spark_integration.conf.backend import StateBackend
 
     options = {"region": "eu-west-1", "proxy_options": proxy, "external_id": "ext-0042",
                "role_arn": "arn:aws:iam::1:role/r", "secret_key": "s3cr3t"}  # fmt: skip

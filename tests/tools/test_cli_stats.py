@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.metrics import STATS_FIELDS
+from sessionstore.checkpoint.records.metrics import STATS_FIELDS
 from tests.tools.test_cli import run, storage_flags
 
 SPECS = [StoreSpec("sessions", "session", 10**9)]

@@ -13,9 +13,9 @@ import msgpack
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec, rewrite
-from sessionstore.checkpoint.change import ChangeError, CheckpointBusyError
-from sessionstore.checkpoint.filesystem import open_filesystem
-from sessionstore.checkpoint.provider import CheckpointMismatchError
+from sessionstore.checkpoint.offline.change import ChangeError, CheckpointBusyError
+from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.encoding.spark_hash import partition_ids
 from sessionstore.operators.aggregations import Aggregations, record_output_plan
 from sessionstore.stores import closing
@@ -177,7 +177,7 @@ def test_a_checkpoint_committed_to_recently_is_refused(source):
 
 _KILLER = """
 import os, signal, sys
-import sessionstore.checkpoint.change as change
+import sessionstore.checkpoint.offline.change as change
 from sessionstore import rewrite
 from tests.tools.test_rewrite import double_total
 step, at = sys.argv[2], int(sys.argv[3])

@@ -37,7 +37,7 @@ This module holds the record path (:meth:`SessionWindowAggregator.process`, the
 reference the batch paths are held equal to) and chooses a batch's path: the
 record-exact replay (:mod:`.replay`, which hands in-order keys to the vectorised
 :mod:`.vectorised_keys`) or the columnar path (:mod:`.columns`). Every path works on the
-aggregator's :class:`~.state.SessionState`, never on the aggregator itself.
+aggregator's :class:`~.state.SessionWindowState`, never on the aggregator itself.
 """
 
 from __future__ import annotations
@@ -52,7 +52,12 @@ from sessionstore.operators.aggregations import (
     make_aggregation,
     record_output_plan,
 )
-from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute, check_closes_on
+from sessionstore.operators.batch_paths.arrow_batches import (
+    ArrowBatches,
+    StateAttribute,
+    check_closes_on,
+)
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.sessions.model import ClosedSessions, SessionUpdate, SessionWindows
 from sessionstore.operators.sessions.replay import net_changes, replay_rows, stored_values
@@ -62,8 +67,7 @@ from sessionstore.operators.sessions.rule import (
     is_late,
     merged_window,
 )
-from sessionstore.operators.sessions.state import SessionState
-from sessionstore.operators.vectorised import FAR_PAST
+from sessionstore.operators.sessions.state import SessionWindowState
 
 __all__ = ["SessionWindows", "SessionUpdate", "SessionWindowAggregator"]
 
@@ -100,7 +104,7 @@ class SessionWindowAggregator(ArrowBatches):
         # a record whose offset a candidate session already holds is a replay.
         aggregation = make_aggregation(initializer, aggregator, merger, aggregations)
         #: What every path reads and moves: store, end index, times, counters.
-        self.state = SessionState(
+        self.state = SessionWindowState(
             store,
             windows,
             aggregation,

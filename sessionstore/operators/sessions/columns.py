@@ -20,7 +20,7 @@ Rows stay on the record-exact replay of the batch path when they could behave
 differently: every record of a key that has a late record, or a record near a
 closed or hidden session (the conditions of :mod:`.vectorised_keys`). Keys with open
 stored sessions read them once and merge them with their runs in Python, with the
-replay's tie rules (:func:`~sessionstore.operators.vectorised.merge_slot`). A batch qualifies only when the
+replay's tie rules (:func:`~sessionstore.operators.batch_paths.vectorised.merge_slot`). A batch qualifies only when the
 aggregation is built-in count/sum/min/max/first/last or count(c)/avg/moments/
 min_by/max_by over numeric columns, sums, minima and maxima read integer columns
 without nulls whose sum cannot overflow int64, and offsets are not tracked (the aggregator checks its mode and state, :func:`columnar.prepare` the
@@ -38,11 +38,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.encoding.keys import encode_str_keys
-from sessionstore.operators.arrow_io import columns_of
-from sessionstore.operators.columnar import (
+from sessionstore.operators.batch_paths.arrow_io import columns_of
+from sessionstore.operators.batch_paths.columnar import (
+    AggregateColumn,
     GroupAggregates,
     Prepared,
-    Slot,
     empty_result,
     group_key_values,
     result_table,
@@ -50,16 +50,18 @@ from sessionstore.operators.columnar import (
     sortable_keys,
     value_struct_type,
 )
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST, merge_slot
 from sessionstore.operators.sessions.model import SessionUpdate
 from sessionstore.operators.sessions.replay import replay, settle
 from sessionstore.operators.sessions.rule import components, gap_breaks
-from sessionstore.operators.sessions.state import SessionState
-from sessionstore.operators.vectorised import FAR_PAST, merge_slot
+from sessionstore.operators.sessions.state import SessionWindowState
 
 __all__ = ["run_final"]
 
 
-def run_final(state: SessionState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
+def run_final(
+    state: SessionWindowState, batch_in: Prepared, timestamp: str, value: Any
+) -> pa.Table:
     """Process a prepared batch in emit-on-close mode, inside the store's batch;
     return the closed sessions as a table (key columns, ``start``, ``end``, ``value``
     struct, ``timestamp``) in the order :meth:`process_rows` emits them."""
@@ -69,7 +71,7 @@ def run_final(state: SessionState, batch_in: Prepared, timestamp: str, value: An
     return out
 
 
-def _run(state: SessionState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
+def _run(state: SessionWindowState, batch_in: Prepared, timestamp: str, value: Any) -> pa.Table:
     table, key_names, slots = batch_in.table, batch_in.key_names, batch_in.slots
     ts, valid, codes = batch_in.ts, batch_in.valid, batch_in.codes
     n = table.num_rows
@@ -91,7 +93,7 @@ class _Batch:
     """One batch on the columnar path: its keys, the record-exact replay of the keys
     that need it, and what the rest of the path writes and emits."""
 
-    def __init__(self, state: SessionState, table, key_names, ts, times, rows, codes) -> None:
+    def __init__(self, state: SessionWindowState, table, key_names, ts, times, rows, codes) -> None:
         self.state, self.table, self.key_names, self.ts, self.rows = (
             state,
             table,
@@ -149,7 +151,7 @@ class _Batch:
         self.loaded_ids: set[tuple[bytes, int, int]] = set()
         self.row_bad = self.bad[self.inv]
 
-    def _string_kbs(self, state: SessionState, key_names: list[str]) -> list[bytes] | None:
+    def _string_kbs(self, state: SessionWindowState, key_names: list[str]) -> list[bytes] | None:
         """Every group's encoded key when the key is one string column of the
         default codec (``sortable``) and none holds a zero byte; else None."""
         if len(key_names) != 1:
@@ -183,7 +185,7 @@ class _Batch:
             self.emitted, self.tracked, self.loaded_ids, allow_fast=False,
         )  # fmt: skip
 
-    def runs(self, slots: list[Slot]) -> _Runs:
+    def runs(self, slots: list[AggregateColumn]) -> _Runs:
         """Every other key: runs of its records, sorted by time within the key."""
         good = ~self.row_bad
         grows, gg = self.rows[good], self.inv[good]

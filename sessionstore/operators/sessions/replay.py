@@ -1,7 +1,7 @@
 """The record-exact replay of a batch of session records.
 
 Each key's records are replayed in memory, in arrival order, against the
-stream-time prefix of the whole batch (:meth:`SessionState.timing`), which decides
+stream-time prefix of the whole batch (:meth:`SessionWindowState.timing`), which decides
 closing and visibility exactly as the record path does; the store is read once per
 key and each surviving session written once (:func:`settle`). Keys whose records
 provably behave like a sorted stream take the vectorised path of
@@ -19,15 +19,15 @@ from typing import Any
 import numpy as np
 
 from sessionstore.encoding.keys import TS_MAX, TS_MIN, check_timestamp
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST
 from sessionstore.operators.sessions.model import SessionUpdate
 from sessionstore.operators.sessions.rule import candidate_bounds, is_late, merged_window
-from sessionstore.operators.sessions.state import Session, SessionState, Timing
+from sessionstore.operators.sessions.state import Session, SessionWindowState, Timing
 from sessionstore.operators.sessions.vectorised_keys import (
     fast_path_columns,
     run_fast_final,
     run_fast_keys,
 )
-from sessionstore.operators.vectorised import FAR_PAST
 
 __all__ = ["replay_rows", "replay", "settle", "group", "net_of", "stored_values", "net_changes"]
 
@@ -41,7 +41,7 @@ SessionId = tuple[bytes, int, int]
 
 
 def replay_rows(
-    state: SessionState,
+    state: SessionWindowState,
     keys: Sequence[Any],
     timestamps: Sequence[int | None],
     values: Sequence[Any],
@@ -71,7 +71,7 @@ def replay_rows(
     return [u for _, u in emitted]
 
 
-def net_of(state: SessionState, tracked: Tracked) -> list[SessionUpdate]:
+def net_of(state: SessionWindowState, tracked: Tracked) -> list[SessionUpdate]:
     """The net change of a replayed batch: stored sessions it removed, and the
     sessions it leaves (a removed one's identity may come back with them)."""
     finish = state.aggregation.finish
@@ -89,7 +89,7 @@ def net_of(state: SessionState, tracked: Tracked) -> list[SessionUpdate]:
 
 
 def stored_values(
-    state: SessionState, keys: Sequence[Any], timestamps: Sequence[int | None]
+    state: SessionWindowState, keys: Sequence[Any], timestamps: Sequence[int | None]
 ) -> dict[SessionId, Any]:
     """Finished values of every stored session a batch can touch (within gap of
     its records' times, per key), by identity: what earlier batches emitted."""
@@ -110,7 +110,7 @@ def stored_values(
 
 
 def group(
-    state: SessionState,
+    state: SessionWindowState,
     keys: Sequence[Any],
     timestamps: Sequence[int | None],
     offsets: Sequence[int | None],
@@ -148,7 +148,7 @@ def group(
 
 
 def replay(
-    state: SessionState,
+    state: SessionWindowState,
     groups: dict[bytes, list[int]],
     keys: Sequence[Any],
     values: Sequence[Any],
@@ -187,7 +187,7 @@ def replay(
 
 
 def _load_sessions(
-    state: SessionState,
+    state: SessionWindowState,
     key: Any,
     kb: bytes,
     idxs: list[int],
@@ -219,7 +219,7 @@ def _load_sessions(
 
 
 def _fast_entry(
-    state: SessionState,
+    state: SessionWindowState,
     key: Any,
     kb: bytes,
     idxs: list[int],
@@ -249,7 +249,7 @@ def _fast_entry(
 
 
 def _replay_key(
-    state: SessionState,
+    state: SessionWindowState,
     key: Any,
     kb: bytes,
     idxs: list[int],
@@ -300,7 +300,7 @@ def _replay_key(
 
 
 def settle(
-    state: SessionState,
+    state: SessionWindowState,
     timing: Timing,
     emitted: Emitted,
     tracked: Tracked,
@@ -372,7 +372,7 @@ def settle(
 
 
 def _close_unloaded(
-    state: SessionState,
+    state: SessionWindowState,
     timing: Timing,
     emitted: Emitted,
     loaded_ids: set[SessionId],

@@ -11,7 +11,7 @@
   (:func:`is_late`), which is the judged time minus gap and grace
   (:func:`close_time`).
 * Accumulators fold older into newer, slot by slot
-  (:func:`~sessionstore.operators.vectorised.merge_slot`, which windows share: the
+  (:func:`~sessionstore.operators.batch_paths.vectorised.merge_slot`, which windows share: the
   older keeps ``first`` on a tie, the newer takes ``last``).
 
 The record path (:mod:`.aggregator`) and the record-exact replay (:mod:`.replay`)

@@ -1,6 +1,6 @@
 """What a session aggregator keeps, and what its paths share.
 
-:class:`SessionState` is the aggregator's state: its store and end index, the
+:class:`SessionWindowState` is the aggregator's state: its store and end index, the
 stream time and last close time it keeps beside the store (saved in the store's
 metadata with each batch), and its counters. The aggregator's record path works
 on it, and so do the batch paths, which never see the aggregator: the
@@ -19,12 +19,12 @@ import numpy as np
 
 from sessionstore.encoding.ints import INT64 as _I64
 from sessionstore.operators.aggregations import Aggregation
-from sessionstore.operators.arrow_batches import batch_restoring, judged_time
+from sessionstore.operators.batch_paths.arrow_batches import batch_restoring, judged_time
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST
 from sessionstore.operators.sessions.model import SessionWindows
 from sessionstore.operators.sessions.rule import close_time
-from sessionstore.operators.vectorised import FAR_PAST
 
-__all__ = ["SessionState", "Session", "Timing"]
+__all__ = ["SessionWindowState", "Session", "Timing"]
 
 
 class Timing(NamedTuple):
@@ -59,7 +59,7 @@ class Session:
         self.removed_at: int | None = None
 
 
-class SessionState:
+class SessionWindowState:
     """A session aggregator's store, settings, times and counters.
 
     Opening it sets the store up for the mode: a minimum retention that keeps open

@@ -28,16 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from sessionstore.operators.sessions.model import SessionUpdate
-from sessionstore.operators.sessions.rule import gap_breaks, within_gap
-from sessionstore.operators.sessions.state import Session
-from sessionstore.operators.vectorised import (
+from sessionstore.operators.batch_paths.vectorised import (
     FAR_PAST,
     INT_LIMIT,
     SUM_LIMIT,
     built_in_functions,
     merge_slot,
 )
+from sessionstore.operators.sessions.model import SessionUpdate
+from sessionstore.operators.sessions.rule import gap_breaks, within_gap
+from sessionstore.operators.sessions.state import Session
 
 __all__ = ["fast_path_columns", "run_fast_keys", "run_fast_final"]
 

@@ -45,8 +45,12 @@ from typing import Any
 
 from sessionstore.encoding.keys import check_timestamp
 from sessionstore.operators.aggregations import Aggregation, make_aggregation, record_output_plan
-from sessionstore.operators.arrow_batches import ArrowBatches, StateAttribute, check_closes_on
-from sessionstore.operators.vectorised import FAR_PAST
+from sessionstore.operators.batch_paths.arrow_batches import (
+    ArrowBatches,
+    StateAttribute,
+    check_closes_on,
+)
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST
 from sessionstore.operators.windows.model import TimeWindows, WindowUpdate
 from sessionstore.operators.windows.state import WindowState
 from sessionstore.stores.window import WindowStore

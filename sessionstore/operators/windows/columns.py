@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessionstore.operators.columnar import (
+from sessionstore.operators.batch_paths.columnar import (
     GroupAggregates,
     Prepared,
     empty_result,
@@ -32,7 +32,7 @@ from sessionstore.operators.columnar import (
     rows_result,
     value_struct_type,
 )
-from sessionstore.operators.vectorised import FAR_PAST, merge_slot
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST, merge_slot
 from sessionstore.operators.windows.state import WindowState
 
 __all__ = ["run_final"]

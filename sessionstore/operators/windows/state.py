@@ -16,8 +16,8 @@ import numpy as np
 
 from sessionstore.encoding.ints import INT64 as _I64
 from sessionstore.operators.aggregations import Aggregation
-from sessionstore.operators.arrow_batches import batch_restoring, judged_time
-from sessionstore.operators.vectorised import FAR_PAST
+from sessionstore.operators.batch_paths.arrow_batches import batch_restoring, judged_time
+from sessionstore.operators.batch_paths.vectorised import FAR_PAST
 from sessionstore.operators.windows.model import TimeWindows
 from sessionstore.stores.window import WindowStore
 

@@ -14,7 +14,7 @@ server ``p mod count``, where its database stays open from batch to batch:
 
 * a task, in its Python worker, connects to its server and sends the operator
   task (cloudpickled, as Spark shipped it), what it knows of its Spark task
-  (:class:`~spark_integration.execution.runtime.TaskInfo`) and its input as an Arrow IPC
+  (:class:`~spark_integration.execution.context.TaskInfo`) and its input as an Arrow IPC
   stream; the server runs the operator task exactly as the worker would have (the
   same provider, commit and coordinator report) and streams the output back, with
   the task's metrics record, or the exception it raised, which the worker raises;

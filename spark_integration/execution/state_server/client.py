@@ -18,8 +18,8 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 
-from sessionstore.checkpoint.request_server import peer_credentials
-from spark_integration.execution.runtime import ContextTask, TaskContext, TaskInfo
+from sessionstore.checkpoint.service.request_server import peer_credentials
+from spark_integration.execution.context import ContextTask, TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
     IO_TIMEOUT_S,
     SERVERS_PER_SLOT,

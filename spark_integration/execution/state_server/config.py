@@ -8,9 +8,9 @@ import re
 from typing import Any
 
 from sessionstore.engine.memory import DEFAULT_MEMORY_MAX_MB
-from spark_integration.planning.backend import CONF_PREFIX
-from spark_integration.planning.session import driver_conf, is_connect
-from spark_integration.planning.session import master as session_master
+from spark_integration.conf.backend import CONF_PREFIX
+from spark_integration.conf.spark_session import driver_conf, is_connect
+from spark_integration.conf.spark_session import master as session_master
 
 __all__ = [
     "SERVERS_CONF",

@@ -2,7 +2,7 @@
 stream socket.
 
 A worker sends one request: :data:`REQUEST` (magic :data:`MAGIC`, the size of the
-task's :class:`~spark_integration.execution.runtime.TaskInfo` as msgpack, the size
+task's :class:`~spark_integration.execution.context.TaskInfo` as msgpack, the size
 of the cloudpickled task), both bodies, then its input as one Arrow IPC stream.
 The server answers with frames, :data:`FRAME` (a kind byte, the payload size)
 followed by the payload: :data:`ACCEPTED` (its pid, before the input is read),

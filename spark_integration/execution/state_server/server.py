@@ -16,9 +16,9 @@ import time
 import msgpack
 import pyarrow as pa
 
-from sessionstore.checkpoint.request_server import RefusalLog, same_user
+from sessionstore.checkpoint.service.request_server import RefusalLog, same_user
 from sessionstore.engine.memory import memory_budget
-from spark_integration.execution.runtime import TaskContext, TaskInfo
+from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
     DEFAULT_SERVER_MEMORY_MB,
     IDLE_EXIT_S,
@@ -107,7 +107,7 @@ def bind(address: str) -> socket.socket | None:
 def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXIT_S) -> None:
     """Serve tasks on ``listener`` one at a time until process ``watch_pid`` ends
     (the executor's Python daemon) or no task came for ``idle_exit_s``."""
-    from sessionstore.checkpoint.store_service import StoreService
+    from sessionstore.checkpoint.service.store_service import StoreService
 
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "task")

@@ -5,7 +5,7 @@ order when a task is retried or a batch replayed, and a processor's output and
 state may depend on the order it sees rows in (a list it appends to). So the
 order a processor sees is a function of the batch's content alone: rows sorted
 by the grouping key, then by every other sortable column, as
-:func:`~spark_integration.execution.runtime.deterministic_order` sorts them;
+:func:`~spark_integration.execution.inputs.deterministic_order` sorts them;
 rows equal in every sortable column are interchangeable.
 
 :func:`grouped_rows` gets that order without Arrow's multi-column sort, whose
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_integration.execution.runtime import deterministic_order
+from spark_integration.execution.inputs import deterministic_order
 
 __all__ = ["KeyGroups", "grouped_rows", "group_bounds", "key_runs"]
 

@@ -22,15 +22,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sessionstore.checkpoint.filesystem import Storage
-from sessionstore.checkpoint.layout import (
+from sessionstore.checkpoint.records.layout import (
     INITIAL_STATE_DIR,
     initial_state_complete_name,
     initial_state_name,
     initial_state_tokens,
     newest_committed,
 )
-from spark_integration.execution.runtime import deterministic_order
+from sessionstore.checkpoint.storage.filesystem import Storage
+from spark_integration.execution.inputs import deterministic_order
 from spark_integration.operators.transform_with_state.frames import (
     PandasConf,
     reindexed,

@@ -14,26 +14,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sessionstore.checkpoint.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.operators.processors import ProcessorHandle, normalise_time_mode
+from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.names import TS
 from spark_integration.operators.transform_with_state.frames import pandas_conf
 from spark_integration.operators.transform_with_state.initial_state import (
     initial_state_token,
     route_initial_state,
 )
 from spark_integration.operators.transform_with_state.task import NOW, ProcessorTask
-from spark_integration.planning.backend import StateBackend
 from spark_integration.planning.due_batches import with_due_batches
 from spark_integration.planning.due_timers import DueTimers
+from spark_integration.planning.input_columns import WATERMARK_DELAY_KEY, checked_fields, key_types
 from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import (
-    TS,
-    WATERMARK_DELAY_KEY,
-    checked_fields,
-    key_types,
-    operator_coordinator,
-    resolve,
-)
+from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = [
     "transform_with_state",

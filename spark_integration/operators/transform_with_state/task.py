@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sessionstore.encoding.ints import INT64
-from sessionstore.operators.arrow_io import epoch_millis_array
+from sessionstore.operators.batch_paths.arrow_io import epoch_millis_array
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.processors import (
     BatchTimes,
@@ -42,9 +42,12 @@ from sessionstore.operators.processors import (
     extra_store_name,
 )
 from sessionstore.stores.spec import StoreSpec
-from spark_integration.driver.coordinator import CoordinatorAddress
+from spark_integration.conf.backend import StateBackend
+from spark_integration.conf.names import TS
+from spark_integration.coordinator.protocol import CoordinatorAddress
+from spark_integration.execution.context import TaskContext
 from spark_integration.execution.output import arrow_schema
-from spark_integration.execution.runtime import TaskContext, state_and_inputs
+from spark_integration.execution.partition_state import state_and_inputs
 from spark_integration.operators.transform_with_state.frames import (
     PandasConf,
     frames_output,
@@ -54,8 +57,6 @@ from spark_integration.operators.transform_with_state.frames import (
 from spark_integration.operators.transform_with_state.grouping import grouped_rows
 from spark_integration.operators.transform_with_state.initial_state import read_initial_state
 from spark_integration.operators.transform_with_state.rows import row_maker, row_slices, rows_output
-from spark_integration.planning.backend import StateBackend
-from spark_integration.planning.resolve import TS
 
 __all__ = ["ProcessorTask", "NOW", "STORE"]
 
@@ -302,7 +303,7 @@ def _empty_partition_now(store: Any, provider: Any, info: Any) -> int:
     the changelog this task is about to write: present only when an earlier
     attempt committed the batch, and then its time is the one the sink may have
     kept. Tasks with rows need none of this: their time is in their input."""
-    from sessionstore.checkpoint.processing_time import recorded_processing_time
+    from sessionstore.checkpoint.records.processing_time import recorded_processing_time
 
     run = store.read_aux(RUN_AUX)
     if info.attempt == 0 and info.run is not None and run == info.run.encode():

@@ -22,7 +22,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sessionstore import InMemorySessionStore, StateDB, StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.repartition import repartition_checkpoint
+from sessionstore.checkpoint.offline.repartition import repartition_checkpoint
 from sessionstore.encoding.session_key import encode_times
 from sessionstore.encoding.spark_hash import partition_ids
 from sessionstore.errors import SessionStoreError

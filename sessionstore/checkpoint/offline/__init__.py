@@ -1,0 +1,1 @@
+"""Offline operations on a whole operator: verify, repartition, change, erase."""

@@ -1,0 +1,1 @@
+"""The partition protocol: identity, lineage, load, commit, maintenance, the provider."""

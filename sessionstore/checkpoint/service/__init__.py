@@ -1,0 +1,1 @@
+"""The per-process store service and its request server."""

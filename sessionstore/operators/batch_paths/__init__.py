@@ -1,0 +1,1 @@
+"""What the batch paths of sessions and windows share: the vectorised functions and bounds (vectorised), the columnar paths' input and output (columnar), the aggregators' Arrow batch API (arrow_batches), Arrow to Python values and back (arrow_io)."""

@@ -1,0 +1,1 @@
+"""At the bottom, read everywhere: StateBackend and conf keys, SparkSession helpers, hidden column names, interval parsing, a local SparkSession."""

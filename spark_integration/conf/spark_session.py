@@ -1,0 +1,142 @@
+"""What the operators can reach through a SparkSession: a classic session or a Spark
+Connect client.
+
+A classic session lives in the driver's Python process: ``spark.sparkContext``
+gives the driver's conf, its master and its cores, and the driver can run the
+event-time coordinator (:mod:`spark_integration.coordinator.server`) that its
+executors call. A Spark Connect session (``SparkSession.builder.remote(...)``) is a
+client of a driver elsewhere, often one without Python: it has no
+``sparkContext``, and nothing it starts is reachable by the executors. What it does
+have is the session conf, which the server fills from its own ``SparkConf`` (so
+``spark-submit --conf`` keys read the same), DataFrames, and listeners delivered to
+the client (Spark 4.0+).
+
+Every place that would touch ``sparkContext`` asks this module instead, so the
+difference lives here:
+
+* the driver's conf and master: :func:`driver_conf`, :func:`conf_value`,
+  :func:`master`;
+* the cluster's cores: :func:`default_parallelism` (under Connect,
+  ``spark.default.parallelism`` if set, else one small job that counts the
+  partitions Spark gives a range, which is what ``defaultParallelism`` sets);
+* the coordinator: :func:`can_coordinate` is False under Connect, logged once; the
+  tasks then take the paths they take when a coordinator is unreachable (event time
+  from object storage, the commit fence by a read before each write), which give
+  the same output;
+* RDD jobs (``repartition_state``): :func:`require_classic` raises
+  :class:`ClassicSessionRequired` naming what to use instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+__all__ = [
+    "ClassicSessionRequired",
+    "is_connect",
+    "driver_conf",
+    "conf_value",
+    "master",
+    "default_parallelism",
+    "can_coordinate",
+    "require_classic",
+]
+
+log = logging.getLogger(__name__)
+
+#: Spark's setting of the cores a job is spread over by default.
+PARALLELISM_CONF = "spark.default.parallelism"
+#: Rows of the range whose partitions :func:`default_parallelism` counts: at least
+#: one row per partition for any cluster's default parallelism.
+_PROBE_ROWS = 1 << 20
+
+_lock = threading.Lock()
+_parallelism: dict[str, int] = {}  # Connect session id -> its cluster's cores
+_logged_no_coordinator = False
+
+
+class ClassicSessionRequired(RuntimeError):
+    """An API that needs the driver's process (RDDs, the SparkContext) was called
+    with a Spark Connect session."""
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (not the driver)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def driver_conf(spark: Any) -> dict[str, str]:
+    """The driver's settings: the SparkContext's conf (``spark-submit --conf``, the
+    builder) in a classic session; under Connect the session conf, which starts as
+    the server's ``SparkConf``."""
+    if is_connect(spark):
+        return dict(spark.conf.getAll)
+    return dict(spark.sparkContext.getConf().getAll())
+
+
+def conf_value(spark: Any, key: str, default: str | None = None) -> str | None:
+    """One key of :func:`driver_conf`, or ``default``."""
+    if is_connect(spark):
+        return spark.conf.get(key, default)
+    return spark.sparkContext.getConf().get(key, default)
+
+
+def master(spark: Any) -> str:
+    """The driver's master URL (``local[2]``, ``spark://host:7077``, ...); empty if
+    a Connect server does not say."""
+    if is_connect(spark):
+        return str(spark.conf.get("spark.master", "") or "")
+    return str(spark.sparkContext.master)
+
+
+def default_parallelism(spark: Any) -> int:
+    """The cluster's cores as Spark counts them (``defaultParallelism``)."""
+    if not is_connect(spark):
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    configured = spark.conf.get(PARALLELISM_CONF, None)
+    if configured:
+        return max(1, int(configured))
+    with _lock:
+        known = _parallelism.get(spark.session_id)
+    if known is None:
+        from pyspark.sql import functions as F
+
+        # a range without a partition count gets defaultParallelism partitions
+        # (spark.sql.leafNodeDefaultParallelism, if set, is the user's override)
+        ids = spark.range(_PROBE_ROWS).select(F.spark_partition_id().alias("p"))
+        last = ids.agg(F.max("p")).first()[0]
+        known = max(1, int(last) + 1)
+        with _lock:
+            _parallelism[spark.session_id] = known
+    return known
+
+
+def can_coordinate(spark: Any) -> bool:
+    """Whether this process can run the driver's coordinator for ``spark``'s
+    operators: a classic session's driver can; a Connect client cannot (logged once
+    per process, the one line that says what the tasks do instead)."""
+    global _logged_no_coordinator
+    if not is_connect(spark):
+        return True
+    with _lock:
+        first, _logged_no_coordinator = not _logged_no_coordinator, True
+    if first:
+        log.info(
+            "sessionstore: Spark Connect session: no event-time coordinator (it runs in "
+            "the driver's Python, which a Connect client is not); tasks read event time "
+            "from object storage and fence commits by a read before each write, and "
+            "log_state_metrics prints observed metrics"
+        )
+    return False
+
+
+def require_classic(spark: Any, what: str, instead: str) -> None:
+    """Raise :class:`ClassicSessionRequired` if ``spark`` is a Connect session:
+    ``what`` needs the driver's process; ``instead`` says what to use."""
+    if is_connect(spark):
+        raise ClassicSessionRequired(
+            f"{what} needs a classic SparkSession (it runs RDD jobs from the driver's "
+            f"process), and this one is a Spark Connect client; {instead}"
+        )

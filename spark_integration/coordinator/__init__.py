@@ -1,0 +1,1 @@
+"""The driver coordinator: its server on the driver and the client tasks call."""

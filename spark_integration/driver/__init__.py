@@ -1,1 +1,0 @@
-"""Driver-side services: the coordinator and the metrics listener."""
