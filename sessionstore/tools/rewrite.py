@@ -19,6 +19,7 @@ row change then replaces, keeps or drops the raw rows they came from.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,6 +52,32 @@ _KEEP = object()
 def _function_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None) or "?"
     return f"{module}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _function_digest(fn: Callable[..., Any]) -> str:
+    """A digest of what ``fn`` does (its code, constants, names, defaults and
+    captured values), so that a rerun after a crash finishes its own interrupted
+    rewrite once and another function of the same name is not taken for it."""
+    target = fn if hasattr(fn, "__code__") else type(fn).__call__
+    code = getattr(target, "__code__", None)
+    parts: list[Any] = [type(fn).__qualname__]
+    if code is not None:
+        parts += [code.co_code, code.co_consts, code.co_names]
+    parts.append(getattr(target, "__defaults__", None))
+    parts.append(_captured(getattr(target, "__closure__", None) or ()))
+    if target is not fn:
+        parts.append(getattr(fn, "__dict__", None))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+def _captured(cells: tuple[Any, ...]) -> list[Any]:
+    values = []
+    for cell in cells:
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # a cell not filled yet
+            continue
+    return values
 
 
 class RowRewriter:
@@ -223,7 +250,8 @@ def plan_rewrite(
     target = open_change(checkpoint, operator, storage_options, allow_pickle)
     name = _store_of(target.metadata, store, f"{checkpoint}/{operator}")
     audit = {"change": "rewrite", "operator": operator, "store": name,
-             "fn": _function_name(fn), "raw": raw}  # fmt: skip
+             "fn": _function_name(fn), "fn_digest": _function_digest(fn),
+             "raw": raw}  # fmt: skip
     plan = RewritePlan(target, name, fn, raw, audit,
                        resumed=None if resumed is None else resumed["id"])  # fmt: skip
     if resumed is not None and all(resumed["audit"].get(k) == v for k, v in audit.items()):

@@ -91,7 +91,7 @@ def rescale(spark: Any, backend: StateBackend, name: str, partitions: int) -> di
 def _drop_previous(plan: RescalePlan) -> None:
     try:
         drop_state(plan)
-    except OSError as exc:  # never read again; a later rescale or erase removes it
+    except OSError as exc:  # never read again; the next rescale's cleanup removes it
         log.warning("sessionstore could not delete the state before the rescale: %s", exc)
 
 

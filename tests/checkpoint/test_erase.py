@@ -244,3 +244,25 @@ def test_a_warm_provider_of_the_old_state_restores_at_the_next_run(source, tmp_p
     assert all(h["counts"].get(k) is None for k in ERASED)
     assert h.commit() == VERSIONS + 1
     provider.close()
+
+
+def test_a_change_whose_staging_another_change_deleted_commits_nothing(source):
+    """Two changes at once: the second's start deletes the first's staging; the first
+    must not write a commit point naming manifests that are gone (every later load
+    and change would then be refused)."""
+    from sessionstore.checkpoint.offline.change import CHANGE_FIELD, ChangeError
+
+    before = dumped(source)
+    operator = open_filesystem(source).child("op")
+
+    def another_change_starts(label, done, total):
+        if done == total:  # every partition staged
+            for staging in operator.list_dirs("_changes"):
+                operator.delete_dir(f"_changes/{staging}")
+
+    with pytest.raises(ChangeError, match=r"lost its staged partitions \[0, 1, 2, 3\]"):
+        erase(source, "op", key=ERASED, quiet_s=0, progress=another_change_starts)
+    assert CHANGE_FIELD not in read_metadata(operator)
+    assert dumped(source) == before
+    erase(source, "op", key=ERASED, quiet_s=0)  # and the checkpoint still takes a change
+    assert dumped(source) == without(before, ERASED)

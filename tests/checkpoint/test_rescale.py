@@ -109,3 +109,63 @@ def test_refusals_name_the_reason_and_write_nothing(tmp_path):
     with pytest.raises(RescaleError, match=r"cannot rescale .*ck/nope to 7 .* does not exist"):
         plan_rescale(uri, "nope", 7)
     assert not open_filesystem(uri).child("op").exists("_generations")
+
+
+def test_two_rescales_of_one_state_switch_once_and_keep_the_winner(tmp_path, monkeypatch):
+    """Two drivers rescale the same version at once: both copy, both pass the check
+    that the source is unchanged, then the first switches before the second: the
+    second is refused by name, and no cleanup deletes the generation the root names."""
+    from sessionstore.checkpoint.offline import rescale
+
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+    before = _sessions(uri)
+    first, second = plan_rescale(uri, "op", 7), plan_rescale(uri, "op", 5)
+    copy_partitions(first.copy)
+    copy_partitions(second.copy)
+    claim = rescale._claim
+
+    def first_switches_meanwhile(root, plan):
+        monkeypatch.setattr(rescale, "_claim", claim)
+        commit_rescale(first)  # between the second's check and its switch
+        claim(root, plan)
+
+    monkeypatch.setattr(rescale, "_claim", first_switches_meanwhile)
+    with pytest.raises(RescaleError, match=rf"generation {first.generation}\) claimed the switch"):
+        commit_rescale(second)
+    drop_state(second)  # the loser's cleanup touches nothing
+    assert state_root(uri, "op") == f"{uri}/op/_generations/{first.generation}"
+    assert _sessions(uri) == before
+    drop_state(first)
+    assert open_filesystem(uri).child("op").list_dirs("_generations") == [first.generation]
+    assert _sessions(uri) == before
+    assert CheckpointSource(uri).partitions("op") == list(range(7))
+
+
+def test_a_named_generation_that_is_gone_is_refused_not_read_as_empty(tmp_path):
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+    plan = plan_rescale(uri, "op", 3)
+    copy_partitions(plan.copy)
+    commit_rescale(plan)
+    drop_state(plan)
+    open_filesystem(uri).child("op").delete_dir(f"_generations/{plan.generation}")
+    with pytest.raises(
+        Exception, match=rf"names the generation '{plan.generation}', which holds no state"
+    ):
+        state_root(uri, "op")
+    with pytest.raises(Exception, match="holds no state"):
+        _sessions(uri)
+
+
+def test_verify_checks_the_generation_a_rescale_switched_to(tmp_path):
+    from sessionstore.checkpoint.offline.verify import verify_checkpoint
+
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+    plan = plan_rescale(uri, "op", 7)
+    copy_partitions(plan.copy)
+    commit_rescale(plan)
+    drop_state(plan)
+    result = verify_checkpoint(uri)
+    assert (result.partitions, result.problems) == (7, [])

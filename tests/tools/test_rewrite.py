@@ -213,3 +213,38 @@ def test_kill_9_leaves_the_old_or_the_new_state(source, tmp_path, step, at):
     rows = [eval(r) for r in before]  # noqa: S307 - reprs of ints, strs and lists
     assert doubled == {(r["key"], r["start"]): 2 * r["value"][1] for r in rows}
     assert not open_filesystem(source).child("op").list_dirs("_changes")
+
+
+def test_a_rerun_finishes_only_its_own_interrupted_rewrite(source, monkeypatch):
+    """A rewrite that died after its commit point is finished by the next rewrite:
+    the same function is not applied twice, and another function of the same name
+    (two lambdas) is applied after it, not taken for it."""
+    from sessionstore.checkpoint.offline import change
+
+    finish = change.finish_change
+
+    def driver_dies(*args):
+        raise SystemExit("the driver died after the commit point")
+
+    def first_rewrite(uri, fn):
+        monkeypatch.setattr(change, "finish_change", driver_dies)
+        with pytest.raises(SystemExit):
+            rewrite(uri, "op", fn, store="sessions", force=True)
+        monkeypatch.setattr(change, "finish_change", finish)
+
+    def copy(suffix):
+        uri = f"{source}-{suffix}"
+        write_source(uri, source.removeprefix("file://") + f"-local-{suffix}")
+        return uri
+
+    keep, drop = (lambda row: row), (lambda row: None)
+    assert keep.__qualname__ == drop.__qualname__
+    first_rewrite(source, keep)
+    result = rewrite(source, "op", drop, store="sessions", force=True)
+    assert result["resumed"] is not None and sessions(source) == []
+
+    interrupted, whole = copy("interrupted"), copy("whole")
+    rewrite(whole, "op", double_total, store="sessions", force=True)
+    first_rewrite(interrupted, double_total)
+    assert rewrite(interrupted, "op", double_total, store="sessions", force=True)["resumed"]
+    assert sessions(interrupted) == sessions(whole)  # doubled once

@@ -406,6 +406,16 @@ def commit_change(
     except BaseException:
         abandon_change(target, change_id)
         raise
+    staged = target.storage().child(CHANGES_DIR).child(change_id)
+    missing = [p for p in range(target.partitions) if not staged.exists(f"{p}.manifest")]
+    if missing:
+        # another change's begin deleted this one's staging (two changes at once):
+        # committing would name manifests that are gone and block the operator
+        raise ChangeError(
+            f"change {change_id} of {target.uri}/{target.operator} lost its staged "
+            f"partitions {missing[:5]} (another change ran at the same time); "
+            "nothing was committed: run it again"
+        )
     record = {
         "id": change_id,
         "version": target.version,

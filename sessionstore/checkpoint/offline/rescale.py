@@ -46,7 +46,7 @@ from sessionstore.checkpoint.records.layout import (
     read_metadata,
     write_metadata,
 )
-from sessionstore.checkpoint.storage.filesystem import open_filesystem
+from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
 from sessionstore.errors import SessionStoreError
 
 __all__ = [
@@ -137,22 +137,47 @@ def commit_rescale(plan: RescalePlan) -> int | None:
     target = open_filesystem(plan.copy.target_uri, plan.storage_options).child(plan.operator)
     metadata = read_metadata(target)
     root = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
+    _claim(root, plan)
     switch = {**metadata, GENERATION_FIELD: plan.generation, "format": GENERATION_FORMAT}
     write_metadata(root, switch)  # the switch
     return shared
 
 
+def _claim(root: Storage, plan: RescalePlan) -> None:
+    """One rescale of one state: two drivers that rescale the same source version at
+    once both copy, but only the first to create the claim object named after that
+    source switches (the other is refused, its copy never read). Where the store
+    cannot create exclusively, the commit check above is the only guard."""
+    if not root.exclusive_create:
+        return
+    source = "root" if plan.source_root == plan.uri else plan.source_root.rsplit("/", 1)[-1]
+    name = f"{GENERATIONS_DIR}/{source}-v{plan.source.version}.claim"
+    if root.write_exclusive(name, plan.generation.encode()):
+        return
+    winner = root.read(name).decode(errors="replace")
+    if winner != plan.generation:
+        raise RescaleError(
+            f"{plan.uri}/{plan.operator}: another rescale of version {plan.source.version} "
+            f"(generation {winner}) claimed the switch first; nothing was switched (if "
+            f"no other rescale runs, that one crashed: delete {name} and restart)"
+        )
+
+
 def drop_state(plan: RescalePlan) -> None:
-    """Delete the state the switch left behind (after :func:`commit_rescale`): every
-    generation but the new one (the previous one, and any a crashed rescale left
-    half written), and, for a checkpoint never rescaled before, its partitions and
-    event-time files (its ``_metadata``, now the switch, and the operator's other
-    files stay). Errors are the caller's to log: what remains is never read."""
+    """Delete the state the switch left behind (after :func:`commit_rescale`), only
+    when the root's ``_metadata`` names this plan's generation: every other
+    generation (the previous one, and any a crashed rescale left half written) and
+    the root's partitions and event-time files (its ``_metadata``, now the switch,
+    and the operator's other files stay). Errors are the caller's to log: what
+    remains is never read."""
     operator = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
+    if read_metadata(operator).get(GENERATION_FIELD) != plan.generation:
+        return  # not this plan's switch (another's won): nothing here is this plan's
     for generation in operator.list_dirs(GENERATIONS_DIR):
         if generation != plan.generation:
             operator.delete_dir(f"{GENERATIONS_DIR}/{generation}")
-    if plan.source_root == plan.uri:
-        for name in operator.list_dirs():
-            if name.isdigit() or name == EVENT_TIME_DIR:
-                operator.delete_dir(name)
+    # the root's partitions are never read once a generation is named: also those an
+    # earlier cleanup left (an erase reaches only the generation)
+    for name in operator.list_dirs():
+        if name.isdigit() or name == EVENT_TIME_DIR:
+            operator.delete_dir(name)

@@ -17,6 +17,7 @@ from typing import Any
 
 from sessionstore.checkpoint.partition.provider import StateStoreProvider
 from sessionstore.checkpoint.records.changelog import fetch_changelog
+from sessionstore.checkpoint.records.generation import state_root
 from sessionstore.checkpoint.records.layout import (
     PartitionFiles,
     operators,
@@ -67,9 +68,12 @@ def verify_checkpoint(
             continue  # reported by the partitions' checks
         refuse_pickle(stores, f"{checkpoint_uri}/{operator}", allow_pickle)
     for operator in result.operators:
-        for partition in partitions(root, operator):
+        # the state a rescale on restart moved into a generation is checked there
+        state_uri = state_root(checkpoint_uri, operator, storage_options)
+        state = root if state_uri == checkpoint_uri else open_filesystem(state_uri, storage_options)
+        for partition in partitions(state, operator):
             result.problems += verify_partition(
-                checkpoint_uri, operator, partition, storage_options, progress, root,
+                state_uri, operator, partition, storage_options, progress, state,
                 # each replay decides again from the metadata it reads itself
                 allow_pickle=allow_pickle,
                 repairs=result.repairs,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sessionstore.checkpoint.records.layout import read_metadata
+from sessionstore.checkpoint.records.layout import METADATA, read_metadata
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import check_store_name
@@ -63,4 +63,12 @@ def state_root(
             f"{uri}/{operator}/_metadata names the generation {generation!r}, which no "
             "sessionstore writes (expected letters and digits)"
         )
-    return generation_root(uri, operator, generation)
+    root = generation_root(uri, operator, generation)
+    if not open_filesystem(root, storage_options).child(operator).exists(METADATA):
+        # never read a named generation that holds nothing as empty state
+        raise SessionStoreError(
+            f"{uri}/{operator}/_metadata names the generation {generation!r}, which "
+            f"holds no state ({root}/{operator}/_metadata is missing): the checkpoint "
+            "is damaged; restore it from a copy"
+        )
+    return root
