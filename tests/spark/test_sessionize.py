@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import random
+from pathlib import Path
 
 import pytest
 
@@ -125,24 +126,30 @@ def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path,
     assert len(reference) > 20
 
 
-def test_a_restart_without_num_partitions_keeps_the_checkpoints_count(spark, tmp_path):
-    # the session's default is 2 partitions (conftest); the checkpoint was made with 3
+def test_a_restart_at_the_confs_count_rescales_the_checkpoint(spark, tmp_path, caplog):
+    # the session's conf says 2 partitions (conftest); the checkpoint was made with 3:
+    # a restart without num_partitions takes the conf's count and rescales (issue 41)
+    from sessionstore.checkpoint.records.generation import state_root
+
     batches = generated(seed=5)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     reference = run_query(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
     first = run_query(
         spark, tmp_path / "part", tmp_path, "three", backend, batches[:3], num_partitions=3
     )
-    with pytest.warns(UserWarning, match="partitions=2 is ignored by operator 'three'"):
+    with caplog.at_level("WARNING", logger="spark_integration.planning.rescale"):
         second = run_query(
             spark, tmp_path / "part", tmp_path, "three", backend, batches[3:], first=3
         )
+    assert any("rescaled operator 'three'" in r.message and "from 3 to 2 partitions" in r.message
+               for r in caplog.records)  # fmt: skip
     assert as_sessions(first + second) == as_sessions(reference)
-    parts = sorted(p.name for p in (tmp_path / "state" / "three").iterdir() if p.name.isdigit())
-    assert parts == ["0", "1", "2"]
+    root = state_root(backend.checkpoint_uri, "three").removeprefix("file://")
+    parts = sorted(p.name for p in (Path(root) / "three").iterdir() if p.name.isdigit())
+    assert parts == ["0", "1"]
     newest = set()
-    for part in parts:  # every partition ran every micro-batch of both runs
-        changelogs = (tmp_path / "state" / "three" / part / "changelog").rglob("*.changelog")
+    for part in parts:  # every partition ran every micro-batch after the rescale
+        changelogs = (Path(root) / "three" / part / "changelog").rglob("*.changelog")
         newest.add(max(int(c.name.split(".")[0]) for c in changelogs))
     assert len(newest) == 1 and newest.pop() >= len(batches)  # due batches ran too
 
