@@ -91,6 +91,7 @@ from sessionstore.stores.state_db import StateDB
 
 __all__ = [
     "CHANGE_FIELD",
+    "moved_since",
     "CHANGES_DIR",
     "AUDIT_DIR",
     "DEFAULT_QUIET_S",
@@ -350,20 +351,27 @@ def _event_time(target: ChangeTarget) -> int | None:
         return None
 
 
-def _check_unchanged(target: ChangeTarget) -> None:
-    """Refuse the commit point when any partition committed since ``target`` was read."""
-    where = f"{target.uri}/{target.operator}"
+def moved_since(target: ChangeTarget) -> str | None:
+    """What the checkpoint shows now (``"version V"``, or why it cannot be opened)
+    when any partition of ``target`` committed since it was read; None when none did."""
     try:
         again = open_change(target.uri, target.operator, target.storage_options,
                             target.allow_pickle)  # fmt: skip
-        moved = (again.version, again.newest_ns) != (target.version, target.newest_ns)
-        seen = f"version {again.version}"
     except ChangeError as exc:
-        moved, seen = True, str(exc)
-    if moved:
+        return str(exc)
+    if (again.version, again.newest_ns) != (target.version, target.newest_ns):
+        return f"version {again.version}"
+    return None
+
+
+def _check_unchanged(target: ChangeTarget) -> None:
+    """Refuse the commit point when any partition committed since ``target`` was read."""
+    seen = moved_since(target)
+    if seen is not None:
         raise CheckpointBusyError(
-            f"{where} was committed to while the change ran (it was at version "
-            f"{target.version}, now: {seen}): a query holds the checkpoint; nothing was changed"
+            f"{target.uri}/{target.operator} was committed to while the change ran (it "
+            f"was at version {target.version}, now: {seen}): a query holds the "
+            "checkpoint; nothing was changed"
         )
 
 

@@ -26,7 +26,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessionstore.checkpoint.offline.change import ChangeError, ChangeTarget, open_change
+from sessionstore.checkpoint.offline.change import (
+    ChangeError,
+    ChangeTarget,
+    moved_since,
+    open_change,
+)
 from sessionstore.checkpoint.offline.repartition import (
     RepartitionError,
     RepartitionPlan,
@@ -122,13 +127,8 @@ def commit_rescale(plan: RescalePlan) -> int | None:
     committed to the old state meanwhile. Returns the carried event time."""
     shared, _ = finish_repartition(plan.copy)
     before = plan.source
-    try:
-        now = open_change(before.uri, plan.operator, plan.storage_options, plan.copy.allow_pickle)
-        moved = (now.version, now.newest_ns) != (before.version, before.newest_ns)
-        seen = f"version {now.version}"
-    except ChangeError as exc:
-        moved, seen = True, str(exc)
-    if moved:
+    seen = moved_since(before)
+    if seen is not None:
         raise RescaleError(
             f"{before.uri}/{plan.operator} was committed to while it was rescaled (it was "
             f"at version {before.version}, now: {seen}): another query holds the "
