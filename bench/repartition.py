@@ -50,6 +50,19 @@ def build(uri: str, local: str, sessions: int, keys: int, partitions: int) -> No
         provider.close()
 
 
+def built_and_copied(tmp: str, args: argparse.Namespace) -> tuple[str, float, dict, float]:
+    """The source checkpoint (``args.sessions`` over ``args.keys`` at ``args.source``
+    partitions) under ``tmp`` and the offline copy of it at ``args.target``: its
+    URI, the build's seconds, the copy's report and seconds."""
+    uri = f"file://{tmp}/src"
+    start = time.perf_counter()
+    build(uri, f"{tmp}/local", args.sessions, args.keys, args.source)
+    built = time.perf_counter() - start
+    start = time.perf_counter()
+    cli = repartition_checkpoint(uri, "sessions", args.target, f"file://{tmp}/cli")
+    return uri, built, cli, time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=1_000_000)
@@ -58,13 +71,7 @@ def main() -> None:
     parser.add_argument("--to", dest="target", type=int, default=16)
     args = parser.parse_args()
     with scratch_dir("bench-repartition-") as tmp:
-        uri = f"file://{tmp}/src"
-        start = time.perf_counter()
-        build(uri, f"{tmp}/local", args.sessions, args.keys, args.source)
-        built = time.perf_counter() - start
-        start = time.perf_counter()
-        cli = repartition_checkpoint(uri, "sessions", args.target, f"file://{tmp}/cli")
-        cli_s = time.perf_counter() - start
+        uri, built, cli, cli_s = built_and_copied(tmp, args)
 
         from spark_integration import repartition_state
         from spark_integration.conf.local_spark import local_spark

@@ -18,13 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import machine, print_table, scratch_dir  # noqa: E402
-from bench.repartition import build  # noqa: E402
-from sessionstore.checkpoint.offline.repartition import repartition_checkpoint  # noqa: E402
+from bench.repartition import built_and_copied  # noqa: E402
 
 
 def main() -> None:
@@ -35,13 +33,7 @@ def main() -> None:
     parser.add_argument("--to", dest="target", type=int, default=7)
     args = parser.parse_args()
     with scratch_dir("bench-rescale-") as tmp:
-        uri = f"file://{tmp}/src"
-        start = time.perf_counter()
-        build(uri, f"{tmp}/local", args.sessions, args.keys, args.source)
-        built = time.perf_counter() - start
-        start = time.perf_counter()
-        cli = repartition_checkpoint(uri, "sessions", args.target, f"file://{tmp}/cli")
-        cli_s = time.perf_counter() - start
+        uri, built, cli, cli_s = built_and_copied(tmp, args)
 
         from spark_integration import StateBackend
         from spark_integration.conf.local_spark import local_spark
