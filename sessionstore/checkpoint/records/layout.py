@@ -87,6 +87,7 @@ import msgpack
 from sessionstore.checkpoint.records.changelog import read_changelog_header
 from sessionstore.checkpoint.storage.filesystem import Storage
 from sessionstore.encoding.ints import INT64
+from sessionstore.errors import SessionStoreError
 
 T = TypeVar("T")
 
@@ -240,7 +241,14 @@ def recorded_time(header: dict[str, Any], field: str) -> int | None:
     """A time a partition recorded in its changelog ``header`` as ``field`` (None
     when it recorded none)."""
     value = header.get(field)
-    return None if value is None else int(value)
+    if value is None:
+        return None
+    if type(value) is not int:  # no release writes anything else (bool is not a time)
+        raise SessionStoreError(
+            f"a changelog header records {field} = {value!r:.80}, not a time in ms: the "
+            "changelog was not written by sessionstore"
+        )
+    return value
 
 
 def operators(root: Storage) -> list[str]:
