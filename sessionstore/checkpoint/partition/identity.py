@@ -33,6 +33,7 @@ import msgpack
 
 from sessionstore.checkpoint.records.generation import GENERATION_FIELD, GENERATIONS_DIR
 from sessionstore.checkpoint.records.layout import (
+    BOOTSTRAP_FIELD,
     CHANGE_FIELD,
     CHECKPOINT_ID_FIELD,
     IDENTITY_KEY,
@@ -187,6 +188,11 @@ class CheckpointIdentity:
         self._location = remote.location
         #: the recorded checkpoint id (None: a checkpoint of a release before ids)
         self.checkpoint_id: str | None = None
+        #: the shared event time batch 0 starts from: the history's, when version 0
+        #: was bootstrapped (offline/bootstrap.py), else None
+        self.initial_event_time: int | None = None
+        #: version 0 was bootstrapped: it is its snapshot, never the empty state
+        self.bootstrapped = False
         #: the specs and partition count :meth:`check` was given (for :meth:`confirm`)
         self._wanted: tuple[list[StoreSpec], int | None] = ([], None)
 
@@ -215,6 +221,9 @@ class CheckpointIdentity:
         }
         if self._key_types is not None:
             wanted[KEY_TYPES_FIELD] = self._key_types
+        bootstrap = None if recorded is None else recorded.get(BOOTSTRAP_FIELD)
+        self.bootstrapped = bootstrap is not None
+        self.initial_event_time = None if bootstrap is None else bootstrap.get("event_time")
         if recorded is None:
             if self._files.latest():
                 # _metadata is written first when a checkpoint is born and last by

@@ -157,6 +157,12 @@ class StateStoreProvider:
         return self._operator
 
     @property
+    def initial_event_time(self) -> int | None:
+        """The shared event time batch 0 starts from: None, or the history's when
+        version 0 was bootstrapped (docs/rewrite.md, "Bootstrapping")."""
+        return self._identity.initial_event_time
+
+    @property
     def last_metrics(self) -> dict[str, Any] | None:
         """The metrics of the last commit, its timings included (after commit())."""
         return self.committer.last_metrics

@@ -1,0 +1,117 @@
+"""Bootstrapping ``sessionize`` from a history on real Spark: the state built from
+the history's batches, then the query fed the rest, against the query run from
+the start; refusals (committed state, a running query, bad input)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from sessionstore.checkpoint.offline.change import ChangeError, CheckpointBusyError
+from spark_integration import StateBackend, bootstrap_sessionize
+from tests.spark.streams import drive, run_stream
+from tests.spark.test_repartition import SCHEMA, _batches, _query, file_steps
+
+pytestmark = pytest.mark.slow
+
+#: the stream's first batches are the history
+HISTORY = 3
+SESSIONS = {"key": ["user", "uid"], "timestamp": "ts", "gap": 3000}
+
+
+def _history(spark, batches):
+    """The history as a batch DataFrame of the stream's event columns."""
+    rows = [r for rows in batches[:HISTORY] for r in rows]
+    return (
+        spark.createDataFrame(rows, SCHEMA)
+        .filter("kind = 'e'")
+        .select("user", "uid", "ts", "amount")
+    )
+
+
+def _diff(expected, got):
+    return (
+        Counter(map(str, expected)) - Counter(map(str, got)),
+        Counter(map(str, got)) - Counter(map(str, expected)),
+    )
+
+
+def test_bootstrapped_then_the_rest_equals_the_run_from_the_start(spark, tmp_path):
+    batches = _batches()
+    whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
+    query = _query(spark, tmp_path / "in1", whole, 2, "sessions")
+    expected = run_stream(query, tmp_path / "ck1", file_steps(batches, tmp_path / "in1", range(8)))
+    assert len(expected) > 20
+
+    backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l2"))
+    done = bootstrap_sessionize(
+        _history(spark, batches), **SESSIONS, backend=backend, name="sessions", num_partitions=2
+    )
+    events = [r for rows in batches[:HISTORY] for r in rows if r["kind"] == "e"]
+    assert done == {
+        "operator": "sessions", "version": 0, "partitions": 2, "events": len(events),
+        "event_time": max(r["ts"] for r in events), "resumed": None,
+    }  # fmt: skip
+    query = _query(spark, tmp_path / "in2", backend, 2, "sessions")
+    rest = file_steps(batches, tmp_path / "in2", range(HISTORY, 8))
+    got = run_stream(query, tmp_path / "ck2", rest)
+    assert _diff(expected, got) == (Counter(), Counter())
+
+    # a second bootstrap of the same operator is refused: it holds committed state
+    with pytest.raises(ChangeError, match="already holds committed state"):
+        bootstrap_sessionize(
+            _history(spark, batches), **SESSIONS, backend=backend, name="sessions",
+            num_partitions=2, quiet_s=0,
+        )  # fmt: skip
+
+
+def test_the_query_refuses_a_bootstrap_of_another_shape(spark, tmp_path):
+    batches = _batches()
+    backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l"))
+    other = {**SESSIONS, "gap": 5000}
+    bootstrap_sessionize(
+        _history(spark, batches), **other, backend=backend, name="sessions", num_partitions=2
+    )
+    query = _query(spark, tmp_path / "in", backend, 2, "sessions")  # gap 3000
+    with pytest.raises(Exception, match="was written with stores"):
+        run_stream(query, tmp_path / "ck", file_steps(batches, tmp_path / "in", range(3, 4)))
+
+
+def test_bad_input_is_refused_naming_it(spark, tmp_path):
+    batches = _batches()
+    backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l"))
+    history = _history(spark, batches)
+    with pytest.raises(Exception, match="nope"):
+        bootstrap_sessionize(history, ["user", "nope"], "ts", 3000, backend=backend)
+    with pytest.raises(Exception, match="user"):
+        bootstrap_sessionize(history, "uid", "user", 3000, backend=backend)
+    stream = _query(spark, tmp_path / "in", backend, 2, "sessions")
+    with pytest.raises(ValueError, match="streaming"):
+        bootstrap_sessionize(stream, "uid", "session_start", 3000, backend=backend)
+
+
+def test_a_bootstrap_while_the_query_runs_is_refused(spark, tmp_path):
+    batches = _batches()
+    backend = StateBackend(f"file://{tmp_path}/ckpt", local_dir=str(tmp_path / "local"))
+    folder = tmp_path / "in"
+    query = _query(spark, folder, backend, 2, "sessions")
+    outcome = []
+
+    def bootstrap_now():
+        try:
+            bootstrap_sessionize(
+                _history(spark, batches), **SESSIONS, backend=backend, name="sessions",
+                num_partitions=2,
+            )  # fmt: skip
+        except CheckpointBusyError as exc:
+            outcome.append(str(exc))
+
+    stream = (
+        query.writeStream.outputMode("append")
+        .option("checkpointLocation", str(tmp_path / "spark-ck"))
+        .foreachBatch(lambda batch, _: batch.count())
+        .start()
+    )
+    drive(stream, [*file_steps(batches, folder, range(2)), bootstrap_now])
+    assert len(outcome) == 1 and "a query seems to hold the checkpoint" in outcome[0]
