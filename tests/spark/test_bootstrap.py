@@ -4,11 +4,19 @@ the start; refusals (committed state, a running query, bad input)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from sessionstore.checkpoint.offline.change import ChangeError, CheckpointBusyError
+from sessionstore.checkpoint.records.layout import PartitionFiles
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
+from sessionstore.tools.reader import CheckpointSource, store_rows
 from spark_integration import StateBackend, bootstrap_sessionize
 from tests.spark.streams import drive, run_stream, run_stream_batches
 from tests.spark.test_repartition import SCHEMA, _batches, _query, file_steps
@@ -122,3 +130,54 @@ def test_a_bootstrap_while_the_query_runs_is_refused(spark, tmp_path):
     )
     drive(stream, [*file_steps(batches, folder, range(2)), bootstrap_now])
     assert len(outcome) == 1 and "a query seems to hold the checkpoint" in outcome[0]
+
+
+JOB = Path(__file__).with_name("bootstrap_job.py")
+
+
+def _dumped(uri):
+    return sorted(
+        repr({k: v for k, v in r.items() if k != "partition"})
+        for r in store_rows(CheckpointSource(uri), "sessions", "sessions", raw=True)
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(spark, tmp_path_factory):
+    """The rows of a bootstrap that nothing interrupted."""
+    tmp = tmp_path_factory.mktemp("reference")
+    backend = StateBackend(f"file://{tmp}/ckpt", local_dir=str(tmp / "local"))
+    bootstrap_sessionize(
+        _history(spark, _batches()), **SESSIONS, backend=backend, name="sessions",
+        num_partitions=2,
+    )  # fmt: skip
+    rows = _dumped(backend.checkpoint_uri)
+    assert len(rows) > 20
+    return rows
+
+
+@pytest.mark.parametrize("step, at", [("commit_change", 1), ("_apply_partition", 2)])
+def test_kill_9_leaves_no_state_or_the_bootstrapped_one(spark, tmp_path, reference, step, at):
+    uri = f"file://{tmp_path}/ckpt"
+    run = subprocess.run(
+        [sys.executable, str(JOB), uri, str(tmp_path / "killed-local"), step, str(at)],
+        capture_output=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )  # fmt: skip
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()[-3000:]
+    operator = open_filesystem(uri).child("sessions")
+    backend = StateBackend(uri, local_dir=str(tmp_path / "local"))
+    if step == "commit_change":  # every partition staged, nothing committed: no state
+        assert operator.list_dirs("_changes")  # the staging is there, unused
+        assert not operator.exists("_metadata")
+        assert [PartitionFiles(operator.child(str(p))).snapshots() for p in (0, 1)] == [set()] * 2
+    else:  # committed, not applied: the query refuses the operator until a rerun
+        query = _query(spark, tmp_path / "in", backend, 2, "sessions")
+        with pytest.raises(Exception, match="committed but not applied"):
+            run_stream(query, tmp_path / "ck", file_steps(_batches(), tmp_path / "in", [3]))
+    done = bootstrap_sessionize(  # the rerun
+        _history(spark, _batches()), **SESSIONS, backend=backend, name="sessions",
+        num_partitions=2,
+    )  # fmt: skip
+    assert (done["resumed"] is None) == (step == "commit_change")
+    assert _dumped(uri) == reference
+    assert not operator.list_dirs("_changes")
