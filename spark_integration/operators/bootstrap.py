@@ -47,9 +47,10 @@ from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration.conf.backend import StateBackend
 from spark_integration.execution.context import TaskContext, TaskInfo, check_partition
 from spark_integration.operators.sessionize import SessionizeTask, plan_sessionize
+from spark_integration.operators.temporal_join import plan_temporal_join
 from spark_integration.planning.resolve import resolve
 
-__all__ = ["bootstrap_sessionize", "run_bootstrap"]
+__all__ = ["bootstrap_sessionize", "bootstrap_temporal_join", "run_bootstrap"]
 
 _FIELDS = ("partition", "commit", "event_time", "events", "metadata", "error")
 
@@ -232,3 +233,37 @@ def bootstrap_sessionize(
         SessionizeTask, planned.out_schema, backend, n, name, None, **planned.settings
     )
     return run_bootstrap(planned.input.selected, planned.input.keys, task, quiet_s)
+
+
+def bootstrap_temporal_join(
+    stream_df: Any,
+    table_history: Any,
+    key: str | Sequence[str],
+    stream_timestamp: str,
+    table_timestamp: str,
+    history_retention: str | int,
+    how: str = "inner",
+    backend: StateBackend | None = None,
+    name: str = "temporal_join",
+    num_partitions: int | None = None,
+    quiet_s: float = DEFAULT_QUIET_S,
+) -> dict[str, Any]:
+    """Build the state of ``temporal_join(stream_df, table_df, ...)`` with the same
+    arguments from ``table_history``, a batch DataFrame of the table's rows (each
+    version with its validity time, in the table's columns), before the query's
+    first micro-batch: the versioned table the query would hold had it read the
+    history as the micro-batch before its first (docs/rewrite.md, "Bootstrapping").
+    ``stream_df`` is the query's stream (or any DataFrame of its columns): only its
+    schema is used. Refusals and result as :func:`bootstrap_sessionize`."""
+    if table_history.isStreaming:
+        raise ValueError(
+            "bootstrap_temporal_join needs a batch DataFrame of the table's history; got a "
+            "streaming one"
+        )
+    spark = table_history.sparkSession
+    no_stream = spark.createDataFrame([], stream_df.schema)
+    combined, task, _ = plan_temporal_join(
+        no_stream, table_history, key, stream_timestamp, table_timestamp, history_retention,
+        how, backend, name, num_partitions, coordinated=False,
+    )  # fmt: skip
+    return run_bootstrap(combined, task.keys, task, quiet_s)

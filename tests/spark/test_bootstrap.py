@@ -17,7 +17,7 @@ from sessionstore.checkpoint.offline.change import ChangeError, CheckpointBusyEr
 from sessionstore.checkpoint.records.layout import PartitionFiles
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.tools.reader import CheckpointSource, store_rows
-from spark_integration import StateBackend, bootstrap_sessionize
+from spark_integration import StateBackend, bootstrap_sessionize, bootstrap_temporal_join
 from tests.spark.streams import drive, run_stream, run_stream_batches
 from tests.spark.test_repartition import SCHEMA, _batches, _query, file_steps
 
@@ -79,6 +79,42 @@ def test_bootstrapped_then_the_rest_equals_the_run_from_the_start(spark, tmp_pat
             _history(spark, batches), **SESSIONS, backend=backend, name="sessions",
             num_partitions=2, quiet_s=0,
         )  # fmt: skip
+
+
+def test_a_temporal_join_bootstrapped_from_the_table_history(spark, tmp_path):
+    """The table's rows of the first batches as the history: the query fed the
+    rest joins as the query that read those table rows as its first batches."""
+    from pyspark.sql import functions as F
+
+    batches = _batches()
+    # the run from the start: the first batches bring the table's rows only
+    tables_first = [[r for r in rows if r["kind"] == "t"] for rows in batches[:HISTORY]]
+    whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
+    query = _query(spark, tmp_path / "in1", whole, 2, "join")
+    steps = file_steps(tables_first + batches[HISTORY:], tmp_path / "in1", range(8))
+    expected = run_stream_batches(query, tmp_path / "ck1", steps)
+    assert not any(expected[:HISTORY]) and sum(map(len, expected)) > 20
+
+    history = (
+        spark.createDataFrame([r for rows in tables_first for r in rows], SCHEMA)
+        .select("uid", F.col("ts").alias("plan_ts"), "plan")
+    )  # fmt: skip
+    assert history.count() > 10
+    backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l2"))
+    stream = spark.createDataFrame([], SCHEMA).select("user", "uid", "ts", "amount")
+    done = bootstrap_temporal_join(
+        stream, history, "uid", "ts", "plan_ts", history_retention=10**9, how="left",
+        backend=backend, name="join", num_partitions=2,
+    )  # fmt: skip
+    assert (done["version"], done["events"]) == (0, history.count())
+    assert done["event_time"] == max(r["ts"] for rows in tables_first for r in rows)
+    query = _query(spark, tmp_path / "in2", backend, 2, "join")
+    got = run_stream_batches(
+        query, tmp_path / "ck2", file_steps(batches, tmp_path / "in2", range(HISTORY, 8))
+    )
+    assert len(got) == 8 - HISTORY
+    for mine, theirs in zip(got, expected[HISTORY:], strict=True):
+        assert _diff(theirs, mine) == (Counter(), Counter())
 
 
 def test_the_query_refuses_a_bootstrap_of_another_shape(spark, tmp_path):
