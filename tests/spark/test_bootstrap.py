@@ -133,13 +133,17 @@ def test_bad_input_is_refused_naming_it(spark, tmp_path):
     batches = _batches()
     backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l"))
     history = _history(spark, batches)
-    with pytest.raises(Exception, match="nope"):
+    with pytest.raises(ValueError, match=r"the input has no column 'nope' \(it has \['amount'"):
         bootstrap_sessionize(history, ["user", "nope"], "ts", 3000, backend=backend)
-    with pytest.raises(Exception, match="user"):
+    with pytest.raises(
+        ValueError, match="timestamp column 'user' must be a timestamp .* not string"
+    ):
         bootstrap_sessionize(history, "uid", "user", 3000, backend=backend)
     stream = _query(spark, tmp_path / "in", backend, 2, "sessions")
-    with pytest.raises(ValueError, match="streaming"):
+    with pytest.raises(ValueError, match="needs a batch DataFrame of the history"):
         bootstrap_sessionize(stream, "uid", "session_start", 3000, backend=backend)
+    # nothing was written
+    assert not open_filesystem(backend.checkpoint_uri).list_dirs()
 
 
 def test_a_bootstrap_while_the_query_runs_is_refused(spark, tmp_path):

@@ -114,11 +114,14 @@ def open_bootstrap(
     target = ChangeTarget(uri, operator, {}, count, 0, storage_options)
     held = committed_state(target)
     if held is not None:
-        try:
-            held_by = open_change(uri, operator, storage_options)
-        except ChangeError as exc:  # partitions at different versions: a batch under way
-            raise CheckpointBusyError(f"{where} holds committed state ({held}): {exc}") from None
-        check_idle(held_by, quiet_s)  # committed recently: a query holds it
+        latest = {PartitionFiles(storage.child(str(p))).latest() for p in range(count)}
+        if len(latest) > 1:
+            raise CheckpointBusyError(
+                f"{where} holds committed state at versions {sorted(latest)}: a query is "
+                "running, or stopped in the middle of a batch"
+            )
+        if max(latest) > 0:  # a query's commits: a recent one says it holds the checkpoint
+            check_idle(open_change(uri, operator, storage_options), quiet_s)
         raise ChangeError(
             f"{where} already holds committed state ({held}): a bootstrap builds an "
             "operator's state before its first micro-batch. Use a new checkpoint location "
