@@ -1,7 +1,8 @@
 """StateStoreProvider: versioned state per (operator, partition), durable in object storage.
 
 Modelled on Spark's RocksDB state store provider with changelog checkpointing.
-Version N is the state after micro-batch N; version 0 is empty. The provider is
+Version N is the state after micro-batch N; version 0 is empty, or a snapshot
+when the operator was bootstrapped (offline/bootstrap.py). The provider is
 the composition of one part per job, each in its own module:
 
 * identity.py: which checkpoint the state belongs to (``_metadata``, checked once
