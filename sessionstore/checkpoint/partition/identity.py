@@ -155,7 +155,8 @@ def _half_applied(operator: Storage, change: dict[str, Any]) -> str:
     return (
         f"{operator.uri}/{METADATA} records a change ({change.get('id')}) that is "
         "committed but not applied (the command that made it was interrupted): run "
-        "`sessionstore erase` on it again to finish it (docs/rewrite.md)"
+        "`sessionstore erase` on it again, or the bootstrap that made it, to finish it "
+        "(docs/rewrite.md)"
     )
 
 
