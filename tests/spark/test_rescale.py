@@ -12,7 +12,7 @@ import pytest
 
 from sessionstore.checkpoint.offline.rescale import RescaleError
 from sessionstore.checkpoint.records.generation import GENERATION_FIELD
-from sessionstore.checkpoint.records.layout import read_metadata
+from sessionstore.checkpoint.records.layout import changelog_name, read_metadata
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import (
     StateBackend,
@@ -168,3 +168,42 @@ def test_a_checkpoint_between_batches_is_refused_and_unchanged(spark, tmp_path):
         _query(spark, tmp_path / "in", backend, 7, case)
     assert read_metadata(operator) == before
     assert not operator.exists("_generations")
+
+
+def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoint(spark, tmp_path):
+    """The driver dies after every partition committed batch 3 (version 4) but before
+    Spark recorded the batch in its commit log. The restart at 7 rescales version 4,
+    and Spark replays batch 3, which loads version 3: the generation serves it, and
+    the output is the uninterrupted run's."""
+    from pyspark.errors import StreamingQueryException
+
+    case = "sessions_final"
+    expected = _uninterrupted(spark, tmp_path, case)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
+    operator = open_filesystem(backend.checkpoint_uri).child(case)
+
+    def run(n, part):
+        query = _query(spark, tmp_path / "in2", backend, n, case)
+        return run_stream_batches(query, tmp_path / "ck2", _steps(tmp_path / "in2", part))
+
+    got = run(4, range(0, 3))
+
+    def dies_after_the_state_committed(batch, _):
+        batch.collect()  # every partition commits version 4
+        raise Crash
+
+    _steps(tmp_path / "in2", [3])[0]()
+    query = (
+        _query(spark, tmp_path / "in2", backend, 4, case)
+        .writeStream.option("checkpointLocation", str(tmp_path / "ck2"))
+        .foreachBatch(dies_after_the_state_committed)
+        .start()
+    )
+    with pytest.raises(StreamingQueryException, match="Crash"):
+        query.processAllAvailable()
+    query.stop()
+    assert all(operator.exists(f"{p}/{changelog_name(4)}") for p in range(4))
+    assert not (tmp_path / "ck2" / "commits" / "3").exists()
+    got += run(7, range(4, 8))  # batch 3 again (a replay), then 4..7
+    assert read_metadata(operator)["num_partitions"] == 7
+    _same_batches(expected, got)

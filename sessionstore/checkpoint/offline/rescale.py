@@ -22,7 +22,10 @@ database or pending snapshot of the old state is ever taken for it.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +38,16 @@ from sessionstore.checkpoint.offline.change import (
 from sessionstore.checkpoint.offline.repartition import (
     RepartitionError,
     RepartitionPlan,
+    TargetWriter,
+    carry_event_time,
     finish_repartition,
     plan_repartition,
+    routed_rows,
+)
+from sessionstore.checkpoint.offline.replayable import (
+    ReplayBase,
+    plan_replay_base,
+    write_replayable,
 )
 from sessionstore.checkpoint.records.generation import (
     GENERATION_FIELD,
@@ -60,6 +71,9 @@ __all__ = [
     "plan_rescale",
     "commit_rescale",
     "drop_state",
+    "copy_rescale",
+    "source_rows",
+    "write_targets",
 ]
 
 
@@ -78,6 +92,9 @@ class RescalePlan:
     source: ChangeTarget
     #: the copy of the state into the new generation
     copy: RepartitionPlan
+    #: the copy of the version before, which a replay of the last batch loads
+    #: (replayable.py); None when a source partition no longer has it
+    base: ReplayBase | None = None
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -115,9 +132,65 @@ def plan_rescale(
             root, operator, partitions, generation_root(uri, operator, generation),
             version=source.version, storage_options=storage_options, allow_pickle=allow_pickle,
         )  # fmt: skip
+        base = plan_replay_base(copy)
     except (ChangeError, RepartitionError, FileNotFoundError) as exc:
         raise RescaleError(f"{what}: {exc}; the checkpoint is unchanged") from None
-    return RescalePlan(uri, operator, generation, source, copy, storage_options)
+    return RescalePlan(uri, operator, generation, source, copy, base, storage_options)
+
+
+def write_targets(
+    plan: RescalePlan, rows: Iterator[tuple[bool, int, str, bytes, bytes]], workdir: str
+) -> list[dict[str, Any]]:
+    """Write the target partitions of the new generation whose routed rows
+    ``(of the version before, target, family, key, value)`` are given (the rows of
+    each such target, all of them); returns ``{"partition", "rows"}`` of each."""
+    heads: dict[int, TargetWriter] = {}
+    bases: dict[int, TargetWriter] = {}
+    base = plan.base
+    try:
+        for before, target, family, key, value in rows:
+            writers, copy = (bases, base.plan) if before and base else (heads, plan.copy)
+            writer = writers.get(target)
+            if writer is None:
+                where = os.path.join(workdir, "base" if writers is bases else "head")
+                writer = writers[target] = TargetWriter(copy, target, where)
+            writer.add(family, key, value)
+        if base is None:
+            return [heads[t].finish() for t in sorted(heads)]
+        done = []
+        for target in sorted(heads):
+            if target not in bases:  # version 0: the empty state
+                bases[target] = TargetWriter(base.plan, target, os.path.join(workdir, "base"))
+            done.append(write_replayable(bases[target], heads[target], base.event_time))
+        return done
+    finally:
+        for writer in [*heads.values(), *bases.values()]:
+            writer.close()
+
+
+def source_rows(
+    plan: RescalePlan, source: int, workdir: str
+) -> Iterator[tuple[bool, int, str, bytes, bytes]]:
+    """Every routed row of source partition ``source``: of the version before (when
+    the plan copies it, and it is not the empty version 0), then of the version."""
+    base = plan.base
+    if base is not None and base.plan.version:
+        for row in routed_rows(base.plan, source, workdir):
+            yield (True, *row)
+    for row in routed_rows(plan.copy, source, workdir):
+        yield (False, *row)
+
+
+def copy_rescale(plan: RescalePlan) -> int:
+    """Write the new generation in this process (as the Spark job does in tasks):
+    every source partition's rows, then every target; returns the rows written."""
+    with tempfile.TemporaryDirectory(prefix="sessionstore-rescale-") as workdir:
+        sources = os.path.join(workdir, "source")
+        rows = (
+            row for s in range(plan.copy.source_partitions) for row in source_rows(plan, s, sources)
+        )
+        done = write_targets(plan, rows, workdir)
+    return sum(d["rows"] for d in done)
 
 
 def commit_rescale(plan: RescalePlan) -> int | None:
@@ -125,6 +198,8 @@ def commit_rescale(plan: RescalePlan) -> int | None:
     ``_metadata``, then the switch, the operator's root ``_metadata`` naming the
     generation. Refused (:class:`RescaleError`, nothing switched) when a partition
     committed to the old state meanwhile. Returns the carried event time."""
+    if plan.base is not None and plan.base.plan.version:
+        carry_event_time(plan.base.plan)  # what a replay of batch V-1 reads
     shared, _ = finish_repartition(plan.copy)
     before = plan.source
     seen = moved_since(before)
