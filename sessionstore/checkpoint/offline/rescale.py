@@ -35,6 +35,11 @@ from sessionstore.checkpoint.offline.change import (
     moved_since,
     open_change,
 )
+from sessionstore.checkpoint.offline.fencing import (
+    drop_fenced_state,
+    fence_state,
+    unfence_state,
+)
 from sessionstore.checkpoint.offline.repartition import (
     RepartitionError,
     RepartitionPlan,
@@ -213,9 +218,32 @@ def commit_rescale(plan: RescalePlan) -> int | None:
     metadata = read_metadata(target)
     root = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
     _claim(root, plan)
+    previous = read_metadata(root)
     switch = {**metadata, GENERATION_FIELD: plan.generation, "format": GENERATION_FORMAT}
     write_metadata(root, switch)  # the switch
+    _fence(plan, root, previous)
     return shared
+
+
+def _fence(plan: RescalePlan, root: Storage, previous: dict[str, Any]) -> None:
+    """Fence the state just replaced (fencing.py): a query of the old count that
+    still runs cannot commit its next version there. One whose commit landed
+    between the switch and its fence has state the copy lacks: the switch is
+    taken back (the root's ``_metadata`` as it was, the fences removed) and the
+    rescale refused, nothing lost."""
+    state, version = plan.copy.source(), plan.copy.version + 1
+    taken = fence_state(state, plan.copy.source_partitions, version, plan.generation)
+    if not taken:
+        return
+    write_metadata(root, previous)  # the old state stays the one read
+    fenced = [p for p in range(plan.copy.source_partitions) if p not in taken]
+    unfence_state(state, fenced, version)
+    raise RescaleError(
+        f"{plan.source_root}/{plan.operator}: partitions {taken} committed version "
+        f"{version} right after the rescale's switch (another query of the old count "
+        "runs on the checkpoint): the switch is taken back, nothing is lost; stop "
+        "that query first"
+    )
 
 
 def _claim(root: Storage, plan: RescalePlan) -> None:
@@ -243,16 +271,20 @@ def drop_state(plan: RescalePlan) -> None:
     when the root's ``_metadata`` names this plan's generation: every other
     generation (the previous one, and any a crashed rescale left half written) and
     the root's partitions and event-time files (its ``_metadata``, now the switch,
-    and the operator's other files stay). Errors are the caller's to log: what
-    remains is never read."""
+    and the operator's other files stay), except the fences of a state a switch
+    replaced (fencing.py), which stay for good (one small object per partition
+    and rescale). Errors are the caller's to log: what remains is never read."""
     operator = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
     if read_metadata(operator).get(GENERATION_FIELD) != plan.generation:
         return  # not this plan's switch (another's won): nothing here is this plan's
     for generation in operator.list_dirs(GENERATIONS_DIR):
         if generation != plan.generation:
-            operator.delete_dir(f"{GENERATIONS_DIR}/{generation}")
+            state = operator.child(f"{GENERATIONS_DIR}/{generation}/{plan.operator}")
+            if not drop_fenced_state(state):  # never switched to: no query ran there
+                operator.delete_dir(f"{GENERATIONS_DIR}/{generation}")
     # the root's partitions are never read once a generation is named: also those an
     # earlier cleanup left (an erase reaches only the generation)
-    for name in operator.list_dirs():
-        if name.isdigit() or name == EVENT_TIME_DIR:
-            operator.delete_dir(name)
+    if not drop_fenced_state(operator):
+        for name in operator.list_dirs():
+            if name.isdigit() or name == EVENT_TIME_DIR:
+                operator.delete_dir(name)
