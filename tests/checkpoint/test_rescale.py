@@ -317,3 +317,43 @@ def test_a_commit_between_the_switch_and_its_fence_takes_the_switch_back(tmp_pat
     other.close()
     assert old.get_store(4).commit() == 5
     old.close()
+
+
+def test_erase_and_rewrite_follow_the_generation_of_a_rescaled_checkpoint(tmp_path):
+    from sessionstore.checkpoint.offline.erase import erase
+    from sessionstore.tools.rewrite import rewrite
+    from tests.checkpoint.test_repartition import KEYS
+
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+    plan = _rescaled(uri, 7)
+    root = state_root(uri, "op")
+
+    def rows_of(key):
+        source = CheckpointSource(uri)
+        return [
+            r for spec in SPECS for r in store_rows(source, "op", spec.name, raw=True)
+            if r["key"] == key
+        ]  # fmt: skip
+
+    key, kept = KEYS[3], _sessions(uri)
+    assert rows_of(key)
+    done = erase(uri, "op", key=[key], force=True)
+    assert (done["version"], done["keys"]) == (3, 1)
+    assert rows_of(key) == []
+    assert len(_sessions(uri)) < len(kept)
+    assert state_root(uri, "op") == root  # the change is the generation's
+    def sessions():
+        rows = store_rows(CheckpointSource(uri), "op", "sessions")
+        return sorted(repr({k: v for k, v in r.items() if k != "partition"}) for r in rows)
+
+    done = rewrite(uri, "op", lambda r: {**r, "value": {"n": 99}}, store="sessions", force=True)
+    assert done["changed"] > 0
+    after = sessions()
+    assert after and all("'value': {'n': 99}" in r for r in after)
+    again = _rescaled(uri, 3)  # and a rescale after them carries them
+    assert state_root(uri, "op") != root
+    assert rows_of(key) == []
+    assert sessions() == after
+    assert CheckpointSource(uri).partitions("op") == list(range(again.copy.partitions))
+    assert plan.generation != again.generation

@@ -125,12 +125,14 @@ def plan_rescale(
     what = f"cannot rescale {where} to {partitions} partitions on restart"
     try:
         metadata = read_metadata(open_filesystem(uri, storage_options).child(operator))
+        root = state_root(uri, operator, storage_options, metadata)
+        if root != uri:  # a change of a rescaled checkpoint is recorded in its generation
+            metadata = read_metadata(open_filesystem(root, storage_options).child(operator))
         if metadata.get(CHANGE_FIELD) is not None:
             raise ChangeError(
                 "an offline change is committed but not applied; finish it first "
                 "(sessionstore change --resume, docs/rewrite.md)"
             )
-        root = state_root(uri, operator, storage_options, metadata)
         source = open_change(root, operator, storage_options, allow_pickle)
         generation = uuid.uuid4().hex
         copy = plan_repartition(
