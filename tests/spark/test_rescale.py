@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from sessionstore.checkpoint.offline.rescale import RescaleError
-from sessionstore.checkpoint.records.fence import fenced_by
+from sessionstore.checkpoint.records.fence import FencedError, fenced_by
 from sessionstore.checkpoint.records.generation import GENERATION_FIELD
 from sessionstore.checkpoint.records.layout import changelog_name, read_metadata
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
@@ -212,3 +212,52 @@ def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoin
     got += run(7, range(4, 8))  # batch 3 again (a replay), then 4..7
     assert read_metadata(operator)["num_partitions"] == 7
     _same_batches(expected, got)
+
+
+def test_a_data_source_read_across_a_switch_never_mixes_two_counts(spark, tmp_path):
+    """The data source lists the partitions when the read is planned and its tasks
+    read them later: a rescale switching in between does not mix the two counts.
+    The tasks read the state that was listed (its root read once), never the new
+    one: the read fails naming the rescale (the root's _metadata, now a switch, or
+    the fence in the replaced generation)."""
+    from pyspark.sql.types import StructType
+
+    from sessionstore.checkpoint.offline.rescale import (
+        commit_rescale,
+        copy_rescale,
+        drop_state,
+        plan_rescale,
+    )
+    from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
+    from spark_integration.datasource import SessionStoreDataSource
+    from tests.checkpoint.test_repartition import write_source
+
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+
+    def planned_read():
+        source = SessionStoreDataSource({"path": uri, "operator": "op", "store": "counts"})
+        reader = source.reader(StructType.fromDDL(source.schema()))
+        return reader, reader.partitions()
+
+    def switched(n):
+        plan = plan_rescale(uri, "op", n)
+        copy_rescale(plan)
+        commit_rescale(plan)  # the state before is deleted only after
+        return plan
+
+    reader, listed = planned_read()
+    assert [p.value for p in listed] == [0, 1, 2, 3]
+    expected = sorted(row for p in listed for row in reader.read(p))
+    drop_state(switched(7))
+    with pytest.raises(CheckpointMismatchError, match=r"ck/op/_metadata was rescaled"):
+        list(reader.read(listed[0]))
+    reader, listed = planned_read()
+    assert [p.value for p in listed] == list(range(7))
+    rescaled = sorted(row for p in listed for row in reader.read(p))
+    assert sorted(r[1:] for r in rescaled) == sorted(r[1:] for r in expected)
+    again = switched(3)  # the old query's next version fenced: what a reader reads too
+    with pytest.raises(
+        FencedError, match=rf"is a fence, not a changelog: .* \(generation {again.generation}\)"
+    ):
+        list(reader.read(listed[0]))

@@ -24,6 +24,7 @@ from sessionstore.errors import SessionStoreError
 __all__ = [
     "FENCED_MARKER",
     "FencedError",
+    "check_not_fence",
     "fence_record",
     "fenced_by",
     "read_marker",
@@ -51,6 +52,19 @@ def fenced_by(data: bytes) -> str | None:
     if not data.startswith(_MAGIC):
         return None
     return data[len(_MAGIC) :].decode("ascii", errors="replace")
+
+
+def check_not_fence(data: bytes, where: str) -> None:
+    """:class:`FencedError` when ``data`` (the first bytes of the object at
+    ``where``, read as a changelog) is a fence: a reader planned before a rescale
+    on restart reads the state that rescale replaced."""
+    generation = fenced_by(data)
+    if generation is not None:
+        raise FencedError(
+            f"{where} is a fence, not a changelog: this state was replaced by a rescale "
+            f"on restart (generation {generation}) since the read was planned; read the "
+            "checkpoint again (docs/rescale.md)"
+        )
 
 
 def write_marker(operator_storage: Storage, version: int, generation: str, reduced: bool) -> None:
