@@ -6,14 +6,12 @@ around its fences.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from sessionstore.checkpoint.records.fence import (
-    FENCED_MARKER,
-    fence_record,
-    read_marker,
-    write_marker,
-)
-from sessionstore.checkpoint.records.layout import EVENT_TIME_DIR, changelog_name
+import msgpack
+
+from sessionstore.checkpoint.records.fence import fence_record
+from sessionstore.checkpoint.records.layout import EVENT_TIME_DIR, FENCED_MARKER, changelog_name
 from sessionstore.checkpoint.storage.filesystem import Storage
 
 __all__ = ["fence_state", "unfence_state", "drop_fenced_state"]
@@ -29,7 +27,7 @@ def fence_state(state: Storage, partitions: int, version: int, generation: str) 
     that name was taken already (a commit of the old query landed first), whose
     fence is not written. Where the store has no exclusive create, each name is
     looked at before it is written (a commit racing that look is not seen)."""
-    write_marker(state, version, generation, reduced=False)
+    _write_marker(state, version, generation, reduced=False)
     record, name = fence_record(generation), changelog_name(version)
 
     def fence(partition: int) -> bool:
@@ -59,7 +57,7 @@ def drop_fenced_state(state: Storage) -> bool:
     """Delete the partitions and event-time files of the operator folder ``state``
     but its fences (the marker says which version); False, deleting nothing, when
     it has no marker. Done once: the marker then says so."""
-    marker = read_marker(state)
+    marker = _read_marker(state)
     if marker is None:
         return False
     if marker.get("reduced"):
@@ -77,5 +75,21 @@ def drop_fenced_state(state: Storage) -> bool:
             if name != fence:
                 state.delete(f"{partition}/{group}/{name}")
     state.delete_dir(EVENT_TIME_DIR)
-    write_marker(state, version, str(marker.get("generation")), reduced=True)
+    _write_marker(state, version, str(marker.get("generation")), reduced=True)
     return True
+
+
+def _write_marker(operator_storage: Storage, version: int, generation: str, reduced: bool) -> None:
+    """Write :data:`FENCED_MARKER` (msgpack ``{"version", "generation", "reduced"}``):
+    record that the state in ``operator_storage`` is fenced at ``version`` (and,
+    ``reduced``, that nothing but its fences is left)."""
+    record = {"version": version, "generation": generation, "reduced": reduced}
+    operator_storage.write_atomic(FENCED_MARKER, msgpack.packb(record))
+
+
+def _read_marker(operator_storage: Storage) -> dict[str, Any] | None:
+    """The marker of a fenced state, None when it has none."""
+    try:
+        return msgpack.unpackb(operator_storage.read(FENCED_MARKER), raw=False)
+    except FileNotFoundError:
+        return None

@@ -4,11 +4,11 @@ Spark replays batch V-1 when its driver died after every partition committed
 version V but before Spark recorded the batch in its commit log: the replay
 loads version V-1 and commits V again. A rescale of version V therefore writes
 each target partition as a run at the new count would have left it: the snapshot
-of version V-1 (the rescaled V-1, commit P) and changelog V (commit X built on P:
-the rows that differ between the rescaled V-1 and the rescaled V). A query that
-continues loads V (that snapshot and changelog); a replay loads V-1 and, committing
-V, meets changelog V built on the same parent and adopts it (lineage.py), exactly
-as after such a crash without a rescale. Both ids are derived from the target
+of version V-1 (the rescaled V-1, commit P), changelog V (commit X built on P:
+the rows that differ between the rescaled V-1 and the rescaled V) and the
+snapshot of V (commit X). A query that continues loads V from its snapshot; a
+replay loads V-1 and, committing V, meets changelog V built on the same parent
+and adopts it (lineage.py), exactly as after such a crash without a rescale. Both ids are derived from the target
 partition's location, so two attempts of one target task write the same objects.
 
 A version V-1 that some source partition can no longer load (its changelogs
@@ -89,15 +89,13 @@ def write_replayable(
     base: TargetWriter, head: TargetWriter, event_time: int | None
 ) -> dict[str, Any]:
     """Write one target partition from its writer of version V-1 (``base``) and of
-    V (``head``): the snapshot of V-1 (none for version 0, the empty state), then
-    changelog V. Returns ``{"partition", "rows"}`` (the rows of V)."""
+    V (``head``): the snapshot of V-1 (none for version 0, the empty state),
+    changelog V, and the snapshot of V (its manifest naming changelog V's commit).
+    Returns ``{"partition", "rows"}`` (the rows of V)."""
     plan, partition = head.plan, head.partition
     parent = _commit_id(base.plan, partition) if base.plan.version else None
     commit = _commit_id(plan, partition)
-    try:
-        changes = _changes(base.seal(parent), head.seal(commit))
-    finally:
-        head.close()
+    changes = _changes(base.seal(parent), head.seal(commit))
     fields = {
         COMMIT_FIELD: commit,
         PARENT_FIELD: parent,
@@ -111,7 +109,7 @@ def write_replayable(
         base.close()
     # after the snapshot it continues: a changelog of V is never without its base
     plan.target().child(str(partition)).write_atomic(changelog_name(plan.version), data)
-    return {"partition": partition, "rows": head.rows}
+    return head.upload(commit)  # and V itself, the snapshot a continuing query loads
 
 
 def _changes(old: StateDB, new: StateDB) -> WriteBuffer:

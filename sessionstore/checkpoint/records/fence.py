@@ -7,34 +7,24 @@ commit of an old query. It is written by the store's exclusive create, the very
 fence that keeps two attempts of a batch apart (lineage.py), so the old query's
 commit meets a taken name, reads it, as it reads any rival's changelog there,
 and is refused with :class:`FencedError`. That costs the commit path nothing:
-the name is read only when it is taken. The state's operator folder also gets
-:data:`FENCED_MARKER` (the fenced version), which tells a later cleanup to keep
-the fences when it deletes the rest of that state.
+the name is read only when it is taken. The state's operator folder also gets a
+marker (layout.FENCED_MARKER, offline/fencing.py), which tells a later cleanup
+to keep the fences when it deletes the rest of that state.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgpack
-
-from sessionstore.checkpoint.storage.filesystem import Storage
 from sessionstore.errors import SessionStoreError
 
 __all__ = [
-    "FENCED_MARKER",
     "FencedError",
     "check_not_fence",
     "fence_record",
     "fenced_by",
-    "read_marker",
-    "write_marker",
 ]
 
 #: The first bytes of a fence (a changelog starts with ``SSCL``).
 _MAGIC = b"SSFENCE1"
-#: Beside a fenced state's partitions: msgpack ``{"version", "generation", "reduced"}``.
-FENCED_MARKER = "_fenced"
 
 
 class FencedError(SessionStoreError):
@@ -65,18 +55,3 @@ def check_not_fence(data: bytes, where: str) -> None:
             f"on restart (generation {generation}) since the read was planned; read the "
             "checkpoint again (docs/rescale.md)"
         )
-
-
-def write_marker(operator_storage: Storage, version: int, generation: str, reduced: bool) -> None:
-    """Record that the state in ``operator_storage`` is fenced at ``version`` (and,
-    ``reduced``, that nothing but its fences is left)."""
-    record = {"version": version, "generation": generation, "reduced": reduced}
-    operator_storage.write_atomic(FENCED_MARKER, msgpack.packb(record))
-
-
-def read_marker(operator_storage: Storage) -> dict[str, Any] | None:
-    """The marker of a fenced state, None when it has none."""
-    try:
-        return msgpack.unpackb(operator_storage.read(FENCED_MARKER), raw=False)
-    except FileNotFoundError:
-        return None
