@@ -15,9 +15,12 @@ A rescale (:func:`plan_rescale`, the distributed copy of
 step, which replaces that one ``_metadata`` (an atomic write): a crash before it
 leaves the old count loading exactly what it loaded (the half-written
 generation is never read, and the next attempt writes another), a crash after it
-leaves the new one. The previous state is deleted only after the switch
-(:func:`drop_state`). The new generation has its own checkpoint id, so no local
-database or pending snapshot of the old state is ever taken for it.
+leaves the new one. Right after the switch the previous state is fenced
+(fencing.py: a query of the old count still running cannot commit to it), and
+only then deleted, but for its fences (:func:`drop_state`). The generation also
+holds the version before, which a batch Spark replays loads (replayable.py).
+The new generation has its own checkpoint id, so no local database or pending
+snapshot of the old state is ever taken for it.
 """
 
 from __future__ import annotations
