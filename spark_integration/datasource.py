@@ -177,8 +177,12 @@ PICKLE_OPTION = '.option("allowPickle", "true")'
 
 
 def _open(s: dict[str, Any]) -> Any:
-    """The source of the settings ``s``: pickled stores only with ``allowPickle``."""
-    return open_source(s["uri"], s["storage"], s["allow_pickle"], PICKLE_OPTION)
+    """The source of the settings ``s``, its operator's state where the settings
+    found it: pickled stores only with ``allowPickle``."""
+    source = open_source(s["uri"], s["storage"], s["allow_pickle"], PICKLE_OPTION)
+    if s["state_uri"] is not None:
+        source.pin(s["operator"], s["state_uri"])
+    return source
 
 
 class SessionStoreDataSource(DataSource):
@@ -215,6 +219,9 @@ class SessionStoreDataSource(DataSource):
         store = opts.get("store") or _processor_store(source, operator)
         return {
             "uri": opts["path"],
+            # the state's root, read once: every task reads the state this planning
+            # listed, never the generation of a rescale that switches meanwhile
+            "state_uri": source.state_uri(operator) if not source.local else None,
             "operator": operator,
             "store": store,
             "state_var": opts.get("statevarname"),

@@ -199,6 +199,12 @@ class CheckpointSource(_PickleGuard):
             self._roots[operator] = state_root(self.uri, operator, self.storage_options, metadata)
         return self._roots[operator]
 
+    def pin(self, operator: str, state_uri: str) -> None:
+        """Read ``operator``'s state at ``state_uri`` (what :meth:`state_uri` gave
+        earlier), whatever its ``_metadata`` names now: a read planned in one
+        process and done in others reads the state it listed."""
+        self._roots[operator] = state_uri
+
     def _state(self, operator: str) -> Storage:
         uri = self.state_uri(operator)
         return self.root if uri == self.uri else open_filesystem(uri, self.storage_options)

@@ -34,6 +34,7 @@ from sessionstore.checkpoint.offline.change import (
     pending_change,
     run_change,
 )
+from sessionstore.checkpoint.records.generation import state_root
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.encoding.session_key import TIMES_LEN, decode_times, times_of
 from sessionstore.operators.aggregations import recorded_output, recorded_plan
@@ -243,6 +244,7 @@ def plan_rewrite(
     committed is finished here); arguments as there."""
     if not callable(fn):
         raise ChangeError(f"fn must be a function of a row, got {fn!r:.100}")
+    checkpoint = state_root(checkpoint, operator, storage_options)  # after a rescale
     storage = open_filesystem(checkpoint, storage_options).child(operator)
     resumed = pending_change(storage)
     if resumed is not None:

@@ -23,12 +23,13 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from sessionstore.checkpoint.offline.repartition import RepartitionPlan, TargetWriter, routed_rows
 from sessionstore.checkpoint.offline.rescale import (
     RescalePlan,
     commit_rescale,
     drop_state,
     plan_rescale,
+    source_rows,
+    write_targets,
 )
 from sessionstore.checkpoint.partition.identity import recorded_partitions
 from sessionstore.checkpoint.records.generation import state_root
@@ -38,7 +39,8 @@ __all__ = ["located_backend", "rescale", "copy_state"]
 
 log = logging.getLogger(__name__)
 
-_ROUTED = "target int, family string, key binary, value binary"
+_ROUTED = "before boolean, target int, family string, key binary, value binary"
+_COLUMNS = ("before", "target", "family", "key", "value")
 _WRITTEN = "partition int, rows long"
 #: Rows per Arrow batch a source task emits.
 _BATCH_ROWS = 8192
@@ -67,7 +69,7 @@ def rescale(spark: Any, backend: StateBackend, name: str, partitions: int) -> di
     plan = plan_rescale(
         backend.checkpoint_uri, name, partitions, backend.storage_options, backend.allow_pickle
     )
-    rows = copy_state(spark, plan.copy)
+    rows = copy_state(spark, plan)
     commit_rescale(plan)
     _drop_previous(plan)
     seconds = time.perf_counter() - started
@@ -95,70 +97,65 @@ def _drop_previous(plan: RescalePlan) -> None:
         log.warning("sessionstore could not delete the state before the rescale: %s", exc)
 
 
-def copy_state(spark: Any, plan: RepartitionPlan) -> int:
-    """Write every target partition of ``plan`` (its snapshot of ``plan.version``)
-    with DataFrame jobs of ``spark`` (classic or Connect); returns the rows
-    written. Raises when a target partition was not written."""
+def copy_state(spark: Any, plan: RescalePlan) -> int:
+    """Write every target partition of ``plan``'s new generation (the versions it
+    copies: replayable.py) with DataFrame jobs of ``spark`` (classic or Connect);
+    returns the rows written. Raises when a target partition was not written."""
     from pyspark.sql import functions as F
 
-    n = plan.source_partitions
+    copy = plan.copy
+    n = copy.source_partitions
     sources = spark.range(0, n, 1, n).select(F.col("id").cast("int").alias("source"))
     routed = sources.mapInArrow(partial(_route, plan), _ROUTED)
     # one task per target partition (a hash of the target: a task may get several)
-    by_target = routed.repartition(plan.partitions, "target")
+    by_target = routed.repartition(copy.partitions, "target")
     written = by_target.mapInArrow(partial(_write, plan), _WRITTEN).collect()
     done = sorted(row["partition"] for row in written)
-    if done != list(range(plan.partitions)):
+    if done != list(range(copy.partitions)):
         raise RuntimeError(
-            f"the rescale of {plan.operator!r} wrote partitions {done}, not 0..{plan.partitions - 1}"
+            f"the rescale of {copy.operator!r} wrote partitions {done}, not 0..{copy.partitions - 1}"
         )
     return sum(row["rows"] for row in written)
 
 
-def _route(plan: RepartitionPlan, batches: Iterator[Any]) -> Iterator[Any]:
+def _route(plan: RescalePlan, batches: Iterator[Any]) -> Iterator[Any]:
     """Source task: every row of its source partitions, with its target."""
     import pyarrow as pa
 
     schema = pa.schema(
-        [("target", pa.int32()), ("family", pa.string()), ("key", pa.binary()),
-         ("value", pa.binary())]
+        [("before", pa.bool_()), ("target", pa.int32()), ("family", pa.string()),
+         ("key", pa.binary()), ("value", pa.binary())]
     )  # fmt: skip
     workdir = tempfile.mkdtemp(prefix="sessionstore-rescale-")
     try:
         for batch in batches:
             for source in batch.column("source").to_pylist():
-                columns: list[list[Any]] = [[], [], [], []]
-                for row in routed_rows(plan, source, workdir):
+                columns: list[list[Any]] = [[] for _ in _COLUMNS]
+                for row in source_rows(plan, source, workdir):
                     for column, value in zip(columns, row, strict=True):
                         column.append(value)
                     if len(columns[0]) >= _BATCH_ROWS:
                         yield pa.RecordBatch.from_arrays(columns, schema=schema)
-                        columns = [[], [], [], []]
+                        columns = [[] for _ in _COLUMNS]
                 if columns[0]:
                     yield pa.RecordBatch.from_arrays(columns, schema=schema)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _write(plan: RepartitionPlan, batches: Iterator[Any]) -> Iterator[Any]:
-    """Target task: the databases of the target partitions whose rows it got."""
+def _write(plan: RescalePlan, batches: Iterator[Any]) -> Iterator[Any]:
+    """Target task: the target partitions whose rows it got."""
     import pyarrow as pa
 
-    workdir = tempfile.mkdtemp(prefix="sessionstore-rescale-")
-    writers: dict[int, TargetWriter] = {}
-    try:
+    def rows() -> Iterator[tuple[Any, ...]]:
         for batch in batches:
-            columns = [batch.column(c).to_pylist() for c in ("target", "family", "key", "value")]
-            for target, family, key, value in zip(*columns, strict=True):
-                writer = writers.get(target)
-                if writer is None:
-                    writer = writers[target] = TargetWriter(plan, target, workdir)
-                writer.add(family, key, value)
-        done = [writers[t].finish() for t in sorted(writers)]
+            yield from zip(*(batch.column(c).to_pylist() for c in _COLUMNS), strict=True)
+
+    workdir = tempfile.mkdtemp(prefix="sessionstore-rescale-")
+    try:
+        done = write_targets(plan, rows(), workdir)
         yield pa.RecordBatch.from_pylist(
             done, schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())])
         )
     finally:
-        for writer in writers.values():
-            writer.close()
         shutil.rmtree(workdir, ignore_errors=True)

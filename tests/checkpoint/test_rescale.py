@@ -6,18 +6,22 @@ query side is tests/spark/test_rescale.py."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sessionstore import StateStoreProvider
 from sessionstore.checkpoint.offline.repartition import copy_partitions
 from sessionstore.checkpoint.offline.rescale import (
     RescaleError,
     commit_rescale,
+    copy_rescale,
     drop_state,
     plan_rescale,
 )
 from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
+from sessionstore.checkpoint.records.fence import FencedError, fenced_by
 from sessionstore.checkpoint.records.generation import GENERATION_FIELD, state_root
-from sessionstore.checkpoint.records.layout import read_metadata
+from sessionstore.checkpoint.records.layout import changelog_name, read_metadata
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.tools.reader import CheckpointSource, store_rows
 from tests.checkpoint.test_repartition import SPECS, write_source
@@ -64,7 +68,10 @@ def test_the_switch_is_the_one_write_that_moves_readers(tmp_path):
     assert max(p for p, _ in _rows(uri)) > 3
     assert _sessions(uri) == before
     drop_state(plan)
-    assert [d for d in open_filesystem(uri).child("op").list_dirs() if d.isdigit()] == []
+    operator = open_filesystem(uri).child("op")  # of the old partitions, their fences
+    assert [f for f in operator.list_files() if f[0].isdigit()] == [
+        f"{p}/{changelog_name(4)}" for p in range(4)
+    ]
     assert _sessions(uri) == before
     # a second rescale reads the generation and replaces it
     again = plan_rescale(uri, "op", 3)
@@ -72,7 +79,10 @@ def test_the_switch_is_the_one_write_that_moves_readers(tmp_path):
     copy_partitions(again.copy)
     commit_rescale(again)
     drop_state(again)
-    assert open_filesystem(uri).child("op").list_dirs("_generations") == [again.generation]
+    assert operator.list_dirs("_generations") == sorted([plan.generation, again.generation])
+    assert operator.list_files(f"_generations/{plan.generation}/op") == [
+        *(f"{p}/{changelog_name(4)}" for p in range(7)), "_fenced", "_metadata"
+    ]
     assert _sessions(uri) == before
 
 
@@ -169,3 +179,181 @@ def test_verify_checks_the_generation_a_rescale_switched_to(tmp_path):
     drop_state(plan)
     result = verify_checkpoint(uri)
     assert (result.partitions, result.problems) == (7, [])
+
+
+def _db_rows(handle):
+    """Every row of every family of a loaded handle but the local-only meta entries."""
+    local = {b"checkpoint_identity", b"last_commit"}
+    return {
+        (family, key, value)
+        for family in handle.db.column_families()
+        for key, value in handle.db.scan(family)
+        if family != "meta" or key not in local
+    }
+
+
+def test_the_generation_serves_a_replay_of_the_last_batch(tmp_path):
+    """Spark replays batch V-1 after a driver crash between the partitions' commits
+    and its commit log: it loads V-1 from the generation and, committing V, adopts
+    the rescaled V, whose state is the rescaled V loaded directly."""
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    before = _sessions(uri)
+    plan = plan_rescale(uri, "op", 7)
+    assert (plan.copy.version, plan.base.plan.version) == (3, 2)
+    assert copy_rescale(plan) > 0
+    commit_rescale(plan)
+    drop_state(plan)
+    assert _sessions(uri) == before  # the continuing query's version 3
+    root = state_root(uri, "op")
+    for p in range(7):
+        direct = StateStoreProvider(root, "op", p, SPECS, f"{local}-d", num_partitions=7)
+        whole = _db_rows(direct.get_store(3))
+        direct.close()
+        replay = StateStoreProvider(root, "op", p, SPECS, f"{local}-r", num_partitions=7)
+        handle = replay.get_store(2)
+        assert handle.db.get_meta(b"committed_version") is not None
+        handle["counts"].put(("replayed", p), 1)  # whatever the replay writes: V is taken
+        assert handle.commit() == 3
+        assert _db_rows(replay.get_store(3)) == whole
+        replay.close()
+    assert _sessions(uri) == before
+
+
+@given(
+    old=st.dictionaries(st.binary(max_size=3), st.binary(max_size=2)),
+    new=st.dictionaries(st.binary(max_size=3), st.binary(max_size=2)),
+)
+def test_the_changes_between_two_sorted_tables_rebuild_the_second(old, new):
+    from sessionstore.checkpoint.offline import replayable
+
+    changes = dict(replayable._differences(iter(sorted(old.items())), iter(sorted(new.items()))))
+    rebuilt = {**old, **changes}
+    assert {k: v for k, v in rebuilt.items() if v is not None} == new
+    assert all(old.get(k) != v for k, v in changes.items())
+
+
+def _rescaled(uri, partitions):
+    plan = plan_rescale(uri, "op", partitions)
+    copy_rescale(plan)
+    commit_rescale(plan)
+    drop_state(plan)
+    return plan
+
+
+def test_a_query_of_the_old_count_still_running_cannot_commit_after_the_switch(tmp_path):
+    """An old query between batches (its partition loaded at version 3) when the
+    rescale switches: its next commit meets the fence at version 4 and is refused
+    by name; what the old state leaves is its fences, kept by a later rescale."""
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    before = _sessions(uri)
+    old = StateStoreProvider(uri, "op", 1, SPECS, f"{local}-old", num_partitions=4)
+    handle = old.get_store(3)
+    handle["counts"].put(("late", 1), 1)
+    plan = _rescaled(uri, 7)
+    with pytest.raises(
+        FencedError,
+        match=rf"ck/op/1/changelog/0/4.changelog: version 4 is fenced: this checkpoint "
+        rf"was rescaled to another partition count \(generation {plan.generation}\)",
+    ):
+        handle.commit()
+    old.close()
+    assert _sessions(uri) == before
+    operator = open_filesystem(uri).child("op")
+
+    def fences_left(current):
+        """Every file of a partition outside the current generation: a fence?"""
+        return {
+            f: fenced_by(operator.read(f))
+            for f in operator.list_files()
+            if not f.startswith(f"_generations/{current}/")
+            and (f.split("/")[0].isdigit() or f.split("/")[3:4] and f.split("/")[3].isdigit())
+        }
+
+    fences = {f"{p}/{changelog_name(4)}": plan.generation for p in range(4)}
+    assert fences_left(plan.generation) == fences
+    again = _rescaled(uri, 3)  # the first generation's state leaves its fences too
+    gen = f"_generations/{plan.generation}/op"
+    fences.update({f"{gen}/{p}/{changelog_name(4)}": again.generation for p in range(7)})
+    assert fences_left(again.generation) == fences
+    assert _sessions(uri) == before
+
+
+def test_a_commit_between_the_switch_and_its_fence_takes_the_switch_back(tmp_path, monkeypatch):
+    """The old query commits partition 1's version 4 after the switch, before the
+    fences: the copy lacks it, so the switch is taken back, the fences written are
+    removed, and the old query goes on committing."""
+    from sessionstore.checkpoint.offline import rescale
+
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    operator = open_filesystem(uri).child("op")
+    metadata = read_metadata(operator)
+    old = StateStoreProvider(uri, "op", 1, SPECS, f"{local}-old", num_partitions=4)
+    handle = old.get_store(3)
+    plan = plan_rescale(uri, "op", 7)
+    copy_rescale(plan)
+    fence = rescale.fence_state
+
+    def commits_first(state, partitions, version, generation):
+        assert state_root(uri, "op") == plan.copy.target_uri  # switched
+        assert handle.commit() == 4
+        return fence(state, partitions, version, generation)
+
+    monkeypatch.setattr(rescale, "fence_state", commits_first)
+    with pytest.raises(
+        RescaleError,
+        match=r"ck/op: partitions \[1\] committed version 4 right after the rescale's "
+        r"switch .*: the switch is taken back, nothing is lost; stop that query first",
+    ):
+        commit_rescale(plan)
+    assert read_metadata(operator) == metadata
+    assert state_root(uri, "op") == uri
+    assert not operator.exists("_fenced")
+    assert [p for p in range(4) if operator.exists(f"{p}/{changelog_name(4)}")] == [1]
+    other = StateStoreProvider(uri, "op", 0, SPECS, f"{local}-old", num_partitions=4)
+    assert other.get_store(3).commit() == 4  # no fence left in its way
+    other.close()
+    assert old.get_store(4).commit() == 5
+    old.close()
+
+
+def test_erase_and_rewrite_follow_the_generation_of_a_rescaled_checkpoint(tmp_path):
+    from sessionstore.checkpoint.offline.erase import erase
+    from sessionstore.tools.rewrite import rewrite
+    from tests.checkpoint.test_repartition import KEYS
+
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+    plan = _rescaled(uri, 7)
+    root = state_root(uri, "op")
+
+    def rows_of(key):
+        source = CheckpointSource(uri)
+        return [
+            r for spec in SPECS for r in store_rows(source, "op", spec.name, raw=True)
+            if r["key"] == key
+        ]  # fmt: skip
+
+    key, kept = KEYS[3], _sessions(uri)
+    assert rows_of(key)
+    done = erase(uri, "op", key=[key], force=True)
+    assert (done["version"], done["keys"]) == (3, 1)
+    assert rows_of(key) == []
+    assert len(_sessions(uri)) < len(kept)
+    assert state_root(uri, "op") == root  # the change is the generation's
+    def sessions():
+        rows = store_rows(CheckpointSource(uri), "op", "sessions")
+        return sorted(repr({k: v for k, v in r.items() if k != "partition"}) for r in rows)
+
+    done = rewrite(uri, "op", lambda r: {**r, "value": {"n": 99}}, store="sessions", force=True)
+    assert done["changed"] > 0
+    after = sessions()
+    assert after and all("'value': {'n': 99}" in r for r in after)
+    again = _rescaled(uri, 3)  # and a rescale after them carries them
+    assert state_root(uri, "op") != root
+    assert rows_of(key) == []
+    assert sessions() == after
+    assert CheckpointSource(uri).partitions("op") == list(range(again.copy.partitions))
+    assert plan.generation != again.generation

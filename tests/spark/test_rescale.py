@@ -11,8 +11,9 @@ from collections import Counter
 import pytest
 
 from sessionstore.checkpoint.offline.rescale import RescaleError
+from sessionstore.checkpoint.records.fence import FencedError, fenced_by
 from sessionstore.checkpoint.records.generation import GENERATION_FIELD
-from sessionstore.checkpoint.records.layout import read_metadata
+from sessionstore.checkpoint.records.layout import changelog_name, read_metadata
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import (
     StateBackend,
@@ -105,9 +106,13 @@ def test_restarts_at_4_7_3_partitions_write_the_uninterrupted_output(spark, tmp_
         got += run_stream_batches(query, tmp_path / "ck2", _steps(tmp_path / "in2", part), mode)
         metadata = read_metadata(operator)
         assert metadata["num_partitions"] == n
-        if n != 4:  # the state before the switch is deleted: only the new generation
-            assert [d for d in operator.list_dirs() if d.isdigit()] == []
-            assert operator.list_dirs("_generations") == [metadata[GENERATION_FIELD]]
+        if n != 4:  # the state before the switch is deleted, but for its fences
+            current = f"_generations/{metadata[GENERATION_FIELD]}/"
+            left = [
+                f for f in operator.list_files() if not f.startswith(current)
+                and any(d in f for d in ("/changelog/", "/snapshot/", "/files/"))
+            ]  # fmt: skip
+            assert left and all(fenced_by(operator.read(f)) for f in left)
     _same_batches(expected, got)
 
 
@@ -168,3 +173,91 @@ def test_a_checkpoint_between_batches_is_refused_and_unchanged(spark, tmp_path):
         _query(spark, tmp_path / "in", backend, 7, case)
     assert read_metadata(operator) == before
     assert not operator.exists("_generations")
+
+
+def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoint(spark, tmp_path):
+    """The driver dies after every partition committed batch 3 (version 4) but before
+    Spark recorded the batch in its commit log. The restart at 7 rescales version 4,
+    and Spark replays batch 3, which loads version 3: the generation serves it, and
+    the output is the uninterrupted run's."""
+    from pyspark.errors import StreamingQueryException
+
+    case = "sessions_final"
+    expected = _uninterrupted(spark, tmp_path, case)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
+    operator = open_filesystem(backend.checkpoint_uri).child(case)
+
+    def run(n, part):
+        query = _query(spark, tmp_path / "in2", backend, n, case)
+        return run_stream_batches(query, tmp_path / "ck2", _steps(tmp_path / "in2", part))
+
+    got = run(4, range(0, 3))
+
+    def dies_after_the_state_committed(batch, _):
+        batch.collect()  # every partition commits version 4
+        raise Crash
+
+    _steps(tmp_path / "in2", [3])[0]()
+    query = (
+        _query(spark, tmp_path / "in2", backend, 4, case)
+        .writeStream.option("checkpointLocation", str(tmp_path / "ck2"))
+        .foreachBatch(dies_after_the_state_committed)
+        .start()
+    )
+    with pytest.raises(StreamingQueryException, match="Crash"):
+        query.processAllAvailable()
+    query.stop()
+    assert all(operator.exists(f"{p}/{changelog_name(4)}") for p in range(4))
+    assert not (tmp_path / "ck2" / "commits" / "3").exists()
+    got += run(7, range(4, 8))  # batch 3 again (a replay), then 4..7
+    assert read_metadata(operator)["num_partitions"] == 7
+    _same_batches(expected, got)
+
+
+def test_a_data_source_read_across_a_switch_never_mixes_two_counts(spark, tmp_path):
+    """The data source lists the partitions when the read is planned and its tasks
+    read them later: a rescale switching in between does not mix the two counts.
+    The tasks read the state that was listed (its root read once), never the new
+    one: the read fails naming the rescale (the root's _metadata, now a switch, or
+    the fence in the replaced generation)."""
+    from pyspark.sql.types import StructType
+
+    from sessionstore.checkpoint.offline.rescale import (
+        commit_rescale,
+        copy_rescale,
+        drop_state,
+        plan_rescale,
+    )
+    from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
+    from spark_integration.datasource import SessionStoreDataSource
+    from tests.checkpoint.test_repartition import write_source
+
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+
+    def planned_read():
+        source = SessionStoreDataSource({"path": uri, "operator": "op", "store": "counts"})
+        reader = source.reader(StructType.fromDDL(source.schema()))
+        return reader, reader.partitions()
+
+    def switched(n):
+        plan = plan_rescale(uri, "op", n)
+        copy_rescale(plan)
+        commit_rescale(plan)  # the state before is deleted only after
+        return plan
+
+    reader, listed = planned_read()
+    assert [p.value for p in listed] == [0, 1, 2, 3]
+    expected = sorted(row for p in listed for row in reader.read(p))
+    drop_state(switched(7))
+    with pytest.raises(CheckpointMismatchError, match=r"ck/op/_metadata was rescaled"):
+        list(reader.read(listed[0]))
+    reader, listed = planned_read()
+    assert [p.value for p in listed] == list(range(7))
+    rescaled = sorted(row for p in listed for row in reader.read(p))
+    assert sorted(r[1:] for r in rescaled) == sorted(r[1:] for r in expected)
+    again = switched(3)  # the old query's next version fenced: what a reader reads too
+    with pytest.raises(
+        FencedError, match=rf"is a fence, not a changelog: .* \(generation {again.generation}\)"
+    ):
+        list(reader.read(listed[0]))

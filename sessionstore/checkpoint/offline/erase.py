@@ -27,6 +27,7 @@ from sessionstore.checkpoint.offline.change import (
     pending_change,
     run_change,
 )
+from sessionstore.checkpoint.records.generation import state_root
 from sessionstore.checkpoint.records.layout import KEY_TYPES_FIELD, read_metadata
 from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
 from sessionstore.encoding.keys import encode_key
@@ -152,6 +153,7 @@ def erase(
     Returns ``{"operator", "version", "keys", "keys_sha256", "rows": {store: n},
     "resumed"}`` (``resumed``: the id of an interrupted change finished first).
     """
+    checkpoint = state_root(checkpoint, operator, storage_options)  # after a rescale
     storage = open_filesystem(checkpoint, storage_options).child(operator)
     resumed = pending_change(storage)
     if resumed is not None:

@@ -409,6 +409,13 @@ class TargetWriter:
     def finish(self) -> dict[str, Any]:
         """Write the merged meta entries and version, upload the snapshot and
         remove the local copy. Returns ``{"partition", "rows"}``."""
+        self.seal()
+        return self.upload()
+
+    def seal(self, commit: str | None = None) -> StateDB:
+        """Write the merged meta entries, the version and, given, the id of the
+        commit whose state this is: the database is then the target's state at
+        ``plan.version`` (returned, open until :meth:`upload` or :meth:`close`)."""
         db = self._db
         assert db is not None
         self._flush()
@@ -417,10 +424,21 @@ class TargetWriter:
                 if key not in self._absent:
                     db.put_meta(key, value)
             db.put_meta(VERSION_KEY, encode_version(self.plan.version))
+            if commit is not None:
+                db.put_meta(COMMIT_KEY, commit.encode("ascii"))
+        return db
+
+    def upload(self, commit: str | None = None) -> dict[str, Any]:
+        """Upload the sealed database as the snapshot of ``plan.version`` (its
+        manifest naming ``commit``) and remove the local copy. Returns
+        ``{"partition", "rows"}``."""
+        db = self._db
+        assert db is not None
         snapshot = os.path.join(self._dir, "snapshot")
         db.checkpoint(snapshot)
         self.close()
-        upload_snapshot(self.plan.target().child(str(self.partition)), snapshot, self.plan.version)
+        target = self.plan.target().child(str(self.partition))
+        upload_snapshot(target, snapshot, self.plan.version, commit=commit)
         shutil.rmtree(self._dir, ignore_errors=True)
         return {"partition": self.partition, "rows": self.rows}
 

@@ -15,14 +15,20 @@ A rescale (:func:`plan_rescale`, the distributed copy of
 step, which replaces that one ``_metadata`` (an atomic write): a crash before it
 leaves the old count loading exactly what it loaded (the half-written
 generation is never read, and the next attempt writes another), a crash after it
-leaves the new one. The previous state is deleted only after the switch
-(:func:`drop_state`). The new generation has its own checkpoint id, so no local
-database or pending snapshot of the old state is ever taken for it.
+leaves the new one. Right after the switch the previous state is fenced
+(fencing.py: a query of the old count still running cannot commit to it), and
+only then deleted, but for its fences (:func:`drop_state`). The generation also
+holds the version before, which a batch Spark replays loads (replayable.py).
+The new generation has its own checkpoint id, so no local database or pending
+snapshot of the old state is ever taken for it.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,11 +38,24 @@ from sessionstore.checkpoint.offline.change import (
     moved_since,
     open_change,
 )
+from sessionstore.checkpoint.offline.fencing import (
+    drop_fenced_state,
+    fence_state,
+    unfence_state,
+)
 from sessionstore.checkpoint.offline.repartition import (
     RepartitionError,
     RepartitionPlan,
+    TargetWriter,
+    carry_event_time,
     finish_repartition,
     plan_repartition,
+    routed_rows,
+)
+from sessionstore.checkpoint.offline.replayable import (
+    ReplayBase,
+    plan_replay_base,
+    write_replayable,
 )
 from sessionstore.checkpoint.records.generation import (
     GENERATION_FIELD,
@@ -60,6 +79,9 @@ __all__ = [
     "plan_rescale",
     "commit_rescale",
     "drop_state",
+    "copy_rescale",
+    "source_rows",
+    "write_targets",
 ]
 
 
@@ -78,6 +100,9 @@ class RescalePlan:
     source: ChangeTarget
     #: the copy of the state into the new generation
     copy: RepartitionPlan
+    #: the copy of the version before, which a replay of the last batch loads
+    #: (replayable.py); None when a source partition no longer has it
+    base: ReplayBase | None = None
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
@@ -103,21 +128,79 @@ def plan_rescale(
     what = f"cannot rescale {where} to {partitions} partitions on restart"
     try:
         metadata = read_metadata(open_filesystem(uri, storage_options).child(operator))
+        root = state_root(uri, operator, storage_options, metadata)
+        if root != uri:  # a change of a rescaled checkpoint is recorded in its generation
+            metadata = read_metadata(open_filesystem(root, storage_options).child(operator))
         if metadata.get(CHANGE_FIELD) is not None:
             raise ChangeError(
                 "an offline change is committed but not applied; finish it first "
                 "(sessionstore change --resume, docs/rewrite.md)"
             )
-        root = state_root(uri, operator, storage_options, metadata)
         source = open_change(root, operator, storage_options, allow_pickle)
         generation = uuid.uuid4().hex
         copy = plan_repartition(
             root, operator, partitions, generation_root(uri, operator, generation),
             version=source.version, storage_options=storage_options, allow_pickle=allow_pickle,
         )  # fmt: skip
+        base = plan_replay_base(copy)
     except (ChangeError, RepartitionError, FileNotFoundError) as exc:
         raise RescaleError(f"{what}: {exc}; the checkpoint is unchanged") from None
-    return RescalePlan(uri, operator, generation, source, copy, storage_options)
+    return RescalePlan(uri, operator, generation, source, copy, base, storage_options)
+
+
+def write_targets(
+    plan: RescalePlan, rows: Iterator[tuple[bool, int, str, bytes, bytes]], workdir: str
+) -> list[dict[str, Any]]:
+    """Write the target partitions of the new generation whose routed rows
+    ``(of the version before, target, family, key, value)`` are given (the rows of
+    each such target, all of them); returns ``{"partition", "rows"}`` of each."""
+    heads: dict[int, TargetWriter] = {}
+    bases: dict[int, TargetWriter] = {}
+    base = plan.base
+    try:
+        for before, target, family, key, value in rows:
+            writers, copy = (bases, base.plan) if before and base else (heads, plan.copy)
+            writer = writers.get(target)
+            if writer is None:
+                where = os.path.join(workdir, "base" if writers is bases else "head")
+                writer = writers[target] = TargetWriter(copy, target, where)
+            writer.add(family, key, value)
+        if base is None:
+            return [heads[t].finish() for t in sorted(heads)]
+        done = []
+        for target in sorted(heads):
+            if target not in bases:  # version 0: the empty state
+                bases[target] = TargetWriter(base.plan, target, os.path.join(workdir, "base"))
+            done.append(write_replayable(bases[target], heads[target], base.event_time))
+        return done
+    finally:
+        for writer in [*heads.values(), *bases.values()]:
+            writer.close()
+
+
+def source_rows(
+    plan: RescalePlan, source: int, workdir: str
+) -> Iterator[tuple[bool, int, str, bytes, bytes]]:
+    """Every routed row of source partition ``source``: of the version before (when
+    the plan copies it, and it is not the empty version 0), then of the version."""
+    base = plan.base
+    if base is not None and base.plan.version:
+        for row in routed_rows(base.plan, source, workdir):
+            yield (True, *row)
+    for row in routed_rows(plan.copy, source, workdir):
+        yield (False, *row)
+
+
+def copy_rescale(plan: RescalePlan) -> int:
+    """Write the new generation in this process (as the Spark job does in tasks):
+    every source partition's rows, then every target; returns the rows written."""
+    with tempfile.TemporaryDirectory(prefix="sessionstore-rescale-") as workdir:
+        sources = os.path.join(workdir, "source")
+        rows = (
+            row for s in range(plan.copy.source_partitions) for row in source_rows(plan, s, sources)
+        )
+        done = write_targets(plan, rows, workdir)
+    return sum(d["rows"] for d in done)
 
 
 def commit_rescale(plan: RescalePlan) -> int | None:
@@ -125,6 +208,8 @@ def commit_rescale(plan: RescalePlan) -> int | None:
     ``_metadata``, then the switch, the operator's root ``_metadata`` naming the
     generation. Refused (:class:`RescaleError`, nothing switched) when a partition
     committed to the old state meanwhile. Returns the carried event time."""
+    if plan.base is not None and plan.base.plan.version:
+        carry_event_time(plan.base.plan)  # what a replay of batch V-1 reads
     shared, _ = finish_repartition(plan.copy)
     before = plan.source
     seen = moved_since(before)
@@ -138,9 +223,32 @@ def commit_rescale(plan: RescalePlan) -> int | None:
     metadata = read_metadata(target)
     root = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
     _claim(root, plan)
+    previous = read_metadata(root)
     switch = {**metadata, GENERATION_FIELD: plan.generation, "format": GENERATION_FORMAT}
     write_metadata(root, switch)  # the switch
+    _fence(plan, root, previous)
     return shared
+
+
+def _fence(plan: RescalePlan, root: Storage, previous: dict[str, Any]) -> None:
+    """Fence the state just replaced (fencing.py): a query of the old count that
+    still runs cannot commit its next version there. One whose commit landed
+    between the switch and its fence has state the copy lacks: the switch is
+    taken back (the root's ``_metadata`` as it was, the fences removed) and the
+    rescale refused, nothing lost."""
+    state, version = plan.copy.source(), plan.copy.version + 1
+    taken = fence_state(state, plan.copy.source_partitions, version, plan.generation)
+    if not taken:
+        return
+    write_metadata(root, previous)  # the old state stays the one read
+    fenced = [p for p in range(plan.copy.source_partitions) if p not in taken]
+    unfence_state(state, fenced, version)
+    raise RescaleError(
+        f"{plan.source_root}/{plan.operator}: partitions {taken} committed version "
+        f"{version} right after the rescale's switch (another query of the old count "
+        "runs on the checkpoint): the switch is taken back, nothing is lost; stop "
+        "that query first"
+    )
 
 
 def _claim(root: Storage, plan: RescalePlan) -> None:
@@ -168,16 +276,20 @@ def drop_state(plan: RescalePlan) -> None:
     when the root's ``_metadata`` names this plan's generation: every other
     generation (the previous one, and any a crashed rescale left half written) and
     the root's partitions and event-time files (its ``_metadata``, now the switch,
-    and the operator's other files stay). Errors are the caller's to log: what
-    remains is never read."""
+    and the operator's other files stay), except the fences of a state a switch
+    replaced (fencing.py), which stay for good (one small object per partition
+    and rescale). Errors are the caller's to log: what remains is never read."""
     operator = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
     if read_metadata(operator).get(GENERATION_FIELD) != plan.generation:
         return  # not this plan's switch (another's won): nothing here is this plan's
     for generation in operator.list_dirs(GENERATIONS_DIR):
         if generation != plan.generation:
-            operator.delete_dir(f"{GENERATIONS_DIR}/{generation}")
+            state = operator.child(f"{GENERATIONS_DIR}/{generation}/{plan.operator}")
+            if not drop_fenced_state(state):  # never switched to: no query ran there
+                operator.delete_dir(f"{GENERATIONS_DIR}/{generation}")
     # the root's partitions are never read once a generation is named: also those an
     # earlier cleanup left (an erase reaches only the generation)
-    for name in operator.list_dirs():
-        if name.isdigit() or name == EVENT_TIME_DIR:
-            operator.delete_dir(name)
+    if not drop_fenced_state(operator):
+        for name in operator.list_dirs():
+            if name.isdigit() or name == EVENT_TIME_DIR:
+                operator.delete_dir(name)

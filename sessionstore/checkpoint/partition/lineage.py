@@ -66,6 +66,7 @@ from sessionstore.checkpoint.records.changelog import (
     decode_changelog,
     read_changelog_header,
 )
+from sessionstore.checkpoint.records.fence import FencedError, fenced_by
 from sessionstore.checkpoint.records.layout import changelog_name, read_changelog_file
 from sessionstore.checkpoint.storage.filesystem import Storage
 from sessionstore.engine.write_buffer import WriteBuffer
@@ -149,6 +150,15 @@ def _stored(storage: Storage, version: int) -> Winner | None:
         data, tag = storage.read_tagged(name)
     except FileNotFoundError:
         return None
+    generation = fenced_by(data)
+    if generation is not None:
+        raise FencedError(
+            f"{storage.where(name)}: version {version} is fenced: this checkpoint was "
+            f"rescaled to another partition count (generation {generation}) after the "
+            "query committing here planned it, and its state moved there; this commit "
+            "is refused. Stop the query of the old count; restarted, it uses the "
+            "rescaled state (docs/rescale.md)"
+        )
     try:
         header, writes = decode_changelog(data, storage.where(name), version)
     except CorruptChangelogError as exc:

@@ -48,6 +48,7 @@ from typing import Any
 
 import msgpack
 
+from sessionstore.checkpoint.records.fence import check_not_fence
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 
@@ -63,6 +64,8 @@ __all__ = [
 
 MAGIC = b"SSCL"
 FOOTER_MAGIC = b"SSCF"
+#: Enough of an object's first bytes to tell a fence (fence.py) from a changelog.
+_FENCE_BYTES = 64
 FORMAT = 2
 _HEAD = struct.Struct(">4sHI")
 _FOOT = struct.Struct(">4sQI")
@@ -137,6 +140,7 @@ def read_changelog_header(storage: Any, rel: str, guess: int = 4096) -> dict[str
     (the records and footer are not read, so nothing is checksummed)."""
     data = storage.read(rel, guess)
     where = f"{storage.uri.rstrip('/')}/{rel}"
+    check_not_fence(data, where)
     if len(data) < _HEAD.size:
         raise CorruptChangelogError(where, None, f"only {len(data)} bytes")
     magic, fmt, head_len = _HEAD.unpack_from(data)
@@ -233,6 +237,7 @@ class Changelog:
 
     def _check(self) -> tuple[dict, int, tuple]:
         size, read_at, corrupt = self._source.size, self._source.read_at, self._corrupt
+        check_not_fence(read_at(0, min(size, _FENCE_BYTES)), self.where)
         if size < _HEAD.size + _FOOT.size:
             raise corrupt(f"only {size} bytes, shorter than header and footer")
         magic, fmt, head_len = _HEAD.unpack(read_at(0, _HEAD.size))

@@ -25,6 +25,13 @@ Remote, under the checkpoint URI (object storage)::
                                      by the first planning after batch 1
         initial_state/<token>/complete   empty, written after every partition's
                                      object: that planning's copy is whole
+        _generations/<id>/           the state after a rescale on restart, a checkpoint
+                                     root of its own, named by ``_metadata``
+                                     (generation.py); beside, ``<source>-v<V>.claim``
+        _fenced                      msgpack: the version fenced in a state a rescale
+                                     replaced; its partitions keep only
+                                     ``changelog/<G>/<V>.changelog``, a fence, not a
+                                     changelog (fence.py)
         _changes/<id>/<partition>.manifest   an offline change's staged manifest
                                      (change.py), loadable only once applied
         _audit/<time>-<id>.json      JSON: one record per applied offline change
@@ -92,6 +99,7 @@ from sessionstore.errors import SessionStoreError
 T = TypeVar("T")
 
 __all__ = [
+    "FENCED_MARKER",
     "PartitionFiles",
     "METADATA",
     "CHECKPOINT_ID_FIELD",
@@ -151,6 +159,8 @@ CHANGES_DIR = "_changes"
 #: ``<operator>/_audit/<time>-<id>.json``: one record per applied change.
 AUDIT_DIR = "_audit"
 EVENT_TIME_DIR = "event_time"
+#: Beside the partitions of a state a rescale on restart replaced (fence.py).
+FENCED_MARKER = "_fenced"
 #: Marks an operator whose Spark query reads a due source
 #: (spark_integration/planning/due_batches.py): Spark refuses a restart whose
 #: sources differ from its checkpoint's, so the choice holds for the checkpoint's life.
