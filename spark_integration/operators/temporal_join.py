@@ -22,37 +22,24 @@ makes Spark run that batch, without rows, when nothing else arrives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-import pyarrow as pa
-
-from sessionstore.operators.batch_paths.arrow_io import epoch_millis
+from sessionstore.checkpoint import StoreHandle
 from sessionstore.operators.temporal_join import TemporalJoin
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
 from spark_integration.conf.names import SIDE, TS
-from spark_integration.coordinator.protocol import CoordinatorAddress
-from spark_integration.execution.context import TaskContext
-from spark_integration.execution.inputs import deterministic_order, key_values, struct_values
-from spark_integration.execution.output import arrow_schema, record_batch
-from spark_integration.execution.partition_state import state_and_inputs
-from spark_integration.planning.due_batches import with_due_batches
-from spark_integration.planning.input_columns import (
-    checked_fields,
-    key_types,
-    tagged_union,
-    time_column,
-)
-from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import operator_coordinator, resolve
+from spark_integration.execution.join_task import JoinRows, JoinStep, JoinTask
+from spark_integration.operators.join_skeleton import join_state_map
+from spark_integration.planning.input_columns import checked_fields, time_column
 
 __all__ = ["temporal_join"]
 
 _STREAM, _TABLE = "__ss_stream", "__ss_table"
-_TABLE_SIDE, _STREAM_SIDE = 0, 1  # their order in tagged_union
+_TABLE_SIDE, _STREAM_SIDE = 0, 1  # their order in the union
 
 
 def temporal_join(
@@ -94,105 +81,70 @@ def temporal_join(
 
     stream_cols = list(s_fields)
     table_time, table_time_type = time_column(t_fields, table_timestamp)
-    combined = tagged_union(
-        keys,
-        [
-            (table_df, table_time, table_values, _TABLE),
-            (stream_df, time_column(s_fields, stream_timestamp)[0], stream_cols, _STREAM),
-        ],
-    )
-    backend, n = resolve(stream_df, backend, num_partitions, name)
-    coordinator = operator_coordinator(stream_df, backend, name, n)  # metrics to the driver
-    task = _TemporalJoinTask(
-        backend=backend,
-        name=name,
-        num_partitions=n,
-        keys=keys,
-        retention_ms=retention_ms,
-        how=how,
-        stream_cols=stream_cols,
-        table_values=table_values,
-        renamed=renamed,
-        out_schema_json=out_schema.json(),
-        key_types=key_types(combined, keys),
-        coordinator=coordinator,
+    sides = [  # in side-number order: _TABLE_SIDE, _STREAM_SIDE
+        (table_df, table_time, table_values, _TABLE),
+        (stream_df, time_column(s_fields, stream_timestamp)[0], stream_cols, _STREAM),
+    ]
+    return join_state_map(
+        sides, keys, _TemporalJoinTask, out_schema, backend, num_partitions, name,
+        retention_ms=retention_ms, how=how, stream_cols=stream_cols,
+        table_values=table_values, renamed=renamed,
         # the table's versions are its rows' times: timestamps where its column is
         time_type="timestamp" if isinstance(table_time_type, T.TimestampType) else None,
-    )
-    combined = with_due_batches(combined, backend, name, n)
-    return state_map(combined, keys, n, task, out_schema, name)
+    )  # fmt: skip
 
 
-@dataclass
-class _TemporalJoinTask:
-    backend: StateBackend
-    name: str
-    num_partitions: int
-    keys: list[str]
+@dataclass(kw_only=True)
+class _TemporalJoinTask(JoinTask):
     retention_ms: int
     how: str
     stream_cols: list[str]
     table_values: list[str]
     renamed: dict[str, str]
-    out_schema_json: str
-    key_types: list[str]
-    coordinator: CoordinatorAddress | None = None
     time_type: str | None = None
 
-    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
-        spec = StoreSpec("table", "versioned", self.retention_ms)
-        joined = []
-        with state_and_inputs(
-            self.backend,
-            self.name,
-            context,
-            [spec],
-            self.num_partitions,
-            batches,
-            shared_event_time=True,
-            key_types=self.key_types,
-            coordinator=self.coordinator,
-        ) as (handle, _, inputs, shared):
-            table = handle["table"]
-            # Every partition judges the batch by the operator's event time after
-            # the previous one (the largest table time any partition had), held
-            # through the batch: a row's fate then depends on its key's rows and
-            # that time only, never on which keys share its partition, so the
-            # output is the same at any partition count (and after a rescale).
-            if shared is not None:
-                table.advance_stream_time(shared)
-            join = TemporalJoin(
-                table, joiner=lambda s, t: (s, t), how=self.how, time_type=self.time_type
-            )
-            if inputs:
-                with table.stream_time_held():
-                    joined = self._join(
-                        join, deterministic_order(pa.Table.from_batches(inputs), [SIDE, TS])
-                    )
-            handle.note_event_time(table.observed_stream_time)
-            handle.note(late_dropped=join.dropped_records, emitted=len(joined))
-        if joined:
-            columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
-            for column in self.table_values:
-                columns[self.renamed[column]] = [
-                    None if t is None else t[column] for _, t in joined
-                ]
-            yield record_batch(arrow_schema(self.out_schema_json), columns)
+    #: table rows before stream rows: the answer then depends on event times only
+    order: ClassVar[tuple[str, ...]] = (SIDE, TS)
 
-    def _join(self, join: TemporalJoin, table: pa.Table) -> list:
-        sides = table.column(SIDE).to_pylist()
-        times = epoch_millis(table.column(TS))
-        keys = key_values(table, self.keys)
-        stream_rows = struct_values(table, _STREAM)
-        table_rows = struct_values(table, _TABLE)
+    def specs(self) -> list[StoreSpec]:
+        return [StoreSpec("table", "versioned", self.retention_ms)]
+
+    def step(
+        self, handle: StoreHandle, rows: JoinRows | None, shared: int | None, batch_id: int
+    ) -> JoinStep:
+        table = handle["table"]
+        # Every partition judges the batch by the operator's event time after
+        # the previous one (the largest table time any partition had), held
+        # through the batch: a row's fate then depends on its key's rows and
+        # that time only, never on which keys share its partition, so the
+        # output is the same at any partition count (and after a rescale).
+        if shared is not None:
+            table.advance_stream_time(shared)
+        join = TemporalJoin(
+            table, joiner=lambda s, t: (s, t), how=self.how, time_type=self.time_type
+        )
+        joined = []
+        if rows is not None:
+            with table.stream_time_held():
+                joined = self._join(join, rows)
+        return JoinStep(joined, table.observed_stream_time, join.dropped_records)
+
+    def columns(self, joined: list[Any]) -> dict[str, list[Any]]:
+        columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
+        for column in self.table_values:
+            columns[self.renamed[column]] = [None if t is None else t[column] for _, t in joined]
+        return columns
+
+    def _join(self, join: TemporalJoin, rows: JoinRows) -> list:
+        sides, keys, times, values = rows
         # table rows first: the answer then depends on event times only
         for i, side in enumerate(sides):
             if side == _TABLE_SIDE and keys[i] is not None and times[i] is not None:
-                row = table_rows[i]
+                row = values[i]
                 deleted = row is None or all(v is None for v in row.values())
                 join.process_table(keys[i], None if deleted else row, times[i])
         stream = [i for i, side in enumerate(sides) if side == _STREAM_SIDE]
         results = join.process_streams(
-            [keys[i] for i in stream], [stream_rows[i] for i in stream], [times[i] for i in stream]
+            [keys[i] for i in stream], [values[i] for i in stream], [times[i] for i in stream]
         )  # one store read per key, not per stream row
         return [r.value for r in results if r is not None]

@@ -1,0 +1,53 @@
+"""The planning of a two-input join (``window_join``, ``temporal_join``) on the
+driver, once its inputs are checked: the inputs tagged and unioned into one
+(:func:`~spark_integration.planning.input_columns.tagged_union`), the backend and
+partition count resolved, the coordinator started, the task built, the due source
+unioned in, and the one shuffle and per-partition run placed
+(:func:`~spark_integration.planning.placement.state_map`). The task's side is
+:class:`~spark_integration.execution.join_task.JoinTask`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from spark_integration.conf.backend import StateBackend
+from spark_integration.execution.join_task import JoinTask
+from spark_integration.planning.due_batches import with_due_batches
+from spark_integration.planning.input_columns import key_types, tagged_union
+from spark_integration.planning.placement import state_map
+from spark_integration.planning.resolve import operator_coordinator, resolve
+
+__all__ = ["join_state_map"]
+
+
+def join_state_map(
+    sides: Sequence[tuple[Any, Any, list[str], str]],
+    keys: list[str],
+    task_class: type[JoinTask],
+    out_schema: Any,
+    backend: StateBackend | None,
+    num_partitions: int | None,
+    name: str,
+    **settings: Any,
+) -> Any:
+    """The join ``name`` of ``sides`` (``(DataFrame, millisecond time column, its
+    columns, tag)`` each, in side-number order; the first's session plans it) by
+    ``keys``, output rows of the Spark ``out_schema``, run by tasks of
+    ``task_class`` (the operator's own ``settings`` added to the common fields)."""
+    first = sides[0][0]
+    combined = tagged_union(keys, list(sides))
+    backend, n = resolve(first, backend, num_partitions, name)
+    task = task_class(
+        backend=backend,
+        name=name,
+        num_partitions=n,
+        keys=keys,
+        tags=[tag for *_, tag in sides],
+        out_schema_json=out_schema.json(),
+        key_types=key_types(combined, keys),
+        coordinator=operator_coordinator(first, backend, name, n),  # metrics to the driver
+        **settings,
+    )
+    combined = with_due_batches(combined, backend, name, n)
+    return state_map(combined, keys, n, task, out_schema, name)
