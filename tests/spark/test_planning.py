@@ -35,6 +35,7 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     import pytest
 
     import spark_integration.planning.resolve as planning
+    from sessionstore.process import this_process
     from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
 
     def session(version, conf):
@@ -43,7 +44,7 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
             version=version, sparkContext=SimpleNamespace(getConf=lambda: spark_conf)
         )
 
-    monkeypatch.setattr(planning, "_warned_tcp", False)
+    this_process().forget(planning.TCP_WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning here fails the test
         assert not planning.warn_tcp_workers(session("4.0.1", {}))  # 4.0 has no such setting
@@ -115,11 +116,12 @@ def test_a_store_that_cannot_fence_is_named_once_at_planning(s3_bucket, tmp_path
     import pytest
 
     from sessionstore.checkpoint.partition import lineage
+    from sessionstore.process import this_process
     from spark_integration import StateBackend
     from spark_integration.planning.resolve import resolve
 
     # once per process: start afresh
-    monkeypatch.setattr(lineage, "_unfenced_warned", set(), raising=False)
+    this_process().forget(lineage.UNFENCED_WARNING)
     session = fake_session()
     session.version = "4.0.1"
     df = SimpleNamespace(sparkSession=session)

@@ -19,6 +19,7 @@ import msgpack
 import pyarrow as pa
 
 from sessionstore.checkpoint.service.request_server import peer_credentials
+from sessionstore.process import this_process
 from spark_integration.execution.context import ContextTask, TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
     IO_TIMEOUT_S,
@@ -61,7 +62,8 @@ def served(spark: Any, task: ContextTask) -> ContextTask:
     return task if count == 0 else ServedTask(task, count)
 
 
-_warned_unavailable = False
+#: The once-per-process event of a slot without a server (:mod:`sessionstore.process`).
+UNAVAILABLE_WARNING = "state_server_unavailable"
 
 
 @dataclass
@@ -89,7 +91,6 @@ class ServedTask:
     def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
         """``task``'s output, run as ``context`` in its partition's server (its
         metrics record sent back into ``context``), or here when there is none."""
-        global _warned_unavailable
         info = context.info
         count = self.count or SERVERS_PER_SLOT * (os.cpu_count() or 1)
         slot = info.partition % count
@@ -98,8 +99,7 @@ class ServedTask:
             try:
                 conn, pid = _accepted(slot, count, info, self._pickled())
             except OSError as error:
-                if not _warned_unavailable:
-                    _warned_unavailable = True
+                if this_process().first_time(UNAVAILABLE_WARNING):
                     log.warning(
                         "sessionstore: no state server for slot %d of %d (%s); tasks of "
                         "this worker keep their state in the worker", slot, count, error,

@@ -1,0 +1,112 @@
+"""Process-wide state has one owner (sessionstore.process): its slots are made once
+per process, a forked child starts with empty slots but keeps the once-per-process
+marks, and no other module keeps process state in a module global."""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+
+import pytest
+
+from sessionstore.process import SLOTS, Process, this_process
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_a_slot_is_made_once_and_a_failed_make_leaves_it_empty():
+    process = Process()
+    made = []
+
+    def make():
+        made.append(1)
+        return {"n": len(made)}
+
+    assert process.get("parallelism") is None
+    first = process.get_or_make("parallelism", make)
+    assert process.get_or_make("parallelism", make) is first == {"n": 1}
+    assert made == [1]
+
+    def refuse():
+        raise OSError("address in use")
+
+    with pytest.raises(OSError, match="address in use"):
+        process.get_or_make("coordinator", refuse)
+    assert process.get("coordinator") is None
+    assert process.get_or_make("coordinator", lambda: "started") == "started"
+
+
+def test_an_unknown_slot_is_refused_by_name():
+    with pytest.raises(KeyError, match="no process-wide slot 'budget'.*'memory_budget'"):
+        Process().get("budget")
+    with pytest.raises(KeyError, match="'helper'"):
+        Process().get_or_make("helper", dict)
+
+
+def test_marks_are_once_per_kind_and_key_and_forgotten_by_kind():
+    process = Process()
+    assert process.first_time("warn", "a") and not process.first_time("warn", "a")
+    assert process.first_time("warn", "b") and process.first_time("other")
+    assert process.marked("warn", "a") and not process.marked("warn", "c")
+    process.mark("reached", "s3://x")
+    process.forget("warn")
+    assert not process.marked("warn", "a") and not process.marked("warn", "b")
+    assert process.marked("other") and process.marked("reached", "s3://x")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_empty_slots_and_keeps_the_parents_marks():
+    parent = this_process()
+    budget = parent.get_or_make("parallelism", dict)
+    parent.mark("test_fork", "seen")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it sees, then leave without cleanup
+        try:
+            child = this_process()
+            seen = (
+                child is not parent,
+                child.pid == os.getpid(),
+                child.get("parallelism") is None,
+                child.marked("test_fork", "seen"),
+                child.get_or_make("parallelism", dict) is not budget,
+            )
+            os.write(write, bytes(int(v) for v in seen))
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        answer = os.read(read, 16)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert list(answer) == [1, 1, 1, 1, 1]
+    assert this_process() is parent and parent.get("parallelism") is budget
+    parent.forget("test_fork")
+
+
+def _module_globals(path: pathlib.Path) -> list[str]:
+    """``global`` statements of a module: module state a function rebinds."""
+    return [
+        f"{path.relative_to(ROOT)}: {', '.join(node.names)}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Global)
+    ]
+
+
+def test_no_module_but_the_owner_rebinds_process_state():
+    found = [
+        line
+        for package in ("sessionstore", "spark_integration")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "sessionstore" / "process.py"
+        for line in _module_globals(path)
+    ]
+    assert found == []
+
+
+def test_every_slot_names_the_module_that_uses_it():
+    for slot, module in SLOTS.items():
+        path = ROOT / (module.replace(".", "/") + ".py")
+        assert f'"{slot}"' in path.read_text(), (slot, module)
