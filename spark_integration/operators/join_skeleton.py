@@ -1,7 +1,8 @@
 """The planning of a two-input join (``window_join``, ``temporal_join``) on the
 driver, once its inputs are checked: the inputs tagged and unioned into one
-(:func:`~spark_integration.planning.input_columns.tagged_union`), the backend and
-partition count resolved, the coordinator started, the task built, the due source
+(:func:`~spark_integration.planning.input_columns.tagged_union`), the operator's
+conf snapshot taken (:mod:`spark_integration.planning.operator_conf`: backend and
+partition count resolved, the coordinator started), the task built, the due source
 unioned in, and the one shuffle and per-partition run placed
 (:func:`~spark_integration.planning.placement.state_map`). The task's side is
 :class:`~spark_integration.execution.join_task.JoinTask`."""
@@ -15,8 +16,8 @@ from spark_integration.conf.backend import StateBackend
 from spark_integration.execution.join_task import JoinTask
 from spark_integration.planning.due_batches import with_due_batches
 from spark_integration.planning.input_columns import key_types, tagged_union
+from spark_integration.planning.operator_conf import operator_conf
 from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = ["join_state_map"]
 
@@ -35,19 +36,19 @@ def join_state_map(
     columns, tag)`` each, in side-number order; the first's session plans it) by
     ``keys``, output rows of the Spark ``out_schema``, run by tasks of
     ``task_class`` (the operator's own ``settings`` added to the common fields)."""
-    first = sides[0][0]
     combined = tagged_union(keys, list(sides))
-    backend, n = resolve(first, backend, num_partitions, name)
+    conf = operator_conf(sides[0][0], backend, num_partitions, name)
+    n = conf.partitions
     task = task_class(
-        backend=backend,
+        backend=conf.backend,
         name=name,
         num_partitions=n,
         keys=keys,
         tags=[tag for *_, tag in sides],
         out_schema_json=out_schema.json(),
         key_types=key_types(combined, keys),
-        coordinator=operator_coordinator(first, backend, name, n),  # metrics to the driver
+        coordinator=conf.coordinator,  # event time, metrics to the driver
         **settings,
     )
-    combined = with_due_batches(combined, backend, name, n)
-    return state_map(combined, keys, n, task, out_schema, name)
+    combined = with_due_batches(combined, conf.backend, name, n, allowed=conf.due_batches)
+    return state_map(combined, keys, n, task, out_schema, name, conf)

@@ -25,7 +25,6 @@ from spark_integration.execution.state_server.config import (
     IO_TIMEOUT_S,
     SERVERS_PER_SLOT,
     START_TIMEOUT_S,
-    server_count,
 )
 from spark_integration.execution.state_server.protocol import (
     ACCEPTED,
@@ -55,10 +54,11 @@ class ForeignStateServer(OSError):
     was sent to it (the worker runs its task itself)."""
 
 
-def served(spark: Any, task: ContextTask) -> ContextTask:
-    """``task`` (an operator's task) run in its partition's state server, or
-    ``task`` itself when :data:`~.config.SERVERS_CONF` is off."""
-    count = server_count(spark)
+def served(task: ContextTask, count: int | None) -> ContextTask:
+    """``task`` (an operator's task) run in its partition's state server, of
+    ``count`` per executor (:func:`~.config.server_count`: None, each executor
+    decides), or ``task`` itself when the count is 0 (:data:`~.config.SERVERS_CONF`
+    is off)."""
     return task if count == 0 else ServedTask(task, count)
 
 
