@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -166,7 +166,9 @@ class _EnteredAhead:
     too, right after. ``__enter__`` waits for both and returns ``(value, then's
     result)``, re-raising their error on the caller's thread."""
 
-    def __init__(self, cm: Any, then: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self, cm: AbstractContextManager[Any], then: Callable[[Any], Any] | None = None
+    ) -> None:
         self._cm = cm
         self._entered = _helper_thread().submit(self._enter, then)
 

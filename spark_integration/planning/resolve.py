@@ -17,6 +17,7 @@ from sessionstore.process import this_process
 from spark_integration.conf.backend import CONF_PREFIX, StateBackend
 from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
 from spark_integration.conf.spark_session import conf_value, default_parallelism
+from spark_integration.coordinator.protocol import CoordinatorAddress
 from spark_integration.planning.rescale import located_backend
 
 __all__ = [
@@ -93,7 +94,9 @@ def partition_count(
     return PARTITIONS_PER_CORE * default_parallelism(spark)
 
 
-def operator_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
+def operator_coordinator(
+    df: Any, backend: StateBackend, name: str, num_partitions: int
+) -> CoordinatorAddress | None:
     """The address of this driver's coordinator (event time, state metrics) for ``name``
     (started on first use, see :mod:`spark_integration.coordinator.server`), for its
     tasks; None when it is turned off or cannot listen."""
