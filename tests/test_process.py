@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from sessionstore.process import SLOTS, Process, this_process
+from sessionstore.process import SLOTS, Process, reset_process, this_process
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -60,30 +60,53 @@ def test_a_forked_child_gets_empty_slots_and_keeps_the_parents_marks():
     parent = this_process()
     budget = parent.get_or_make("parallelism", dict)
     parent.mark("test_fork", "seen")
+
+    def child() -> tuple[bool, ...]:
+        own = this_process()
+        return (
+            own is not parent,
+            own.pid == os.getpid(),
+            own.get("parallelism") is None,
+            own.marked("test_fork", "seen"),
+            own.get_or_make("parallelism", dict) is not budget,
+        )
+
+    assert _in_child(child) == [1, 1, 1, 1, 1]
+    assert this_process() is parent and parent.get("parallelism") is budget
+    parent.forget("test_fork")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_reset_gives_the_process_a_new_owner_with_nothing_in_it():
+    def child() -> tuple[bool, ...]:  # in a child: the suite's owner stays as it is
+        before = this_process()
+        before.get_or_make("parallelism", dict)
+        before.mark("test_reset")
+        fresh = reset_process()
+        return (
+            fresh is this_process() is not before,
+            fresh.get("parallelism") is None,
+            not fresh.marked("test_reset"),
+        )
+
+    assert _in_child(child) == [1, 1, 1]
+
+
+def _in_child(check) -> list[int]:
+    """``check()``'s booleans, computed in a forked child."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: report what it sees, then leave without cleanup
+    if pid == 0:
         try:
-            child = this_process()
-            seen = (
-                child is not parent,
-                child.pid == os.getpid(),
-                child.get("parallelism") is None,
-                child.marked("test_fork", "seen"),
-                child.get_or_make("parallelism", dict) is not budget,
-            )
-            os.write(write, bytes(int(v) for v in seen))
+            os.write(write, bytes(int(v) for v in check()))
         finally:
             os._exit(0)
     os.close(write)
     try:
-        answer = os.read(read, 16)
+        return list(os.read(read, 64))
     finally:
         os.close(read)
         os.waitpid(pid, 0)
-    assert list(answer) == [1, 1, 1, 1, 1]
-    assert this_process() is parent and parent.get("parallelism") is budget
-    parent.forget("test_fork")
 
 
 def _module_globals(path: pathlib.Path) -> list[str]:
