@@ -33,6 +33,8 @@ T = TypeVar("T")
 SLOTS = {
     # one block cache and write-buffer manager for every database of the process
     "memory_budget": "sessionstore.engine.memory",
+    # the databases the process holds open (weakly), whose memory that budget counts
+    "open_databases": "sessionstore.engine.db",
     # the warm providers (open databases) and the handover server of the process
     "store_service": "sessionstore.checkpoint.service.store_service",
     # the driver's coordinator (event time, commit arbiter, metrics), on the driver
