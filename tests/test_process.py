@@ -37,6 +37,30 @@ def test_a_slot_is_made_once_and_a_failed_make_leaves_it_empty():
     assert process.get_or_make("coordinator", lambda: "started") == "started"
 
 
+def test_threads_racing_for_a_slot_get_the_one_object_made_once():
+    import threading
+    import time
+
+    process, made, got = Process(), [], []
+    start = threading.Barrier(8)
+
+    def make():
+        made.append(1)
+        time.sleep(0.05)  # the others arrive while it is being made
+        return object()
+
+    def race():
+        start.wait()
+        got.append(process.get_or_make("helper_thread", make))
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert made == [1] and len(got) == 8 and len({id(g) for g in got}) == 1
+
+
 def test_an_unknown_slot_is_refused_by_name():
     with pytest.raises(KeyError, match="no process-wide slot 'budget'.*'memory_budget'"):
         Process().get("budget")
