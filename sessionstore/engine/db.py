@@ -42,6 +42,7 @@ from rocksdict import (
 from sessionstore.engine.memory import check_memory_max_mb, current_budget, memory_budget
 from sessionstore.engine.write_buffer import MISSING, WriteBuffer
 from sessionstore.errors import SessionStoreError, StateDBLockedError, StateDBPathError
+from sessionstore.process import this_process
 
 __all__ = ["Database", "Participant", "META_CF", "FORMAT_VERSION", "process_native_memory"]
 
@@ -49,8 +50,11 @@ META_CF = "meta"
 FORMAT_VERSION = 1
 _FORMAT_KEY = b"format_version"
 
-#: The databases this process holds open, for :func:`process_native_memory`.
-_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+def _open_databases() -> weakref.WeakSet:
+    """The databases this process holds open, for :func:`process_native_memory`
+    (the process's ``open_databases`` slot: :mod:`sessionstore.process`)."""
+    return this_process().get_or_make("open_databases", weakref.WeakSet)
 
 
 def process_native_memory() -> int:
@@ -58,7 +62,7 @@ def process_native_memory() -> int:
     state costs outside Python's heap): the shared cache's usage, which holds their
     blocks and is charged with their memtables (:mod:`sessionstore.engine.memory`)."""
     budget = current_budget()
-    if budget is None or not _OPEN:
+    if budget is None or not _open_databases():
         return 0
     return budget.usage()
 
@@ -175,7 +179,7 @@ class Database:
         self._prepared: WriteBuffer | None = None
         self._write_options = WriteOptions()
         self._budget = memory_budget()
-        _OPEN.add(self)
+        _open_databases().add(self)
         if META_CF not in self._families:
             if read_only:
                 rdict.close()
@@ -293,7 +297,7 @@ class Database:
         self._participants.clear()
         self._release_families()
         rdict, self._rdict = self._rdict, None
-        _OPEN.discard(self)
+        _open_databases().discard(self)
         rdict.close()
         del rdict
 

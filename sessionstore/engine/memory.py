@@ -27,17 +27,18 @@ database and per family bookkeeping, table readers, the Python heap) is the fixe
 overhead documented in docs/internals.md.
 
 Created on first use, per process (PySpark forks its workers: a child makes its
-own). The budget is the process's: opening a database with another ``max_mb``
-resizes it for every database of the process.
+own), in the process's ``memory_budget`` slot (:mod:`sessionstore.process`). The
+budget is the process's: opening a database with another ``max_mb`` resizes it for
+every database of the process.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass
 
 from rocksdict import Cache, WriteBufferManager
+
+from sessionstore.process import this_process
 
 __all__ = [
     "MemoryBudget",
@@ -67,7 +68,6 @@ class MemoryBudget:
     max_mb: int
     cache: Cache
     write_buffers: WriteBufferManager
-    pid: int
 
     def usage(self) -> int:
         """Bytes the cache holds: data, index and filter blocks, and the memtables
@@ -86,33 +86,33 @@ class MemoryBudget:
         self.max_mb = max_mb
 
 
-_budget: MemoryBudget | None = None
-_lock = threading.Lock()
-
-
 def check_memory_max_mb(max_mb: object) -> None:
     """Raise ValueError unless ``max_mb`` is None or a positive int."""
     if max_mb is not None and (type(max_mb) is not int or max_mb < 1):
         raise ValueError(f"memory_max_mb must be a positive int (MiB), got {max_mb!r}")
 
 
+def _new_budget(size: int) -> MemoryBudget:
+    cache = Cache(size * _MB)
+    # allow_stall=False: a stall waits for flushes of other databases, which idle
+    # databases of this worker never start; the writer flushes instead
+    manager = WriteBufferManager.new_write_buffer_manager_with_cache(
+        int(size * _MB * WRITE_BUFFER_SHARE), False, cache
+    )
+    return MemoryBudget(size, cache, manager)
+
+
 def memory_budget(max_mb: int | None = None) -> MemoryBudget:
     """This process's budget, created on first use with ``max_mb`` (default
     :data:`DEFAULT_MEMORY_MAX_MB`); an existing one is resized when ``max_mb`` is
     given and differs, and kept as it is when ``max_mb`` is None."""
-    global _budget
     check_memory_max_mb(max_mb)
-    with _lock:
-        budget = _budget
-        if budget is None or budget.pid != os.getpid():
+    process = this_process()
+    with process.lock:
+        budget = process.get("memory_budget")
+        if budget is None:
             size = DEFAULT_MEMORY_MAX_MB if max_mb is None else max_mb
-            cache = Cache(size * _MB)
-            # allow_stall=False: a stall waits for flushes of other databases, which
-            # idle databases of this worker never start; the writer flushes instead
-            manager = WriteBufferManager.new_write_buffer_manager_with_cache(
-                int(size * _MB * WRITE_BUFFER_SHARE), False, cache
-            )
-            budget = _budget = MemoryBudget(size, cache, manager, os.getpid())
+            budget = process.get_or_make("memory_budget", lambda: _new_budget(size))
         elif max_mb is not None and max_mb != budget.max_mb:
             budget.resize(max_mb)
         return budget
@@ -120,5 +120,4 @@ def memory_budget(max_mb: int | None = None) -> MemoryBudget:
 
 def current_budget() -> MemoryBudget | None:
     """This process's budget if a database created it, else None."""
-    budget = _budget
-    return budget if budget is not None and budget.pid == os.getpid() else None
+    return this_process().get("memory_budget")

@@ -30,8 +30,9 @@ difference lives here:
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
+
+from sessionstore.process import this_process
 
 __all__ = [
     "ClassicSessionRequired",
@@ -52,9 +53,8 @@ PARALLELISM_CONF = "spark.default.parallelism"
 #: one row per partition for any cluster's default parallelism.
 _PROBE_ROWS = 1 << 20
 
-_lock = threading.Lock()
-_parallelism: dict[str, int] = {}  # Connect session id -> its cluster's cores
-_logged_no_coordinator = False
+#: The once-per-process event of :func:`can_coordinate` (:mod:`sessionstore.process`).
+NO_COORDINATOR_LOG = "no_coordinator"
 
 
 class ClassicSessionRequired(RuntimeError):
@@ -98,8 +98,9 @@ def default_parallelism(spark: Any) -> int:
     configured = spark.conf.get(PARALLELISM_CONF, None)
     if configured:
         return max(1, int(configured))
-    with _lock:
-        known = _parallelism.get(spark.session_id)
+    # Connect session id -> its cluster's cores, asked once per session and process
+    cache: dict[str, int] = this_process().get_or_make("parallelism", dict)
+    known = cache.get(spark.session_id)
     if known is None:
         from pyspark.sql import functions as F
 
@@ -107,9 +108,7 @@ def default_parallelism(spark: Any) -> int:
         # (spark.sql.leafNodeDefaultParallelism, if set, is the user's override)
         ids = spark.range(_PROBE_ROWS).select(F.spark_partition_id().alias("p"))
         last = ids.agg(F.max("p")).first()[0]
-        known = max(1, int(last) + 1)
-        with _lock:
-            _parallelism[spark.session_id] = known
+        known = cache[spark.session_id] = max(1, int(last) + 1)
     return known
 
 
@@ -117,12 +116,9 @@ def can_coordinate(spark: Any) -> bool:
     """Whether this process can run the driver's coordinator for ``spark``'s
     operators: a classic session's driver can; a Connect client cannot (logged once
     per process, the one line that says what the tasks do instead)."""
-    global _logged_no_coordinator
     if not is_connect(spark):
         return True
-    with _lock:
-        first, _logged_no_coordinator = not _logged_no_coordinator, True
-    if first:
+    if this_process().first_time(NO_COORDINATOR_LOG):
         log.info(
             "sessionstore: Spark Connect session: no event-time coordinator (it runs in "
             "the driver's Python, which a Connect client is not); tasks read event time "

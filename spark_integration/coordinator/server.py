@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import secrets
 import socket
 import threading
@@ -65,6 +64,7 @@ from sessionstore.checkpoint.records.event_time import durable_event_time, max_e
 from sessionstore.checkpoint.records.metrics import TASK_FIELDS
 from sessionstore.checkpoint.service.request_server import NO_REPLY, RequestServer
 from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
+from sessionstore.process import this_process
 from spark_integration.conf.spark_session import can_coordinate
 from spark_integration.coordinator.protocol import (
     ANSWER_TIMEOUT_S,
@@ -405,10 +405,6 @@ class Coordinator:
         return None if answer is None else signed_reply(token, nonce, {"event_time": answer[0]})
 
 
-_coordinator: tuple[int, Coordinator] | None = None
-_coordinator_lock = threading.Lock()
-
-
 def _claim_problem(body: dict[str, Any], num_partitions: int) -> str | None:
     """Why a claim (lineage.py's arbiter) is refused, or None: a partition of the
     operator, a version in range, commit ids as short strings."""
@@ -445,33 +441,33 @@ def coordinator_for(
     and return its address for the tasks; None when it is turned off
     (:data:`ENABLED_CONF`), cannot listen, or this process is not the driver (Spark
     Connect); then tasks read the durable records."""
-    global _coordinator
     if not can_coordinate(spark):
         return None
     conf = spark.sparkContext.getConf()
     enabled = spark.conf.get(ENABLED_CONF, conf.get(ENABLED_CONF, "true"))
     if str(enabled).strip().lower() in ("false", "0", "no"):
         return None
-    with _coordinator_lock:
-        if _coordinator is None or _coordinator[0] != os.getpid():
-            master = conf.get("spark.master", "")
-            host = conf.get("spark.driver.host", "127.0.0.1")
-            bind = conf.get("spark.driver.bindAddress", host)
-            if master.startswith("local[") or master == "local":
-                host = bind = "127.0.0.1"  # tasks run in this machine's processes
-            port = _port(spark.conf.get(PORT_CONF, conf.get(PORT_CONF, "0")))
-            try:
-                _coordinator = (os.getpid(), Coordinator(bind, port, advertise=host))
-            except OSError as exc:
-                log.warning(
-                    "sessionstore: no event-time coordinator on %s:%d (%s); every task "
-                    "reads the operator's event time from object storage", bind, port, exc,
-                )  # fmt: skip
-                return None
-        coordinator = _coordinator[1]
+    master = conf.get("spark.master", "")
+    host = conf.get("spark.driver.host", "127.0.0.1")
+    bind = conf.get("spark.driver.bindAddress", host)
+    if master.startswith("local[") or master == "local":
+        host = bind = "127.0.0.1"  # tasks run in this machine's processes
+    port = spark.conf.get(PORT_CONF, conf.get(PORT_CONF, "0"))  # checked when started
+
+    def start() -> Coordinator:
+        return Coordinator(bind, _port(port), advertise=host)
+
+    try:  # one per driver process, in its "coordinator" slot (sessionstore.process)
+        coordinator = this_process().get_or_make("coordinator", start)
+    except OSError as exc:
+        log.warning(
+            "sessionstore: no event-time coordinator on %s:%s (%s); every task "
+            "reads the operator's event time from object storage", bind, port, exc,
+        )  # fmt: skip
+        return None
     return coordinator.register(checkpoint_uri, operator, num_partitions, storage_options)
 
 
 def driver_coordinator() -> Coordinator | None:
     """This driver's coordinator, if one was started (tests, metrics)."""
-    return _coordinator[1] if _coordinator and _coordinator[0] == os.getpid() else None
+    return this_process().get("coordinator")

@@ -15,6 +15,7 @@ import pyarrow as pa
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle
 from sessionstore.operators.gc_pause import gc_paused
 from sessionstore.operators.sessions.model import ClosedSessions
+from sessionstore.stores.base import Store
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.names import TS
@@ -172,7 +173,7 @@ class AggregatorTask:
         """The spec of the operator's store."""
         raise NotImplementedError
 
-    def aggregator(self, store: Any) -> EventTimeAggregator:
+    def aggregator(self, store: Store) -> EventTimeAggregator:
         """The operator's aggregator over ``store``, the partition's store."""
         raise NotImplementedError
 

@@ -101,6 +101,7 @@ def with_state_metrics(
     out_schema: Any,
     name: str,
     outer: Callable[[ContextTask], Any] = SparkTask,
+    observe: bool | None = None,
 ) -> Any:
     """``df.mapInArrow(outer(task), out_schema)``; with :data:`~spark_integration.conf.names.METRICS_CONF` on, the
     tasks' metrics are also observed as ``sessionstore.<name>`` (see the module
@@ -108,11 +109,15 @@ def with_state_metrics(
     rows travel in the same batches). ``task`` runs one state partition; ``outer``
     makes the ``mapInArrow`` function of a Spark task from it: by default
     :class:`~spark_integration.execution.context.SparkTask` (a Spark task per state
-    partition), else one around several (:mod:`spark_integration.planning.placement`)."""
+    partition), else one around several (:mod:`spark_integration.planning.placement`).
+    ``observe``: whether the conf turns the metrics on, from the operator's conf
+    snapshot; None reads it here."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    if not metrics_enabled(df.sparkSession):
+    if observe is None:
+        observe = metrics_enabled(df.sparkSession)
+    if not observe:
         return df.mapInArrow(outer(task), out_schema)
 
     fields = [T.StructField(f.name, f.dataType, True) for f in out_schema.fields]

@@ -12,6 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessionstore.operators.sessions.model import ClosedSessions
+
 __all__ = ["OperatorOutput", "arrow_schema", "record_batch"]
 
 
@@ -41,7 +43,9 @@ class OperatorOutput:
         bounds = ([u.key for u in updates], [u.start for u in updates], [u.end for u in updates])
         return self._rows(*bounds, values, extra)
 
-    def from_closed(self, closed: Any, extra: dict[str, list[Any]] | None = None) -> pa.RecordBatch:
+    def from_closed(
+        self, closed: ClosedSessions, extra: dict[str, list[Any]] | None = None
+    ) -> pa.RecordBatch:
         """Sessions closed as columns (``ClosedSessions``: keys, starts, ends, and
         each aggregate's results, a list or an Arrow array) as output rows, with
         the ``extra`` columns given."""

@@ -10,12 +10,11 @@ is taken while the state loads (:func:`state_and_inputs`).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,6 +23,7 @@ import pyarrow as pa
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle
 from sessionstore.checkpoint.records.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.records.metrics import millis
+from sessionstore.process import this_process
 from sessionstore.stores.segments import operator_segment_interval
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
@@ -145,11 +145,9 @@ def partition_state(
             provider.do_maintenance()
 
 
-_helper: tuple[int, ThreadPoolExecutor] | None = None
-
-
 def _helper_thread() -> ThreadPoolExecutor:
-    """This process's helper thread (one, kept for the life of the Python worker).
+    """This process's helper thread (one, kept for the life of the Python worker,
+    in its ``helper_thread`` slot: :mod:`sessionstore.process`).
 
     Not a thread per task: ``Thread.start`` waits until the new thread runs, and
     then for the GIL, which the new thread holds through the Python part of taking
@@ -157,11 +155,9 @@ def _helper_thread() -> ThreadPoolExecutor:
     code"). A submit to a waiting thread returns at once. Recreated
     after a fork (PySpark forks its workers).
     """
-    global _helper
-    pid = os.getpid()
-    if _helper is None or _helper[0] != pid:
-        _helper = (pid, ThreadPoolExecutor(1, thread_name_prefix="sessionstore-take"))
-    return _helper[1]
+    return this_process().get_or_make(
+        "helper_thread", lambda: ThreadPoolExecutor(1, thread_name_prefix="sessionstore-take")
+    )
 
 
 class _EnteredAhead:
@@ -170,7 +166,9 @@ class _EnteredAhead:
     too, right after. ``__enter__`` waits for both and returns ``(value, then's
     result)``, re-raising their error on the caller's thread."""
 
-    def __init__(self, cm: Any, then: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self, cm: AbstractContextManager[Any], then: Callable[[Any], Any] | None = None
+    ) -> None:
         self._cm = cm
         self._entered = _helper_thread().submit(self._enter, then)
 

@@ -2,8 +2,9 @@
 the driver, in the order it runs: check the input and derive what both operators
 need from it (:func:`aggregate_input`: key and time columns, the parsed
 aggregations, the output fields), then plan the run
-(:meth:`AggregateInput.state_map`: backend and partition count resolved, the
-coordinator started, the task built and placed)."""
+(:meth:`AggregateInput.state_map`: the operator's conf snapshot taken, its
+backend and partition count resolved, the coordinator started, the task built and
+placed)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from spark_integration.execution.output import OperatorOutput
 from spark_integration.planning.aggregation_specs import parse_aggregations, value_type
 from spark_integration.planning.due_batches import with_due_batches
 from spark_integration.planning.input_columns import checked_fields, key_types, time_column
+from spark_integration.planning.operator_conf import operator_conf
 from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = ["AggregateInput", "aggregate_input"]
 
@@ -79,11 +80,11 @@ class AggregateInput:
         ``out_schema``: its backend and partition count resolved, its coordinator
         started, and tasks of ``task_class`` (the operator's own ``settings`` added to
         the common fields) run by :func:`~spark_integration.planning.placement.state_map`."""
-        backend, n = resolve(df, backend, num_partitions, name)
-        coordinator = operator_coordinator(df, backend, name, n)
-        task = self.task(task_class, out_schema, backend, n, name, coordinator, **settings)
-        selected = with_due_batches(self.selected, backend, name, n)
-        return state_map(selected, self.keys, n, task, out_schema, name)
+        conf = operator_conf(df, backend, num_partitions, name)
+        n = conf.partitions
+        task = self.task(task_class, out_schema, conf.backend, n, name, conf.coordinator, **settings)
+        selected = with_due_batches(self.selected, conf.backend, name, n, allowed=conf.due_batches)
+        return state_map(selected, self.keys, n, task, out_schema, name, conf)
 
     def task(
         self,

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.operators import SessionWindowAggregator, SessionWindows
+from sessionstore.stores.base import Store
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
@@ -124,7 +125,7 @@ class SessionizeTask(AggregatorTask):
         windows = SessionWindows(self.gap_ms, self.grace_ms)
         return StoreSpec("sessions", "session", windows.retention_ms)
 
-    def aggregator(self, store: Any) -> SessionWindowAggregator:
+    def aggregator(self, store: Store) -> SessionWindowAggregator:
         windows = SessionWindows(self.gap_ms, self.grace_ms)
         return SessionWindowAggregator(
             store,

@@ -22,37 +22,25 @@ makes Spark run that batch, without rows, when nothing else arrives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-import pyarrow as pa
-
-from sessionstore.operators.batch_paths.arrow_io import epoch_millis
+from sessionstore.checkpoint import StoreHandle
 from sessionstore.operators.temporal_join import TemporalJoin
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
 from spark_integration.conf.names import SIDE, TS
-from spark_integration.coordinator.protocol import CoordinatorAddress
-from spark_integration.execution.context import TaskContext
-from spark_integration.execution.inputs import deterministic_order, key_values, struct_values
-from spark_integration.execution.output import arrow_schema, record_batch
-from spark_integration.execution.partition_state import state_and_inputs
-from spark_integration.planning.due_batches import with_due_batches
-from spark_integration.planning.input_columns import (
-    checked_fields,
-    key_types,
-    tagged_union,
-    time_column,
-)
-from spark_integration.planning.placement import state_map
+from spark_integration.execution.join_task import JoinRows, JoinStep, JoinTask
+from spark_integration.operators.join_skeleton import join_state_map, join_task
+from spark_integration.planning.input_columns import checked_fields, time_column
 from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = ["temporal_join", "plan_temporal_join", "TemporalJoinTask"]
 
 _STREAM, _TABLE = "__ss_stream", "__ss_table"
-_TABLE_SIDE, _STREAM_SIDE = 0, 1  # their order in tagged_union
+_TABLE_SIDE, _STREAM_SIDE = 0, 1  # their order in the union
 
 
 def temporal_join(
@@ -74,12 +62,12 @@ def temporal_join(
     table value (table columns null). A table row whose value columns are all null
     is a delete.
     """
-    combined, task, out_schema = plan_temporal_join(
-        stream_df, table_df, key, stream_timestamp, table_timestamp, history_retention, how,
-        backend, name, num_partitions,
-    )  # fmt: skip
-    combined = with_due_batches(combined, task.backend, name, task.num_partitions)
-    return state_map(combined, task.keys, task.num_partitions, task, out_schema, name)
+    sides, keys, out_schema, settings = _checked(
+        stream_df, table_df, key, stream_timestamp, table_timestamp, history_retention, how
+    )
+    return join_state_map(
+        sides, keys, TemporalJoinTask, out_schema, backend, num_partitions, name, **settings
+    )
 
 
 def plan_temporal_join(
@@ -97,8 +85,30 @@ def plan_temporal_join(
 ) -> tuple[Any, TemporalJoinTask, Any]:
     """Check ``temporal_join``'s arguments and plan it: ``(the tagged union of both
     inputs, the task each state partition runs, the output schema)``; with
-    ``coordinated`` the driver's coordinator is started for the task (shared by
-    :func:`temporal_join` and ``bootstrap_temporal_join``)."""
+    ``coordinated`` the driver's coordinator is started for the task (False for
+    ``bootstrap_temporal_join``, which runs the task outside a query)."""
+    sides, keys, out_schema, settings = _checked(
+        stream_df, table_df, key, stream_timestamp, table_timestamp, history_retention, how
+    )
+    backend, n = resolve(stream_df, backend, num_partitions, name)
+    coordinator = operator_coordinator(stream_df, backend, name, n) if coordinated else None
+    combined, task = join_task(
+        sides, keys, TemporalJoinTask, out_schema, backend, n, name, coordinator, **settings
+    )
+    return combined, task, out_schema
+
+
+def _checked(
+    stream_df: Any,
+    table_df: Any,
+    key: str | Sequence[str],
+    stream_timestamp: str,
+    table_timestamp: str,
+    history_retention: str | int,
+    how: str,
+) -> tuple[list[tuple[Any, Any, list[str], str]], list[str], Any, dict[str, Any]]:
+    """``temporal_join``'s arguments checked: ``(its sides in side-number order,
+    the key columns, the output schema, the task's own settings)``."""
     from pyspark.sql import types as T
 
     if how not in ("inner", "left"):
@@ -119,105 +129,73 @@ def plan_temporal_join(
 
     stream_cols = list(s_fields)
     table_time, table_time_type = time_column(t_fields, table_timestamp)
-    combined = tagged_union(
-        keys,
-        [
-            (table_df, table_time, table_values, _TABLE),
-            (stream_df, time_column(s_fields, stream_timestamp)[0], stream_cols, _STREAM),
-        ],
-    )
-    backend, n = resolve(stream_df, backend, num_partitions, name)
-    # the coordinator takes metrics to the driver
-    coordinator = operator_coordinator(stream_df, backend, name, n) if coordinated else None
-    task = TemporalJoinTask(
-        backend=backend,
-        name=name,
-        num_partitions=n,
-        keys=keys,
+    sides = [  # in side-number order: _TABLE_SIDE, _STREAM_SIDE
+        (table_df, table_time, table_values, _TABLE),
+        (stream_df, time_column(s_fields, stream_timestamp)[0], stream_cols, _STREAM),
+    ]
+    settings = dict(
         retention_ms=retention_ms,
         how=how,
         stream_cols=stream_cols,
         table_values=table_values,
         renamed=renamed,
-        out_schema_json=out_schema.json(),
-        key_types=key_types(combined, keys),
-        coordinator=coordinator,
         # the table's versions are its rows' times: timestamps where its column is
         time_type="timestamp" if isinstance(table_time_type, T.TimestampType) else None,
     )
-    return combined, task, out_schema
+    return sides, keys, out_schema, settings
 
 
-@dataclass
-class TemporalJoinTask:
-    backend: StateBackend
-    name: str
-    num_partitions: int
-    keys: list[str]
+@dataclass(kw_only=True)
+class TemporalJoinTask(JoinTask):
     retention_ms: int
     how: str
     stream_cols: list[str]
     table_values: list[str]
     renamed: dict[str, str]
-    out_schema_json: str
-    key_types: list[str]
-    coordinator: CoordinatorAddress | None = None
     time_type: str | None = None
 
-    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
-        spec = StoreSpec("table", "versioned", self.retention_ms)
-        joined = []
-        with state_and_inputs(
-            self.backend,
-            self.name,
-            context,
-            [spec],
-            self.num_partitions,
-            batches,
-            shared_event_time=True,
-            key_types=self.key_types,
-            coordinator=self.coordinator,
-        ) as (handle, _, inputs, shared):
-            table = handle["table"]
-            # Every partition judges the batch by the operator's event time after
-            # the previous one (the largest table time any partition had), held
-            # through the batch: a row's fate then depends on its key's rows and
-            # that time only, never on which keys share its partition, so the
-            # output is the same at any partition count (and after a rescale).
-            if shared is not None:
-                table.advance_stream_time(shared)
-            join = TemporalJoin(
-                table, joiner=lambda s, t: (s, t), how=self.how, time_type=self.time_type
-            )
-            if inputs:
-                with table.stream_time_held():
-                    joined = self._join(
-                        join, deterministic_order(pa.Table.from_batches(inputs), [SIDE, TS])
-                    )
-            handle.note_event_time(table.observed_stream_time)
-            handle.note(late_dropped=join.dropped_records, emitted=len(joined))
-        if joined:
-            columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
-            for column in self.table_values:
-                columns[self.renamed[column]] = [
-                    None if t is None else t[column] for _, t in joined
-                ]
-            yield record_batch(arrow_schema(self.out_schema_json), columns)
+    #: table rows before stream rows: the answer then depends on event times only
+    order: ClassVar[tuple[str, ...]] = (SIDE, TS)
 
-    def _join(self, join: TemporalJoin, table: pa.Table) -> list:
-        sides = table.column(SIDE).to_pylist()
-        times = epoch_millis(table.column(TS))
-        keys = key_values(table, self.keys)
-        stream_rows = struct_values(table, _STREAM)
-        table_rows = struct_values(table, _TABLE)
+    def specs(self) -> list[StoreSpec]:
+        return [StoreSpec("table", "versioned", self.retention_ms)]
+
+    def step(
+        self, handle: StoreHandle, rows: JoinRows | None, shared: int | None, batch_id: int
+    ) -> JoinStep:
+        table = handle["table"]
+        # Every partition judges the batch by the operator's event time after
+        # the previous one (the largest table time any partition had), held
+        # through the batch: a row's fate then depends on its key's rows and
+        # that time only, never on which keys share its partition, so the
+        # output is the same at any partition count (and after a rescale).
+        if shared is not None:
+            table.advance_stream_time(shared)
+        join = TemporalJoin(
+            table, joiner=lambda s, t: (s, t), how=self.how, time_type=self.time_type
+        )
+        joined = []
+        if rows is not None:
+            with table.stream_time_held():
+                joined = self._join(join, rows)
+        return JoinStep(joined, table.observed_stream_time, join.dropped_records)
+
+    def columns(self, joined: list[Any]) -> dict[str, list[Any]]:
+        columns = {c: [s[c] for s, _ in joined] for c in self.stream_cols}
+        for column in self.table_values:
+            columns[self.renamed[column]] = [None if t is None else t[column] for _, t in joined]
+        return columns
+
+    def _join(self, join: TemporalJoin, rows: JoinRows) -> list:
+        sides, keys, times, values = rows
         # table rows first: the answer then depends on event times only
         for i, side in enumerate(sides):
             if side == _TABLE_SIDE and keys[i] is not None and times[i] is not None:
-                row = table_rows[i]
+                row = values[i]
                 deleted = row is None or all(v is None for v in row.values())
                 join.process_table(keys[i], None if deleted else row, times[i])
         stream = [i for i, side in enumerate(sides) if side == _STREAM_SIDE]
         results = join.process_streams(
-            [keys[i] for i in stream], [stream_rows[i] for i in stream], [times[i] for i in stream]
+            [keys[i] for i in stream], [values[i] for i in stream], [times[i] for i in stream]
         )  # one store read per key, not per stream row
         return [r.value for r in results if r is not None]

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from sessionstore.operators import TimeWindows, WindowAggregator
+from sessionstore.stores.base import Store
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
@@ -74,7 +75,7 @@ class _WindowTask(AggregatorTask):
         w = self.windows
         return StoreSpec("windows", "window", w.retention_ms, window_size_ms=w.size_ms)
 
-    def aggregator(self, store: Any) -> WindowAggregator:
+    def aggregator(self, store: Store) -> WindowAggregator:
         return WindowAggregator(
             store,
             self.windows,

@@ -19,32 +19,18 @@ rows, when nothing else arrives, as Spark runs one for its own join's eviction.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-
-from sessionstore.operators.batch_paths.arrow_io import epoch_millis
+from sessionstore.checkpoint import StoreHandle
 from sessionstore.operators.window_join import LEFT, RIGHT, WindowedJoin
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
-from spark_integration.conf.names import SIDE, TS
-from spark_integration.coordinator.protocol import CoordinatorAddress
-from spark_integration.execution.context import TaskContext
-from spark_integration.execution.inputs import deterministic_order, key_values, struct_values
-from spark_integration.execution.output import arrow_schema, record_batch
-from spark_integration.execution.partition_state import state_and_inputs
-from spark_integration.planning.due_batches import with_due_batches
-from spark_integration.planning.input_columns import (
-    checked_fields,
-    key_types,
-    tagged_union,
-    time_column,
-)
-from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import operator_coordinator, resolve
+from spark_integration.execution.join_task import JoinRows, JoinStep, JoinTask
+from spark_integration.operators.join_skeleton import join_state_map
+from spark_integration.planning.input_columns import checked_fields, time_column
 
 __all__ = ["window_join"]
 
@@ -79,87 +65,43 @@ def window_join(
         list(left_df.schema.fields)
         + [T.StructField(right_out[c], r_fields[c].dataType, True) for c in r_fields]
     )
-    left_ts, _ = time_column(l_fields, left_timestamp)
-    right_ts, _ = time_column(r_fields, right_timestamp)
-    combined = tagged_union(
-        keys,
-        [
-            (left_df, left_ts, list(l_fields), _LEFT),
-            (right_df, right_ts, list(r_fields), _RIGHT),
-        ],
-    )
-    backend, n = resolve(left_df, backend, num_partitions, name)
-    coordinator = operator_coordinator(left_df, backend, name, n)  # metrics to the driver
-    combined = with_due_batches(combined, backend, name, n)
-    task = _WindowJoinTask(
-        backend=backend,
-        name=name,
-        num_partitions=n,
-        keys=keys,
-        within_ms=within_ms,
-        grace_ms=grace_ms,
-        left_cols=list(l_fields),
-        right_out=right_out,
-        out_schema_json=out_schema.json(),
-        key_types=key_types(combined, keys),
-        coordinator=coordinator,
-    )
-    return state_map(combined, keys, n, task, out_schema, name)
+    sides = [
+        (left_df, time_column(l_fields, left_timestamp)[0], list(l_fields), _LEFT),
+        (right_df, time_column(r_fields, right_timestamp)[0], list(r_fields), _RIGHT),
+    ]
+    return join_state_map(
+        sides, keys, _WindowJoinTask, out_schema, backend, num_partitions, name,
+        within_ms=within_ms, grace_ms=grace_ms, left_cols=list(l_fields), right_out=right_out,
+    )  # fmt: skip
 
 
-@dataclass
-class _WindowJoinTask:
-    backend: StateBackend
-    name: str
-    num_partitions: int
-    keys: list[str]
+@dataclass(kw_only=True)
+class _WindowJoinTask(JoinTask):
     within_ms: int
     grace_ms: int
     left_cols: list[str]
     right_out: dict[str, str]
-    out_schema_json: str
-    key_types: list[str]
-    coordinator: CoordinatorAddress | None = None
 
-    def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
-        info = context.info
+    def specs(self) -> list[StoreSpec]:
         retention = WindowedJoin.retention_ms(self.within_ms, self.grace_ms)
-        specs = [
-            StoreSpec("left", "messages", retention),
-            StoreSpec("right", "messages", retention),
-        ]
-        pairs = []
-        with state_and_inputs(
-            self.backend,
-            self.name,
-            context,
-            specs,
-            self.num_partitions,
-            batches,
-            shared_event_time=True,
-            key_types=self.key_types,
-            coordinator=self.coordinator,
-        ) as (handle, _, inputs, shared):
-            join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
-            if shared is not None:
-                join.advance(shared)
-            if inputs:
-                table = deterministic_order(pa.Table.from_batches(inputs), [TS, SIDE])
-                pairs = self._join(join, table, info.batch_id)
-            handle.note_event_time(join.stream_time)
-            handle.note(late_dropped=join.dropped_records, emitted=len(pairs))
-        if pairs:
-            columns = {c: [p.value[0][c] for p in pairs] for c in self.left_cols}
-            for c, out in self.right_out.items():
-                columns[out] = [p.value[1][c] for p in pairs]
-            yield record_batch(arrow_schema(self.out_schema_json), columns)
+        return [StoreSpec("left", "messages", retention), StoreSpec("right", "messages", retention)]
 
-    def _join(self, join: WindowedJoin, table: pa.Table, batch_id: int) -> list:
-        n = table.num_rows
-        sides = [LEFT if s == 0 else RIGHT for s in table.column(SIDE).to_pylist()]
-        times = epoch_millis(table.column(TS))
-        keys = key_values(table, self.keys)
-        lefts, rights = struct_values(table, _LEFT), struct_values(table, _RIGHT)
-        values = [lefts[i] if sides[i] == LEFT else rights[i] for i in range(n)]
-        offsets = [batch_id * _OFFSET_STRIDE + i for i in range(n)]
-        return join.process_rows(sides, keys, times, values, offsets)
+    def step(
+        self, handle: StoreHandle, rows: JoinRows | None, shared: int | None, batch_id: int
+    ) -> JoinStep:
+        join = WindowedJoin(handle["left"], handle["right"], self.within_ms, self.grace_ms)
+        if shared is not None:
+            join.advance(shared)
+        pairs = [] if rows is None else self._join(join, rows, batch_id)
+        return JoinStep(pairs, join.stream_time, join.dropped_records)
+
+    def columns(self, joined: list[Any]) -> dict[str, list[Any]]:
+        columns = {c: [p.value[0][c] for p in joined] for c in self.left_cols}
+        for c, out in self.right_out.items():
+            columns[out] = [p.value[1][c] for p in joined]
+        return columns
+
+    def _join(self, join: WindowedJoin, rows: JoinRows, batch_id: int) -> list:
+        sides = [LEFT if s == 0 else RIGHT for s in rows.sides]
+        offsets = [batch_id * _OFFSET_STRIDE + i for i in range(len(sides))]
+        return join.process_rows(sides, rows.keys, rows.times, rows.values, offsets)

@@ -77,6 +77,7 @@ from spark_integration.conf.spark_session import is_connect
 
 __all__ = [
     "DUE_BATCHES_CONF",
+    "due_batches_allowed",
     "OFFSET_FIELD",
     "DueSourceUnrunnable",
     "DueTimes",
@@ -251,15 +252,21 @@ def driver_python_problem(spark: Any) -> str | None:
     )
 
 
-def _enabled(spark: Any, name: str) -> bool:
-    """Whether a due source may be added: Spark 4.2+, neither conf turned off, and a
+def due_batches_allowed(spark: Any) -> bool:
+    """Whether the confs allow a due source: neither :data:`DUE_BATCHES_CONF` nor
+    Spark's :data:`NO_DATA_CONF` turned off."""
+    return all(
+        str(spark.conf.get(key, "true")).strip().lower() not in ("false", "0", "no")
+        for key in (DUE_BATCHES_CONF, NO_DATA_CONF)
+    )
+
+
+def _enabled(spark: Any, name: str, allowed: bool) -> bool:
+    """Whether a due source may be added: Spark 4.2+, the confs ``allowed`` it, and a
     driver that can run it (else a warning says what the query loses and why)."""
     major, minor = (int(p) for p in spark.version.split(".")[:2])
-    if (major, minor) < (4, 2):
+    if (major, minor) < (4, 2) or not allowed:
         return False
-    for key in (DUE_BATCHES_CONF, NO_DATA_CONF):
-        if str(spark.conf.get(key, "true")).strip().lower() in ("false", "0", "no"):
-            return False
     problem = driver_python_problem(spark)
     if problem is not None:
         warnings.warn(
@@ -274,7 +281,7 @@ def _enabled(spark: Any, name: str) -> bool:
     return True
 
 
-def _decided(spark: Any, times: DueTimes) -> bool:
+def _decided(spark: Any, times: DueTimes, allowed: bool | None) -> bool:
     """Whether the operator's query reads a due source, decided once per checkpoint:
     Spark refuses to restart a query whose sources differ from those its checkpoint
     recorded. A checkpoint with the marker (:data:`DUE_BATCHES_MARKER`) keeps it; one
@@ -300,26 +307,36 @@ def _decided(spark: Any, times: DueTimes) -> bool:
             "next row); a new checkpoint gets them", times.name,
         )  # fmt: skip
         return False
-    if not _enabled(spark, times.name):
+    if allowed is None:
+        allowed = due_batches_allowed(spark)
+    if not _enabled(spark, times.name, allowed):
         return False
     storage.write_atomic(DUE_BATCHES_MARKER, b"1")
     return True
 
 
 def with_due_batches(
-    df: Any, backend: StateBackend, name: str, num_partitions: int, kind: type = DueTimes
+    df: Any,
+    backend: StateBackend,
+    name: str,
+    num_partitions: int,
+    kind: type = DueTimes,
+    *,
+    allowed: bool | None = None,
 ) -> Any:
     """``df`` (an operator's streaming input, before its shuffle) with the operator's
     due source unioned in (see the module doc); ``df`` itself for a batch input, on
     Spark before 4.2, with due batches turned off (:data:`DUE_BATCHES_CONF`) when
     the checkpoint is new, or for a checkpoint started without them. ``kind`` says
     when something is due: :class:`DueTimes` or a subclass (``DueTimers`` for
-    processor timers, spark_integration/planning/due_timers.py)."""
+    processor timers, spark_integration/planning/due_timers.py). ``allowed``: whether
+    the confs allow a due source, from the operator's conf snapshot
+    (:mod:`spark_integration.planning.operator_conf`); None reads them here."""
     spark = df.sparkSession
     if not df.isStreaming:
         return df
     times = kind(backend, name, num_partitions)
-    if not _decided(spark, times):
+    if not _decided(spark, times, allowed):
         return df
     source = _source_class(times, df.schema.json())
     spark.dataSource.register(source)

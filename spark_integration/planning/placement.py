@@ -24,7 +24,8 @@ groups separate state shards from parallelism:
   (:mod:`spark_integration.execution.state_server`), server ``p mod N``; with the defaults (``N = 2 × slots``, ``T`` = one per core)
   the tasks that run at the same time never share a server.
 
-``T`` (:data:`TASKS_CONF`): ``auto`` (the default) is ``P`` when ``P`` is at most
+``T`` (:data:`~spark_integration.planning.operator_conf.TASKS_CONF`, read with the
+operator's other conf keys): ``auto`` (the default) is ``P`` when ``P`` is at most
 the cluster's cores; else one task per core if that divides ``P``, else the
 largest divisor of ``P`` up to two per core if it gives every core a task, else
 ``P``; or a number dividing ``P``.
@@ -35,44 +36,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from spark_integration.conf.backend import CONF_PREFIX
 from spark_integration.conf.names import SHARD
-from spark_integration.conf.spark_session import default_parallelism
 from spark_integration.execution.context import ContextTask, SparkTask
-from spark_integration.execution.metrics import with_state_metrics
+from spark_integration.execution.metrics import metrics_enabled, with_state_metrics
 from spark_integration.execution.sharding import ShardedTask
 from spark_integration.execution.state_server import served
-from spark_integration.planning.resolve import PARTITIONS_PER_CORE
+from spark_integration.execution.state_server.config import server_count
+from spark_integration.planning.operator_conf import TASKS_CONF, OperatorConf, task_count
 
 __all__ = ["TASKS_CONF", "state_map", "task_count"]
-
-#: Spark conf key: Spark tasks per micro-batch of an operator (see the module doc).
-TASKS_CONF = CONF_PREFIX + "tasks"
-
-
-def task_count(spark: Any, partitions: int) -> int:
-    """Spark tasks per micro-batch for an operator of ``partitions`` state
-    partitions (:data:`TASKS_CONF`, see the module doc)."""
-    value = spark.conf.get(TASKS_CONF, "auto")
-    text = str(value).strip().lower()
-    if text not in ("auto", ""):
-        tasks = int(text) if text.isdigit() else 0
-        if tasks < 1 or partitions % tasks:
-            raise ValueError(
-                f"{TASKS_CONF} must be 'auto' or a positive divisor of the operator's "
-                f"{partitions} partitions, got {value!r}"
-            )
-        return tasks
-    cores = default_parallelism(spark)
-    if partitions <= cores:
-        return partitions
-    # a task per core: every task costs Spark a fixed share of a slot, more than a
-    # second task per core gains (BENCHMARKS.md, "Spark at scale", "Tasks per core":
-    # 4 partitions on 2 cores run closer to the floor in 2 tasks than in 4)
-    if partitions % cores == 0:
-        return cores
-    divisor = max(d for d in range(1, PARTITIONS_PER_CORE * cores + 1) if partitions % d == 0)
-    return divisor if divisor >= cores else partitions
 
 
 def state_map(
@@ -82,18 +54,28 @@ def state_map(
     task: ContextTask,
     out_schema: Any,
     name: str,
+    conf: OperatorConf | None = None,
 ) -> Any:
     """Run operator ``task`` over ``df`` hash-partitioned by ``keys`` into
-    ``partitions`` state partitions: in ``task_count`` Spark tasks, each state
+    ``partitions`` state partitions: in ``conf.tasks`` Spark tasks, each state
     partition in its state server (see the module doc); with the state metrics of
-    :func:`~spark_integration.execution.metrics.with_state_metrics`."""
+    :func:`~spark_integration.execution.metrics.with_state_metrics`. ``conf`` is
+    the operator's conf snapshot (:func:`~spark_integration.planning.operator_conf.operator_conf`);
+    without one, the session's conf is read here."""
     from pyspark.sql import functions as F
 
     spark = df.sparkSession
-    tasks = task_count(spark, partitions)
-    one = served(spark, task)
+    if conf is None:
+        tasks, servers, observe = (
+            task_count(spark, partitions), server_count(spark), metrics_enabled(spark)
+        )  # fmt: skip
+    else:
+        tasks, servers, observe = conf.tasks, conf.servers, conf.observe_metrics
+    one = served(task, servers)
     if tasks == partitions:
-        return with_state_metrics(df.repartition(partitions, *keys), one, out_schema, name)
+        return with_state_metrics(
+            df.repartition(partitions, *keys), one, out_schema, name, observe=observe
+        )
     routed = df.withColumn(SHARD, F.pmod(F.hash(*keys), F.lit(partitions)))
     return with_state_metrics(
         routed.repartition(tasks, *keys),
@@ -101,4 +83,5 @@ def state_map(
         out_schema,
         name,
         outer=lambda each: SparkTask(ShardedTask(each, partitions, tasks)),
+        observe=observe,
     )

@@ -13,9 +13,11 @@ from typing import Any
 from sessionstore.checkpoint.partition.lineage import warn_unfenced
 from sessionstore.checkpoint.partition.provider import recorded_partitions
 from sessionstore.checkpoint.storage.first_contact import reach
+from sessionstore.process import this_process
 from spark_integration.conf.backend import CONF_PREFIX, StateBackend
 from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
 from spark_integration.conf.spark_session import conf_value, default_parallelism
+from spark_integration.coordinator.protocol import CoordinatorAddress
 from spark_integration.planning.rescale import located_backend
 
 __all__ = [
@@ -92,7 +94,9 @@ def partition_count(
     return PARTITIONS_PER_CORE * default_parallelism(spark)
 
 
-def operator_coordinator(df: Any, backend: StateBackend, name: str, num_partitions: int) -> Any:
+def operator_coordinator(
+    df: Any, backend: StateBackend, name: str, num_partitions: int
+) -> CoordinatorAddress | None:
     """The address of this driver's coordinator (event time, state metrics) for ``name``
     (started on first use, see :mod:`spark_integration.coordinator.server`), for its
     tasks; None when it is turned off or cannot listen."""
@@ -103,7 +107,8 @@ def operator_coordinator(df: Any, backend: StateBackend, name: str, num_partitio
     )
 
 
-_warned_tcp = False
+#: The once-per-process event of :func:`warn_tcp_workers` (:mod:`sessionstore.process`).
+TCP_WARNING = "tcp_workers"
 
 
 def warn_tcp_workers(spark: Any) -> bool:
@@ -114,13 +119,13 @@ def warn_tcp_workers(spark: Any) -> bool:
     The setting is fixed when the SparkContext starts, so all we can do is say so.
     Returns whether it warned.
     """
-    global _warned_tcp
     major, minor = (int(p) for p in spark.version.split(".")[:2])
-    if _warned_tcp or (major, minor) < (4, 1):
+    if (major, minor) < (4, 1):
         return False
     if str(conf_value(spark, UNIX_SOCKET_CONF, "false")).lower() == "true":
         return False
-    _warned_tcp = True
+    if not this_process().first_time(TCP_WARNING):
+        return False
     warnings.warn(
         f"{UNIX_SOCKET_CONF} is off: every Python task of this query waits ~25 ms for "
         f"its input over TCP. Set it to true when building the SparkSession (see the "

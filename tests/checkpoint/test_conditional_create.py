@@ -18,6 +18,7 @@ from sessionstore.checkpoint.records.changelog import decode_changelog, encode_c
 from sessionstore.checkpoint.records.layout import changelog_name
 from sessionstore.checkpoint.storage import conditional_create
 from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
+from sessionstore.process import this_process
 from tests.checkpoint.test_lineage import commit, tags  # commit: no arbiter by default
 from tests.faults import pause_before_write
 from tests.object_stores import (
@@ -44,7 +45,7 @@ def counting_bucket(s3_counting_server):
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     """Forget the warnings this process already gave (one per process)."""
-    monkeypatch.setattr(conditional_create, "_warned", set())
+    this_process().forget(conditional_create.LOOK_BEFORE_WRITE_WARNING)
 
 
 def provider(location, local):

@@ -35,6 +35,7 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     import pytest
 
     import spark_integration.planning.resolve as planning
+    from sessionstore.process import this_process
     from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
 
     def session(version, conf):
@@ -43,7 +44,7 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
             version=version, sparkContext=SimpleNamespace(getConf=lambda: spark_conf)
         )
 
-    monkeypatch.setattr(planning, "_warned_tcp", False)
+    this_process().forget(planning.TCP_WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning here fails the test
         assert not planning.warn_tcp_workers(session("4.0.1", {}))  # 4.0 has no such setting
@@ -115,11 +116,12 @@ def test_a_store_that_cannot_fence_is_named_once_at_planning(s3_bucket, tmp_path
     import pytest
 
     from sessionstore.checkpoint.partition import lineage
+    from sessionstore.process import this_process
     from spark_integration import StateBackend
     from spark_integration.planning.resolve import resolve
 
     # once per process: start afresh
-    monkeypatch.setattr(lineage, "_unfenced_warned", set(), raising=False)
+    this_process().forget(lineage.UNFENCED_WARNING)
     session = fake_session()
     session.version = "4.0.1"
     df = SimpleNamespace(sparkSession=session)
@@ -140,3 +142,40 @@ def test_a_store_that_cannot_fence_is_named_once_at_planning(s3_bucket, tmp_path
     )
     assert "both publish it, the later replacing the other" in messages[0]
     assert "LineageError" in messages[0] and "sessionstore[s3]" in messages[0]
+
+
+def test_an_operator_reads_its_conf_once_into_one_frozen_snapshot(tmp_path):
+    """Planning reads every ``spark.sessionstore.*`` key an operator acts on once,
+    into one frozen OperatorConf that the rest of planning is given."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import pytest
+
+    from spark_integration import StateBackend
+    from spark_integration.coordinator.server import ENABLED_CONF
+    from spark_integration.execution.state_server.config import SERVERS_CONF
+    from spark_integration.planning.due_batches import DUE_BATCHES_CONF
+    from spark_integration.planning.operator_conf import TASKS_CONF, OperatorConf, operator_conf
+    from spark_integration.planning.resolve import PARTITIONS_CONF
+
+    session = fake_session(
+        {PARTITIONS_CONF: "4", TASKS_CONF: "2", SERVERS_CONF: "off", ENABLED_CONF: "false",
+         "spark.sessionstore.metrics.enabled": "true", DUE_BATCHES_CONF: "false"},
+        cores=8,
+    )  # fmt: skip
+    session.version = "4.0.1"
+    reads = []
+    read = session.conf.get
+    session.conf.get = lambda key, default=None: reads.append(key) or read(key, default)
+    backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
+    snapshot = operator_conf(SimpleNamespace(sparkSession=session), backend, None, "op")
+    assert snapshot == OperatorConf(
+        name="op", backend=backend, partitions=4, tasks=2, servers=0, observe_metrics=True,
+        due_batches=False, coordinator=None,
+    )  # fmt: skip
+    ours = [key for key in reads if key.startswith("spark.sessionstore.")]
+    assert sorted(ours) == sorted(set(ours))
+    assert {PARTITIONS_CONF, TASKS_CONF, SERVERS_CONF, DUE_BATCHES_CONF} <= set(ours)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.tasks = 4

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pytest
 
 from sessionstore.errors import StatefulProcessorError
+from sessionstore.process import this_process
 from spark_integration.execution import state_server as ss
 from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
@@ -364,7 +365,7 @@ def test_a_server_of_another_user_that_holds_the_name_is_sent_nothing(daemon, ca
     """A process of ``nobody`` binds the slot's name first: the worker checks its
     credentials after connecting, sends it no byte, says why in one line, and runs
     the task itself."""
-    monkeypatch.setattr(client, "_warned_unavailable", False)
+    this_process().forget(client.UNAVAILABLE_WARNING)
     address = protocol.server_address(client.daemon_pid(), 1, 0)
 
     def fake_server(ready):

@@ -71,6 +71,7 @@ from sessionstore.checkpoint.records.layout import changelog_name, read_changelo
 from sessionstore.checkpoint.storage.filesystem import Storage
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
+from sessionstore.process import this_process
 
 __all__ = [
     "COMMIT_FIELD",
@@ -312,7 +313,9 @@ def _claim(
             pause = min(pause * 2, _POLL_S[1])
 
 
-_unfenced_warned: set[str] = set()
+#: The once-per-process event of :func:`warn_unfenced`, by checkpoint location
+#: (:mod:`sessionstore.process`).
+UNFENCED_WARNING = "unfenced"
 
 
 def warn_unfenced(storage: Storage) -> bool:
@@ -321,9 +324,8 @@ def warn_unfenced(storage: Storage) -> bool:
     create: HDFS, other ``pyarrow.fs`` stores, S3 or GCS without their extra),
     naming the risk. Returns whether it warned."""
     gap = storage.fence_gap()
-    if gap is None or storage.location in _unfenced_warned:
+    if gap is None or not this_process().first_time(UNFENCED_WARNING, storage.location):
         return False
-    _unfenced_warned.add(storage.location)
     half = CLAIM_WAIT_S / 2
     warnings.warn(
         f"sessionstore: {storage.uri} cannot fence two attempts of one micro-batch at "

@@ -49,6 +49,7 @@ from sessionstore.checkpoint.partition.provider import StateStoreProvider
 from sessionstore.checkpoint.records.layout import owner_file
 from sessionstore.checkpoint.service.request_server import RefusalLog, RequestServer, same_user
 from sessionstore.errors import StateDBLockedError
+from sessionstore.process import this_process
 
 __all__ = ["StoreService"]
 
@@ -157,10 +158,6 @@ def _parse_path(buffer: bytearray) -> str | None:
 class StoreService:
     """The warm providers of this process. Use :meth:`instance`."""
 
-    _instance: StoreService | None = None
-    _instance_pid: int | None = None
-    _guard = threading.Lock()
-
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._entries_lock = threading.Lock()
@@ -181,11 +178,9 @@ class StoreService:
 
     @classmethod
     def instance(cls) -> StoreService:
-        """The service of this process (a forked child gets its own)."""
-        with cls._guard:
-            if cls._instance is None or cls._instance_pid != os.getpid():
-                cls._instance, cls._instance_pid = StoreService(), os.getpid()
-            return cls._instance
+        """The service of this process, in its ``store_service`` slot
+        (:mod:`sessionstore.process`: a forked child gets its own)."""
+        return this_process().get_or_make("store_service", cls)
 
     # ------------------------------------------------------------------ using
     @contextmanager

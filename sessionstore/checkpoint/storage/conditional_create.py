@@ -49,6 +49,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
+from sessionstore.process import this_process
+
 __all__ = ["ConditionalCreate", "ConditionalCreateUnsupported", "EXTRAS"]
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,8 @@ _GCS_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 #: version by now, or gone.
 Create = Callable[[str, bytes, "str | None"], bool]
 
-_lock = threading.Lock()
-_warned: set[str] = set()
+#: The once-per-process event of :func:`_warn_once`, by store (:mod:`sessionstore.process`).
+LOOK_BEFORE_WRITE_WARNING = "look_before_write"
 
 
 class ConditionalCreateUnsupported(NotImplementedError):
@@ -78,14 +80,10 @@ class ConditionalCreateUnsupported(NotImplementedError):
     (an S3-compatible store without ``If-None-Match``: 501, or a 400 naming the
     header): the fence looks before it writes there from then on."""
 
-_clients: dict[str, Any] = {}
-
 
 def _warn_once(key: str, uri: str, why: str, fix: str) -> None:
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
+    if not this_process().first_time(LOOK_BEFORE_WRITE_WARNING, key):
+        return
     log.warning(
         "sessionstore: %s, so a changelog on %s is published by looking before writing: "
         "two attempts of one batch whose uploads overlap can both pass the look and the "
@@ -226,9 +224,10 @@ def _s3_client(options: dict[str, Any]) -> Any:
     from botocore.config import Config
 
     key = json.dumps(options, sort_keys=True, default=str)
-    with _lock:
-        if key in _clients:
-            return _clients[key]
+    # options -> client, in the process's "s3_clients" slot (sessionstore.process)
+    clients: dict[str, Any] = this_process().get_or_make("s3_clients", dict)
+    if key in clients:
+        return clients[key]
 
     endpoint = options.get("endpoint_override") or None
     scheme = options.get("scheme") or "https"
@@ -270,8 +269,7 @@ def _s3_client(options: dict[str, Any]) -> Any:
         config=Config(**config),
         **keys,
     )
-    with _lock:
-        return _clients.setdefault(key, client)
+    return clients.setdefault(key, client)
 
 
 def _assumed_role(options: dict[str, Any]) -> Any:

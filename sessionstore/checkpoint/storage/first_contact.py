@@ -41,6 +41,7 @@ from sessionstore.checkpoint.storage.retry import (
     policy_from_options,
 )
 from sessionstore.errors import SessionStoreError
+from sessionstore.process import this_process
 
 __all__ = ["FIRST_CONTACT_SECONDS", "StoreUnreachableError", "first_contact_seconds", "reach"]
 
@@ -51,8 +52,9 @@ QUIET_SECONDS = 1.0
 #: The longest cause a message quotes from the client's error.
 _CAUSE_CHARS = 240
 
-_reached: set[tuple[str, tuple]] = set()
-_reached_lock = threading.Lock()
+#: The once-per-process event of a store reached, by location and options
+#: (:mod:`sessionstore.process`).
+REACHED = "store_reached"
 
 
 class StoreUnreachableError(SessionStoreError, OSError):
@@ -91,8 +93,8 @@ def reach(
     options = dict(storage_options or {})
     if _is_local(uri):
         return open_filesystem(uri, options)
-    key = (str(uri), tuple(sorted((k, str(v)) for k, v in options.items())))
-    if key in _reached:
+    key = repr((str(uri), tuple(sorted((k, str(v)) for k, v in options.items()))))
+    if this_process().marked(REACHED, key):
         return open_filesystem(uri, options)
     seconds = first_contact_seconds(options)
     storage = open_filesystem(uri, options)  # constructing a client sends nothing
@@ -125,8 +127,7 @@ def reach(
                 worker.join(left)
     elapsed = time.monotonic() - started
     if "ok" in outcome:
-        with _reached_lock:
-            _reached.add(key)
+        this_process().mark(REACHED, key)
         return storage
     error = outcome.get("error")
     if error is not None and (

@@ -19,12 +19,12 @@ import msgpack
 import pyarrow as pa
 
 from sessionstore.checkpoint.service.request_server import peer_credentials
+from sessionstore.process import this_process
 from spark_integration.execution.context import ContextTask, TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
     IO_TIMEOUT_S,
     SERVERS_PER_SLOT,
     START_TIMEOUT_S,
-    server_count,
 )
 from spark_integration.execution.state_server.protocol import (
     ACCEPTED,
@@ -54,14 +54,16 @@ class ForeignStateServer(OSError):
     was sent to it (the worker runs its task itself)."""
 
 
-def served(spark: Any, task: ContextTask) -> ContextTask:
-    """``task`` (an operator's task) run in its partition's state server, or
-    ``task`` itself when :data:`~.config.SERVERS_CONF` is off."""
-    count = server_count(spark)
+def served(task: ContextTask, count: int | None) -> ContextTask:
+    """``task`` (an operator's task) run in its partition's state server, of
+    ``count`` per executor (:func:`~.config.server_count`: None, each executor
+    decides), or ``task`` itself when the count is 0 (:data:`~.config.SERVERS_CONF`
+    is off)."""
     return task if count == 0 else ServedTask(task, count)
 
 
-_warned_unavailable = False
+#: The once-per-process event of a slot without a server (:mod:`sessionstore.process`).
+UNAVAILABLE_WARNING = "state_server_unavailable"
 
 
 @dataclass
@@ -89,7 +91,6 @@ class ServedTask:
     def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
         """``task``'s output, run as ``context`` in its partition's server (its
         metrics record sent back into ``context``), or here when there is none."""
-        global _warned_unavailable
         info = context.info
         count = self.count or SERVERS_PER_SLOT * (os.cpu_count() or 1)
         slot = info.partition % count
@@ -98,8 +99,7 @@ class ServedTask:
             try:
                 conn, pid = _accepted(slot, count, info, self._pickled())
             except OSError as error:
-                if not _warned_unavailable:
-                    _warned_unavailable = True
+                if this_process().first_time(UNAVAILABLE_WARNING):
                     log.warning(
                         "sessionstore: no state server for slot %d of %d (%s); tasks of "
                         "this worker keep their state in the worker", slot, count, error,

@@ -27,8 +27,8 @@ from spark_integration.operators.transform_with_state.task import NOW, Processor
 from spark_integration.planning.due_batches import with_due_batches
 from spark_integration.planning.due_timers import DueTimers
 from spark_integration.planning.input_columns import WATERMARK_DELAY_KEY, checked_fields, key_types
+from spark_integration.planning.operator_conf import operator_conf
 from spark_integration.planning.placement import state_map
-from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = [
     "transform_with_state",
@@ -179,8 +179,8 @@ def _transform(
     if event_time_column is not None:
         _check_event_time_column(event_time_column, out_schema, marked)
     columns, delay = _task_input(df, mode, fields, marked)
-    backend, n = resolve(df, backend, num_partitions, name)
-    coordinator = operator_coordinator(df, backend, name, n)
+    conf = operator_conf(df, backend, num_partitions, name)
+    backend, n = conf.backend, conf.partitions
     initial = None
     if initial_state is not None:
         checked_fields(initial_state, keys, "the initial state")
@@ -203,14 +203,14 @@ def _transform(
         schemas=dict(planning.schemas),
         initial=initial,
         key_types=key_types(df, keys),
-        coordinator=coordinator,
+        coordinator=conf.coordinator,
         pandas=pandas_conf(df.sparkSession) if api == "pandas" else None,
         event_time_column=event_time_column,
     )
     selected = df.select(*columns)
     if mode != "None":  # timers and TTL fire on a quiet stream too (due_timers.py)
-        selected = with_due_batches(selected, backend, name, n, DueTimers)
-    out = state_map(selected, keys, n, task, out_schema, name)
+        selected = with_due_batches(selected, backend, name, n, DueTimers, allowed=conf.due_batches)
+    out = state_map(selected, keys, n, task, out_schema, name, conf)
     if event_time_column is None:
         return out
     return _carry_event_time(out, event_time_column, marked[0][1])
