@@ -21,6 +21,7 @@ from sessionstore.checkpoint.offline.change import (
     begin_change,
     stage_database,
 )
+from sessionstore.checkpoint.partition.identity import CheckpointMismatchError
 from sessionstore.checkpoint.partition.load import VersionNotFoundError
 from sessionstore.checkpoint.records.layout import (
     BOOTSTRAP_FIELD,
@@ -41,13 +42,14 @@ ROWS = {0: {"a": 1, "b": 2}, 1: {"c": 3}}
 EVENT_TIME = 12_345
 
 
-def _stage(target, change_id, p, rows, scratch):
+def _stage(target, change_id, p, rows, scratch, key_types=None):
     """Stage partition ``p`` of ``target`` holding ``rows``, its state built as
-    batch 0 of a scratch checkpoint (as the Spark job builds it); ``(commit, the
-    scratch's _metadata)``."""
+    batch 0 of a scratch checkpoint (as the Spark job builds it, of keys of Spark
+    types ``key_types``); ``(commit, the scratch's _metadata)``."""
     provider = StateStoreProvider(
-        f"file://{scratch}/ck", "op", p, SPECS, str(scratch / "local"), num_partitions=2
-    )
+        f"file://{scratch}/ck", "op", p, SPECS, str(scratch / "local"), num_partitions=2,
+        key_types=key_types,
+    )  # fmt: skip
     handle = provider.get_store(0)
     for key, value in rows.items():
         handle["counts"].put(key, value)
@@ -59,7 +61,7 @@ def _stage(target, change_id, p, rows, scratch):
     return stage_database(target, p, snapshot, commit, change_id), metadata
 
 
-def _staged(uri, tmp_path, rows=ROWS, begun=None):
+def _staged(uri, tmp_path, rows=ROWS, begun=None, key_types=None):
     """A bootstrap of operator "op" of 2 partitions with ``rows``, staged, not
     committed (``begun``: its target and change id, else opened and begun now):
     ``(target, change id, commits, metadata)``."""
@@ -69,7 +71,8 @@ def _staged(uri, tmp_path, rows=ROWS, begun=None):
     target, change_id = begun
     commits, metadata = [], None
     for p, kept in rows.items():
-        commit, metadata = _stage(target, change_id, p, kept, tmp_path / f"scratch-{p}")
+        scratch = tmp_path / f"scratch-{p}"
+        commit, metadata = _stage(target, change_id, p, kept, scratch, key_types)
         commits.append(commit)
     return target, change_id, commits, check_metadata(target, metadata)
 
@@ -230,3 +233,20 @@ def test_a_change_begun_after_another_committed_keeps_its_staging(tmp_path, monk
         begin_change(second)
     assert finish_pending(uri, "op")["id"] == first[1]  # its staging is still there
     assert [_rows(uri, tmp_path, p)[0] for p in (0, 1)] == [ROWS[0], ROWS[1]]
+
+
+def test_a_query_whose_keys_spark_hashes_otherwise_is_refused(tmp_path):
+    uri = f"file://{tmp_path}/ckpt"
+    target, change_id, commits, metadata = _staged(uri, tmp_path, key_types=["integer"])
+    commit_bootstrap(target, change_id, commits, metadata, EVENT_TIME, {"events": 3})
+    # the stream's key column is a long: Spark routes its keys to other partitions
+    # than the history's ints, where their bootstrapped state is not
+    with pytest.raises(CheckpointMismatchError, match=r"\['integer'\].*\['long'\]"):
+        StateStoreProvider(
+            uri, "op", 0, SPECS, str(tmp_path / "q"), num_partitions=2, key_types=["long"]
+        )
+    same = StateStoreProvider(
+        uri, "op", 0, SPECS, str(tmp_path / "q"), num_partitions=2, key_types=["integer"]
+    )
+    assert {k: same.get_store(0)["counts"].get(k) for k in "ab"} == ROWS[0]
+    same.close()

@@ -279,9 +279,20 @@ class CheckpointIdentity:
 
     def _complete(self, recorded: dict[str, Any], where: str, num_partitions: int | None) -> None:
         """Check the partition count; record it and the key types where an earlier
-        writer did not."""
+        writer did not. A bootstrapped operator's key types must be the query's:
+        Spark hashes an int and a long key apart, so the query would route a key to
+        another partition than the one its bootstrapped state is in."""
         old_n = recorded.get("num_partitions")
         check_partition_count(where, old_n, num_partitions)
+        recorded_types = recorded.get(KEY_TYPES_FIELD)
+        if self.bootstrapped and None not in (recorded_types, self._key_types):
+            if recorded_types != self._key_types:
+                raise CheckpointMismatchError(
+                    f"{where} was bootstrapped from keys of Spark types {recorded_types}, but "
+                    f"this query's keys are {self._key_types}: Spark routes them to other "
+                    "partitions; bootstrap from a history whose key columns have the "
+                    "stream's types (docs/rewrite.md)"
+                )
         missing = {}
         if old_n is None and num_partitions is not None:
             missing["num_partitions"] = num_partitions
