@@ -34,6 +34,7 @@ from sessionstore.checkpoint.records.layout import (
     read_metadata,
     write_metadata,
 )
+from sessionstore.checkpoint.records.snapshot import CorruptSnapshotError
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.stores.spec import StoreSpec
 
@@ -250,3 +251,13 @@ def test_a_query_whose_keys_spark_hashes_otherwise_is_refused(tmp_path):
     )
     assert {k: same.get_store(0)["counts"].get(k) for k in "ab"} == ROWS[0]
     same.close()
+
+
+def test_a_corrupt_bootstrapped_snapshot_is_refused_not_read_as_empty(tmp_path):
+    uri = f"file://{tmp_path}/ckpt"
+    _bootstrap(uri, tmp_path)
+    part = open_filesystem(uri).child("op").child("0")
+    for name in part.list(FILES_DIR):
+        part.write_atomic(f"{FILES_DIR}/{name}", b"not what was committed")
+    with pytest.raises(CorruptSnapshotError, match="does not match its sha256"):
+        _rows(uri, tmp_path, 0)
