@@ -20,14 +20,18 @@ the next run), after it :func:`finish_pending` finishes it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+
+import msgpack
 
 from sessionstore.checkpoint.offline.change import (
     DEFAULT_QUIET_S,
     ChangeError,
     ChangeTarget,
     CheckpointBusyError,
+    abandon_change,
     check_idle,
     commit_change,
     finish_change,
@@ -37,6 +41,8 @@ from sessionstore.checkpoint.offline.change import (
 from sessionstore.checkpoint.partition.lineage import new_commit_id
 from sessionstore.checkpoint.records.layout import (
     BOOTSTRAP_FIELD,
+    CHANGE_FIELD,
+    CHANGES_DIR,
     CHECKPOINT_ID_FIELD,
     COMMIT_KEY,
     IDENTITY_KEY,
@@ -59,6 +65,8 @@ __all__ = [
     "version_zero",
     "check_metadata",
     "commit_bootstrap",
+    "moved_since_open",
+    "check_staged",
 ]
 
 #: The ``kind`` of a bootstrap's audit record.
@@ -111,7 +119,8 @@ def open_bootstrap(
     except FileNotFoundError:
         recorded = {}
     count = max(partitions, recorded.get("num_partitions") or 0)
-    target = ChangeTarget(uri, operator, {}, count, 0, storage_options)
+    # the _metadata read here: the commit point refuses one written since (moved_since_open)
+    target = ChangeTarget(uri, operator, recorded, count, 0, storage_options)
     held = committed_state(target)
     if held is not None:
         latest = {PartitionFiles(storage.child(str(p))).latest() for p in range(count)}
@@ -176,9 +185,54 @@ def check_metadata(target: ChangeTarget, metadata: dict[str, Any]) -> dict[str, 
     return {**{k: v for k, v in recorded.items() if k != CHECKPOINT_ID_FIELD}, **wanted}
 
 
-def _still_empty(target: ChangeTarget) -> str | None:
-    """What committed state appeared since ``target`` was checked (None: none)."""
-    return committed_state(target)
+def moved_since_open(seen: dict[str, Any]) -> Callable[[ChangeTarget], str | None]:
+    """What the operator shows, at the commit point, that it did not when
+    :func:`open_bootstrap` read ``_metadata`` as ``seen`` (None: nothing): committed
+    state, a change another command committed, or a ``_metadata`` written since (a
+    query started on the location: its partitions write it before they load the
+    empty version 0 and commit on top of it)."""
+
+    def moved(target: ChangeTarget) -> str | None:
+        held = committed_state(target)
+        if held is not None:
+            return held
+        try:
+            now = read_metadata(target.storage())
+        except FileNotFoundError:
+            now = {}
+        change = now.get(CHANGE_FIELD)
+        if change is not None:
+            return f"committed change {change.get('id')}, not applied"
+        if now.get(BOOTSTRAP_FIELD) is not None:
+            return f"bootstrapped by another run ({now[BOOTSTRAP_FIELD]})"
+        if now.get(CHECKPOINT_ID_FIELD) != seen.get(CHECKPOINT_ID_FIELD):
+            return (
+                f"its {METADATA} was written by a query that started on it (checkpoint id "
+                f"{seen.get(CHECKPOINT_ID_FIELD)} then, {now.get(CHECKPOINT_ID_FIELD)} now)"
+            )
+        return None
+
+    return moved
+
+
+def check_staged(target: ChangeTarget, change_id: str, commits: list[str]) -> None:
+    """Refuse (:class:`ChangeError`) a staging whose manifest of a partition names
+    another commit than ``commits`` (what the tasks whose output Spark used
+    staged): another attempt of that task (speculative, or a zombie) staged after
+    it. A partition not staged at all is left to the commit's own check."""
+    staged = target.storage().child(CHANGES_DIR).child(change_id)
+    for p, commit in enumerate(commits):
+        try:
+            manifest = msgpack.unpackb(staged.read(f"{p}.manifest"), raw=False)
+        except FileNotFoundError:
+            continue
+        found = manifest.get("commit") if isinstance(manifest, dict) else None
+        if found != commit:
+            raise ChangeError(
+                f"bootstrap {change_id} of {target.uri}/{target.operator}: partition {p} "
+                f"was staged by another attempt (commit {found}) than the one whose output "
+                f"was used (commit {commit}); nothing was committed: run it again"
+            )
 
 
 def commit_bootstrap(
@@ -191,10 +245,18 @@ def commit_bootstrap(
 ) -> dict[str, Any]:
     """Commit and apply the bootstrap ``change_id`` whose partitions are staged
     with ``commits``: ``_metadata`` becomes ``metadata`` with the bootstrap record
-    (the history's ``event_time``, which batch 0 starts from). Abandoned when a
-    partition committed since ``target`` was checked (a query started meanwhile)."""
-    record = {"event_time": event_time, "change": change_id}
+    (the history's ``event_time``, which batch 0 starts from, and ``commits``).
+    Abandoned when the operator moved since ``target`` was checked
+    (:func:`moved_since_open`: a query or another bootstrap started meanwhile), or
+    when a partition's staging is not the commit given (:func:`check_staged`)."""
+    moved = moved_since_open(target.metadata)
+    try:
+        check_staged(target, change_id, commits)
+    except BaseException:
+        abandon_change(target, change_id)
+        raise
+    # the commits: a load of version 0 refuses a snapshot that holds another one
+    record = {"event_time": event_time, "change": change_id, "commits": list(commits)}
     target = replace(target, metadata={**metadata, BOOTSTRAP_FIELD: record})
-    return commit_change(
-        target, change_id, commits, {"kind": BOOTSTRAP_KIND, **audit}, moved=_still_empty
-    )
+    audit = {"kind": BOOTSTRAP_KIND, **audit}
+    return commit_change(target, change_id, commits, audit, moved=moved)

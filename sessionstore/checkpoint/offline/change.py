@@ -381,8 +381,17 @@ def _check_unchanged(
 
 def begin_change(target: ChangeTarget) -> str:
     """A new change id for ``target``, the staging a run that died before its
-    commit point left deleted first (step 2 begins)."""
+    commit point left deleted first (step 2 begins). Refused
+    (:class:`CheckpointBusyError`) when a change is committed and not applied: it
+    was committed after this one was checked, and its staging is what applies it."""
     storage = target.storage()
+    pending = pending_change(storage)
+    if pending is not None:
+        raise CheckpointBusyError(
+            f"{target.uri}/{target.operator}: change {pending.get('id')} is committed and "
+            "not applied (another command committed it after this one was checked); "
+            "nothing was changed: run this command again, which finishes it first"
+        )
     for leftover in storage.list_dirs(CHANGES_DIR):
         storage.delete_dir(f"{CHANGES_DIR}/{leftover}")
     return uuid.uuid4().hex

@@ -179,8 +179,10 @@ class CheckpointIdentity:
         operator_id: str,
         key_types: list[str] | None,
         allow_pickle: bool = False,
+        partition: int | None = None,
     ) -> None:
         self._operator, self._remote, self._files = operator, remote, files
+        self._partition = partition
         self._operator_id = operator_id
         self._allow_pickle = allow_pickle
         #: Spark types of the key columns the operator partitions by, recorded in
@@ -194,6 +196,9 @@ class CheckpointIdentity:
         self.initial_event_time: int | None = None
         #: version 0 was bootstrapped: it is its snapshot, never the empty state
         self.bootstrapped = False
+        #: the commit the bootstrap staged as this partition's version 0 (None: not
+        #: bootstrapped, or the partition is not known): its snapshot must hold it
+        self.bootstrap_commit: str | None = None
         #: the specs and partition count :meth:`check` was given (for :meth:`confirm`)
         self._wanted: tuple[list[StoreSpec], int | None] = ([], None)
 
@@ -225,6 +230,9 @@ class CheckpointIdentity:
         bootstrap = None if recorded is None else recorded.get(BOOTSTRAP_FIELD)
         self.bootstrapped = bootstrap is not None
         self.initial_event_time = None if bootstrap is None else bootstrap.get("event_time")
+        commits = None if bootstrap is None else bootstrap.get("commits")
+        known = isinstance(commits, list) and self._partition in range(len(commits))
+        self.bootstrap_commit = commits[self._partition] if known else None
         if recorded is None:
             if self._files.latest():
                 # _metadata is written first when a checkpoint is born and last by
@@ -271,9 +279,20 @@ class CheckpointIdentity:
 
     def _complete(self, recorded: dict[str, Any], where: str, num_partitions: int | None) -> None:
         """Check the partition count; record it and the key types where an earlier
-        writer did not."""
+        writer did not. A bootstrapped operator's key types must be the query's:
+        Spark hashes an int and a long key apart, so the query would route a key to
+        another partition than the one its bootstrapped state is in."""
         old_n = recorded.get("num_partitions")
         check_partition_count(where, old_n, num_partitions)
+        recorded_types = recorded.get(KEY_TYPES_FIELD)
+        if self.bootstrapped and None not in (recorded_types, self._key_types):
+            if recorded_types != self._key_types:
+                raise CheckpointMismatchError(
+                    f"{where} was bootstrapped from keys of Spark types {recorded_types}, but "
+                    f"this query's keys are {self._key_types}: Spark routes them to other "
+                    "partitions; bootstrap from a history whose key columns have the "
+                    "stream's types (docs/rewrite.md)"
+                )
         missing = {}
         if old_n is None and num_partitions is not None:
             missing["num_partitions"] = num_partitions

@@ -265,7 +265,10 @@ class PartitionLoader:
                 continue
             with restore_scratch(self._local) as tmp:  # removed after, also on errors
                 try:
-                    self._rebuild(database_in(tmp), base, version, base in snapshots)
+                    # a snapshot 0 is version 0 only where _metadata says it was
+                    # bootstrapped (else a leftover of an earlier incarnation)
+                    from_snapshot = base in snapshots and (base or self._identity.bootstrapped)
+                    self._rebuild(database_in(tmp), base, version, bool(from_snapshot))
                 except _UnusableSnapshot as unusable:
                     skipped.append(f"snapshot {base}: {unusable.cause}")
                     first = first or unusable.cause
@@ -334,6 +337,15 @@ class PartitionLoader:
         if manifest is not None and manifest.get(COMMIT_FIELD) not in (None, commit_of(db)):
             raise _UnusableSnapshot(
                 LineageError(where, base, manifest.get(COMMIT_FIELD), commit_of(db))
+            )
+        bootstrapped = self._identity.bootstrap_commit
+        if base == 0 and bootstrapped is not None and commit_of(db) != bootstrapped:
+            raise _UnusableSnapshot(
+                SessionStoreError(
+                    f"{where} holds commit {commit_of(db)}, but version 0 was bootstrapped "
+                    f"as commit {bootstrapped} (its _metadata): a snapshot of another "
+                    "checkpoint or attempt is never loaded as this one's"
+                )
             )
         # a manifest another incarnation's late upload wrote (its pre-publish check
         # passed, then its retried PUT landed after a reset) names a commit the

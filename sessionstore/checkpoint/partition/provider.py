@@ -129,8 +129,9 @@ class StateStoreProvider:
         self._remote: Storage = self._operator.child(str(partition_id))
         self._files = PartitionFiles(self._remote)
         identity = self._identity = CheckpointIdentity(
-            self._operator, self._remote, self._files, operator_id, key_types, allow_pickle
-        )
+            self._operator, self._remote, self._files, operator_id, key_types, allow_pickle,
+            partition_id,
+        )  # fmt: skip
         self.store_specs = identity.check(list(store_specs), num_partitions)
         local = LocalPartition(local_dir, operator_id, partition_id)
         self._local_db_path = local.db
