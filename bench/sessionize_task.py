@@ -2,7 +2,7 @@
 
 The 4-partition Spark benchmark (``bench/spark_sessionize.py``) times Spark and
 our tasks together on a shared machine; this one runs only the tasks, in one
-process, exactly as Spark's Python workers run them (``_SessionizeTask.run``: load
+process, exactly as Spark's Python workers run them (``SessionizeTask.run``: load
 the partition's version, advance to the shared event time read from the durable
 records, process the rows, commit to a ``file://`` checkpoint, build the output
 batches), and sums their CPU time (``time.process_time``). The input is the
@@ -73,7 +73,7 @@ def make_task(folder: str, partitions: int, aggregates: bool):
 
     from spark_integration.conf.backend import StateBackend
     from spark_integration.execution.output import OperatorOutput
-    from spark_integration.operators.sessionize import _SessionizeTask
+    from spark_integration.operators.sessionize import SessionizeTask
     from spark_integration.planning.aggregation_specs import parse_aggregations, value_type
 
     fields = {
@@ -93,7 +93,7 @@ def make_task(folder: str, partitions: int, aggregates: bool):
         T.StructType(out_fields).json(), ["user"], plan, True, "session_start", "session_end"
     )
     backend = StateBackend(f"file://{folder}/state", local_dir=f"{folder}/local")
-    return _SessionizeTask(
+    return SessionizeTask(
         backend=backend, name="sessionize", num_partitions=partitions, value_cols=value_cols,
         emit="final", aggregation=aggregation, output=output, key_types=["string"],
         gap_ms=GAP, grace_ms=GRACE,

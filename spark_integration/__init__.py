@@ -2,6 +2,7 @@
 
 from spark_integration.conf.backend import StateBackend
 from spark_integration.coordinator.metrics_listener import StateMetricsListener, log_state_metrics
+from spark_integration.operators.bootstrap import bootstrap_sessionize, bootstrap_temporal_join
 from spark_integration.operators.repartition import repartition_state
 from spark_integration.operators.rewrite import rewrite_state
 from spark_integration.operators.sessionize import SessionAggregation, sessionize
@@ -26,4 +27,6 @@ __all__ = [
     "StateMetricsListener",
     "repartition_state",
     "rewrite_state",
+    "bootstrap_sessionize",
+    "bootstrap_temporal_join",
 ]

@@ -225,6 +225,8 @@ def state_and_inputs(
     if shared_event_time:
 
         def then(entered: tuple[StoreHandle, StateStoreProvider]) -> int | None:
+            if info.batch_id == 0:  # the history's, when version 0 was bootstrapped
+                return entered[1].initial_event_time
             storage = entered[1].operator_storage
             return event_time_after(
                 coordinator, storage, info.run, info.batch_id - 1, num_partitions

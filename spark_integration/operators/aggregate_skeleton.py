@@ -80,20 +80,35 @@ class AggregateInput:
         started, and tasks of ``task_class`` (the operator's own ``settings`` added to
         the common fields) run by :func:`~spark_integration.planning.placement.state_map`."""
         backend, n = resolve(df, backend, num_partitions, name)
-        task = task_class(
+        coordinator = operator_coordinator(df, backend, name, n)
+        task = self.task(task_class, out_schema, backend, n, name, coordinator, **settings)
+        selected = with_due_batches(self.selected, backend, name, n)
+        return state_map(selected, self.keys, n, task, out_schema, name)
+
+    def task(
+        self,
+        task_class: type[AggregatorTask],
+        out_schema: Any,
+        backend: StateBackend,
+        num_partitions: int,
+        name: str,
+        coordinator: Any = None,
+        **settings: Any,
+    ) -> AggregatorTask:
+        """The task of operator ``name`` that each state partition runs (what
+        :meth:`state_map` runs, and a bootstrap runs over a history)."""
+        return task_class(
             backend=backend,
             name=name,
-            num_partitions=n,
+            num_partitions=num_partitions,
             value_cols=self.value_cols,
             aggregation=self.aggregation,
             output=self.output(out_schema),
             key_types=key_types(self.selected, self.keys),
-            coordinator=operator_coordinator(df, backend, name, n),
+            coordinator=coordinator,
             bounded=self.bounded,
             **settings,
         )
-        selected = with_due_batches(self.selected, backend, name, n)
-        return state_map(selected, self.keys, n, task, out_schema, name)
 
 
 def aggregate_input(

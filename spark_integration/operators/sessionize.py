@@ -31,11 +31,17 @@ from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
 from spark_integration.execution.aggregator_task import AggregatorTask, Emitted
-from spark_integration.operators.aggregate_skeleton import aggregate_input
+from spark_integration.operators.aggregate_skeleton import AggregateInput, aggregate_input
 from spark_integration.planning.aggregation_specs import SessionAggregation
 from spark_integration.planning.input_columns import grace_ms
 
-__all__ = ["sessionize", "SessionAggregation"]
+__all__ = [
+    "sessionize",
+    "SessionAggregation",
+    "SessionizePlan",
+    "SessionizeTask",
+    "plan_sessionize",
+]
 
 
 def sessionize(
@@ -65,6 +71,34 @@ def sessionize(
     one (``withWatermark``), else 0: a session is final once the event time passes
     its last event + gap + grace, and later rows for it are dropped.
     """
+    planned = plan_sessionize(df, key, timestamp, gap, grace, aggregations, emit)
+    return planned.input.state_map(
+        df, SessionizeTask, planned.out_schema, backend, num_partitions, name,
+        **planned.settings,
+    )  # fmt: skip
+
+
+@dataclass
+class SessionizePlan:
+    """What ``sessionize`` derives from its arguments, before any state: its
+    input, output schema and the settings of its task."""
+
+    input: AggregateInput
+    out_schema: Any
+    settings: dict[str, Any]
+
+
+def plan_sessionize(
+    df: Any,
+    key: str | Sequence[str],
+    timestamp: str,
+    gap: str | int,
+    grace: str | int | None = None,
+    aggregations: Mapping[str, Any] | None = None,
+    emit: str = "final",
+) -> SessionizePlan:
+    """Check ``sessionize``'s arguments against ``df`` and plan it (shared by
+    :func:`sessionize` and ``bootstrap_sessionize``, so both build the same task)."""
     from pyspark.sql import types as T
 
     if emit not in ("final", "update"):
@@ -75,15 +109,12 @@ def sessionize(
     out_fields = list(plan.out_fields)
     if emit == "update":
         out_fields.append(T.StructField("change", T.StringType()))
-    out_schema = T.StructType(out_fields)
     settings = {"gap_ms": gap_ms, "grace_ms": grace, "emit": emit}
-    return plan.state_map(
-        df, _SessionizeTask, out_schema, backend, num_partitions, name, **settings
-    )
+    return SessionizePlan(plan, T.StructType(out_fields), settings)
 
 
 @dataclass
-class _SessionizeTask(AggregatorTask):
+class SessionizeTask(AggregatorTask):
     """What each task runs: picklable, so it ships to the executors."""
 
     gap_ms: int

@@ -49,7 +49,7 @@ from spark_integration.planning.input_columns import (
 from spark_integration.planning.placement import state_map
 from spark_integration.planning.resolve import operator_coordinator, resolve
 
-__all__ = ["temporal_join"]
+__all__ = ["temporal_join", "plan_temporal_join", "TemporalJoinTask"]
 
 _STREAM, _TABLE = "__ss_stream", "__ss_table"
 _TABLE_SIDE, _STREAM_SIDE = 0, 1  # their order in tagged_union
@@ -74,6 +74,31 @@ def temporal_join(
     table value (table columns null). A table row whose value columns are all null
     is a delete.
     """
+    combined, task, out_schema = plan_temporal_join(
+        stream_df, table_df, key, stream_timestamp, table_timestamp, history_retention, how,
+        backend, name, num_partitions,
+    )  # fmt: skip
+    combined = with_due_batches(combined, task.backend, name, task.num_partitions)
+    return state_map(combined, task.keys, task.num_partitions, task, out_schema, name)
+
+
+def plan_temporal_join(
+    stream_df: Any,
+    table_df: Any,
+    key: str | Sequence[str],
+    stream_timestamp: str,
+    table_timestamp: str,
+    history_retention: str | int,
+    how: str = "inner",
+    backend: StateBackend | None = None,
+    name: str = "temporal_join",
+    num_partitions: int | None = None,
+    coordinated: bool = True,
+) -> tuple[Any, TemporalJoinTask, Any]:
+    """Check ``temporal_join``'s arguments and plan it: ``(the tagged union of both
+    inputs, the task each state partition runs, the output schema)``; with
+    ``coordinated`` the driver's coordinator is started for the task (shared by
+    :func:`temporal_join` and ``bootstrap_temporal_join``)."""
     from pyspark.sql import types as T
 
     if how not in ("inner", "left"):
@@ -102,8 +127,9 @@ def temporal_join(
         ],
     )
     backend, n = resolve(stream_df, backend, num_partitions, name)
-    coordinator = operator_coordinator(stream_df, backend, name, n)  # metrics to the driver
-    task = _TemporalJoinTask(
+    # the coordinator takes metrics to the driver
+    coordinator = operator_coordinator(stream_df, backend, name, n) if coordinated else None
+    task = TemporalJoinTask(
         backend=backend,
         name=name,
         num_partitions=n,
@@ -119,12 +145,11 @@ def temporal_join(
         # the table's versions are its rows' times: timestamps where its column is
         time_type="timestamp" if isinstance(table_time_type, T.TimestampType) else None,
     )
-    combined = with_due_batches(combined, backend, name, n)
-    return state_map(combined, keys, n, task, out_schema, name)
+    return combined, task, out_schema
 
 
 @dataclass
-class _TemporalJoinTask:
+class TemporalJoinTask:
     backend: StateBackend
     name: str
     num_partitions: int

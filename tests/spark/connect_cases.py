@@ -77,6 +77,30 @@ def _backend(folder: Path) -> Any:
     return StateBackend(f"file://{folder}/state", local_dir=str(folder / "local"))
 
 
+#: ``sessionize_case``'s arguments (its ``backend`` apart)
+SESSIONS = {
+    "key": "user", "timestamp": "ts", "gap": "5 seconds",
+    "aggregations": {"n": "count", "spent": ("sum", "amount"), "entry": ("first", "amount")},
+}  # fmt: skip
+
+
+def bootstrap_case(spark: Any, folder: Path) -> dict:
+    """``bootstrap_sessionize`` from the first batch of ``sessionize_case``'s
+    events, then the query on the rest: its output (equal to ``sessionize_case``'s)
+    and what the bootstrap returned."""
+    from spark_integration import bootstrap_sessionize, sessionize
+
+    batches = _events(1)
+    history = spark.createDataFrame(batches[0], EVENTS)
+    done = bootstrap_sessionize(history, **SESSIONS, backend=_backend(folder))
+    with without_due_batches(spark):
+        output = _one_stream(
+            spark, folder, batches[1:],
+            lambda stream: sessionize(stream, **SESSIONS, backend=_backend(folder)),
+        )  # fmt: skip
+    return {"output": output, "done": done}
+
+
 def sessionize_case(spark: Any, folder: Path) -> dict:
     """A sessionize query with ``log_state_metrics`` on (its ``output`` and the
     ``metrics`` lines up to the first timing, which varies from run to run), then
@@ -86,10 +110,7 @@ def sessionize_case(spark: Any, folder: Path) -> dict:
     from spark_integration import log_state_metrics, sessionize
 
     def build(stream):
-        return sessionize(
-            stream, key="user", timestamp="ts", gap="5 seconds", backend=_backend(folder),
-            aggregations={"n": "count", "spent": ("sum", "amount"), "entry": ("first", "amount")},
-        )  # fmt: skip
+        return sessionize(stream, **SESSIONS, backend=_backend(folder))
 
     lines: list[str] = []
     listener = log_state_metrics(spark, out=lines.append)
@@ -400,6 +421,7 @@ CASES: dict[str, Callable[[Any, Path], dict]] = {
     "quiet_sessionize": quiet_sessionize_case,
     "available_now_sessionize": available_now_sessionize_case,
     "sessionize": sessionize_case,
+    "bootstrap": bootstrap_case,
     "window_aggregate": window_aggregate_case,
     "temporal_join": temporal_join_case,
     "window_join": window_join_case,

@@ -240,3 +240,16 @@ def test_a_restart_with_another_count_rescales_over_connect(results):
     [line] = [line for line in results["log"] if "planning.rescale" in line]
     assert line.startswith("WARNING spark_integration.planning.rescale: sessionstore rescaled")
     assert "from 4 to 3 partitions at version 2" in line
+
+
+def test_bootstrap_sessionize_runs_through_the_connect_session(results):
+    """The bootstrap job runs as DataFrames of the Connect session; bootstrapped
+    from the first batch and fed the rest, the query emits what the query run from
+    the start emits, on both kinds of session."""
+    for side in ("cases", "classic"):
+        case = results[side]["bootstrap"]
+        assert case["error"] is None, case["error"]
+        done = case["result"]["done"]
+        assert (done["version"], done["partitions"], done["events"]) == (0, 2, 25)
+        full = results[side]["sessionize"]["result"]["output"]
+        assert case["result"]["output"] == full and len(full["rows"]) > 3

@@ -105,6 +105,7 @@ __all__ = [
     "run_change",
     "begin_change",
     "stage_partition",
+    "stage_database",
     "abandon_change",
     "commit_change",
     "finish_change",
@@ -364,9 +365,12 @@ def moved_since(target: ChangeTarget) -> str | None:
     return None
 
 
-def _check_unchanged(target: ChangeTarget) -> None:
-    """Refuse the commit point when any partition committed since ``target`` was read."""
-    seen = moved_since(target)
+def _check_unchanged(
+    target: ChangeTarget, moved: Callable[[ChangeTarget], str | None] = moved_since
+) -> None:
+    """Refuse the commit point when any partition committed since ``target`` was read
+    (``moved``: what the checkpoint shows instead, None when nothing moved)."""
+    seen = moved(target)
     if seen is not None:
         raise CheckpointBusyError(
             f"{target.uri}/{target.operator} was committed to while the change ran (it "
@@ -398,19 +402,34 @@ def stage_partition(
         return _stage_partition(target, partition, built, change_id)
 
 
+def stage_database(
+    target: ChangeTarget, partition: int, snapshot_dir: str, commit: str, change_id: str
+) -> str:
+    """Stage ``partition``'s new version of the change ``change_id`` from a RocksDB
+    checkpoint directory built elsewhere (a bootstrap builds it from rows, not from
+    the version before; ``snapshot_dir`` records version ``target.version`` and
+    ``commit``, and its parent folder is removed); returns ``commit``."""
+    return _stage_partition(target, partition, (snapshot_dir, commit), change_id)
+
+
 def abandon_change(target: ChangeTarget, change_id: str) -> None:
     """Delete the staging of a change that stops before its commit point."""
     target.storage().delete_dir(f"{CHANGES_DIR}/{change_id}")
 
 
 def commit_change(
-    target: ChangeTarget, change_id: str, commits: list[str], audit: dict[str, Any]
+    target: ChangeTarget,
+    change_id: str,
+    commits: list[str],
+    audit: dict[str, Any],
+    moved: Callable[[ChangeTarget], str | None] = moved_since,
 ) -> dict[str, Any]:
     """Commit (step 3) and apply (step 4) the change ``change_id`` whose
     partitions are staged with ``commits``; returns its record. Abandoned (and
-    :class:`CheckpointBusyError`) when a partition committed since ``target`` was read."""
+    :class:`CheckpointBusyError`) when a partition committed since ``target`` was
+    read (``moved``, by default :func:`moved_since`, says what it shows instead)."""
     try:
-        _check_unchanged(target)
+        _check_unchanged(target, moved)
     except BaseException:
         abandon_change(target, change_id)
         raise

@@ -33,6 +33,7 @@ import msgpack
 
 from sessionstore.checkpoint.records.generation import GENERATION_FIELD, GENERATIONS_DIR
 from sessionstore.checkpoint.records.layout import (
+    BOOTSTRAP_FIELD,
     CHANGE_FIELD,
     CHECKPOINT_ID_FIELD,
     IDENTITY_KEY,
@@ -154,7 +155,8 @@ def _half_applied(operator: Storage, change: dict[str, Any]) -> str:
     return (
         f"{operator.uri}/{METADATA} records a change ({change.get('id')}) that is "
         "committed but not applied (the command that made it was interrupted): run "
-        "`sessionstore erase` on it again to finish it (docs/rewrite.md)"
+        "`sessionstore erase` on it again, or the bootstrap that made it, to finish it "
+        "(docs/rewrite.md)"
     )
 
 
@@ -187,6 +189,11 @@ class CheckpointIdentity:
         self._location = remote.location
         #: the recorded checkpoint id (None: a checkpoint of a release before ids)
         self.checkpoint_id: str | None = None
+        #: the shared event time batch 0 starts from: the history's, when version 0
+        #: was bootstrapped (offline/bootstrap.py), else None
+        self.initial_event_time: int | None = None
+        #: version 0 was bootstrapped: it is its snapshot, never the empty state
+        self.bootstrapped = False
         #: the specs and partition count :meth:`check` was given (for :meth:`confirm`)
         self._wanted: tuple[list[StoreSpec], int | None] = ([], None)
 
@@ -215,6 +222,9 @@ class CheckpointIdentity:
         }
         if self._key_types is not None:
             wanted[KEY_TYPES_FIELD] = self._key_types
+        bootstrap = None if recorded is None else recorded.get(BOOTSTRAP_FIELD)
+        self.bootstrapped = bootstrap is not None
+        self.initial_event_time = None if bootstrap is None else bootstrap.get("event_time")
         if recorded is None:
             if self._files.latest():
                 # _metadata is written first when a checkpoint is born and last by

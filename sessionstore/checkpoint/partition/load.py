@@ -1,6 +1,7 @@
 """Loading a partition's state at a version: the local copy, caught up or restored.
 
-Loading version N: if the local database is at N it is used as is; if it is
+Version 0 is the empty state, unless an offline bootstrap gave it a snapshot
+(offline/bootstrap.py). Loading version N: if the local database is at N it is used as is; if it is
 behind and the changelogs up to N exist, they are replayed; otherwise (a new
 executor, a replayed batch whose local state is ahead, a gap in the changelogs)
 the newest snapshot at or below N is downloaded into a fresh directory, the
@@ -255,9 +256,16 @@ class PartitionLoader:
         for i, base in enumerate(bases):
             if i and not all(v in changelogs for v in range(base + 1, version + 1)):
                 continue  # the changelogs after this older base are not retained
+            if base == 0 and 0 not in snapshots and self._identity.bootstrapped:
+                # a bootstrapped version 0 is its snapshot, never the empty state
+                first = first or VersionNotFoundError(
+                    f"{self._remote.uri}: version 0 was bootstrapped and its snapshot "
+                    f"is gone, so version {version} cannot be rebuilt from it"
+                )
+                continue
             with restore_scratch(self._local) as tmp:  # removed after, also on errors
                 try:
-                    self._rebuild(database_in(tmp), base, version)
+                    self._rebuild(database_in(tmp), base, version, base in snapshots)
                 except _UnusableSnapshot as unusable:
                     skipped.append(f"snapshot {base}: {unusable.cause}")
                     first = first or unusable.cause
@@ -279,12 +287,13 @@ class PartitionLoader:
         self.db = self._open(self._local.db)
         sweep_staging(self._local)  # no other process builds one while we hold it
 
-    def _rebuild(self, db_dir: str, base: int, version: int) -> None:
-        """Download the snapshot of ``base`` (none for 0) into ``db_dir`` and replay
-        the changelogs up to ``version``; :class:`_UnusableSnapshot` when the
+    def _rebuild(self, db_dir: str, base: int, version: int, snapshot: bool = True) -> None:
+        """Download the snapshot of ``base`` into ``db_dir`` (none for version 0
+        without a snapshot: the empty state; a bootstrapped version 0 has one) and
+        replay the changelogs up to ``version``; :class:`_UnusableSnapshot` when the
         snapshot is what failed."""
         manifest: dict[str, Any] | None = None
-        if base:
+        if snapshot:
             self._progress("download snapshot", 0, 1)
             try:
                 manifest = download_snapshot(self._remote, base, db_dir)
@@ -294,7 +303,7 @@ class PartitionLoader:
         try:
             db = self._open(db_dir)
         except Exception as exc:
-            if not base:
+            if manifest is None:
                 raise
             raise _UnusableSnapshot(exc) from None
         try:
@@ -304,7 +313,7 @@ class PartitionLoader:
                 try:
                     self.replay(db, v, os.path.dirname(db_dir))
                 except LineageError as exc:
-                    if v == base + 1 and base:  # the snapshot holds another lineage
+                    if v == base + 1 and manifest is not None:  # the snapshot's lineage
                         raise _UnusableSnapshot(exc) from None
                     raise
             self._progress("replay changelogs", version - base, version - base)

@@ -1,7 +1,8 @@
 """StateStoreProvider: versioned state per (operator, partition), durable in object storage.
 
 Modelled on Spark's RocksDB state store provider with changelog checkpointing.
-Version N is the state after micro-batch N; version 0 is empty. The provider is
+Version N is the state after micro-batch N; version 0 is empty, or a snapshot
+when the operator was bootstrapped (offline/bootstrap.py). The provider is
 the composition of one part per job, each in its own module:
 
 * identity.py: which checkpoint the state belongs to (``_metadata``, checked once
@@ -155,6 +156,12 @@ class StateStoreProvider:
     def operator_storage(self) -> Storage:
         """The operator's directory in object storage (shared by its partitions)."""
         return self._operator
+
+    @property
+    def initial_event_time(self) -> int | None:
+        """The shared event time batch 0 starts from: None, or the history's when
+        version 0 was bootstrapped (docs/rewrite.md, "Bootstrapping")."""
+        return self._identity.initial_event_time
 
     @property
     def last_metrics(self) -> dict[str, Any] | None:

@@ -96,6 +96,7 @@ __all__ = [
     "METADATA",
     "CHECKPOINT_ID_FIELD",
     "KEY_TYPES_FIELD",
+    "BOOTSTRAP_FIELD",
     "EVENT_TIME_DIR",
     "INITIAL_STATE_DIR",
     "CHANGELOG_DIR",
@@ -141,6 +142,10 @@ KEY_TYPES_FIELD = "key_types"
 #: The ``_metadata`` field of an offline change committed but not yet applied
 #: (change.py): every provider refuses the operator while it is there.
 CHANGE_FIELD = "change"
+#: The ``_metadata`` field of an operator whose version 0 was bootstrapped
+#: (offline/bootstrap.py): ``{"event_time": ms or None, ...}``, the shared event
+#: time its batch 0 starts from (the history's, as if it had been batch -1).
+BOOTSTRAP_FIELD = "bootstrap"
 #: ``<operator>/_changes/<id>/<partition>.manifest``: a change's staged manifests.
 CHANGES_DIR = "_changes"
 #: ``<operator>/_audit/<time>-<id>.json``: one record per applied change.

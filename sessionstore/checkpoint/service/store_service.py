@@ -277,6 +277,20 @@ class StoreService:
         while self._maintenance.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
 
+    def close_under(self, local_dir: str) -> int:
+        """Close and forget the providers whose database lives under ``local_dir``
+        (a scratch directory about to be deleted); how many there were."""
+        root = os.path.join(os.path.abspath(local_dir), "")
+        with self._entries_lock:
+            entries = [
+                (key, entry) for key, entry in self._entries.items()
+                if os.path.abspath(entry.provider.local_db_path).startswith(root)
+            ]  # fmt: skip
+        for key, entry in entries:
+            with entry.lock:
+                self._forget(key, entry)
+        return len(entries)
+
     def close_all(self) -> None:
         """Close every warm provider of this process."""
         self.drain()
