@@ -27,11 +27,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m spark_integration.dev.demo
 
+# The suite runs in TEST_WORKERS pytest-xdist processes, a test file each at a time
+# (`--dist loadfile`: a module's fixtures, a started stream among them, stay in one
+# process). Most of a Spark test's time is spent waiting (on a trigger, a task's
+# Python worker, a server's start), so more processes than cores keep both busy;
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 3
+PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m 'not slow'
+	$(PYTEST) -m 'not slow'
 
 # An sdist and a wheel in dist/ (the wheel holds the two packages, the
 # `sessionstore` console script and their metadata; tests/test_dist.py checks it).

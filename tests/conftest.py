@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sessionstore import StateDB
@@ -103,18 +105,37 @@ def s3_counting_server():
         yield options
 
 
-def pytest_collection_modifyitems(items):
+def _parallel(config) -> bool:
+    """Whether pytest-xdist spreads this run over several processes (``-n``):
+    true in its workers and in its controller."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) or bool(
+        getattr(config.option, "numprocesses", None)
+    )
+
+
+def pytest_collection_modifyitems(config, items):
     """The tests that read a background job's result (``tests.background``) go last,
-    in their order: their jobs get the whole run to finish."""
-    items.sort(key=lambda item: hasattr(getattr(item, "module", None), "background_jobs"))
+    in their order: their jobs get the whole run to finish. Under pytest-xdist
+    (``make test`` runs ``--dist loadfile``) their modules go first instead: a
+    worker runs such a job in place, and the longest files started first keep the
+    workers' ends together."""
+    def reads_a_job(item) -> bool:
+        return hasattr(getattr(item, "module", None), "background_jobs")
+
+    if _parallel(config):
+        items.sort(key=lambda item: not reads_a_job(item))
+    else:
+        items.sort(key=reads_a_job)
 
 
 def pytest_collection_finish(session):
     """Start the out-of-process jobs the selected tests read (``tests.background``),
-    in the order of their tests, beside the tests that come before them."""
+    in the order of their tests, beside the tests that come before them. Not under
+    pytest-xdist: every worker collects every test, and the worker that runs a
+    test runs its job in place (the other workers take the other core)."""
     from tests.background import start
 
-    if session.config.option.collectonly:
+    if session.config.option.collectonly or _parallel(session.config):
         return
     wanted: dict = {}
     for item in session.items:

@@ -104,6 +104,7 @@ def source(tmp_path, monkeypatch):
     return uri
 
 
+@pytest.mark.slow
 def test_no_object_holds_a_row_of_an_erased_key(source, tmp_path):
     before = dumped(source)
     found = rows_of_keys(source, ERASED)  # the scan finds them before
@@ -128,6 +129,7 @@ def test_no_object_holds_a_row_of_an_erased_key(source, tmp_path):
     assert set(audit) == fields and audit["change"] == "erase"
 
 
+@pytest.mark.slow
 def test_the_restarted_partition_continues_from_the_erased_version(source, tmp_path):
     old_id = read_metadata(open_filesystem(source).child("op"))["checkpoint_id"]
     erase(source, "op", key=ERASED[:1], quiet_s=0)
@@ -156,6 +158,7 @@ def test_a_checkpoint_committed_to_recently_is_refused(source):
     assert dumped(source) == before
 
 
+@pytest.mark.slow
 def test_a_commit_during_the_erase_stops_it_before_anything_is_visible(source, tmp_path):
     before = dumped(source)
 
@@ -211,6 +214,7 @@ def _killed(uri, step, at):
     assert run.returncode == -signal.SIGKILL, run.stderr.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step, at", [("_stage_partition", 3), ("_apply_partition", 2)])
 def test_kill_9_leaves_the_old_or_the_new_state(source, tmp_path, step, at):
     before = dumped(source)
@@ -246,6 +250,7 @@ def test_a_warm_provider_of_the_old_state_restores_at_the_next_run(source, tmp_p
     provider.close()
 
 
+@pytest.mark.slow
 def test_a_change_whose_staging_another_change_deleted_commits_nothing(source):
     """Two changes at once: the second's start deletes the first's staging; the first
     must not write a commit point naming manifests that are gone (every later load

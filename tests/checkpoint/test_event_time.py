@@ -71,6 +71,7 @@ def test_a_missing_record_is_an_error_naming_the_changelog(tmp_path):
         durable_event_time(operator, 1, 2)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

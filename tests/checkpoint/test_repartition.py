@@ -95,6 +95,7 @@ def source(tmp_path, monkeypatch):
     return uri
 
 
+@pytest.mark.slow
 def test_every_kind_moves_to_sparks_partition(source, tmp_path):
     target = str(tmp_path / "dst")
     done = repartition_checkpoint(source, "op", 7, target)
@@ -199,6 +200,7 @@ def test_checkpoints_without_key_types_need_them(tmp_path):
     assert read_metadata(open_filesystem(str(tmp_path / "b")).child("op"))["key_types"] == TYPES
 
 
+@pytest.mark.slow
 def test_a_run_that_dies_midway_leaves_no_checkpoint(source, tmp_path, monkeypatch):
     """A fault injected from here: the third snapshot upload fails. No _metadata
     is written, a query on the target is refused, a rerun asks for a clean target."""

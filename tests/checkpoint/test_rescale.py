@@ -41,6 +41,7 @@ def _sessions(uri):
     return sorted(row for _, row in _rows(uri))
 
 
+@pytest.mark.slow
 def test_the_switch_is_the_one_write_that_moves_readers(tmp_path):
     uri = f"file://{tmp_path}/ck"
     write_source(uri, str(tmp_path / "l"))
@@ -121,6 +122,7 @@ def test_refusals_name_the_reason_and_write_nothing(tmp_path):
     assert not open_filesystem(uri).child("op").exists("_generations")
 
 
+@pytest.mark.slow
 def test_two_rescales_of_one_state_switch_once_and_keep_the_winner(tmp_path, monkeypatch):
     """Two drivers rescale the same version at once: both copy, both pass the check
     that the source is unchanged, then the first switches before the second: the

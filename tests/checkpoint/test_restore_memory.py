@@ -214,6 +214,7 @@ BUDGET_MB = 16
 FIXED_MB = 80
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["changelog", "pack"])
 def test_restore_peak_rss_stays_within_budget_plus_fixed(tmp_path, monkeypatch, kind):
     """Invariant 5, measured: a child process restores a partition whose

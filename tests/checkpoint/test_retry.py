@@ -119,6 +119,7 @@ def provider(uri, options, local, **kw):
     return StateStoreProvider(uri, "op", 0, SPECS, str(local), storage_options=options, **kw)
 
 
+@pytest.mark.slow
 def test_a_throttling_store_loses_no_commit_and_restores_exactly(s3_throttling_server, tmp_path):
     options = dict(s3_throttling_server)
     for _ in range(20):  # the bucket's creation may be throttled too: not ours to retry

@@ -461,6 +461,7 @@ COL_ROWS = st.lists(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(batches=st.lists(COL_ROWS, min_size=1, max_size=4), gap=st.integers(0, 10),
        grace=st.integers(0, 6))  # fmt: skip
@@ -490,6 +491,7 @@ def test_columnar_sessions_equal_the_record_path(batches, gap, grace):
         assert _close(_stored(col_store, col.aggregation), _stored(rec_store, rec.aggregation))
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(batches=st.lists(COL_ROWS, min_size=1, max_size=4), size=st.integers(1, 12),
        grace=st.integers(0, 6))  # fmt: skip

@@ -213,6 +213,7 @@ def _windows(size, advance, grace, emit):
     return make, dbs
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     stream=STREAM,

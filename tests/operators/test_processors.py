@@ -232,6 +232,7 @@ def _check_against_reference(path, batches, ttl, processor, check=lambda got: No
         db.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(batches=BATCHES, ttl=st.sampled_from([None, TTL]))
 def test_runner_equals_the_reference_model(tmp_path_factory, batches, ttl):

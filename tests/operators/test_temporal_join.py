@@ -96,6 +96,7 @@ def test_equals_a_brute_force_as_of_join_with_pandas(tmp_path_factory, events):
     assert got == expected
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     table_rows=st.lists(
@@ -137,6 +138,7 @@ def test_stream_batches_read_per_key_but_equal_record_by_record(
     assert dropped[0] == dropped[1]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     earlier=st.lists(st.tuples(st.sampled_from(["x", "y"]), st.integers(0, 30)), max_size=6),

@@ -124,6 +124,7 @@ def _pid_of(out) -> int:
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 
+@pytest.mark.slow
 def test_a_task_runs_in_its_partitions_server_and_its_output_and_metrics_come_back(daemon):
     _, servers = daemon
     out, metrics = _run(EchoTask(), partition=5, count=4, rows=(1, 2, 3))
@@ -172,6 +173,7 @@ def test_an_error_that_cannot_be_rebuilt_arrives_as_its_type_and_message(daemon)
     servers.add(_pid_of(_run(EchoTask(), partition=0, count=1)[0]))
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_task_fails_the_task_and_the_next_one_starts_another(daemon, tmp_path):
     _, servers = daemon
     gate = str(tmp_path / "gate")

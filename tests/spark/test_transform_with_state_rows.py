@@ -105,6 +105,7 @@ BATCH_COLUMNS = {
 KEY_COLUMNS = ["s", "ls", "i", "u8", "b", "t", "ts"]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     keys=st.lists(st.sampled_from(KEY_COLUMNS), min_size=1, max_size=2, unique=True),

@@ -9,6 +9,7 @@ between batches."""
 from __future__ import annotations
 
 import msgpack
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -206,6 +207,7 @@ BATCHES = st.lists(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(batches=BATCHES)
 # the TTL removed, then added, each over the other form's rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -164,4 +165,5 @@ class SessionStoreMachine(RuleBasedStateMachine):
 SessionStoreMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None
 )
-TestSessionStores = SessionStoreMachine.TestCase
+# a long property run: `make test` runs it, the fast suite leaves it out
+TestSessionStores = pytest.mark.slow(SessionStoreMachine.TestCase)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -114,7 +115,8 @@ class VersionedStoreMachine(RuleBasedStateMachine):
 VersionedStoreMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=35, deadline=None
 )
-TestVersionedStore = VersionedStoreMachine.TestCase
+# a long property run: `make test` runs it, the fast suite leaves it out
+TestVersionedStore = pytest.mark.slow(VersionedStoreMachine.TestCase)
 
 
 # Few keys and a narrow span of times, so that versions often straddle the retention
@@ -183,4 +185,5 @@ class VersionsAgreeWithGet(RuleBasedStateMachine):
 VersionsAgreeWithGet.TestCase.settings = settings(
     max_examples=100, stateful_step_count=25, deadline=None
 )
-TestVersionsAgreeWithGet = VersionsAgreeWithGet.TestCase
+# a long property run: `make test` runs it, the fast suite leaves it out
+TestVersionsAgreeWithGet = pytest.mark.slow(VersionsAgreeWithGet.TestCase)

@@ -79,6 +79,7 @@ def test_ls(checkpoint):
     assert "sessions (session" in out.stdout and "plans (versioned" in out.stdout
 
 
+@pytest.mark.slow
 def test_dump_jsonl_exact(checkpoint):
     uri, flags = checkpoint
     out = run("dump", uri, "--operator", "op", "--store", "sessions", "--partition", "1", *flags)
@@ -185,6 +186,7 @@ def test_verify_passes_then_names_each_problem(checkpoint, checkpoint_location):
     assert "2 problems" in out.stdout
 
 
+@pytest.mark.slow
 def test_restore_materialises_a_local_database(checkpoint, tmp_path):
     from sessionstore import StateDB
 
@@ -306,6 +308,7 @@ def dump_rows(*args):
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_dump_filters_key_range_and_time(checkpoint):
     uri, flags = checkpoint
     base = [uri, "--store", "sessions", *flags]  # one operator: --operator may be left out

@@ -12,6 +12,7 @@ from tests.checkpoint.test_repartition import SPECS, rows, write_source
 from tests.tools.test_cli import run, storage_flags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["path", "s3"])
 def test_erase_from_a_parquet_file_and_refusals(where, tmp_path, request):
     if where == "s3":

@@ -97,6 +97,7 @@ def assert_one_line(out: subprocess.CompletedProcess, *parts: str) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_a_stopped_fake_gcs_server_fails_within_the_bound(tmp_path):
     """The emulator is started, then stopped: its port refuses connections."""
     with gcs_server() as options:
@@ -114,6 +115,7 @@ def test_a_stopped_fake_gcs_server_fails_within_the_bound(tmp_path):
     assert elapsed < 6 + STARTUP_S, elapsed
 
 
+@pytest.mark.slow
 def test_an_s3_endpoint_that_never_answers_fails_within_the_default_bound(tmp_path):
     """A socket that accepts and never replies; no --retry-max-seconds: 30 s."""
     env = no_credentials_env(tmp_path, refused_port())

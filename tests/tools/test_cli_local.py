@@ -30,6 +30,7 @@ def listing(path):
     return sorted(os.listdir(path))
 
 
+@pytest.mark.slow
 def test_local_database_while_the_writer_holds_it(tmp_path):
     local = tmp_path / "local"
     provider = StateStoreProvider(f"file://{tmp_path}/remote", "op", 3, SPECS, local)
@@ -105,6 +106,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_dump_while_a_writer_keeps_committing(tmp_path):
     remote, local, stop = f"file://{tmp_path}/remote", tmp_path / "local", tmp_path / "stop"
     writer = subprocess.Popen(

@@ -9,6 +9,7 @@ from tests.checkpoint.test_repartition import rows, write_source
 from tests.tools.test_cli import run, storage_flags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["path", "file", "s3"])
 def test_repartition_and_refusals(where, tmp_path, request):
     if where == "s3":

@@ -3,6 +3,7 @@ rows a filter returns are exactly those of a full read that satisfy it."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +56,7 @@ def test_session_and_window_filters(tmp_path_factory, sessions, key_from, key_to
     assert got == want
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(
     puts=st.lists(
@@ -126,6 +128,7 @@ def test_key_value_filters(tmp_path_factory, puts, key, key_from, key_to):
     assert got == want
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(
     writes=st.dictionaries(

@@ -215,6 +215,7 @@ def test_kill_9_leaves_the_old_or_the_new_state(source, tmp_path, step, at):
     assert not open_filesystem(source).child("op").list_dirs("_changes")
 
 
+@pytest.mark.slow
 def test_a_rerun_finishes_only_its_own_interrupted_rewrite(source, monkeypatch):
     """A rewrite that died after its commit point is finished by the next rewrite:
     the same function is not applied twice, and another function of the same name

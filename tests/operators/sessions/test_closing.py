@@ -175,6 +175,7 @@ def run_partitioned(tmp, stream, windows, emit, path, restore_at, rescale_at, sk
     return outs, states, system.kept
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     stream=STREAM,

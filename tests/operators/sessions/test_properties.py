@@ -117,6 +117,7 @@ def test_batch_equals_records_with_replayed_offsets(batches, gap, grace, emit):
     run_both(memory_store, batches, gap, grace, emit, gap + grace + 1 + 100, track=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     batches=BATCHES,

@@ -44,6 +44,7 @@ def aggregator_pair(db, size, advance_div, grace, aggregations, emit="final", ea
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(
     batches=st.lists(RECORDS, min_size=1, max_size=4),
@@ -104,6 +105,7 @@ ROWS = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     batches=st.lists(ROWS, min_size=1, max_size=4),
@@ -142,6 +144,7 @@ def test_columnar_final_equals_records(batches, size, advance_div, grace, shift)
             assert state(col) == state(rec)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(
     batches=st.lists(ROWS, min_size=1, max_size=4),
