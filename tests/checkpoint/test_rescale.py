@@ -492,3 +492,43 @@ def test_a_commit_before_the_fences_of_a_killed_rescale_takes_its_switch_back(
     assert [p for p in range(4) if operator.exists(f"{p}/{changelog_name(4)}")] == [1]
     assert old.get_store(4).commit() == 5
     old.close()
+
+
+def test_a_rescale_killed_while_it_takes_its_switch_back_leaves_the_old_count_going(
+    tmp_path, monkeypatch
+):
+    """An old commit lands between the switch and the fences, and the rescale dies
+    while it takes the switch back: the next start takes it back, and the old
+    query's other partitions commit, no fence left in their way."""
+    from sessionstore.checkpoint.offline import rescale
+
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    operator = open_filesystem(uri).child("op")
+    metadata = read_metadata(operator)
+    old = StateStoreProvider(uri, "op", 1, SPECS, f"{local}-old", num_partitions=4)
+    handle = old.get_store(3)
+    plan = _copied(plan_rescale(uri, "op", 7))
+    fence, unfence = rescale.fence_state, rescale.unfence_state
+
+    def commits_first(state, partitions, version, generation):
+        assert handle.commit() == 4
+        return fence(state, partitions, version, generation)
+
+    def dies_half_way(state, partitions, version):
+        unfence(state, partitions[:1], version)
+        raise _Killed()
+
+    monkeypatch.setattr(rescale, "fence_state", commits_first)
+    monkeypatch.setattr(rescale, "unfence_state", dies_half_way)
+    with pytest.raises(_Killed):
+        commit_rescale(plan)
+    monkeypatch.undo()
+    with pytest.raises(RescaleError, match=r"partitions \[1\] committed version 4"):
+        resume_rescale(uri, "op")  # the next start
+    assert read_metadata(operator) == metadata
+    assert not operator.exists("_fenced")
+    other = StateStoreProvider(uri, "op", 0, SPECS, f"{local}-old", num_partitions=4)
+    assert other.get_store(3).commit() == 4
+    other.close()
+    old.close()

@@ -299,9 +299,11 @@ def _fence(
     taken = fence_state(state, partitions, version, generation)
     if not taken:
         return
-    write_metadata(root, fence["previous"])  # the old state stays the one read
+    # the fences go first: a crash before the switch is taken back leaves it for
+    # the next start's resume_rescale to take back, never a fenced old state named
     fenced = [p for p in range(partitions) if p not in taken]
     unfence_state(state, fenced, version)
+    write_metadata(root, fence["previous"])  # the old state stays the one read
     raise RescaleError(
         f"{state.uri.rstrip('/')}: partitions {taken} committed version "
         f"{version} right after the rescale's switch (another query of the old count "
