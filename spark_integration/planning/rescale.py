@@ -28,6 +28,7 @@ from sessionstore.checkpoint.offline.rescale import (
     commit_rescale,
     drop_state,
     plan_rescale,
+    resume_rescale,
     source_rows,
     write_targets,
 )
@@ -52,6 +53,9 @@ def located_backend(spark: Any, backend: StateBackend, name: str, partitions: in
     checkpoint to ``partitions`` when it records another count. The tasks, the
     coordinator and the due-batch reader all open the state there."""
     uri, options = backend.checkpoint_uri, backend.storage_options
+    if resume_rescale(uri, name, options):  # a rescale died between its switch and fences
+        log.warning("sessionstore finished the fences of the rescale of operator %r of %s",
+                    name, uri)  # fmt: skip
     recorded = recorded_partitions(uri, name, options)
     if recorded is not None and recorded != partitions:
         rescale(spark, backend, name, partitions)

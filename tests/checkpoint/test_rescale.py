@@ -17,6 +17,7 @@ from sessionstore.checkpoint.offline.rescale import (
     copy_rescale,
     drop_state,
     plan_rescale,
+    resume_rescale,
 )
 from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
 from sessionstore.checkpoint.records.fence import FencedError, fenced_by
@@ -359,3 +360,177 @@ def test_erase_and_rewrite_follow_the_generation_of_a_rescaled_checkpoint(tmp_pa
     assert sessions() == after
     assert CheckpointSource(uri).partitions("op") == list(range(again.copy.partitions))
     assert plan.generation != again.generation
+
+
+class _Killed(Exception):
+    """The rescale's process dies here (kill -9: nothing after it runs)."""
+
+
+def _die(*args, **kwargs):
+    raise _Killed()
+
+
+def test_a_rescale_killed_between_its_claim_and_its_switch_is_finished_by_a_restart(
+    tmp_path, monkeypatch
+):
+    """The claim is taken, the switch never written: the old count still loads the
+    old state, and a restart at the new count switches to the claimed generation
+    (written whole before its claim) instead of being refused for good."""
+    from sessionstore.checkpoint.offline import rescale
+
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+    before = _sessions(uri)
+    first = plan_rescale(uri, "op", 7)
+    copy_rescale(first)
+    monkeypatch.setattr(rescale, "write_metadata", _die)  # the switch
+    with pytest.raises(_Killed):
+        commit_rescale(first)
+    monkeypatch.undo()
+    assert state_root(uri, "op") == uri
+    assert _sessions(uri) == before
+    with pytest.raises(RescaleError, match=r"claimed the switch first"):
+        commit_rescale(_copied(plan_rescale(uri, "op", 5)))  # another count: refused
+    again = _copied(plan_rescale(uri, "op", 7))
+    commit_rescale(again)
+    assert state_root(uri, "op") == f"{uri}/op/_generations/{first.generation}"
+    assert _sessions(uri) == before
+    assert CheckpointSource(uri).partitions("op") == list(range(7))
+    assert resume_rescale(uri, "op")  # the next start deletes what is left
+    assert not resume_rescale(uri, "op")
+    operator = open_filesystem(uri).child("op")
+    assert operator.list_dirs("_generations") == [first.generation]
+    assert fenced_by(operator.read(f"0/{changelog_name(4)}")) == first.generation
+    assert _sessions(uri) == before
+
+
+def test_a_claim_left_by_a_killed_rescale_never_brings_back_what_an_erase_removed(
+    tmp_path, monkeypatch
+):
+    """A rescale dies between its claim and its switch; an erase then commits version
+    3 again at the old count: the next rescale copies the erased state, never the
+    claimed copy of the version as it was."""
+    from sessionstore.checkpoint.offline import rescale
+    from sessionstore.checkpoint.offline.erase import erase
+    from tests.checkpoint.test_repartition import KEYS
+
+    uri = f"file://{tmp_path}/ck"
+    write_source(uri, str(tmp_path / "l"))
+    first = _copied(plan_rescale(uri, "op", 7))
+    monkeypatch.setattr(rescale, "write_metadata", _die)  # the switch
+    with pytest.raises(_Killed):
+        commit_rescale(first)
+    monkeypatch.undo()
+    assert erase(uri, "op", key=[KEYS[3]], force=True)["version"] == 3
+    erased = _sessions(uri)
+    again = _copied(plan_rescale(uri, "op", 7))
+    commit_rescale(again)
+    assert state_root(uri, "op") == f"{uri}/op/_generations/{again.generation}"
+    assert _sessions(uri) == erased
+    assert CheckpointSource(uri).partitions("op") == list(range(7))
+
+
+def _copied(plan):
+    copy_rescale(plan)
+    return plan
+
+
+def _killed_after_the_switch(uri, local, monkeypatch):
+    """A query of the old count loaded at version 3, then a rescale to 7 dies right
+    after its switch, before any fence. Returns (that query's store, plan)."""
+    from sessionstore.checkpoint.offline import rescale
+
+    old = StateStoreProvider(uri, "op", 1, SPECS, f"{local}-old", num_partitions=4)
+    handle = old.get_store(3)
+    handle["counts"].put(("late", 1), 1)
+    plan = _copied(plan_rescale(uri, "op", 7))
+    monkeypatch.setattr(rescale, "fence_state", _die)
+    with pytest.raises(_Killed):
+        commit_rescale(plan)
+    monkeypatch.undo()
+    assert state_root(uri, "op") == plan.copy.target_uri
+    return old, handle, plan
+
+
+def test_a_rescale_killed_between_its_switch_and_its_fences_is_fenced_at_the_next_start(
+    tmp_path, monkeypatch
+):
+    """The start of the query at the new count finishes the fences before its first
+    batch: the old query, warm at version 3, cannot commit 4 unseen."""
+    from spark_integration.conf.backend import StateBackend
+    from spark_integration.planning.rescale import located_backend
+
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    before = _sessions(uri)
+    old, handle, plan = _killed_after_the_switch(uri, local, monkeypatch)
+    backend = StateBackend(uri, local_dir=f"{local}-new")
+    assert located_backend(None, backend, "op", 7).checkpoint_uri == plan.copy.target_uri
+    with pytest.raises(FencedError, match=r"version 4 is fenced"):
+        handle.commit()
+    old.close()
+    assert _sessions(uri) == before
+    operator = open_filesystem(uri).child("op")
+    assert sorted(f for f in operator.list_files() if f[0].isdigit()) == [
+        f"{p}/{changelog_name(4)}" for p in range(4)
+    ]
+
+
+def test_a_commit_before_the_fences_of_a_killed_rescale_takes_its_switch_back(
+    tmp_path, monkeypatch
+):
+    """The old query commits version 4 after the switch of a rescale that died before
+    its fences: the next start takes the switch back by name, nothing is lost."""
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    operator = open_filesystem(uri).child("op")
+    metadata = read_metadata(operator)
+    old, handle, plan = _killed_after_the_switch(uri, local, monkeypatch)
+    assert handle.commit() == 4  # no fence in its way yet
+    with pytest.raises(RescaleError, match=r"ck/op: partitions \[1\] committed version 4"):
+        resume_rescale(uri, "op")
+    assert read_metadata(operator) == metadata
+    assert state_root(uri, "op") == uri
+    assert [p for p in range(4) if operator.exists(f"{p}/{changelog_name(4)}")] == [1]
+    assert old.get_store(4).commit() == 5
+    old.close()
+
+
+def test_a_rescale_killed_while_it_takes_its_switch_back_leaves_the_old_count_going(
+    tmp_path, monkeypatch
+):
+    """An old commit lands between the switch and the fences, and the rescale dies
+    while it takes the switch back: the next start takes it back, and the old
+    query's other partitions commit, no fence left in their way."""
+    from sessionstore.checkpoint.offline import rescale
+
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    operator = open_filesystem(uri).child("op")
+    metadata = read_metadata(operator)
+    old = StateStoreProvider(uri, "op", 1, SPECS, f"{local}-old", num_partitions=4)
+    handle = old.get_store(3)
+    plan = _copied(plan_rescale(uri, "op", 7))
+    fence, unfence = rescale.fence_state, rescale.unfence_state
+
+    def commits_first(state, partitions, version, generation):
+        assert handle.commit() == 4
+        return fence(state, partitions, version, generation)
+
+    def dies_half_way(state, partitions, version):
+        unfence(state, partitions[:1], version)
+        raise _Killed()
+
+    monkeypatch.setattr(rescale, "fence_state", commits_first)
+    monkeypatch.setattr(rescale, "unfence_state", dies_half_way)
+    with pytest.raises(_Killed):
+        commit_rescale(plan)
+    monkeypatch.undo()
+    with pytest.raises(RescaleError, match=r"partitions \[1\] committed version 4"):
+        resume_rescale(uri, "op")  # the next start
+    assert read_metadata(operator) == metadata
+    assert not operator.exists("_fenced")
+    other = StateStoreProvider(uri, "op", 0, SPECS, f"{local}-old", num_partitions=4)
+    assert other.get_store(3).commit() == 4
+    other.close()
+    old.close()

@@ -10,11 +10,11 @@ from typing import Any
 
 import msgpack
 
-from sessionstore.checkpoint.records.fence import fence_record
+from sessionstore.checkpoint.records.fence import fence_record, fenced_by
 from sessionstore.checkpoint.records.layout import EVENT_TIME_DIR, FENCED_MARKER, changelog_name
 from sessionstore.checkpoint.storage.filesystem import Storage
 
-__all__ = ["fence_state", "unfence_state", "drop_fenced_state"]
+__all__ = ["fence_state", "unfence_state", "drop_fenced_state", "fenced_state_reduced"]
 
 #: Fences written at once (one request each on an object store).
 _THREADS = 16
@@ -25,17 +25,25 @@ def fence_state(state: Storage, partitions: int, version: int, generation: str) 
     folder ``state``: its marker first, then a fence at the name of changelog
     ``version`` in every partition, several at once. Returns the partitions where
     that name was taken already (a commit of the old query landed first), whose
-    fence is not written. Where the store has no exclusive create, each name is
-    looked at before it is written (a commit racing that look is not seen)."""
+    fence is not written. A fence of ``generation`` there already counts as
+    written: fencing again after a crash finishes the fences. Where the store has
+    no exclusive create, each name is looked at before it is written (a commit
+    racing that look is not seen)."""
     _write_marker(state, version, generation, reduced=False)
     record, name = fence_record(generation), changelog_name(version)
+
+    def ours(rel: str) -> bool:
+        try:
+            return fenced_by(state.read(rel)) == generation
+        except FileNotFoundError:  # a conditional write of it still under way
+            return False
 
     def fence(partition: int) -> bool:
         rel = f"{partition}/{name}"
         if state.exclusive_create:
-            return state.write_exclusive(rel, record)
+            return state.write_exclusive(rel, record) or ours(rel)
         if state.exists(rel):
-            return False
+            return ours(rel)
         state.write_atomic(rel, record)
         return True
 
@@ -77,6 +85,13 @@ def drop_fenced_state(state: Storage) -> bool:
     state.delete_dir(EVENT_TIME_DIR)
     _write_marker(state, version, str(marker.get("generation")), reduced=True)
     return True
+
+
+def fenced_state_reduced(state: Storage) -> bool:
+    """Whether the operator folder ``state`` was fenced and reduced to its fences
+    (:func:`drop_fenced_state` done)."""
+    marker = _read_marker(state)
+    return marker is not None and bool(marker.get("reduced"))
 
 
 def _write_marker(operator_storage: Storage, version: int, generation: str, reduced: bool) -> None:

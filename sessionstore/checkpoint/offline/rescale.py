@@ -25,6 +25,8 @@ snapshot of the old state is ever taken for it.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import tempfile
 import uuid
@@ -41,6 +43,7 @@ from sessionstore.checkpoint.offline.change import (
 from sessionstore.checkpoint.offline.fencing import (
     drop_fenced_state,
     fence_state,
+    fenced_state_reduced,
     unfence_state,
 )
 from sessionstore.checkpoint.offline.repartition import (
@@ -79,10 +82,21 @@ __all__ = [
     "plan_rescale",
     "commit_rescale",
     "drop_state",
+    "resume_rescale",
+    "FENCE_FIELD",
     "copy_rescale",
     "source_rows",
     "write_targets",
 ]
+
+
+log = logging.getLogger(__name__)
+
+#: In the switch (the root's ``_metadata``): the state it replaced, to fence
+#: (``{"root", "partitions", "version", "previous"}``, ``previous`` the root's
+#: ``_metadata`` before, which a switch taken back restores), so that a start after
+#: a crash between the switch and the fences finishes them (:func:`resume_rescale`).
+FENCE_FIELD = "fence"
 
 
 class RescaleError(SessionStoreError, ValueError):
@@ -219,56 +233,121 @@ def commit_rescale(plan: RescalePlan) -> int | None:
             f"at version {before.version}, now: {seen}): another query holds the "
             "checkpoint; stop it first. Nothing was switched"
         )
-    target = open_filesystem(plan.copy.target_uri, plan.storage_options).child(plan.operator)
-    metadata = read_metadata(target)
     root = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
-    _claim(root, plan)
+    plan = _claim(root, plan)
     previous = read_metadata(root)
-    switch = {**metadata, GENERATION_FIELD: plan.generation, "format": GENERATION_FORMAT}
-    write_metadata(root, switch)  # the switch
-    _fence(plan, root, previous)
+    if previous.get(GENERATION_FIELD) == plan.generation and FENCE_FIELD in previous:
+        fence = previous[FENCE_FIELD]  # the adopted rescale switched already
+    else:
+        target = open_filesystem(plan.copy.target_uri, plan.storage_options)
+        fence = {
+            "root": plan.source_root,
+            "partitions": plan.copy.source_partitions,
+            "version": plan.copy.version + 1,
+            "previous": {k: v for k, v in previous.items() if k != FENCE_FIELD},
+        }
+        switch = {
+            **read_metadata(target.child(plan.operator)),
+            GENERATION_FIELD: plan.generation,
+            "format": GENERATION_FORMAT,
+            FENCE_FIELD: fence,
+        }
+        write_metadata(root, switch)  # the switch
+    _fence(root, plan.operator, plan.generation, fence, plan.storage_options)
     return shared
 
 
-def _fence(plan: RescalePlan, root: Storage, previous: dict[str, Any]) -> None:
-    """Fence the state just replaced (fencing.py): a query of the old count that
-    still runs cannot commit its next version there. One whose commit landed
-    between the switch and its fence has state the copy lacks: the switch is
-    taken back (the root's ``_metadata`` as it was, the fences removed) and the
-    rescale refused, nothing lost."""
-    state, version = plan.copy.source(), plan.copy.version + 1
-    taken = fence_state(state, plan.copy.source_partitions, version, plan.generation)
+def resume_rescale(uri: str, operator: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """At a start: finish the fences and the cleanup of a rescale that switched
+    ``operator``'s checkpoint at ``uri`` and died before its state before was
+    fenced and deleted (one read when there is nothing to finish: the marker of
+    that state). :class:`RescaleError` when a query of the old count committed
+    there first (the switch is then taken back, as by :func:`commit_rescale`).
+    Returns whether there was something to finish. Cleanup errors are logged."""
+    root = open_filesystem(uri, storage_options).child(operator)
+    try:
+        metadata = read_metadata(root)
+    except FileNotFoundError:
+        return False
+    fence, generation = metadata.get(FENCE_FIELD), metadata.get(GENERATION_FIELD)
+    if fence is None or generation is None:
+        return False
+    if fenced_state_reduced(open_filesystem(fence["root"], storage_options).child(operator)):
+        return False
+    _fence(root, operator, generation, fence, storage_options)
+    try:
+        _drop(uri, operator, generation, storage_options)
+    except OSError as exc:  # never read again; the next start or rescale retries
+        log.warning("sessionstore could not delete the state before the rescale: %s", exc)
+    return True
+
+
+def _fence(
+    root: Storage,
+    operator: str,
+    generation: str,
+    fence: dict[str, Any],
+    options: dict[str, Any] | None,
+) -> None:
+    """Fence the state just replaced (fencing.py; ``fence``: the switch's record of
+    it): a query of the old count that still runs cannot commit its next version
+    there. One whose commit landed between the switch and its fence has state the
+    copy lacks: the switch is taken back (the root's ``_metadata`` as it was, the
+    fences removed) and the rescale refused, nothing lost."""
+    state = open_filesystem(fence["root"], options).child(operator)
+    version, partitions = int(fence["version"]), int(fence["partitions"])
+    taken = fence_state(state, partitions, version, generation)
     if not taken:
         return
-    write_metadata(root, previous)  # the old state stays the one read
-    fenced = [p for p in range(plan.copy.source_partitions) if p not in taken]
+    # the fences go first: a crash before the switch is taken back leaves it for
+    # the next start's resume_rescale to take back, never a fenced old state named
+    fenced = [p for p in range(partitions) if p not in taken]
     unfence_state(state, fenced, version)
+    write_metadata(root, fence["previous"])  # the old state stays the one read
     raise RescaleError(
-        f"{plan.source_root}/{plan.operator}: partitions {taken} committed version "
+        f"{state.uri.rstrip('/')}: partitions {taken} committed version "
         f"{version} right after the rescale's switch (another query of the old count "
         "runs on the checkpoint): the switch is taken back, nothing is lost; stop "
         "that query first"
     )
 
 
-def _claim(root: Storage, plan: RescalePlan) -> None:
+def _claim(root: Storage, plan: RescalePlan) -> RescalePlan:
     """One rescale of one state: two drivers that rescale the same source version at
     once both copy, but only the first to create the claim object named after that
-    source switches (the other is refused, its copy never read). Where the store
-    cannot create exclusively, the commit check above is the only guard."""
+    source (its version and the time of its newest commit) switches. Another count is refused (its copy never read); the same count
+    adopts the winner's generation, written whole before its claim, and returns
+    the plan of that one: a rescale that died between its claim and its switch is
+    finished by the next start. Where the store cannot create exclusively, the
+    commit check above is the only guard."""
     if not root.exclusive_create:
-        return
+        return plan
     source = "root" if plan.source_root == plan.uri else plan.source_root.rsplit("/", 1)[-1]
-    name = f"{GENERATIONS_DIR}/{source}-v{plan.source.version}.claim"
+    # the commit of that version too: an erase or rewrite commits it again, and the
+    # copy of what it replaced must never be adopted
+    name = f"{GENERATIONS_DIR}/{source}-v{plan.source.version}-{plan.source.newest_ns}.claim"
     if root.write_exclusive(name, plan.generation.encode()):
-        return
+        return plan
     winner = root.read(name).decode(errors="replace")
-    if winner != plan.generation:
-        raise RescaleError(
-            f"{plan.uri}/{plan.operator}: another rescale of version {plan.source.version} "
-            f"(generation {winner}) claimed the switch first; nothing was switched (if "
-            f"no other rescale runs, that one crashed: delete {name} and restart)"
+    if winner == plan.generation:
+        return plan
+    won = generation_root(plan.uri, plan.operator, winner)
+    try:
+        partitions = read_metadata(
+            open_filesystem(won, plan.storage_options).child(plan.operator)
+        ).get("num_partitions")
+    except FileNotFoundError:
+        partitions = None
+    if winner.isalnum() and partitions == plan.copy.partitions:
+        return dataclasses.replace(
+            plan, generation=winner, copy=dataclasses.replace(plan.copy, target_uri=won)
         )
+    raise RescaleError(
+        f"{plan.uri}/{plan.operator}: another rescale of version {plan.source.version} "
+        f"(generation {winner}) claimed the switch first, to {partitions} partitions; "
+        f"nothing was switched (if no other rescale runs, that one crashed: delete {name} "
+        "and restart)"
+    )
 
 
 def drop_state(plan: RescalePlan) -> None:
@@ -279,12 +358,17 @@ def drop_state(plan: RescalePlan) -> None:
     and the operator's other files stay), except the fences of a state a switch
     replaced (fencing.py), which stay for good (one small object per partition
     and rescale). Errors are the caller's to log: what remains is never read."""
-    operator = open_filesystem(plan.uri, plan.storage_options).child(plan.operator)
-    if read_metadata(operator).get(GENERATION_FIELD) != plan.generation:
+    _drop(plan.uri, plan.operator, plan.generation, plan.storage_options)
+
+
+def _drop(uri: str, name: str, current: str, options: dict[str, Any] | None) -> None:
+    """:func:`drop_state` of the switch to generation ``current``."""
+    operator = open_filesystem(uri, options).child(name)
+    if read_metadata(operator).get(GENERATION_FIELD) != current:
         return  # not this plan's switch (another's won): nothing here is this plan's
     for generation in operator.list_dirs(GENERATIONS_DIR):
-        if generation != plan.generation:
-            state = operator.child(f"{GENERATIONS_DIR}/{generation}/{plan.operator}")
+        if generation != current:
+            state = operator.child(f"{GENERATIONS_DIR}/{generation}/{name}")
             if not drop_fenced_state(state):  # never switched to: no query ran there
                 operator.delete_dir(f"{GENERATIONS_DIR}/{generation}")
     # the root's partitions are never read once a generation is named: also those an

@@ -27,7 +27,7 @@ Remote, under the checkpoint URI (object storage)::
                                      object: that planning's copy is whole
         _generations/<id>/           the state after a rescale on restart, a checkpoint
                                      root of its own, named by ``_metadata``
-                                     (generation.py); beside, ``<source>-v<V>.claim``
+                                     (generation.py); beside, ``<source>-v<V>-<ns>.claim``
         _fenced                      msgpack: the version fenced in a state a rescale
                                      replaced; its partitions keep only
                                      ``changelog/<G>/<V>.changelog``, a fence, not a
