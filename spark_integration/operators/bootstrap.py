@@ -38,6 +38,7 @@ from sessionstore.checkpoint.offline.change import (
     ChangeTarget,
     abandon_change,
     begin_change,
+    partition_answers,
     stage_database,
 )
 from sessionstore.checkpoint.records.event_time import max_event_time, partition_event_time
@@ -141,14 +142,8 @@ def _job(selected: Any, keys: list[str], tasks: _BootstrapTasks) -> list[dict[st
     """Run the job; its rows in partition order, the first error raised."""
     n = tasks.target.partitions
     routed = selected.repartition(n, *keys)  # as the operator routes: Spark's hash
-    rows = [r.asDict() for r in routed.mapInArrow(tasks, _SCHEMA).collect()]
-    rows.sort(key=lambda r: r["partition"])
-    errors = [r["error"] for r in rows if r["error"] is not None]
-    if errors:
-        raise ChangeError(errors[0])
-    if [r["partition"] for r in rows] != list(range(n)):
-        raise ChangeError(f"the job answered for partitions {[r['partition'] for r in rows]}")
-    return rows
+    rows = routed.mapInArrow(tasks, _SCHEMA).collect()
+    return partition_answers((r.asDict() for r in rows), n)
 
 
 def run_bootstrap(

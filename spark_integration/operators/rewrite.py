@@ -22,6 +22,7 @@ from sessionstore.checkpoint.offline.change import (
     abandon_change,
     begin_change,
     commit_change,
+    partition_answers,
     stage_partition,
 )
 from sessionstore.tools.rewrite import RewritePlan, plan_rewrite
@@ -69,14 +70,8 @@ def _pass(spark: Any, plan: RewritePlan, change_id: str | None) -> list[dict[str
     """One task per partition; the rows in partition order, the first error raised."""
     n = plan.target.partitions
     ids = spark.range(0, n, 1, n)
-    rows = sorted((r.asDict() for r in ids.mapInArrow(_tasks(plan, change_id), _SCHEMA)
-                   .collect()), key=lambda r: r["partition"])  # fmt: skip
-    errors = [r["error"] for r in rows if r["error"] is not None]
-    if errors:
-        raise ChangeError(errors[0])
-    if [r["partition"] for r in rows] != list(range(n)):
-        raise ChangeError(f"the job answered for partitions {[r['partition'] for r in rows]}")
-    return rows
+    rows = ids.mapInArrow(_tasks(plan, change_id), _SCHEMA).collect()
+    return partition_answers((r.asDict() for r in rows), n)
 
 
 def rewrite_state(

@@ -47,7 +47,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -96,6 +96,7 @@ __all__ = [
     "AUDIT_DIR",
     "DEFAULT_QUIET_S",
     "ChangeError",
+    "partition_answers",
     "CheckpointBusyError",
     "FamilyChange",
     "Prepare",
@@ -136,6 +137,19 @@ class ChangeError(SessionStoreError, ValueError):
 
 class CheckpointBusyError(ChangeError):
     """A query seems to hold the checkpoint: it committed recently, or during the change."""
+
+
+def partition_answers(rows: Iterable[dict[str, Any]], partitions: int) -> list[dict[str, Any]]:
+    """The answers of a change's job of one task per partition (dicts with a
+    ``partition`` and an ``error``), in partition order: the first error raised as
+    a :class:`ChangeError`, and one answer for each of the ``partitions`` asked."""
+    answers = sorted(rows, key=lambda r: r["partition"])
+    errors = [r["error"] for r in answers if r["error"] is not None]
+    if errors:
+        raise ChangeError(errors[0])
+    if [r["partition"] for r in answers] != list(range(partitions)):
+        raise ChangeError(f"the job answered for partitions {[r['partition'] for r in answers]}")
+    return answers
 
 
 @dataclass(frozen=True)
