@@ -116,16 +116,14 @@ def _parallel(config) -> bool:
 def pytest_collection_modifyitems(config, items):
     """The tests that read a background job's result (``tests.background``) go last,
     in their order: their jobs get the whole run to finish. Under pytest-xdist
-    (``make test`` runs ``--dist loadfile``) their modules go first instead, then
-    the Spark tests' modules: a worker runs such a job in place, and the longest
-    files started first keep the workers' ends together."""
+    (``make test`` runs ``--dist loadfile``) their modules go first instead: a
+    worker runs such a job in place, and the longest files started first keep the
+    workers' ends together."""
     def reads_a_job(item) -> bool:
         return hasattr(getattr(item, "module", None), "background_jobs")
 
     if _parallel(config):
-        # xdist hands out whole files in this order: the long ones (background jobs,
-        # then the Spark queries) first, so that the short ones even out the ends
-        items.sort(key=lambda item: (not reads_a_job(item), "/spark/" not in str(item.path)))
+        items.sort(key=lambda item: not reads_a_job(item))
     else:
         items.sort(key=reads_a_job)
 
