@@ -47,8 +47,9 @@ from sessionstore.checkpoint.service.store_service import StoreService
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration.conf.backend import StateBackend
 from spark_integration.execution.context import TaskContext, TaskInfo, check_partition
+from spark_integration.operators.join_skeleton import join_task
 from spark_integration.operators.sessionize import SessionizeTask, plan_sessionize
-from spark_integration.operators.temporal_join import plan_temporal_join
+from spark_integration.operators.temporal_join import TemporalJoinTask, plan_temporal_join
 from spark_integration.planning.resolve import resolve
 
 __all__ = ["bootstrap_sessionize", "bootstrap_temporal_join", "run_bootstrap"]
@@ -257,8 +258,11 @@ def bootstrap_temporal_join(
         )
     spark = table_history.sparkSession
     no_stream = spark.createDataFrame([], stream_df.schema)
-    combined, task, _ = plan_temporal_join(
-        no_stream, table_history, key, stream_timestamp, table_timestamp, history_retention,
-        how, backend, name, num_partitions, coordinated=False,
-    )  # fmt: skip
-    return run_bootstrap(combined, task.keys, task, quiet_s)
+    sides, keys, out_schema, settings = plan_temporal_join(
+        no_stream, table_history, key, stream_timestamp, table_timestamp, history_retention, how
+    )
+    backend, n = resolve(table_history, backend, num_partitions, name)
+    combined, task = join_task(
+        sides, keys, TemporalJoinTask, out_schema, backend, n, name, None, **settings
+    )
+    return run_bootstrap(combined, keys, task, quiet_s)

@@ -33,9 +33,8 @@ from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.intervals import interval_ms
 from spark_integration.conf.names import SIDE, TS
 from spark_integration.execution.join_task import JoinRows, JoinStep, JoinTask
-from spark_integration.operators.join_skeleton import join_state_map, join_task
+from spark_integration.operators.join_skeleton import join_state_map
 from spark_integration.planning.input_columns import checked_fields, time_column
-from spark_integration.planning.resolve import operator_coordinator, resolve
 
 __all__ = ["temporal_join", "plan_temporal_join", "TemporalJoinTask"]
 
@@ -62,7 +61,7 @@ def temporal_join(
     table value (table columns null). A table row whose value columns are all null
     is a delete.
     """
-    sides, keys, out_schema, settings = _checked(
+    sides, keys, out_schema, settings = plan_temporal_join(
         stream_df, table_df, key, stream_timestamp, table_timestamp, history_retention, how
     )
     return join_state_map(
@@ -77,38 +76,11 @@ def plan_temporal_join(
     stream_timestamp: str,
     table_timestamp: str,
     history_retention: str | int,
-    how: str = "inner",
-    backend: StateBackend | None = None,
-    name: str = "temporal_join",
-    num_partitions: int | None = None,
-    coordinated: bool = True,
-) -> tuple[Any, TemporalJoinTask, Any]:
-    """Check ``temporal_join``'s arguments and plan it: ``(the tagged union of both
-    inputs, the task each state partition runs, the output schema)``; with
-    ``coordinated`` the driver's coordinator is started for the task (False for
-    ``bootstrap_temporal_join``, which runs the task outside a query)."""
-    sides, keys, out_schema, settings = _checked(
-        stream_df, table_df, key, stream_timestamp, table_timestamp, history_retention, how
-    )
-    backend, n = resolve(stream_df, backend, num_partitions, name)
-    coordinator = operator_coordinator(stream_df, backend, name, n) if coordinated else None
-    combined, task = join_task(
-        sides, keys, TemporalJoinTask, out_schema, backend, n, name, coordinator, **settings
-    )
-    return combined, task, out_schema
-
-
-def _checked(
-    stream_df: Any,
-    table_df: Any,
-    key: str | Sequence[str],
-    stream_timestamp: str,
-    table_timestamp: str,
-    history_retention: str | int,
     how: str,
 ) -> tuple[list[tuple[Any, Any, list[str], str]], list[str], Any, dict[str, Any]]:
-    """``temporal_join``'s arguments checked: ``(its sides in side-number order,
-    the key columns, the output schema, the task's own settings)``."""
+    """``temporal_join``'s arguments checked, before any state: ``(its sides in
+    side-number order, the key columns, the output schema, the task's own
+    settings)`` (shared by :func:`temporal_join` and ``bootstrap_temporal_join``)."""
     from pyspark.sql import types as T
 
     if how not in ("inner", "left"):
