@@ -534,3 +534,26 @@ def test_a_rescale_killed_while_it_takes_its_switch_back_leaves_the_old_count_go
     assert other.get_store(3).commit() == 4
     other.close()
     old.close()
+
+
+def test_a_switch_whose_fence_names_a_foreign_root_is_refused_and_fences_nothing_there(
+    tmp_path, monkeypatch
+):
+    """A bucket writer points the switch's record of the replaced state at another
+    checkpoint: the next start refuses it by name and writes no fence there (a
+    start never fences or deletes outside its own checkpoint)."""
+    from sessionstore.checkpoint.records.layout import write_metadata
+
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    other = f"file://{tmp_path}/other"
+    write_source(uri, local)
+    write_source(other, f"{local}-other")
+    old, handle, _ = _killed_after_the_switch(uri, local, monkeypatch)
+    operator = open_filesystem(uri).child("op")
+    switch = read_metadata(operator)
+    write_metadata(operator, {**switch, "fence": {**switch["fence"], "root": other}})
+    with pytest.raises(RescaleError, match=r"names '.*/other' as the state it replaced"):
+        resume_rescale(uri, "op")
+    foreign = open_filesystem(other).child("op")
+    assert not [f for f in foreign.list_files() if f.endswith(changelog_name(4))]
+    old.close()

@@ -272,6 +272,7 @@ def resume_rescale(uri: str, operator: str, storage_options: dict[str, Any] | No
     fence, generation = metadata.get(FENCE_FIELD), metadata.get(GENERATION_FIELD)
     if fence is None or generation is None:
         return False
+    _check_own(uri, operator, fence)
     if fenced_state_reduced(open_filesystem(fence["root"], storage_options).child(operator)):
         return False
     _fence(root, operator, generation, fence, storage_options)
@@ -280,6 +281,23 @@ def resume_rescale(uri: str, operator: str, storage_options: dict[str, Any] | No
     except OSError as exc:  # never read again; the next start or rescale retries
         log.warning("sessionstore could not delete the state before the rescale: %s", exc)
     return True
+
+
+def _check_own(uri: str, operator: str, fence: dict[str, Any]) -> None:
+    """A switch's record of the state it replaced, read from the checkpoint, must
+    name this checkpoint's root or one of its generations: a start fences and
+    deletes there, and never outside its own checkpoint (a bucket writer's
+    ``_metadata`` cannot aim it at another)."""
+    replaced = str(fence.get("root", "")).rstrip("/")
+    prefix = generation_root(uri, operator, "")
+    generation = replaced[len(prefix):] if replaced.startswith(prefix) else None
+    if replaced != uri.rstrip("/") and not (
+        generation and "/" not in generation and generation not in (".", "..")
+    ):
+        raise RescaleError(
+            f"{uri}/{operator}/_metadata names {replaced!r} as the state it replaced, "
+            "which is neither this checkpoint nor one of its generations: refused"
+        )
 
 
 def _fence(
