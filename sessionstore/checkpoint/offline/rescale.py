@@ -238,6 +238,7 @@ def commit_rescale(plan: RescalePlan) -> int | None:
     previous = read_metadata(root)
     if previous.get(GENERATION_FIELD) == plan.generation and FENCE_FIELD in previous:
         fence = previous[FENCE_FIELD]  # the adopted rescale switched already
+        _check_own(plan.uri, plan.operator, fence)
     else:
         target = open_filesystem(plan.copy.target_uri, plan.storage_options)
         fence = {
