@@ -34,8 +34,30 @@ def write_checkpoint(uri, options, local, retain_versions=100):
         p.close()
 
 
+@pytest.fixture(scope="module", params=["file", "s3", "gs"])
+def checkpoint(request, tmp_path_factory):
+    """A checkpoint (:func:`write_checkpoint`) in a local folder, on the S3 and on
+    the GCS endpoint, and the CLI flags to reach it: written once per location for
+    the module's tests, which only read it (a test that changes a checkpoint
+    writes its own, :func:`fresh_checkpoint`)."""
+    from tests.object_stores import new_bucket, new_gcs_bucket
+
+    tmp = tmp_path_factory.mktemp(f"checkpoint-{request.param}")
+    if request.param == "file":
+        uri, options = f"file://{tmp}/remote", None
+    elif request.param == "s3":
+        server = request.getfixturevalue("s3_server")
+        uri, options = f"s3://{new_bucket(server)}/checkpoints", dict(server)
+    else:
+        server = request.getfixturevalue("gcs_server")
+        uri, options = f"gs://{new_gcs_bucket(server)}/checkpoints", dict(server)
+    write_checkpoint(uri, options, tmp / "local")
+    return uri, storage_flags(options, tmp)
+
+
 @pytest.fixture
-def checkpoint(checkpoint_location, tmp_path):
+def fresh_checkpoint(checkpoint_location, tmp_path):
+    """:func:`checkpoint`'s, written for one test."""
     uri, options = checkpoint_location
     write_checkpoint(uri, options, tmp_path / "local")
     return uri, storage_flags(options, tmp_path)
@@ -165,10 +187,10 @@ def test_console_script_is_installed():
     )
 
 
-def test_verify_passes_then_names_each_problem(checkpoint, checkpoint_location):
+def test_verify_passes_then_names_each_problem(fresh_checkpoint, checkpoint_location):
     from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
-    uri, flags = checkpoint
+    uri, flags = fresh_checkpoint
     out = run("verify", uri, *flags)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verified 2 partitions of 1 operators: 0 problems" in out.stdout
