@@ -1,0 +1,145 @@
+"""When a local write reaches the disk: at once, or together with the others of a
+flush group.
+
+A local write (:meth:`~sessionstore.checkpoint.storage.filesystem.Storage.write_atomic`,
+``write_exclusive``) is on disk once it returns: its file and the directories whose
+entries changed are ``fsync``ed. Each ``fsync`` waits for a journal commit of its
+own (about 1-4 ms on this project's machines, more under load), so a Spark task
+that commits 100 partitions to a local checkpoint spent most of its time waiting
+for 200 of them (BENCHMARKS.md, "Partitions per task").
+
+Inside :func:`flush_group`, local writes of the calling thread are published as
+usual (a reader sees the whole file or none; ``link`` still refuses a taken
+name) but not flushed one by one: the block's end flushes them all at once, by one
+``syncfs`` per filesystem on Linux (one journal commit for every file; the flush
+also writes what other programs left dirty on that filesystem), elsewhere by
+``fsync``s of every file and directory run side by side. A group of a few paths
+is flushed path by path, as outside a group.
+
+What a group changes: a file written in it is visible before it is durable
+against a power loss (a process crash loses nothing: the kernel holds it). The
+caller ends the group before anything depends on the files' durability: a Spark
+task before its output goes to Spark, whose commit of the micro-batch is what
+makes any of its versions count (docs/durability.md, "Commit and load"). The
+block's end flushes also when the block raised: what it published stays visible,
+so it must be durable too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+__all__ = ["flush_group", "flush_file", "flush_dirs", "PATH_BY_PATH"]
+
+log = logging.getLogger(__name__)
+
+#: A group with at most this many paths to flush flushes them one by one: a
+#: ``syncfs`` also writes whatever else is dirty on the filesystem, which two
+#: ``fsync``s of a lone commit need not wait for.
+PATH_BY_PATH = 4
+
+#: The paths the current flush group must flush at its end (None: no group).
+_pending: ContextVar[dict[str, None] | None] = ContextVar("sessionstore_flush_group", default=None)
+
+
+@contextmanager
+def flush_group() -> Iterator[None]:
+    """Local writes of this thread in the block are flushed together at its end
+    (see the module doc); a block inside another group is part of the outer one.
+    The end raises ``OSError`` if the flush fails (after the block's own error,
+    if it raised one, which then stays the one raised)."""
+    if _pending.get() is not None:
+        yield
+        return
+    paths: dict[str, None] = {}
+    token = _pending.set(paths)
+    try:
+        yield
+    except BaseException:
+        _end(token)
+        try:
+            _flush(list(paths))
+        except OSError:
+            log.warning("sessionstore: flushing a failed task's local writes failed", exc_info=True)
+        raise
+    _end(token)
+    _flush(list(paths))
+
+
+def flush_file(out: object, path: str) -> None:
+    """Flush the open local file ``out`` (written at ``path``) to the disk now, or
+    at the end of the current flush group."""
+    out.flush()  # type: ignore[attr-defined]
+    paths = _pending.get()
+    if paths is None:
+        os.fsync(out.fileno())  # type: ignore[attr-defined]
+    else:
+        paths[path] = None
+
+
+def flush_dirs(directories: list[str]) -> None:
+    """Flush ``directories`` (a name linked, renamed or created in them survives a
+    power loss), now or at the end of the current flush group."""
+    paths = _pending.get()
+    for directory in directories:
+        if paths is None:
+            _fsync_path(directory)
+        else:
+            paths[directory] = None
+
+
+def _end(token: object) -> None:
+    try:
+        _pending.reset(token)  # type: ignore[arg-type]
+    except ValueError:  # a generator closed from another context: end the group there too
+        _pending.set(None)
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) * os.path.isdir(path))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _flush(paths: list[str]) -> None:
+    """Make every file and directory of ``paths`` durable."""
+    if len(paths) <= PATH_BY_PATH:
+        for path in paths:
+            _fsync_path(path)
+        return
+    syncfs = _syncfs()
+    if syncfs is None:
+        with ThreadPoolExecutor(min(16, len(paths)), thread_name_prefix="sessionstore-flush") as pool:
+            list(pool.map(_fsync_path, paths))
+        return
+    devices: dict[int, str] = {}
+    for path in paths:
+        devices.setdefault(os.stat(path).st_dev, path)
+    for path in devices.values():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if syncfs(fd) != 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"syncfs failed: {os.strerror(error)}", path)
+        finally:
+            os.close(fd)
+
+
+def _syncfs() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """libc's ``syncfs`` (Linux), or None where there is none."""
+    if not os.uname().sysname == "Linux":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.syncfs
+    except (OSError, AttributeError):
+        return None

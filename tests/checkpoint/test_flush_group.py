@@ -1,0 +1,158 @@
+"""Flush groups (sessionstore/checkpoint/storage/flush_group.py): the local commits
+of a block are visible at once and reach the disk together at its end, also when
+the block fails; outside a block, and in other threads, each write is flushed as
+it is made."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from sessionstore import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.storage import flush_group as fg
+from sessionstore.checkpoint.storage.filesystem import open_filesystem
+
+SPECS = [StoreSpec("sessions", "session", 10**9)]
+
+
+class Disk:
+    """Records every ``fsync`` (the path of its descriptor) and ``syncfs`` (the
+    path it was given), in order, and performs them."""
+
+    def __init__(self, monkeypatch, syncfs: bool = True, fail_syncfs: bool = False):
+        self.events: list[tuple[str, str]] = []
+        real_fsync = os.fsync
+
+        def fsync(fd):
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            real_fsync(fd)
+
+        def fake_syncfs(fd):
+            self.events.append(("syncfs", os.readlink(f"/proc/self/fd/{fd}")))
+            return -1 if fail_syncfs else 0
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(fg, "_syncfs", (lambda: fake_syncfs) if syncfs else (lambda: None))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.events]
+
+
+def commit(tmp_path, partition: int, value: int = 1) -> StateStoreProvider:
+    provider = StateStoreProvider(
+        f"file://{tmp_path}/remote", "op", partition, SPECS, str(tmp_path / f"local-{partition}")
+    )
+    handle = provider.get_store(0)
+    handle["sessions"].put(f"k{partition}", 0, 10, {"n": value})
+    handle.commit()
+    return provider
+
+
+def changelog(tmp_path, partition: int, version: int = 1) -> str:
+    return f"{tmp_path}/remote/op/{partition}/changelog/0/{version}.changelog"
+
+
+def test_commits_in_a_group_are_visible_at_once_and_flushed_by_one_syncfs_at_its_end(
+    tmp_path, monkeypatch
+):
+    disk = Disk(monkeypatch)
+    providers = []
+    with fg.flush_group():
+        for partition in range(6):
+            providers.append(commit(tmp_path, partition))
+            assert os.path.exists(changelog(tmp_path, partition))
+        # published: a second attempt's exclusive create of the name is refused
+        storage = open_filesystem(f"file://{tmp_path}/remote/op/0")
+        assert storage.write_exclusive("changelog/0/1.changelog", b"other attempt") is False
+        assert "fsync" not in disk.kinds() and "syncfs" not in disk.kinds()
+    assert disk.kinds() == ["syncfs"]
+    assert disk.events[0][1].startswith(str(tmp_path))
+    for partition, provider in enumerate(providers):
+        assert provider.get_store(1)["sessions"].fetch_session(f"k{partition}", 0, 10) == {"n": 1}
+        provider.close()
+
+
+def test_outside_a_group_each_commit_flushes_its_changelog_before_it_returns(
+    tmp_path, monkeypatch
+):
+    disk = Disk(monkeypatch)
+    commit(tmp_path, 0).close()
+    flushed = [path for kind, path in disk.events if kind == "fsync"]
+    assert changelog(tmp_path, 0).rsplit("/", 1)[0] in flushed
+    assert "syncfs" not in disk.kinds()
+
+
+def test_a_small_group_flushes_path_by_path_at_its_end(tmp_path, monkeypatch):
+    storage = open_filesystem(f"file://{tmp_path}/remote")
+    storage.write_atomic("a/first", b"1")  # the folder exists: one file and one folder
+    disk = Disk(monkeypatch)
+    with fg.flush_group():
+        storage.write_atomic("a/second", b"2")
+        assert disk.events == []
+    assert sorted(disk.events) == [
+        ("fsync", f"{tmp_path}/remote/a"), ("fsync", f"{tmp_path}/remote/a/second"),
+    ]  # fmt: skip
+
+
+def test_a_failing_block_is_flushed_too_and_its_error_raised(tmp_path, monkeypatch):
+    disk = Disk(monkeypatch)
+    with pytest.raises(RuntimeError, match="the task failed"):
+        with fg.flush_group():
+            for partition in range(3):
+                commit(tmp_path, partition).close()
+            raise RuntimeError("the task failed")
+    assert disk.kinds() == ["syncfs"]
+
+
+def test_a_failed_flush_fails_the_group_and_loses_nothing_committed(tmp_path, monkeypatch):
+    Disk(monkeypatch, fail_syncfs=True)
+    with pytest.raises(OSError, match="syncfs failed"):
+        with fg.flush_group():
+            for partition in range(3):
+                commit(tmp_path, partition).close()
+    monkeypatch.undo()
+    fresh = StateStoreProvider(f"file://{tmp_path}/remote", "op", 2, SPECS, str(tmp_path / "new"))
+    assert fresh.get_store(1)["sessions"].fetch_session("k2", 0, 10) == {"n": 1}
+    fresh.close()
+
+
+def test_a_nested_group_is_flushed_by_the_outer_one_only(tmp_path, monkeypatch):
+    disk = Disk(monkeypatch)
+    with fg.flush_group():
+        with fg.flush_group():
+            for partition in range(3):
+                commit(tmp_path, partition).close()
+        assert disk.events == []
+        commit(tmp_path, 3).close()
+    assert disk.kinds() == ["syncfs"]
+
+
+def test_another_threads_writes_are_not_deferred_by_a_group(tmp_path, monkeypatch):
+    disk = Disk(monkeypatch)
+    storage = open_filesystem(f"file://{tmp_path}/remote")
+    storage.write_atomic("b/x", b"0")
+    disk.events.clear()
+    with fg.flush_group():
+        worker = threading.Thread(target=storage.write_atomic, args=("b/y", b"1"))
+        worker.start()
+        worker.join()
+        # flushed before it was published (under its temporary name), then its folder
+        assert [kind for kind, _ in disk.events] == ["fsync", "fsync"]
+        assert disk.events[0][1].startswith(f"{tmp_path}/remote/b/.y.")
+        assert disk.events[1] == ("fsync", f"{tmp_path}/remote/b")
+    assert len(disk.events) == 2
+
+
+def test_without_syncfs_a_group_fsyncs_every_path_at_its_end(tmp_path, monkeypatch):
+    disk = Disk(monkeypatch, syncfs=False)
+    with fg.flush_group():
+        for partition in range(3):
+            commit(tmp_path, partition).close()
+        assert disk.events == []
+    flushed = {path for _, path in disk.events}
+    for partition in range(3):
+        assert changelog(tmp_path, partition) in flushed
+        assert changelog(tmp_path, partition).rsplit("/", 1)[0] in flushed
+    assert set(disk.kinds()) == {"fsync"}
