@@ -156,3 +156,29 @@ def test_without_syncfs_a_group_fsyncs_every_path_at_its_end(tmp_path, monkeypat
         assert changelog(tmp_path, partition) in flushed
         assert changelog(tmp_path, partition).rsplit("/", 1)[0] in flushed
     assert set(disk.kinds()) == {"fsync"}
+
+
+def test_what_waits_for_the_flush_runs_after_it_and_never_after_a_failed_one(
+    tmp_path, monkeypatch
+):
+    """A Spark task reports its committed event time to the driver through
+    ``after_flush``: never before the changelog that records it is durable."""
+    disk = Disk(monkeypatch)
+    said: list[str] = []
+    fg.after_flush(lambda: said.append("outside"))  # no group: at once
+    assert said == ["outside"]
+    with fg.flush_group():
+        for partition in range(3):
+            commit(tmp_path, partition).close()
+            fg.after_flush(lambda p=partition: said.append(f"{p} after {disk.kinds()}"))
+        assert said == ["outside"]
+    assert said == ["outside"] + [f"{p} after ['syncfs']" for p in range(3)]
+
+    Disk(monkeypatch, fail_syncfs=True)
+    said.clear()
+    with pytest.raises(OSError, match="syncfs failed"):
+        with fg.flush_group():
+            for partition in range(3, 6):
+                commit(tmp_path, partition).close()
+                fg.after_flush(lambda: said.append("reported"))
+    assert said == []

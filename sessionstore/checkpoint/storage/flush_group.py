@@ -31,12 +31,12 @@ import ctypes
 import ctypes.util
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["flush_group", "flush_file", "flush_dirs", "PATH_BY_PATH"]
+__all__ = ["flush_group", "flush_file", "flush_dirs", "after_flush", "PATH_BY_PATH"]
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,21 @@ log = logging.getLogger(__name__)
 #: ``fsync``s of a lone commit need not wait for.
 PATH_BY_PATH = 4
 
-#: The paths the current flush group must flush at its end (None: no group).
-_pending: ContextVar[dict[str, None] | None] = ContextVar("sessionstore_flush_group", default=None)
+
+
+class _Group:
+    """What the current flush group does at its end: the paths it flushes, then
+    the calls that wait for them (:func:`after_flush`)."""
+
+    __slots__ = ("paths", "then")
+
+    def __init__(self) -> None:
+        self.paths: dict[str, None] = {}
+        self.then: list[Callable[[], object]] = []
+
+
+#: The current flush group (None: no group).
+_pending: ContextVar[_Group | None] = ContextVar("sessionstore_flush_group", default=None)
 
 
 @contextmanager
@@ -58,41 +71,61 @@ def flush_group() -> Iterator[None]:
     if _pending.get() is not None:
         yield
         return
-    paths: dict[str, None] = {}
-    token = _pending.set(paths)
+    group = _Group()
+    token = _pending.set(group)
     try:
         yield
     except BaseException:
         _end(token)
         try:
-            _flush(list(paths))
+            _flush(list(group.paths))
         except OSError:
             log.warning("sessionstore: flushing a failed task's local writes failed", exc_info=True)
+        else:
+            _run(group.then)
         raise
     _end(token)
-    _flush(list(paths))
+    _flush(list(group.paths))
+    _run(group.then)
+
+
+def after_flush(call: Callable[[], object]) -> None:
+    """Run ``call`` once what this thread wrote so far is durable: now outside a
+    flush group, else right after the group's flush (not at all if it fails).
+    For what must never be said before the writes it speaks of are durable (a
+    Spark task's report of its committed event time to the driver)."""
+    group = _pending.get()
+    if group is None:
+        call()
+    else:
+        group.then.append(call)
+
+
+def _run(calls: list[Callable[[], object]]) -> None:
+    for call in calls:
+        call()
 
 
 def flush_file(out: object, path: str) -> None:
     """Flush the open local file ``out`` (written at ``path``) to the disk now, or
     at the end of the current flush group."""
     out.flush()  # type: ignore[attr-defined]
-    paths = _pending.get()
-    if paths is None:
+    group = _pending.get()
+    if group is None:
         os.fsync(out.fileno())  # type: ignore[attr-defined]
     else:
-        paths[path] = None
+        group.paths[path] = None
 
 
 def flush_dirs(directories: list[str]) -> None:
     """Flush ``directories`` (a name linked, renamed or created in them survives a
     power loss), now or at the end of the current flush group."""
-    paths = _pending.get()
+    group = _pending.get()
     for directory in directories:
-        if paths is None:
+        if group is None:
             _fsync_path(directory)
         else:
-            paths[directory] = None
+            group.paths[directory] = None
 
 
 def _end(token: object) -> None:
