@@ -182,3 +182,77 @@ def test_what_waits_for_the_flush_runs_after_it_and_never_after_a_failed_one(
                 commit(tmp_path, partition).close()
                 fg.after_flush(lambda: said.append("reported"))
     assert said == []
+
+
+def test_a_group_closed_from_another_thread_leaves_neither_thread_in_a_stale_group(
+    tmp_path, monkeypatch
+):
+    """A task's generator holds its group across its yields; the garbage
+    collector may close an abandoned one from any thread. The closing thread's own
+    group must keep deferring its calls until its writes are flushed, and the
+    thread that ran the generator must not stay in the dead group (its later
+    writes never flushed, its reports never sent)."""
+    disk = Disk(monkeypatch)
+    said: list[str] = []
+
+    def task():
+        with fg.flush_group():
+            yield
+
+    abandoned = task()
+    next(abandoned)  # this thread is now inside the task's group
+
+    def other_thread() -> None:
+        with fg.flush_group():
+            commit(tmp_path, 0).close()
+            abandoned.close()  # as a garbage collection in this thread would
+            fg.after_flush(lambda: said.append(f"other after {disk.kinds()}"))
+            said.append("other's block ended")
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert said == ["other's block ended", "other after ['syncfs']"]
+
+    fg.after_flush(lambda: said.append("here"))  # no group here any more: at once
+    assert said[-1] == "here"
+    disk.events.clear()
+    with fg.flush_group():  # a group of its own again, flushed at its end
+        commit(tmp_path, 1).close()
+        fg.after_flush(lambda: said.append(f"mine after {disk.kinds()}"))
+        assert disk.events == []
+    assert said[-1] == "mine after ['syncfs']"
+
+
+def test_an_attempt_that_finds_its_name_taken_flushes_the_winners_file_before_it_adopts_it(
+    tmp_path, monkeypatch
+):
+    """The winner of a version may publish its changelog inside its flush group,
+    durable only at the group's end; the loser reads and adopts that changelog,
+    and its task's output then counts. So the loser makes the file and its name
+    durable itself: at once outside a group, else before its group's end."""
+    storage = open_filesystem(f"file://{tmp_path}/remote")
+    disk = Disk(monkeypatch)
+    with fg.flush_group():  # the winner's group, not ended yet
+        assert storage.write_exclusive("op/0/1.changelog", b"winner")
+        taken = {path for _, path in disk.events}
+        assert str(tmp_path / "remote/op/0/1.changelog") not in taken
+
+        def loser() -> None:  # another attempt, outside any group
+            assert not storage.write_exclusive("op/0/1.changelog", b"loser")
+
+        thread = threading.Thread(target=loser)
+        thread.start()
+        thread.join()
+        flushed = [path for kind, path in disk.events if kind == "fsync"]
+        assert str(tmp_path / "remote/op/0/1.changelog") in flushed
+        assert str(tmp_path / "remote/op/0") in flushed
+    assert (tmp_path / "remote/op/0/1.changelog").read_bytes() == b"winner"
+
+    disk.events.clear()
+    with fg.flush_group():  # a loser inside its own group: flushed at its end
+        assert not storage.write_exclusive("op/0/1.changelog", b"loser")
+        assert disk.events == []
+    flushed = [path for _, path in disk.events]
+    assert str(tmp_path / "remote/op/0/1.changelog") in flushed
+    assert str(tmp_path / "remote/op/0") in flushed

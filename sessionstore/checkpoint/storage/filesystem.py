@@ -40,7 +40,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from sessionstore.checkpoint.storage.conditional_create import ConditionalCreate
-from sessionstore.checkpoint.storage.flush_group import flush_dirs, flush_file
+from sessionstore.checkpoint.storage.flush_group import flush_dirs, flush_file, flush_paths
 from sessionstore.checkpoint.storage.retry import RetryCounter, RetryPolicy, policy_from_options
 from sessionstore.errors import SessionStoreError
 
@@ -364,7 +364,13 @@ class Storage:
             with open(tmp, "wb") as out:
                 fill(out)
                 flush_file(out, target)  # the name it has once published
-            publish(tmp, target)
+            try:
+                publish(tmp, target)
+            except FileExistsError:
+                # another writer's file, which the caller reads and may adopt: its
+                # writer may flush it only at the end of its own flush group
+                flush_paths([target, parent, *changed])
+                raise
         finally:
             with suppress(OSError):  # gone already if a replace consumed it
                 os.unlink(tmp)

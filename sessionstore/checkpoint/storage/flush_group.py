@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["flush_group", "flush_file", "flush_dirs", "after_flush", "PATH_BY_PATH"]
+__all__ = ["flush_group", "flush_file", "flush_dirs", "flush_paths", "after_flush", "PATH_BY_PATH"]
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +51,25 @@ class _Group:
     """What the current flush group does at its end: the paths it flushes, then
     the calls that wait for them (:func:`after_flush`)."""
 
-    __slots__ = ("paths", "then")
+    __slots__ = ("paths", "then", "open")
 
     def __init__(self) -> None:
         self.paths: dict[str, None] = {}
         self.then: list[Callable[[], object]] = []
+        #: False once ended: a generator that holds a group across its yields and
+        #: is closed from another thread (a garbage collection) cannot reset the
+        #: context of the thread that ran it, which then still names this group
+        self.open = True
 
 
-#: The current flush group (None: no group).
+#: The current flush group (None, or one ended already: no group; see :func:`_current`).
 _pending: ContextVar[_Group | None] = ContextVar("sessionstore_flush_group", default=None)
+
+
+def _current() -> _Group | None:
+    """The flush group this thread is in, if any (one ended elsewhere is none)."""
+    group = _pending.get()
+    return group if group is not None and group.open else None
 
 
 @contextmanager
@@ -68,7 +78,7 @@ def flush_group() -> Iterator[None]:
     (see the module doc); a block inside another group is part of the outer one.
     The end raises ``OSError`` if the flush fails (after the block's own error,
     if it raised one, which then stays the one raised)."""
-    if _pending.get() is not None:
+    if _current() is not None:
         yield
         return
     group = _Group()
@@ -76,7 +86,7 @@ def flush_group() -> Iterator[None]:
     try:
         yield
     except BaseException:
-        _end(token)
+        _end(token, group)
         try:
             _flush(list(group.paths))
         except OSError:
@@ -84,7 +94,7 @@ def flush_group() -> Iterator[None]:
         else:
             _run(group.then)
         raise
-    _end(token)
+    _end(token, group)
     _flush(list(group.paths))
     _run(group.then)
 
@@ -94,7 +104,7 @@ def after_flush(call: Callable[[], object]) -> None:
     flush group, else right after the group's flush (not at all if it fails).
     For what must never be said before the writes it speaks of are durable (a
     Spark task's report of its committed event time to the driver)."""
-    group = _pending.get()
+    group = _current()
     if group is None:
         call()
     else:
@@ -110,7 +120,7 @@ def flush_file(out: object, path: str) -> None:
     """Flush the open local file ``out`` (written at ``path``) to the disk now, or
     at the end of the current flush group."""
     out.flush()  # type: ignore[attr-defined]
-    group = _pending.get()
+    group = _current()
     if group is None:
         os.fsync(out.fileno())  # type: ignore[attr-defined]
     else:
@@ -120,19 +130,29 @@ def flush_file(out: object, path: str) -> None:
 def flush_dirs(directories: list[str]) -> None:
     """Flush ``directories`` (a name linked, renamed or created in them survives a
     power loss), now or at the end of the current flush group."""
-    group = _pending.get()
-    for directory in directories:
+    flush_paths(directories)
+
+
+def flush_paths(paths: list[str]) -> None:
+    """Flush the files and directories ``paths``, now or at the end of the current
+    flush group (a file another writer published, which its own flush group may
+    not have flushed yet, before anything depends on it)."""
+    group = _current()
+    for path in paths:
         if group is None:
-            _fsync_path(directory)
+            _fsync_path(path)
         else:
-            group.paths[directory] = None
+            group.paths[path] = None
 
 
-def _end(token: object) -> None:
+def _end(token: object, group: _Group) -> None:
+    group.open = False  # also for the context that ran it, if another closes it
     try:
         _pending.reset(token)  # type: ignore[arg-type]
-    except ValueError:  # a generator closed from another context: end the group there too
-        _pending.set(None)
+    except ValueError:
+        # a generator closed from another thread's context: that context's own
+        # group (if any) is not this one and stays as it is
+        pass
 
 
 def _fsync_path(path: str) -> None:
