@@ -13,6 +13,7 @@ lives, and a name is imported when first used; ``__all__``, ``dir()`` and
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -25,11 +26,16 @@ def lazy_exports(
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The module ``__getattr__`` and ``__dir__`` of ``package`` whose public names
     are ``exports`` (name -> the module that defines it). A name is imported on
-    first use and then kept in the package's namespace."""
+    first use and then kept in the package's namespace; any other name that is a
+    module of the package is that module, imported."""
 
     def __getattr__(name: str) -> Any:
         where = exports.get(name)
         if where is None:
+            # a subpackage or module (``sessionstore.checkpoint``): the eager
+            # ``__init__`` imported them, and code written then reaches them so
+            if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}"):
+                return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(where), name)
         setattr(sys.modules[package], name, value)
