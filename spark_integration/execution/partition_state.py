@@ -140,10 +140,13 @@ def partition_state(
             "batch": info.batch_id,
         }
     if version % backend.snapshot_interval == 0:
+        # the snapshot is built on changelog ``version``: never published (nor older
+        # data deleted for it) before that changelog is durable, at the end of the
+        # task's flush group if it runs in one
         if context.outlives_task:
-            service.maintain_later(key)
+            after_flush(lambda: service.maintain_later(key))
         else:  # this worker exits with the task (os._exit): a background upload would die
-            provider.do_maintenance()
+            after_flush(provider.do_maintenance)
 
 
 def _helper_thread() -> ThreadPoolExecutor:
