@@ -256,3 +256,22 @@ def test_an_attempt_that_finds_its_name_taken_flushes_the_winners_file_before_it
     flushed = [path for _, path in disk.events]
     assert str(tmp_path / "remote/op/0/1.changelog") in flushed
     assert str(tmp_path / "remote/op/0") in flushed
+
+
+@pytest.mark.parametrize("files", [1, 6])  # path by path, and by syncfs
+def test_a_path_removed_before_the_groups_end_has_nothing_to_flush(tmp_path, monkeypatch, files):
+    """A name another writer published and this group adopted may be removed
+    before the group ends (its lineage abandoned, the checkpoint reset): gone, it
+    has nothing to make durable, and the other paths are still flushed."""
+    storage = open_filesystem(f"file://{tmp_path}/remote")
+    for i in range(files):
+        storage.write_atomic(f"op/{i}/x", b"old")  # the folders exist
+    disk = Disk(monkeypatch)
+    with fg.flush_group():
+        for i in range(files):
+            storage.write_atomic(f"op/{i}/x", b"data")
+        os.unlink(tmp_path / "remote/op/0/x")
+    if files == 1:  # the file is gone; its folder is still flushed
+        assert disk.events == [("fsync", str(tmp_path / "remote/op/0"))]
+    else:
+        assert disk.kinds() == ["syncfs"]

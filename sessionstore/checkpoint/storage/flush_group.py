@@ -33,7 +33,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 
 __all__ = ["flush_group", "flush_file", "flush_dirs", "flush_paths", "after_flush", "PATH_BY_PATH"]
@@ -156,7 +156,10 @@ def _end(token: object, group: _Group) -> None:
 
 
 def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) * os.path.isdir(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) * os.path.isdir(path))
+    except FileNotFoundError:  # removed since (see _flush): nothing left to flush
+        return
     try:
         os.fsync(fd)
     finally:
@@ -176,7 +179,10 @@ def _flush(paths: list[str]) -> None:
         return
     devices: dict[int, str] = {}
     for path in paths:
-        devices.setdefault(os.stat(path).st_dev, path)
+        # a path removed before the group's end (an adopted file whose lineage was
+        # abandoned, a reset checkpoint) has nothing left to make durable
+        with suppress(FileNotFoundError):
+            devices.setdefault(os.stat(path).st_dev, path)
     for path in devices.values():
         fd = os.open(path, os.O_RDONLY)
         try:
