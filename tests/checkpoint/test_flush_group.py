@@ -275,3 +275,31 @@ def test_a_path_removed_before_the_groups_end_has_nothing_to_flush(tmp_path, mon
         assert disk.events == [("fsync", str(tmp_path / "remote/op/0"))]
     else:
         assert disk.kinds() == ["syncfs"]
+
+
+def test_a_failing_call_after_the_flush_neither_drops_the_others_nor_hides_the_blocks_error(
+    tmp_path, monkeypatch
+):
+    """After a flush the group runs every partition's snapshot and report: one
+    that raises (a snapshot upload refused) must not drop the other partitions'
+    reports, and a block's own error stays the one raised."""
+    Disk(monkeypatch)
+    said: list[str] = []
+
+    def refused() -> None:
+        raise OSError("snapshot upload refused")
+
+    with pytest.raises(OSError, match="snapshot upload refused"):
+        with fg.flush_group():
+            commit(tmp_path, 0).close()
+            fg.after_flush(refused)
+            fg.after_flush(lambda: said.append("reported 0"))
+    assert said == ["reported 0"]
+
+    with pytest.raises(KeyError, match="the task's own error"):
+        with fg.flush_group():
+            commit(tmp_path, 1).close()
+            fg.after_flush(refused)
+            fg.after_flush(lambda: said.append("reported 1"))
+            raise KeyError("the task's own error")
+    assert said == ["reported 0", "reported 1"]

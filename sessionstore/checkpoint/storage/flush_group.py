@@ -92,7 +92,10 @@ def flush_group() -> Iterator[None]:
         except OSError:
             log.warning("sessionstore: flushing a failed task's local writes failed", exc_info=True)
         else:
-            _run(group.then)
+            try:
+                _run(group.then)
+            except Exception:  # the block's own error is the one raised
+                log.warning("sessionstore: a call after a failed task's flush failed", exc_info=True)
         raise
     _end(token, group)
     _flush(list(group.paths))
@@ -112,8 +115,16 @@ def after_flush(call: Callable[[], object]) -> None:
 
 
 def _run(calls: list[Callable[[], object]]) -> None:
+    """Run every one of ``calls`` (each partition's snapshot and report), then
+    raise the first error, if one raised: one partition's failure drops no other's."""
+    first: Exception | None = None
     for call in calls:
-        call()
+        try:
+            call()
+        except Exception as error:
+            first = first or error
+    if first is not None:
+        raise first
 
 
 def flush_file(out: object, path: str) -> None:
