@@ -205,6 +205,11 @@ def main(argv: list[str] | None = None) -> str:
         help="sessionize variants to add on the first store: 'tasks' (one Spark task per "
         "partition) and 'workers' (that, and state in the Python workers: no state servers)",
     )  # fmt: skip
+    ap.add_argument(
+        "--baselines-at", default=None,
+        help="comma-separated partition counts at which the floor and the built-in path "
+        "run (default: every count; they take minutes at 1,000 partitions)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     compare = [c for c in args.compare.split(",") if c]
     if not set(compare) <= {"tasks", "workers"}:
@@ -215,6 +220,10 @@ def main(argv: list[str] | None = None) -> str:
         ap.error(f"--partitions must be positive ints, got {args.partitions!r}")
     if not set(stores) <= {"file", "s3"}:
         ap.error(f"--stores must name file and/or s3, got {args.stores!r}")
+    baselines_at = (
+        set(counts) if args.baselines_at is None
+        else {int(p) for p in args.baselines_at.split(",") if p}
+    )  # fmt: skip
 
     from pyspark.sql import functions as F
 
@@ -301,6 +310,8 @@ def main(argv: list[str] | None = None) -> str:
         for round_ in range(args.rounds):
             for p in counts:
                 for label, case in cases:
+                    if label in ("floor", "builtin") and p not in baselines_at:
+                        continue
                     run = (
                         "-".join(label.replace(",", "").replace("/", "-").split())
                         + f"-{p}-{round_}"
@@ -320,21 +331,34 @@ def main(argv: list[str] | None = None) -> str:
                     print(f"round {round_}, {p} partitions, {label}: {elapsed:.1f} s", flush=True)
                     if (label, p) not in best or elapsed < best[(label, p)]["time"]:
                         best[(label, p)] = result
+        from spark_integration.planning.placement import task_count
+
+        tasks_of = {p: task_count(spark, p) for p in counts}
         spark.stop()
 
     rows = []
-    tasks = args.batches
+    smallest = {label: best.get((label, counts[0])) for label, _ in cases}
     for p in counts:
-        base = best[("builtin", p)]["time"]
-        floor_time = best[("floor", p)]["time"]
+        base = best.get(("builtin", p), {}).get("time")
+        floor_time = best.get(("floor", p), {}).get("time")
+        tasks = tasks_of[p]
         for label, _ in cases:
-            r = best[(label, p)]
+            r = best.get((label, p))
+            if r is None:
+                continue
             loads = r.get("loads")
-            per_task = "n/a" if r["requests"] is None else f"{r['requests'] / (p * tasks):.1f}"
+            first = smallest.get(label)
+            requests = r["requests"]
             rows.append([
-                str(p), label, f"{r['time']:.1f} s", f"{base / r['time']:.2f}x",
-                f"{r['time'] / floor_time:.2f}x",
-                per_task if label.startswith("sessionize") else "",
+                str(p), label, f"{r['time']:.1f} s",
+                "" if base is None else f"{base / r['time']:.2f}x",
+                "" if floor_time is None else f"{r['time'] / floor_time:.2f}x",
+                "" if first is None or not label.startswith("sessionize")
+                else f"{r['time'] / first['time']:.2f}x",
+                "" if not label.startswith("sessionize") else
+                "n/a" if requests is None else f"{requests / (p * args.batches):.2f}",
+                "" if not label.startswith("sessionize") else
+                "n/a" if requests is None else f"{requests / (tasks * args.batches):.1f}",
                 "" if loads is None else f"{loads.get('warm', 0):.1f}",
                 "" if loads is None else f"{loads.get('handover', 0):.1f}",
                 f"{r['rss'] / 2**20:.0f} MB ({r['workers']})",
@@ -343,7 +367,8 @@ def main(argv: list[str] | None = None) -> str:
         f"Spark at scale, {args.events:,} events, {args.keys:,} Zipf keys, {args.batches} "
         f"micro-batches, local[2], best of {args.rounds} ({machine()})",
         [
-            "partitions", "pipeline", "time", "vs built-in", "vs floor", "requests/partition",
+            "partitions", "pipeline", "time", "vs built-in", "vs floor",
+            f"vs {counts[0]} partitions", "requests/partition", "requests/task",
             "warm/batch", "reopened/batch", "worker peak RSS (workers)",
         ],
         rows,

@@ -71,3 +71,27 @@ def test_importing_the_package_loads_no_pyspark():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_package_imported_alone_still_reaches_its_subpackages():
+    """``import sessionstore`` used to import its subpackages, and code written
+    against it reaches them as attributes (``sessionstore.checkpoint.StoreSpec``);
+    the lazy namespace imports them on first use too, and still no other name."""
+    code = (
+        "import sessionstore, spark_integration\n"
+        "print(sessionstore.checkpoint.StoreSpec is sessionstore.StoreSpec)\n"
+        "print(sessionstore.stores.registry.store_class('session').__name__)\n"
+        "print(spark_integration.conf.__name__)\n"
+        "try:\n"
+        "    sessionstore.no_such_name\n"
+        "except AttributeError as error:\n"
+        "    print(error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "True",
+        "SessionStore",
+        "spark_integration.conf",
+        "module 'sessionstore' has no attribute 'no_such_name'",
+    ]

@@ -23,6 +23,7 @@ import pyarrow as pa
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle
 from sessionstore.checkpoint.records.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.records.metrics import millis
+from sessionstore.checkpoint.storage.flush_group import after_flush
 from sessionstore.process import this_process
 from sessionstore.stores.segments import operator_segment_interval
 from sessionstore.stores.spec import StoreSpec
@@ -139,10 +140,13 @@ def partition_state(
             "batch": info.batch_id,
         }
     if version % backend.snapshot_interval == 0:
+        # the snapshot is built on changelog ``version``: never published (nor older
+        # data deleted for it) before that changelog is durable, at the end of the
+        # task's flush group if it runs in one
         if context.outlives_task:
-            service.maintain_later(key)
+            after_flush(lambda: service.maintain_later(key))
         else:  # this worker exits with the task (os._exit): a background upload would die
-            provider.do_maintenance()
+            after_flush(provider.do_maintenance)
 
 
 def _helper_thread() -> ThreadPoolExecutor:
@@ -241,8 +245,12 @@ def state_and_inputs(
         if coordinator is not None:  # the arbiter between attempts of this batch
             handle.arbitrate(commit_arbiter(coordinator, info.run, info.partition))
         yield handle, provider, inputs, shared
-    # committed: the changelog holding this event time is durable, so the report
-    # can never tell the coordinator a time the durable record does not say
+    # committed; reported once the changelog holding this event time is durable (at
+    # once, or after the task's flush group), so the report can never tell the
+    # coordinator a time the durable record does not say
     if coordinator is not None:  # every operator reports: its metrics ride along
         event_time = handle.header.get(EVENT_TIME_FIELD) if shared_event_time else None
-        report(coordinator, info.run, info.batch_id, info.partition, event_time, context.metrics)
+        metrics = context.metrics
+        after_flush(
+            lambda: report(coordinator, info.run, info.batch_id, info.partition, event_time, metrics)
+        )

@@ -71,17 +71,17 @@ def state_map(
         )  # fmt: skip
     else:
         tasks, servers, observe = conf.tasks, conf.servers, conf.observe_metrics
-    one = served(task, servers)
     if tasks == partitions:
         return with_state_metrics(
-            df.repartition(partitions, *keys), one, out_schema, name, observe=observe
-        )
+            df.repartition(partitions, *keys), served(task, servers), out_schema, name,
+            observe=observe,
+        )  # fmt: skip
     routed = df.withColumn(SHARD, F.pmod(F.hash(*keys), F.lit(partitions)))
     return with_state_metrics(
         routed.repartition(tasks, *keys),
-        one,
+        task,
         out_schema,
         name,
-        outer=lambda each: SparkTask(ShardedTask(each, partitions, tasks)),
+        outer=lambda each: SparkTask(ShardedTask(each, partitions, tasks, servers)),
         observe=observe,
     )

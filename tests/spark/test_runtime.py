@@ -3,6 +3,7 @@ deterministic row order, and an aggregator's batch (no Spark session needed)."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pyarrow as pa
@@ -435,3 +436,37 @@ def test_sessions_an_advance_closes_become_the_rows_their_updates_would(tmp_path
     got = output.from_closed(closed)
     assert got.to_pylist() == output.from_updates(updates).to_pylist()
     assert got.column("sd").null_count > 0 and got.column("avg").type == pa.float64()
+
+
+def test_a_snapshot_in_a_flush_group_waits_for_the_changelog_it_is_built_on(tmp_path, monkeypatch):
+    """A snapshot of version N is built from the local state that changelog N made;
+    published (and on a local checkpoint flushed) while changelog N may still be lost
+    to a power loss, it would outlive the changelog, and maintenance may delete the
+    older data a restore of the replacing attempt's version N needs. So a task's
+    snapshot starts once its flush group has made the changelog durable."""
+    from sessionstore import StoreSpec
+    from sessionstore.checkpoint.storage import flush_group as fg
+    from spark_integration import StateBackend
+    from spark_integration.execution.context import TaskContext, TaskInfo
+    from spark_integration.execution.partition_state import partition_state
+
+    events: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (events.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))
+    )
+    monkeypatch.setattr(fg, "_syncfs", lambda: lambda fd: events.append("syncfs") or 0)
+    ck = tmp_path / "ck"
+    backend = StateBackend(f"file://{ck}", local_dir=str(tmp_path / "local"), snapshot_interval=1)
+    specs = [StoreSpec("s", "session", 10**9)]
+    with fg.flush_group():
+        for partition in range(2):  # a worker that exits with its task: snapshots in-thread
+            context = TaskContext(TaskInfo(partition, 0, 0))
+            with partition_state(backend, "op", context, specs, 2) as (handle, _):
+                handle["s"].put("k", 0, 10, {"n": 1})
+        assert (ck / "op/0/changelog/0/1.changelog").exists()
+        assert not (ck / "op/0/snapshot").exists() and not (ck / "op/1/snapshot").exists()
+        assert "syncfs" not in events
+    assert (ck / "op/0/snapshot/1.manifest").exists() and (ck / "op/1/snapshot/1.manifest").exists()
+    first_snapshot_write = next(i for i, e in enumerate(events) if "/snapshot/" in e or "/files/" in e)
+    assert events.index("syncfs") < first_snapshot_write

@@ -330,35 +330,58 @@ def test_in_spark_partitions_stay_warm_in_their_servers_and_a_killed_server_lose
             assert kinds == {"warm": 4}, (batch, kinds)
 
 
-def test_a_spark_task_running_several_partitions_pickles_its_operator_task_once(
+def test_a_spark_task_running_several_partitions_sends_each_server_one_request(
     daemon, monkeypatch
 ):
-    """fewer Spark tasks than partitions: each partition is sent to the server, the
-    operator task is pickled once per Spark task, and the pickle on the executor
-    side does not carry that cache."""
+    """fewer Spark tasks than partitions: the partitions of one server go to it in
+    one request (a group: the operator task pickled once with it), each runs with
+    its own rows and context there, and the pickle on the executor side does not
+    carry that cache."""
     import pickle
 
     from pyspark import cloudpickle
 
     from spark_integration.conf.names import SHARD
-    from spark_integration.execution.sharding import ShardedTask
+    from spark_integration.execution.sharding import PartitionGroup, ShardedTask
 
     _, servers = daemon
     calls = []
     dumps = cloudpickle.dumps
     monkeypatch.setattr(cloudpickle, "dumps", lambda obj, *a, **k: calls.append(obj) or dumps(obj))
-    served = ss.ServedTask(EchoTask(), 1)
+    sharded = ShardedTask(EchoTask(), 3, 1, servers=1)
     schema = pa.schema([("x", pa.int64()), (SHARD, pa.int32())])
     batch = pa.record_batch([[1, 2, 3], [0, 2, 2]], schema=schema)
-    out = list(ShardedTask(served, 3, 1).run(iter([batch]), TaskContext(TaskInfo(0, 4, 0, "run"))))
+    out = list(sharded.run(iter([batch]), TaskContext(TaskInfo(0, 4, 0, "run"))))
     tables = [pa.Table.from_batches([b]).to_pylist() for b in out]
     assert [t for t in tables if "x2" in t[0]] == [[{"x2": 2}], [{"x2": 4}, {"x2": 6}]]
     ran = [t[0] for t in tables if "pid" in t[0]]
     assert [(r["partition"], r["batch"]) for r in ran] == [(0, 4), (1, 4), (2, 4)]
     servers.update(r["pid"] for r in ran)
     assert len({r["pid"] for r in ran}) == 1
-    assert [type(c) for c in calls].count(EchoTask) == 1
-    assert "_body" not in pickle.loads(pickle.dumps(served)).__dict__
+    assert [type(c) for c in calls] == [PartitionGroup]
+    assert calls[0].partitions == [0, 1, 2]
+    assert "_body" not in pickle.loads(pickle.dumps(sharded)).__dict__
+
+
+def test_the_partitions_of_a_spark_task_go_to_their_servers_one_request_each(daemon):
+    """Two servers: partitions 0 and 2 run in server 0, partition 1 in server 1,
+    one request each, every row with its own partition."""
+    from spark_integration.conf.names import SHARD
+    from spark_integration.execution.sharding import ShardedTask
+
+    _, servers = daemon
+    schema = pa.schema([("x", pa.int64()), (SHARD, pa.int32())])
+    batch = pa.record_batch([[1, 2, 3, 4], [2, 1, 0, 2]], schema=schema)
+    out = list(ShardedTask(EchoTask(), 3, 1, servers=2).run(
+        iter([batch]), TaskContext(TaskInfo(0, 7, 0, "run"))
+    ))  # fmt: skip
+    tables = [pa.Table.from_batches([b]).to_pylist() for b in out]
+    assert [t for t in tables if "x2" in t[0]] == [[{"x2": 6}], [{"x2": 2}, {"x2": 8}], [{"x2": 4}]]
+    ran = [t[0] for t in tables if "pid" in t[0]]
+    assert [(r["partition"], r["batch"]) for r in ran] == [(0, 7), (2, 7), (1, 7)]
+    servers.update(r["pid"] for r in ran)
+    pids = [r["pid"] for r in ran]
+    assert pids[0] == pids[1] != pids[2]
 
 
 # ------------------------------------------------------------- trust (issue 28)

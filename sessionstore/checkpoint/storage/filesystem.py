@@ -40,6 +40,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from sessionstore.checkpoint.storage.conditional_create import ConditionalCreate
+from sessionstore.checkpoint.storage.flush_group import flush_dirs, flush_file, flush_paths
 from sessionstore.checkpoint.storage.retry import RetryCounter, RetryPolicy, policy_from_options
 from sessionstore.errors import SessionStoreError
 
@@ -330,10 +331,12 @@ class Storage:
         bytes, when known): a reader sees no object or the whole one, and an
         exception leaves nothing at ``rel``.
 
-        A local file is written beside the target, flushed to disk
-        (:func:`_fsync`) and made visible by ``publish(tmp, target)``
-        (``os.replace``, or ``os.link``, which refuses an existing name), then its
-        directory is flushed too: once this returns, a power loss keeps it.
+        A local file is written beside the target, flushed to disk and made
+        visible by ``publish(tmp, target)`` (``os.replace``, or ``os.link``, which
+        refuses an existing name), then its directory is flushed too: once this
+        returns, a power loss keeps it (inside a
+        :func:`~sessionstore.checkpoint.storage.flush_group.flush_group`, once the
+        group ends).
         pyarrow cannot abort an upload (apache/arrow#40502): a stream that ends
         in an exception is closed, and the close completes the upload with what
         was sent. So only an object of at most :data:`SINGLE_PUT_BYTES` in
@@ -360,13 +363,18 @@ class Storage:
         try:
             with open(tmp, "wb") as out:
                 fill(out)
-                _fsync(out)
-            publish(tmp, target)
+                flush_file(out, target)  # the name it has once published
+            try:
+                publish(tmp, target)
+            except FileExistsError:
+                # another writer's file, which the caller reads and may adopt: its
+                # writer may flush it only at the end of its own flush group
+                flush_paths([target, parent, *changed])
+                raise
         finally:
             with suppress(OSError):  # gone already if a replace consumed it
                 os.unlink(tmp)
-        for directory in (parent, *changed):
-            _fsync_dir(directory)
+        flush_dirs([parent, *changed])
 
     def _write_aside(self, rel: str, fill: Callable[[Any], Any]) -> None:
         """Write to a hidden name beside ``rel`` (listings skip it), then move it
@@ -667,29 +675,13 @@ def _aside(target: str) -> str:
 
 def _make_dirs(path: str) -> list[str]:
     """Create the directory ``path`` and its missing parents; the directories that
-    gained an entry (to flush after: :func:`_fsync_dir`)."""
+    gained an entry (to flush after: :func:`~sessionstore.checkpoint.storage.flush_group.flush_dirs`)."""
     created, probe = [], path
     while probe and not os.path.isdir(probe):
         created.append(probe)
         probe = os.path.dirname(probe)
     os.makedirs(path, exist_ok=True)
     return [os.path.dirname(d) for d in created]
-
-
-def _fsync(out: Any) -> None:
-    """Flush the open file ``out`` to the disk (its data and size)."""
-    out.flush()
-    os.fsync(out.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    """Flush the directory ``path``: a name linked, renamed or created in it
-    survives a power loss once this returns."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _says_missing(exc: OSError) -> bool:

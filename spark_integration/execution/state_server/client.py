@@ -23,8 +23,8 @@ from sessionstore.process import this_process
 from spark_integration.execution.context import ContextTask, TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
     IO_TIMEOUT_S,
-    SERVERS_PER_SLOT,
     START_TIMEOUT_S,
+    servers_here,
 )
 from spark_integration.execution.state_server.protocol import (
     ACCEPTED,
@@ -92,7 +92,7 @@ class ServedTask:
         """``task``'s output, run as ``context`` in its partition's server (its
         metrics record sent back into ``context``), or here when there is none."""
         info = context.info
-        count = self.count or SERVERS_PER_SLOT * (os.cpu_count() or 1)
+        count = servers_here(self.count)
         slot = info.partition % count
         conn = None
         if sys.platform.startswith("linux"):

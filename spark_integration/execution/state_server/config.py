@@ -21,6 +21,7 @@ __all__ = [
     "IO_TIMEOUT_S",
     "REQUEST_TIMEOUT_S",
     "server_count",
+    "servers_here",
     "executor_slots",
 ]
 
@@ -60,6 +61,12 @@ def server_count(spark: Any) -> int | None:
             f"got {value!r}"
         )
     return count
+
+
+def servers_here(count: int | None) -> int:
+    """The state servers of this executor for an operator planned with ``count``
+    (:func:`server_count`; None: :data:`SERVERS_PER_SLOT` per core of this machine)."""
+    return count or SERVERS_PER_SLOT * (os.cpu_count() or 1)
 
 
 def executor_slots(spark: Any) -> int | None:
