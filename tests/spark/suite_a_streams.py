@@ -42,6 +42,14 @@ class Streams:
             .start()
         )
 
+    def start_run(
+        self, key: Hashable, run: tuple[Any, Path, Sequence[Step]], mode: str = "append"
+    ) -> Sequence[Step]:
+        """:meth:`start` the query of ``run`` (query, checkpoint, steps); its steps."""
+        out, checkpoint, steps = run
+        self.start(key, out, checkpoint, mode)
+        return steps
+
     def step(self, writes: Mapping[Hashable, Step]) -> None:
         """Run each query's write (its next file), then let each of those queries
         process what it was given."""

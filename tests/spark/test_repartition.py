@@ -137,7 +137,9 @@ def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, operator)
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
     first = StateBackend(f"file://{tmp_path}/four", local_dir=str(tmp_path / "l2"))
     with Streams() as streams:
-        streams.start("whole", _query(spark, tmp_path / "in1", whole, 4, operator), tmp_path / "ck1")
+        streams.start(
+            "whole", _query(spark, tmp_path / "in1", whole, 4, operator), tmp_path / "ck1"
+        )
         streams.start("got", _query(spark, tmp_path / "in2", first, 4, operator), tmp_path / "ck2")
         streams.drive({"whole": steps(tmp_path / "in1", range(3)),
                        "got": steps(tmp_path / "in2", range(3))})  # fmt: skip

@@ -103,14 +103,6 @@ def run_query(
     return run_stream(out, checkpoint, steps)
 
 
-def started(streams, key, run, mode="append"):
-    """Start the query of ``run`` (a :func:`fed` triple) in ``streams`` under ``key``;
-    its steps."""
-    out, checkpoint, steps = run
-    streams.start(key, out, checkpoint, mode)
-    return steps
-
-
 def rows_or_batches(streams, key, emit):
     """What :func:`run_query` returns for the query of ``key``."""
     return streams.batches(key) if emit == "update" else streams.rows(key)
@@ -142,18 +134,20 @@ def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path,
     run = functools.partial(query_run, spark, emit=emit)
     mode = "update" if emit == "update" else "append"
     with Streams() as streams:  # the reference beside the restarted run, in lockstep
-        ref = started(streams, "ref", run(tmp_path / "all", tmp_path, "ref", backend, batches), mode)
+        ref = streams.start_run(
+            "ref", run(tmp_path / "all", tmp_path, "ref", backend, batches), mode
+        )
         # the same stream, stopped after 3 batches and restarted with a new local dir
         # (a new executor): the state comes back from the checkpoint
         part = run(tmp_path / "part", tmp_path, "restart", backend, batches[:3])
-        streams.drive({"ref": ref[:3], "restart": started(streams, "restart", part, mode)})
+        streams.drive({"ref": ref[:3], "restart": streams.start_run("restart", part, mode)})
         streams.stop("restart")
         first = list(rows_or_batches(streams, "restart", emit))
         moved = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local2"))
         part = run(tmp_path / "part", tmp_path, "restart", moved, batches[3:], first=3)
-        streams.drive({"ref": ref[3:], "restart": started(streams, "restart", part, mode)})
+        streams.drive({"ref": ref[3:], "restart": streams.start_run("restart", part, mode)})
     reference = rows_or_batches(streams, "ref", emit)
-    second = rows_or_batches(streams, "restart", emit)[len(first):]
+    second = rows_or_batches(streams, "restart", emit)[len(first) :]
     if emit == "update":
         # what the first batches emitted is known after the restart: the same rows
         # per micro-batch, deletes included
@@ -176,21 +170,21 @@ def test_a_restart_at_the_confs_count_rescales_the_checkpoint(spark, tmp_path, c
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     with Streams() as streams:  # the reference beside the restarted run, in lockstep
         ref = query_run(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
-        ref = started(streams, "ref", ref)
+        ref = streams.start_run("ref", ref)
         part = query_run(
             spark, tmp_path / "part", tmp_path, "three", backend, batches[:3], num_partitions=3
         )
-        streams.drive({"ref": ref[:3], "three": started(streams, "three", part)})
+        streams.drive({"ref": ref[:3], "three": streams.start_run("three", part)})
         streams.stop("three")
         first = streams.rows("three")
         with caplog.at_level("WARNING", logger="spark_integration.planning.rescale"):
             part = query_run(
                 spark, tmp_path / "part", tmp_path, "three", backend, batches[3:], first=3
             )
-            streams.drive({"ref": ref[3:], "three": started(streams, "three", part)})
+            streams.drive({"ref": ref[3:], "three": streams.start_run("three", part)})
             streams.stop("three")
     reference = streams.rows("ref")
-    second = streams.rows("three")[len(first):]
+    second = streams.rows("three")[len(first) :]
     assert any("rescaled operator 'three'" in r.message and "from 3 to 2 partitions" in r.message
                for r in caplog.records)  # fmt: skip
     assert as_sessions(first + second) == as_sessions(reference)
@@ -254,17 +248,17 @@ def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
     # run on gs://, in lockstep
     with Streams() as streams:
         ref = query_run(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
-        ref = iter(started(streams, "ref", ref))
+        ref = iter(streams.start_run("ref", ref))
         try:
             for local, part, first in (("gs-local", batches[:3], 0), ("gs-local2", batches[3:], 3)):
                 conf["spark.sessionstore.localDir"] = str(tmp_path / local)
                 for key, value in conf.items():
                     spark.conf.set(key, value)
                 run = query_run(spark, tmp_path / "part", tmp_path, "gcs", None, part, first=first)
-                steps = started(streams, "gcs", run)
+                steps = streams.start_run("gcs", run)
                 streams.drive({"ref": [next(ref) for _ in steps], "gcs": steps})
                 streams.stop("gcs")
-                outputs.append(streams.rows("gcs")[sum(map(len, outputs)):])
+                outputs.append(streams.rows("gcs")[sum(map(len, outputs)) :])
         finally:
             for key in conf:
                 spark.conf.unset(key)
@@ -290,19 +284,19 @@ def test_a_query_restarted_on_a_copied_checkpoint_continues_exactly(spark, tmp_p
             f"file://{tmp_path}/ref-state", local_dir=str(tmp_path / "ref-local")
         )
         ref = query_run(spark, tmp_path / "all", tmp_path / "ref", "moving", backend, batches)
-        ref = started(streams, "ref", ref)
+        ref = streams.start_run("ref", ref)
         backend = StateBackend(
             f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"), snapshot_interval=2
         )
         with without_due_batches(spark):  # versions 1-3 are the 3 files' batches
             part = query_run(spark, tmp_path / "part", tmp_path, "moving", backend, batches[:3])
-        streams.drive({"ref": ref[:3], "moving": started(streams, "moving", part)})
+        streams.drive({"ref": ref[:3], "moving": streams.start_run("moving", part)})
         streams.stop("moving")
         first = streams.rows("moving")
         moved = _copy_from_snapshot_2(tmp_path)
         backend = StateBackend(f"file://{moved}/state", local_dir=str(tmp_path / "new-local"))
         part = query_run(spark, tmp_path / "part", moved, "moving", backend, batches[3:], first=3)
-        streams.drive({"ref": ref[3:], "moved": started(streams, "moved", part)})
+        streams.drive({"ref": ref[3:], "moved": streams.start_run("moved", part)})
     reference, second = streams.rows("ref"), streams.rows("moved")
 
     def rows(out):
@@ -388,10 +382,12 @@ def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spar
         local_dir=str(tmp_path / "local"),
         commit_observer=FailOnceAfterCommit(str(markers)),
     )
-    runs = run_together({  # the clean run beside the failing one, in lockstep
-        "clean": query_run(spark, tmp_path / "a", tmp_path, "clean", clean, batches),
-        "failing": query_run(spark, tmp_path / "b", tmp_path, "failing", failing, batches),
-    })
+    runs = run_together(
+        {  # the clean run beside the failing one, in lockstep
+            "clean": query_run(spark, tmp_path / "a", tmp_path, "clean", clean, batches),
+            "failing": query_run(spark, tmp_path / "b", tmp_path, "failing", failing, batches),
+        }
+    )
     reference, rows = flat(runs["clean"]), flat(runs["failing"])
     assert list(markers.iterdir()) == []  # both injected failures happened
     assert sorted(map(str, rows)) == sorted(map(str, reference))  # same rows, no duplicates
@@ -421,11 +417,11 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
             "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
             "ours": query_run(spark, tmp_path / "in-ours", tmp_path, "ours", backend, batches),
         }
-        runs = {key: started(streams, key, run) for key, run in runs.items()}
+        runs = {key: streams.start_run(key, run) for key, run in runs.items()}
         upd = query_run(
             spark, tmp_path / "in-upd", tmp_path, "upd", backend, batches, emit="update"
         )
-        runs["upd"] = started(streams, "upd", upd, "update")
+        runs["upd"] = streams.start_run("upd", upd, "update")
         streams.drive(runs)
     theirs, ours, per_batch = streams.rows("theirs"), streams.rows("ours"), streams.batches("upd")
 
@@ -527,11 +523,13 @@ def test_the_input_watermark_sets_the_grace(spark, tmp_path):
             backend=backend, name="plain",
         )  # fmt: skip
 
-    runs = run_together({  # Spark's, ours and ours without the watermark, side by side
-        "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
-        "mine": fed(spark, tmp_path / "in-ours", tmp_path / "ck-ours", batches, ours),
-        "plain": fed(spark, tmp_path / "in-plain", tmp_path / "ck-plain", batches, plain),
-    })
+    runs = run_together(
+        {  # Spark's, ours and ours without the watermark, side by side
+            "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
+            "mine": fed(spark, tmp_path / "in-ours", tmp_path / "ck-ours", batches, ours),
+            "plain": fed(spark, tmp_path / "in-plain", tmp_path / "ck-plain", batches, plain),
+        }
+    )
     theirs, mine, no_grace = flat(runs["theirs"]), flat(runs["mine"]), flat(runs["plain"])
 
     def ms(value):
