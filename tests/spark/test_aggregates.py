@@ -364,19 +364,50 @@ def _streamed(spark, tmp_path, builds, evs):
     return {folder: flat(batches) for folder, batches in run_together(runs).items()}
 
 
-def test_every_function_on_a_stream_equals_spark(spark, tmp_path):
-    """A streaming query, one file per micro-batch, 1 minute watermark: the same
-    sessions and windows as Spark's, three sessions merged by a later batch and a
-    late row counted, with every aggregate equal."""
-    evs = events()
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+def _custom_spec():
+    """A custom SessionAggregation beside built-ins reading a timestamp and decimals
+    (``seen`` counts an event once if it sees the values as Spark gives them,
+    datetime and Decimal, else 1000 times): the spec, and the built-ins' names."""
+    from datetime import datetime
 
-    run = _streamed(spark, tmp_path, {  # Spark's and ours, sessions and windows, side by side
+    def as_given(key, value, acc):
+        typed = isinstance(value["t2"], datetime) and all(
+            value[c] is None or isinstance(value[c], Decimal) for c in ("cost", "big")
+        )
+        return acc + (1 if typed else 1000)
+
+    seen = SessionAggregation(lambda: 0, as_given, lambda k, a, b: a + b, "bigint")
+    names = ["n", "maxt", "ac", "maxb", "maxbyb", "minc", "csc"]
+    return {"seen": seen, **{k: OURS[k] for k in names}}, names
+
+
+@pytest.fixture(scope="module")
+def streamed(spark, tmp_path_factory):
+    """The rows of each stream over :func:`events`, by folder (see :func:`_streamed`):
+    Spark's sessions and windows, ours with every function, and ours with
+    :func:`_custom_spec`. Shared by test_every_function_on_a_stream_equals_spark and
+    test_custom_aggregations_beside_built_ins_over_times_and_decimals_in_a_stream
+    (both compare with Spark's session query over the same events), driven side by
+    side: each stream on its own source, state and checkpoint, they cannot interfere."""
+    tmp_path = tmp_path_factory.mktemp("streams")
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    custom = StateBackend(f"file://{tmp_path}/custom", local_dir=str(tmp_path / "l-custom"))
+    spec, _ = _custom_spec()
+    return _streamed(spark, tmp_path, {
         "spark-s": _sessions_builtin,
         "ours-s": lambda df: _ours_sessions(df, backend, "s"),
         "spark-w": _windows_builtin,
         "ours-w": lambda df: _ours_windows(df, backend, "w"),
-    }, evs).get  # fmt: skip
+        "ours-custom": lambda df: _ours_sessions(df, custom, "s", spec),
+    }, events())  # fmt: skip
+
+
+def test_every_function_on_a_stream_equals_spark(streamed):
+    """A streaming query, one file per micro-batch, 1 minute watermark: the same
+    sessions and windows as Spark's, three sessions merged by a later batch and a
+    late row counted, with every aggregate equal."""
+    evs = events()
+    run = streamed.get
 
     theirs = _spark_rows(run("spark-s"), None, None, GAP_MS)
     ours = _our_rows(run("ours-s"), "session_start", "session_end")
@@ -409,32 +440,15 @@ def test_custom_aggregations_beside_built_ins(spark, tmp_path):
     assert got == [("a", 1, 3, 3.0, 2, 2), ("a", 50_000, 4, 4.0, 1, 1), ("b", 5, 7, 7.0, 1, 1)]
 
 
-def test_custom_aggregations_beside_built_ins_over_times_and_decimals_in_a_stream(spark, tmp_path):
+def test_custom_aggregations_beside_built_ins_over_times_and_decimals_in_a_stream(streamed):
     """A custom SessionAggregation beside built-ins reading a timestamp and
     decimals, in a streaming query: the custom one sees the values as Spark gives
     them (datetime, Decimal), the built-ins equal Spark's (the accumulators of
     open sessions are stored between micro-batches)."""
-    from datetime import datetime
-
     evs = events()
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-
-    def as_given(key, value, acc):
-        typed = isinstance(value["t2"], datetime) and all(
-            value[c] is None or isinstance(value[c], Decimal) for c in ("cost", "big")
-        )
-        return acc + (1 if typed else 1000)
-
-    seen = SessionAggregation(lambda: 0, as_given, lambda k, a, b: a + b, "bigint")
-    names = ["n", "maxt", "ac", "maxb", "maxbyb", "minc", "csc"]
-    ours_spec = {"seen": seen, **{k: OURS[k] for k in names}}
-
-    runs = _streamed(spark, tmp_path, {  # Spark's and ours side by side
-        "spark": _sessions_builtin,
-        "ours": lambda df: _ours_sessions(df, backend, "s", ours_spec),
-    }, evs)  # fmt: skip
-    theirs = _spark_rows(runs["spark"], None, None, GAP_MS)
-    ours = _our_rows(runs["ours"], "session_start", "session_end")
+    _, names = _custom_spec()
+    theirs = _spark_rows(streamed["spark-s"], None, None, GAP_MS)
+    ours = _our_rows(streamed["ours-custom"], "session_start", "session_end")
     _check(ours, theirs, evs, True, names)
     assert all(row["seen"] == row["n"] for row in ours.values())
 
