@@ -1,11 +1,10 @@
 """Several streaming queries of one test driven side by side in one SparkSession.
 
 A test that compares runs (an uninterrupted reference and a run stopped and
-restarted, ours and Spark's own operator, two partition counts) used to run them
-one after the other, each waiting out its own micro-batches. :class:`Streams`
-starts them together and drives them in lockstep: at each step every running
-query gets its own next file, then each is waited for, so the queries' waits
-overlap. Each query keeps its own source folder, checkpoint and output, and still
+restarted, ours and Spark's own operator, two partition counts) need not wait out
+each run's micro-batches in turn: :class:`Streams` starts them together and drives
+them in lockstep. At each step every running query gets its own next file, then
+each is waited for, so the queries' waits overlap. Each query keeps its own source folder, checkpoint and output, and still
 gets one file per micro-batch and processes it before its next file, exactly as
 :func:`tests.spark.streams.run_stream` drives a lone query.
 """
