@@ -14,7 +14,8 @@ from decimal import Decimal
 import pytest
 
 from spark_integration import SessionAggregation, StateBackend, sessionize, window_aggregate
-from tests.spark.streams import json_source, run_stream, write_json
+from tests.spark.streams import json_source, write_json
+from tests.spark.suite_a_streams import Streams, flat, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -341,9 +342,9 @@ def test_every_function_on_a_batch_dataframe_equals_spark(spark, tmp_path):
     _check(_our_rows(columnar, "window_start", "window_end"), theirs, evs, False, COLUMNAR)
 
 
-def _streamed(spark, tmp_path, folder, build, evs):
-    """The rows ``build`` gives over a streaming JSON source of ``evs`` (one file per
-    micro-batch, a 1 minute watermark)."""
+def _stream_run(spark, tmp_path, folder, build, evs):
+    """``build`` over a streaming JSON source of ``evs`` (one file per micro-batch, a
+    1 minute watermark), not started: the query, its checkpoint and its steps."""
     out = build(
         _timed(json_source(spark, tmp_path / folder, SCHEMA)).withWatermark("t", "1 minute")
     )
@@ -351,31 +352,71 @@ def _streamed(spark, tmp_path, folder, build, evs):
         (lambda i=i, rows=rows: write_json(tmp_path / folder, i, rows))
         for i, rows in enumerate(evs)
     ]
-    return run_stream(out, tmp_path / f"ck-{folder}", steps)
+    return out, tmp_path / f"ck-{folder}", steps
 
 
-def test_every_function_on_a_stream_equals_spark(spark, tmp_path):
+def _streamed(spark, tmp_path, builds, evs):
+    """The rows each of ``builds`` (by folder) gives over ``evs`` (see
+    :func:`_stream_run`), the queries driven side by side, by folder."""
+    runs = {
+        folder: _stream_run(spark, tmp_path, folder, build, evs) for folder, build in builds.items()
+    }
+    return {folder: flat(batches) for folder, batches in run_together(runs).items()}
+
+
+def _custom_spec():
+    """A custom SessionAggregation beside built-ins reading a timestamp and decimals
+    (``seen`` counts an event once if it sees the values as Spark gives them,
+    datetime and Decimal, else 1000 times): the spec, and the built-ins' names."""
+    from datetime import datetime
+
+    def as_given(key, value, acc):
+        typed = isinstance(value["t2"], datetime) and all(
+            value[c] is None or isinstance(value[c], Decimal) for c in ("cost", "big")
+        )
+        return acc + (1 if typed else 1000)
+
+    seen = SessionAggregation(lambda: 0, as_given, lambda k, a, b: a + b, "bigint")
+    names = ["n", "maxt", "ac", "maxb", "maxbyb", "minc", "csc"]
+    return {"seen": seen, **{k: OURS[k] for k in names}}, names
+
+
+@pytest.fixture(scope="module")
+def streamed(spark, tmp_path_factory):
+    """The rows of each stream over :func:`events`, by folder (see :func:`_streamed`):
+    Spark's sessions and windows, ours with every function, and ours with
+    :func:`_custom_spec`. Shared by test_every_function_on_a_stream_equals_spark and
+    test_custom_aggregations_beside_built_ins_over_times_and_decimals_in_a_stream
+    (both compare with Spark's session query over the same events), driven side by
+    side: each stream on its own source, state and checkpoint, they cannot interfere."""
+    tmp_path = tmp_path_factory.mktemp("streams")
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    custom = StateBackend(f"file://{tmp_path}/custom", local_dir=str(tmp_path / "l-custom"))
+    spec, _ = _custom_spec()
+    return _streamed(spark, tmp_path, {
+        "spark-s": _sessions_builtin,
+        "ours-s": lambda df: _ours_sessions(df, backend, "s"),
+        "spark-w": _windows_builtin,
+        "ours-w": lambda df: _ours_windows(df, backend, "w"),
+        "ours-custom": lambda df: _ours_sessions(df, custom, "s", spec),
+    }, events())  # fmt: skip
+
+
+def test_every_function_on_a_stream_equals_spark(streamed):
     """A streaming query, one file per micro-batch, 1 minute watermark: the same
     sessions and windows as Spark's, three sessions merged by a later batch and a
     late row counted, with every aggregate equal."""
     evs = events()
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    run = streamed.get
 
-    def run(folder, build):
-        return _streamed(spark, tmp_path, folder, build, evs)
-
-    theirs = _spark_rows(run("spark-s", _sessions_builtin), None, None, GAP_MS)
-    ours = _our_rows(
-        run("ours-s", lambda df: _ours_sessions(df, backend, "s")), "session_start", "session_end"
-    )
+    theirs = _spark_rows(run("spark-s"), None, None, GAP_MS)
+    ours = _our_rows(run("ours-s"), "session_start", "session_end")
     _check(ours, theirs, evs, inclusive_end=True)
     merged = [ident for ident in ours if ident[0] == "m"]
     assert len(merged) == 1 and ours[merged[0]]["n"] == 6  # three sessions, a bridge, a late row
 
-    theirs = _spark_rows(run("spark-w", _windows_builtin), None, None)
-    ours = _our_rows(
-        run("ours-w", lambda df: _ours_windows(df, backend, "w")), "window_start", "window_end"
-    )
+    theirs = _spark_rows(run("spark-w"), None, None)
+    ours = _our_rows(run("ours-w"), "window_start", "window_end")
     _check(ours, theirs, evs, inclusive_end=False)
 
 
@@ -399,36 +440,15 @@ def test_custom_aggregations_beside_built_ins(spark, tmp_path):
     assert got == [("a", 1, 3, 3.0, 2, 2), ("a", 50_000, 4, 4.0, 1, 1), ("b", 5, 7, 7.0, 1, 1)]
 
 
-def test_custom_aggregations_beside_built_ins_over_times_and_decimals_in_a_stream(spark, tmp_path):
+def test_custom_aggregations_beside_built_ins_over_times_and_decimals_in_a_stream(streamed):
     """A custom SessionAggregation beside built-ins reading a timestamp and
     decimals, in a streaming query: the custom one sees the values as Spark gives
     them (datetime, Decimal), the built-ins equal Spark's (the accumulators of
     open sessions are stored between micro-batches)."""
-    from datetime import datetime
-
     evs = events()
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-
-    def as_given(key, value, acc):
-        typed = isinstance(value["t2"], datetime) and all(
-            value[c] is None or isinstance(value[c], Decimal) for c in ("cost", "big")
-        )
-        return acc + (1 if typed else 1000)
-
-    seen = SessionAggregation(lambda: 0, as_given, lambda k, a, b: a + b, "bigint")
-    names = ["n", "maxt", "ac", "maxb", "maxbyb", "minc", "csc"]
-    ours_spec = {"seen": seen, **{k: OURS[k] for k in names}}
-
-    theirs = _spark_rows(
-        _streamed(spark, tmp_path, "spark", _sessions_builtin, evs), None, None, GAP_MS
-    )
-    ours = _our_rows(
-        _streamed(
-            spark, tmp_path, "ours", lambda df: _ours_sessions(df, backend, "s", ours_spec), evs
-        ),
-        "session_start",
-        "session_end",
-    )
+    _, names = _custom_spec()
+    theirs = _spark_rows(streamed["spark-s"], None, None, GAP_MS)
+    ours = _our_rows(streamed["ours-custom"], "session_start", "session_end")
     _check(ours, theirs, evs, True, names)
     assert all(row["seen"] == row["n"] for row in ours.values())
 
@@ -457,7 +477,6 @@ def test_a_restart_and_a_rescale_mid_session_keep_every_accumulator(spark, tmp_p
     (after batch 1), restarted, stopped again (after batch 2), rescaled from 2 to 3
     partitions and continued: the same rows as an uninterrupted run. ``dump`` and
     the data source show the open sessions' aggregates by name."""
-    from spark_integration.datasource import register
     from tests.tools.test_cli import run as cli
 
     evs = events()
@@ -473,17 +492,44 @@ def test_a_restart_and_a_rescale_mid_session_keep_every_accumulator(spark, tmp_p
             for i, rows in enumerate(evs)
             if i in part
         ]
-        return run_stream(out, tmp_path / f"ck-{folder}", steps)
+        return out, tmp_path / f"ck-{folder}", steps
 
     def state(name):
         return StateBackend(f"file://{tmp_path}/{name}", local_dir=str(tmp_path / f"l-{name}"))
 
-    whole = state("whole")
-    expected = run("a", whole, 2, range(len(evs)))
+    streams = Streams()  # the uninterrupted run beside the stopped and restarted one
+    with streams:
+        rest = streams.start_run("whole", run("a", state("whole"), 2, range(len(evs))))
+        two = state("two")
+        for part in ([0], [1]):  # then a restart of the query, sessions open
+            steps = streams.start_run("got", run("b", two, 2, part))
+            streams.drive({"whole": rest[:1], "got": steps})
+            streams.stop("got")
+            rest = rest[1:]
+        _check_open_sessions(spark, two)
+        three = state("three")
+        out = cli("repartition", two.checkpoint_uri, "--operator", "s", "--partitions", "3",
+                  "--to", three.checkpoint_uri)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        steps = streams.start_run("got", run("b", three, 3, range(2, len(evs))))
+        streams.drive({"whole": rest, "got": steps})
+    expected, got = streams.rows("whole"), streams.rows("got")
 
-    two = state("two")
-    got = run("b", two, 2, [0])
-    got += run("b", two, 2, [1])  # a restart of the query, sessions open
+    def canonical(rows):
+        return sorted(
+            str({k: sorted(v) if k in SETS and v is not None else v for k, v in r.items()})
+            for r in rows
+        )
+
+    assert len(expected) > 8
+    assert canonical(got) == canonical(expected)
+
+
+def _check_open_sessions(spark, two):
+    """``dump`` and the data source show the open sessions' aggregates by name."""
+    from spark_integration.datasource import register
+    from tests.tools.test_cli import run as cli
+
     dumped = cli("dump", two.checkpoint_uri, "--operator", "s", "--store", "sessions")
     assert dumped.returncode == 0, dumped.stderr
     rows = [json.loads(line) for line in dumped.stdout.splitlines()]
@@ -494,21 +540,6 @@ def test_a_restart_and_a_rescale_mid_session_keep_every_accumulator(spark, tmp_p
     source = spark.read.format("sessionstore").option("path", two.checkpoint_uri)
     shown = source.option("operator", "s").option("store", "sessions").load()
     assert set(shown.schema["value"].dataType.names) == set(OURS)
-
-    three = state("three")
-    out = cli("repartition", two.checkpoint_uri, "--operator", "s", "--partitions", "3",
-              "--to", three.checkpoint_uri)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    got += run("b", three, 3, range(2, len(evs)))
-
-    def canonical(rows):
-        return sorted(
-            str({k: sorted(v) if k in SETS and v is not None else v for k, v in r.items()})
-            for r in rows
-        )
-
-    assert len(expected) > 8
-    assert canonical(got) == canonical(expected)
 
 
 def test_a_lone_session_aggregation_keeps_its_stored_layout():

@@ -23,7 +23,8 @@ from spark_integration import (
     temporal_join,
     window_aggregate,
 )
-from tests.spark.streams import json_source, run_stream, without_due_batches, write_json
+from tests.spark.streams import json_source, without_due_batches, write_json
+from tests.spark.suite_a_streams import Streams, run_together
 from tests.tools.test_cli import run
 
 pytestmark = pytest.mark.slow
@@ -125,34 +126,43 @@ def file_steps(batches, folder, part):
 
 @pytest.mark.parametrize("operator", ["sessions", "windows", "join"])
 def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, operator):
+    """The uninterrupted run at 4 and the rescaled run (3 batches at 4, a repartition
+    to 7, 5 batches at 7) are driven side by side, each on its own source, state and
+    checkpoint."""
     batches = _batches()
 
     def steps(folder, part):
         return file_steps(batches, folder, part)
 
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
-    query = _query(spark, tmp_path / "in1", whole, 4, operator)
-    expected = run_stream(query, tmp_path / "ck1", steps(tmp_path / "in1", range(8)))
-    assert len(expected) > 20
-
     first = StateBackend(f"file://{tmp_path}/four", local_dir=str(tmp_path / "l2"))
-    query = _query(spark, tmp_path / "in2", first, 4, operator)
-    got = run_stream(query, tmp_path / "ck2", steps(tmp_path / "in2", range(3)))
-    seven = f"file://{tmp_path}/seven"
-    out = run("repartition", first.checkpoint_uri, "--operator", operator,
-              "--partitions", "7", "--to", seven)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert f"repartitioned {operator} version 3 from 4 to 7 partitions" in out.stdout
-    if operator == "sessions":  # the Spark job writes the same databases as the CLI
-        by_spark = f"file://{tmp_path}/seven-spark"
-        done = repartition_state(spark, first.checkpoint_uri, operator, 7, by_spark)
-        assert (done["version"], done["partitions"]) == (3, 7)
-        # meta entries included (SST files differ: see docs/rescale.md)
-        assert _contents(by_spark, operator, 3) == _contents(seven, operator, 3)
+    with Streams() as streams:
+        streams.start(
+            "whole", _query(spark, tmp_path / "in1", whole, 4, operator), tmp_path / "ck1"
+        )
+        streams.start("got", _query(spark, tmp_path / "in2", first, 4, operator), tmp_path / "ck2")
+        streams.drive({"whole": steps(tmp_path / "in1", range(3)),
+                       "got": steps(tmp_path / "in2", range(3))})  # fmt: skip
+        streams.stop("got")
+        seven = f"file://{tmp_path}/seven"
+        out = run("repartition", first.checkpoint_uri, "--operator", operator,
+                  "--partitions", "7", "--to", seven)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert f"repartitioned {operator} version 3 from 4 to 7 partitions" in out.stdout
+        if operator == "sessions":  # the Spark job writes the same databases as the CLI
+            by_spark = f"file://{tmp_path}/seven-spark"
+            done = repartition_state(spark, first.checkpoint_uri, operator, 7, by_spark)
+            assert (done["version"], done["partitions"]) == (3, 7)
+            # meta entries included (SST files differ: see docs/rescale.md)
+            assert _contents(by_spark, operator, 3) == _contents(seven, operator, 3)
 
-    rescaled = StateBackend(seven, local_dir=str(tmp_path / "l3"))
-    query = _query(spark, tmp_path / "in2", rescaled, 7, operator)
-    got += run_stream(query, tmp_path / "ck2", steps(tmp_path / "in2", range(3, 8)))
+        rescaled = StateBackend(seven, local_dir=str(tmp_path / "l3"))
+        query = _query(spark, tmp_path / "in2", rescaled, 7, operator)
+        streams.start("got", query, tmp_path / "ck2")
+        streams.drive({"whole": steps(tmp_path / "in1", range(3, 8)),
+                       "got": steps(tmp_path / "in2", range(3, 8))})  # fmt: skip
+    expected, got = streams.rows("whole"), streams.rows("got")
+    assert len(expected) > 20
     missing = Counter(map(str, expected)) - Counter(map(str, got))
     extra = Counter(map(str, got)) - Counter(map(str, expected))
     assert (missing, extra) == (Counter(), Counter())
@@ -216,8 +226,6 @@ def test_rescale_of_a_zipf_stream_is_exact(spark, tmp_path, case):
     close everything) write exactly what an uninterrupted run at 4 writes, batch by
     batch: every batch is judged by the operator's shared event time before it, never
     by a partition's own (docs/rescale.md)."""
-    from tests.spark.streams import run_stream_batches
-
     batches = _zipf_batches()
     mode = "update" if case.endswith("update") else "append"
 
@@ -225,20 +233,26 @@ def test_rescale_of_a_zipf_stream_is_exact(spark, tmp_path, case):
         return file_steps(batches, folder, part)
 
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
-    query = _zipf_query(spark, tmp_path / "in1", whole, 4, case)
-    expected = run_stream_batches(query, tmp_path / "ck1", steps(tmp_path / "in1", range(8)), mode)
-    assert sum(map(len, expected)) > 100
-
     first = StateBackend(f"file://{tmp_path}/four", local_dir=str(tmp_path / "l2"))
-    query = _zipf_query(spark, tmp_path / "in2", first, 4, case)
-    got = run_stream_batches(query, tmp_path / "ck2", steps(tmp_path / "in2", range(3)), mode)
-    seven = f"file://{tmp_path}/seven"
-    out = run("repartition", first.checkpoint_uri, "--operator", case,
-              "--partitions", "7", "--to", seven)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    rescaled = StateBackend(seven, local_dir=str(tmp_path / "l3"))
-    query = _zipf_query(spark, tmp_path / "in2", rescaled, 7, case)
-    got += run_stream_batches(query, tmp_path / "ck2", steps(tmp_path / "in2", range(3, 8)), mode)
+    with Streams() as streams:  # the two runs side by side (see the test above)
+        query = _zipf_query(spark, tmp_path / "in1", whole, 4, case)
+        streams.start("whole", query, tmp_path / "ck1", mode)
+        query = _zipf_query(spark, tmp_path / "in2", first, 4, case)
+        streams.start("got", query, tmp_path / "ck2", mode)
+        streams.drive({"whole": steps(tmp_path / "in1", range(3)),
+                       "got": steps(tmp_path / "in2", range(3))})  # fmt: skip
+        streams.stop("got")
+        seven = f"file://{tmp_path}/seven"
+        out = run("repartition", first.checkpoint_uri, "--operator", case,
+                  "--partitions", "7", "--to", seven)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        rescaled = StateBackend(seven, local_dir=str(tmp_path / "l3"))
+        query = _zipf_query(spark, tmp_path / "in2", rescaled, 7, case)
+        streams.start("got", query, tmp_path / "ck2", mode)
+        streams.drive({"whole": steps(tmp_path / "in1", range(3, 8)),
+                       "got": steps(tmp_path / "in2", range(3, 8))})  # fmt: skip
+    expected, got = streams.batches("whole"), streams.batches("got")
+    assert sum(map(len, expected)) > 100
     assert len(got) == len(expected) == 8
     _same_batches(expected, got)
 
@@ -258,17 +272,16 @@ def test_partition_count_changes_no_batch(spark, tmp_path, case):
     every micro-batch. Which sessions and windows a batch closes, and which rows are
     late, are judged by the shared event time, which does not depend on which keys
     share a partition."""
-    from tests.spark.streams import run_stream_batches
-
     batches = _zipf_batches()
     mode = "update" if case.endswith("update") else "append"
-    runs = []
+    runs = {}  # the two runs side by side, each on its own source, state and checkpoint
     for n in (4, 7):
         backend = StateBackend(f"file://{tmp_path}/at{n}", local_dir=str(tmp_path / f"l{n}"))
         folder = tmp_path / f"in{n}"
         # due batches too: they also run alike at any partition count
         query = _zipf_query(spark, folder, backend, n, case, due_batches=True)
-        steps = file_steps(batches, folder, range(8))
-        runs.append(run_stream_batches(query, tmp_path / f"ck{n}", steps, mode))
+        runs[n] = (query, tmp_path / f"ck{n}", file_steps(batches, folder, range(8)))
+    runs = run_together(runs, mode)
+    runs = [runs[4], runs[7]]
     assert sum(map(len, runs[0][:6])) > 100
     _same_batches(runs[0], runs[1])

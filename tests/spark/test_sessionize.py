@@ -19,6 +19,7 @@ from tests.spark.streams import (
     without_due_batches,
     write_json,
 )
+from tests.spark.suite_a_streams import Streams, flat, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -47,24 +48,31 @@ def rows_of(rows):
     return [{"user": user, "ts": ts, "amount": amount} for user, ts, amount in rows]
 
 
-def feed(spark, source, checkpoint, batches, build, first=0, mode=None):
-    """Run ``build(stream)`` over ``batches``, one file (one micro-batch) at a time.
-    Returns the rows, or with an output ``mode`` the rows of each micro-batch."""
+def fed(spark, source, checkpoint, batches, build, first=0):
+    """What :func:`feed` runs, not started: ``build(stream)``, the checkpoint and the
+    steps writing ``batches`` one file (one micro-batch) each (for
+    :class:`tests.spark.suite_a_streams.Streams`)."""
     out = build(json_source(spark, source, SCHEMA))
     steps = [
         (lambda i=i, rows=rows: write_json(source, i, rows_of(rows)))
         for i, rows in enumerate(batches, start=first)
     ]
+    return out, checkpoint, steps
+
+
+def feed(spark, source, checkpoint, batches, build, first=0, mode=None):
+    """Run ``build(stream)`` over ``batches``, one file (one micro-batch) at a time.
+    Returns the rows, or with an output ``mode`` the rows of each micro-batch."""
+    out, checkpoint, steps = fed(spark, source, checkpoint, batches, build, first)
     if mode is not None:
         return run_stream_batches(out, checkpoint, steps, mode)
     return run_stream(out, checkpoint, steps)
 
 
-def run_query(
+def query_run(
     spark, source, tmp_path, name, backend, batches, first=0, emit="final", num_partitions=None
 ):
-    """``feed`` through sessionize (count, sum and first of amount per session); in
-    update mode, the rows of each micro-batch."""
+    """What :func:`run_query` runs, not started (see :func:`fed`)."""
 
     def build(stream):
         return sessionize(
@@ -79,8 +87,25 @@ def run_query(
             num_partitions=num_partitions,
         )
 
-    mode = "update" if emit == "update" else None
-    return feed(spark, source, tmp_path / f"spark-ckpt-{name}", batches, build, first, mode)
+    return fed(spark, source, tmp_path / f"spark-ckpt-{name}", batches, build, first)
+
+
+def run_query(
+    spark, source, tmp_path, name, backend, batches, first=0, emit="final", num_partitions=None
+):
+    """``feed`` through sessionize (count, sum and first of amount per session); in
+    update mode, the rows of each micro-batch."""
+    out, checkpoint, steps = query_run(
+        spark, source, tmp_path, name, backend, batches, first, emit, num_partitions
+    )
+    if emit == "update":
+        return run_stream_batches(out, checkpoint, steps, "update")
+    return run_stream(out, checkpoint, steps)
+
+
+def rows_or_batches(streams, key, emit):
+    """What :func:`run_query` returns for the query of ``key``."""
+    return streams.batches(key) if emit == "update" else streams.rows(key)
 
 
 def as_sessions(rows):
@@ -106,13 +131,23 @@ def test_final_sessions_equal_offline_sessionization(spark, tmp_path):
 def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path, emit):
     batches = generated(seed=11)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    run = functools.partial(run_query, spark, emit=emit)
-    reference = run(tmp_path / "all", tmp_path, "ref", backend, batches)
-    # the same stream, stopped after 3 batches and restarted with a new local dir
-    # (a new executor): the state comes back from the checkpoint
-    first = run(tmp_path / "part", tmp_path, "restart", backend, batches[:3])
-    moved = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local2"))
-    second = run(tmp_path / "part", tmp_path, "restart", moved, batches[3:], first=3)
+    run = functools.partial(query_run, spark, emit=emit)
+    mode = "update" if emit == "update" else "append"
+    with Streams() as streams:  # the reference beside the restarted run, in lockstep
+        ref = streams.start_run(
+            "ref", run(tmp_path / "all", tmp_path, "ref", backend, batches), mode
+        )
+        # the same stream, stopped after 3 batches and restarted with a new local dir
+        # (a new executor): the state comes back from the checkpoint
+        part = run(tmp_path / "part", tmp_path, "restart", backend, batches[:3])
+        streams.drive({"ref": ref[:3], "restart": streams.start_run("restart", part, mode)})
+        streams.stop("restart")
+        first = list(rows_or_batches(streams, "restart", emit))
+        moved = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local2"))
+        part = run(tmp_path / "part", tmp_path, "restart", moved, batches[3:], first=3)
+        streams.drive({"ref": ref[3:], "restart": streams.start_run("restart", part, mode)})
+    reference = rows_or_batches(streams, "ref", emit)
+    second = rows_or_batches(streams, "restart", emit)[len(first) :]
     if emit == "update":
         # what the first batches emitted is known after the restart: the same rows
         # per micro-batch, deletes included
@@ -133,14 +168,23 @@ def test_a_restart_at_the_confs_count_rescales_the_checkpoint(spark, tmp_path, c
 
     batches = generated(seed=5)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    reference = run_query(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
-    first = run_query(
-        spark, tmp_path / "part", tmp_path, "three", backend, batches[:3], num_partitions=3
-    )
-    with caplog.at_level("WARNING", logger="spark_integration.planning.rescale"):
-        second = run_query(
-            spark, tmp_path / "part", tmp_path, "three", backend, batches[3:], first=3
+    with Streams() as streams:  # the reference beside the restarted run, in lockstep
+        ref = query_run(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
+        ref = streams.start_run("ref", ref)
+        part = query_run(
+            spark, tmp_path / "part", tmp_path, "three", backend, batches[:3], num_partitions=3
         )
+        streams.drive({"ref": ref[:3], "three": streams.start_run("three", part)})
+        streams.stop("three")
+        first = streams.rows("three")
+        with caplog.at_level("WARNING", logger="spark_integration.planning.rescale"):
+            part = query_run(
+                spark, tmp_path / "part", tmp_path, "three", backend, batches[3:], first=3
+            )
+            streams.drive({"ref": ref[3:], "three": streams.start_run("three", part)})
+            streams.stop("three")
+    reference = streams.rows("ref")
+    second = streams.rows("three")[len(first) :]
     assert any("rescaled operator 'three'" in r.message and "from 3 to 2 partitions" in r.message
                for r in caplog.records)  # fmt: skip
     assert as_sessions(first + second) == as_sessions(reference)
@@ -197,21 +241,28 @@ def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
     uri, options = gs_bucket
     batches = generated(seed=11)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    reference = run_query(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
     conf = {"spark.sessionstore.checkpointUri": uri, "spark.sessionstore.localDir": ""}
     conf.update({f"spark.sessionstore.storage.{k}": str(v) for k, v in options.items()})
     outputs = []
-    try:
-        for local, part, first in (("gs-local", batches[:3], 0), ("gs-local2", batches[3:], 3)):
-            conf["spark.sessionstore.localDir"] = str(tmp_path / local)
-            for key, value in conf.items():
-                spark.conf.set(key, value)
-            outputs.append(
-                run_query(spark, tmp_path / "part", tmp_path, "gcs", None, part, first=first)
-            )
-    finally:
-        for key in conf:
-            spark.conf.unset(key)
+    # the reference (its backend given, planned before the conf is set) beside the
+    # run on gs://, in lockstep
+    with Streams() as streams:
+        ref = query_run(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
+        ref = iter(streams.start_run("ref", ref))
+        try:
+            for local, part, first in (("gs-local", batches[:3], 0), ("gs-local2", batches[3:], 3)):
+                conf["spark.sessionstore.localDir"] = str(tmp_path / local)
+                for key, value in conf.items():
+                    spark.conf.set(key, value)
+                run = query_run(spark, tmp_path / "part", tmp_path, "gcs", None, part, first=first)
+                steps = streams.start_run("gcs", run)
+                streams.drive({"ref": [next(ref) for _ in steps], "gcs": steps})
+                streams.stop("gcs")
+                outputs.append(streams.rows("gcs")[sum(map(len, outputs)) :])
+        finally:
+            for key in conf:
+                spark.conf.unset(key)
+    reference = streams.rows("ref")
     assert as_sessions(outputs[0] + outputs[1]) == as_sessions(reference)
     assert len(reference) > 20
     remote = open_filesystem(uri, options)
@@ -227,17 +278,43 @@ def test_a_query_restarted_on_a_copied_checkpoint_continues_exactly(spark, tmp_p
     copied to another folder, the copy keeps only snapshot 2 and the changelogs
     after it, and the query restarts there on a new local dir. Its output is the
     uninterrupted run's (the copy used to refuse its own snapshots)."""
+    batches = generated(seed=11)
+    with Streams() as streams:  # the reference beside the moved run, in lockstep
+        backend = StateBackend(
+            f"file://{tmp_path}/ref-state", local_dir=str(tmp_path / "ref-local")
+        )
+        ref = query_run(spark, tmp_path / "all", tmp_path / "ref", "moving", backend, batches)
+        ref = streams.start_run("ref", ref)
+        backend = StateBackend(
+            f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"), snapshot_interval=2
+        )
+        with without_due_batches(spark):  # versions 1-3 are the 3 files' batches
+            part = query_run(spark, tmp_path / "part", tmp_path, "moving", backend, batches[:3])
+        streams.drive({"ref": ref[:3], "moving": streams.start_run("moving", part)})
+        streams.stop("moving")
+        first = streams.rows("moving")
+        moved = _copy_from_snapshot_2(tmp_path)
+        backend = StateBackend(f"file://{moved}/state", local_dir=str(tmp_path / "new-local"))
+        part = query_run(spark, tmp_path / "part", moved, "moving", backend, batches[3:], first=3)
+        streams.drive({"ref": ref[3:], "moved": streams.start_run("moved", part)})
+    reference, second = streams.rows("ref"), streams.rows("moved")
+
+    def rows(out):
+        return sorted(sorted(r.items()) for r in out)
+
+    assert rows(first + second) == rows(reference)
+    # sessions that began before the move and were emitted after it: state moved
+    first_ts = min(ts for _, ts, _ in batches[3])
+    assert any(r["session_start"] < first_ts for r in second)
+
+
+def _copy_from_snapshot_2(tmp_path):
+    """Once snapshot 2 of operator "moving" is uploaded, its state and Spark's
+    checkpoint copied to ``tmp_path/moved``, keeping only snapshot 2 and the
+    changelogs after it; the copy's folder."""
     import shutil
     import time
 
-    batches = generated(seed=11)
-    backend = StateBackend(f"file://{tmp_path}/ref-state", local_dir=str(tmp_path / "ref-local"))
-    reference = run_query(spark, tmp_path / "all", tmp_path / "ref", "moving", backend, batches)
-    backend = StateBackend(
-        f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"), snapshot_interval=2
-    )
-    with without_due_batches(spark):  # versions 1-3 are the 3 files' batches
-        first = run_query(spark, tmp_path / "part", tmp_path, "moving", backend, batches[:3])
     partitions = sorted((tmp_path / "state" / "moving").glob("[0-9]*"))
     deadline = time.monotonic() + 60  # snapshot uploads run on the workers' background threads
     while not all((p / "snapshot" / "2.manifest").exists() for p in partitions):
@@ -252,16 +329,7 @@ def test_a_query_restarted_on_a_copied_checkpoint_continues_exactly(spark, tmp_p
         assert sorted(f.name for f in (partition / changelog_name(3)).parent.iterdir()) == [
             "3.changelog"
         ]
-    backend = StateBackend(f"file://{moved}/state", local_dir=str(tmp_path / "new-local"))
-    second = run_query(spark, tmp_path / "part", moved, "moving", backend, batches[3:], first=3)
-
-    def rows(out):
-        return sorted(sorted(r.items()) for r in out)
-
-    assert rows(first + second) == rows(reference)
-    # sessions that began before the move and were emitted after it: state moved
-    first_ts = min(ts for _, ts, _ in batches[3])
-    assert any(r["session_start"] < first_ts for r in second)
+    return moved
 
 
 def test_timestamp_columns_in_and_out(spark, tmp_path):
@@ -305,7 +373,6 @@ def test_timestamp_columns_in_and_out(spark, tmp_path):
 def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spark, tmp_path):
     batches = generated(seed=5)
     clean = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    reference = run_query(spark, tmp_path / "a", tmp_path, "clean", clean, batches)
     markers = tmp_path / "markers"
     markers.mkdir()
     for batch_id, partition in ((1, 0), (3, 1)):
@@ -315,7 +382,13 @@ def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spar
         local_dir=str(tmp_path / "local"),
         commit_observer=FailOnceAfterCommit(str(markers)),
     )
-    rows = run_query(spark, tmp_path / "b", tmp_path, "failing", failing, batches)
+    runs = run_together(
+        {  # the clean run beside the failing one, in lockstep
+            "clean": query_run(spark, tmp_path / "a", tmp_path, "clean", clean, batches),
+            "failing": query_run(spark, tmp_path / "b", tmp_path, "failing", failing, batches),
+        }
+    )
+    reference, rows = flat(runs["clean"]), flat(runs["failing"])
     assert list(markers.iterdir()) == []  # both injected failures happened
     assert sorted(map(str, rows)) == sorted(map(str, reference))  # same rows, no duplicates
 
@@ -338,9 +411,19 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
             .agg(F.count("*").alias("n"), F.sum("amount").alias("spent"))
         )
 
-    theirs = feed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    ours = run_query(spark, tmp_path / "in-ours", tmp_path, "ours", backend, batches)
+    with Streams() as streams:  # Spark's, ours and ours in update mode side by side
+        runs = {
+            "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
+            "ours": query_run(spark, tmp_path / "in-ours", tmp_path, "ours", backend, batches),
+        }
+        runs = {key: streams.start_run(key, run) for key, run in runs.items()}
+        upd = query_run(
+            spark, tmp_path / "in-upd", tmp_path, "upd", backend, batches, emit="update"
+        )
+        runs["upd"] = streams.start_run("upd", upd, "update")
+        streams.drive(runs)
+    theirs, ours, per_batch = streams.rows("theirs"), streams.rows("ours"), streams.batches("upd")
 
     def ms(value):
         return round(value.timestamp() * 1000)  # float seconds: round, not truncate
@@ -364,9 +447,6 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
     assert len(spark_sessions) > 20
     assert our_sessions == spark_sessions
 
-    per_batch = run_query(
-        spark, tmp_path / "in-upd", tmp_path, "upd", backend, batches, emit="update"
-    )
     rng = random.Random(4)
     table: dict = {}
     deletes = 0
@@ -436,8 +516,21 @@ def test_the_input_watermark_sets_the_grace(spark, tmp_path):
             name="watermarked",
         )  # fmt: skip
 
-    theirs = feed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin)
-    mine = feed(spark, tmp_path / "in-ours", tmp_path / "ck-ours", batches, ours)
+    def plain(stream):
+        return sessionize(
+            stream.withColumn("t", F.timestamp_millis("ts")).drop("ts"), key="user",
+            timestamp="t", gap=f"{GAP_MS} ms", aggregations={"spent": ("sum", "amount")},
+            backend=backend, name="plain",
+        )  # fmt: skip
+
+    runs = run_together(
+        {  # Spark's, ours and ours without the watermark, side by side
+            "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
+            "mine": fed(spark, tmp_path / "in-ours", tmp_path / "ck-ours", batches, ours),
+            "plain": fed(spark, tmp_path / "in-plain", tmp_path / "ck-plain", batches, plain),
+        }
+    )
+    theirs, mine, no_grace = flat(runs["theirs"]), flat(runs["mine"]), flat(runs["plain"])
 
     def ms(value):
         return round(value.timestamp() * 1000)
@@ -455,14 +548,6 @@ def test_the_input_watermark_sets_the_grace(spark, tmp_path):
     late = sum(1 for rows in batches for row in rows if row[2] == 1000)
     assert sum(s[4] // 1000 for s in our_sessions) == late  # no late row lost
     # without the watermark, grace is 0 and some of those rows are dropped as late
-    no_grace = feed(
-        spark, tmp_path / "in-plain", tmp_path / "ck-plain", batches,
-        lambda stream: sessionize(
-            stream.withColumn("t", F.timestamp_millis("ts")).drop("ts"), key="user",
-            timestamp="t", gap=f"{GAP_MS} ms", aggregations={"spent": ("sum", "amount")},
-            backend=backend, name="plain",
-        ),
-    )  # fmt: skip
     kept = sum(r["spent"] // 1000 for r in no_grace if r["user"] != "zz-close")
     assert kept < late
 

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from spark_integration import StateBackend, window_aggregate
-from tests.spark.test_sessionize import feed
+from tests.spark.suite_a_streams import Streams, flat
+from tests.spark.test_sessionize import fed
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,9 @@ def brute_force(batches, advance):
     )
 
 
-def run(spark, tmp_path, batches, advance, emit):
+def prepared(spark, tmp_path, batches, advance, emit):
+    """Count and sum of amount per window over ``batches`` (tumbling without an
+    ``advance``), not started (see :func:`tests.spark.test_sessionize.fed`)."""
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
 
     def build(stream):
@@ -52,14 +55,36 @@ def run(spark, tmp_path, batches, advance, emit):
             aggregations={"n": "count", "spent": ("sum", "amount")}, emit=emit, backend=backend,
         )  # fmt: skip
 
-    mode = "update" if emit == "update" else None
-    return feed(spark, tmp_path / "in", tmp_path / "ck", batches, build, mode=mode)
+    return fed(spark, tmp_path / "in", tmp_path / "ck", batches, build)
+
+
+#: (advance, emit) of each streaming case: tumbling and hopping final windows, and
+#: hopping windows in update mode.
+CASES = [(None, "final"), (5_000, "final"), (5_000, "update")]
+
+
+@pytest.fixture(scope="module")
+def window_runs(spark, tmp_path_factory):
+    """The rows of each micro-batch of every case of :data:`CASES`, by case: the
+    streams of test_final_windows_equal_a_brute_force and
+    test_update_mode_emits_one_row_per_changed_window_per_batch, driven side by side
+    (each case on its own source folder, state and checkpoint: they cannot
+    interfere)."""
+    with Streams() as streams:
+        steps = {}
+        for advance, emit in CASES:
+            folder = tmp_path_factory.mktemp(f"windows-{advance}-{emit}")
+            mode = "update" if emit == "update" else "append"
+            run = prepared(spark, folder, events(), advance, emit)
+            steps[(advance, emit)] = streams.start_run((advance, emit), run, mode)
+        streams.drive(steps)
+    return {case: streams.batches(case) for case in CASES}
 
 
 @pytest.mark.parametrize("advance", [None, 5_000])
-def test_final_windows_equal_a_brute_force(spark, tmp_path, advance):
+def test_final_windows_equal_a_brute_force(window_runs, advance):
     batches = events()
-    rows = run(spark, tmp_path, batches, advance, "final")
+    rows = flat(window_runs[(advance, "final")])
     got = sorted(
         (r["user"], r["window_start"], r["window_end"], r["n"], r["spent"], r["emission"])
         for r in rows
@@ -68,11 +93,11 @@ def test_final_windows_equal_a_brute_force(spark, tmp_path, advance):
     assert got == [(*w, "final") for w in brute_force(batches, advance)]
 
 
-def test_update_mode_emits_one_row_per_changed_window_per_batch(spark, tmp_path):
+def test_update_mode_emits_one_row_per_changed_window_per_batch(window_runs):
     """Update mode: each micro-batch has at most one row per window, and the rows
     applied in any order build the brute-force windows."""
     batches = events()
-    per_batch = run(spark, tmp_path, batches, 5_000, "update")
+    per_batch = window_runs[(5_000, "update")]
     rng = random.Random(2)
     table: dict = {}
     for rows in per_batch:
