@@ -8,14 +8,13 @@ import pandas as pd
 import pytest
 
 from spark_integration import StateBackend, temporal_join
-from tests.spark.streams import json_source, write_json
-from tests.spark.suite_a_streams import flat, run_together
+from tests.spark.streams import json_source, run_stream, write_json
 
 pytestmark = pytest.mark.slow
 
 
-def _batches():
-    """(rates, payments) of 4 micro-batches."""
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_matches_a_brute_force_as_of_join(spark, tmp_path, how):
     rng = random.Random(4)
     batches = []
     for b in range(4):
@@ -36,12 +35,6 @@ def _batches():
             for _ in range(10)
         ]
         batches.append((rates, payments))
-    return batches
-
-
-def _prepared(spark, tmp_path, batches, how):
-    """The ``how`` join of the payments with the rates of ``batches``, not started:
-    the query, its checkpoint and its steps (a file of each side per micro-batch)."""
     table_src, stream_src = tmp_path / "rates", tmp_path / "payments"
     table = json_source(spark, table_src, "currency string, rate_ts long, rate long")
     stream = json_source(spark, stream_src, "currency string, ts long, amount long")
@@ -50,31 +43,13 @@ def _prepared(spark, tmp_path, batches, how):
         stream, table, key="currency", stream_timestamp="ts", table_timestamp="rate_ts",
         history_retention=10**9, how=how, backend=backend,
     )  # fmt: skip
+    assert out.columns == ["currency", "ts", "amount", "rate"]
 
     def step(i, rates, payments):
         return lambda: (write_json(table_src, i, rates), write_json(stream_src, i, payments))
 
     steps = [step(i, r, p) for i, (r, p) in enumerate(batches)]
-    return out, tmp_path / "ck", steps
-
-
-@pytest.fixture(scope="module")
-def joins(spark, tmp_path_factory):
-    """The output columns and rows of the inner and the left join of
-    :func:`_batches`, by ``how``: the streams of test_matches_a_brute_force_as_of_join,
-    driven side by side (each on its own sources, state and checkpoint: they cannot
-    interfere)."""
-    runs = {how: _prepared(spark, tmp_path_factory.mktemp(how), _batches(), how)
-            for how in ("inner", "left")}  # fmt: skip
-    columns = {how: out.columns for how, (out, _, _) in runs.items()}
-    return {how: (columns[how], flat(rows)) for how, rows in run_together(runs).items()}
-
-
-@pytest.mark.parametrize("how", ["inner", "left"])
-def test_matches_a_brute_force_as_of_join(joins, how):
-    batches = _batches()
-    columns, collected = joins[how]
-    assert columns == ["currency", "ts", "amount", "rate"]
+    collected = run_stream(out, tmp_path / "ck", steps)
     # brute force: the table as known by the end of each payment's batch
     expected = []
     for b, (_, payments) in enumerate(batches):
