@@ -22,7 +22,9 @@ groups separate state shards from parallelism:
   that committed load the same version and give the same output;
 * each state partition runs in its state server
   (:mod:`spark_integration.execution.state_server`), server ``p mod N``; with the defaults (``N = 2 × slots``, ``T`` = one per core)
-  the tasks that run at the same time never share a server.
+  the tasks that run at the same time never share a server. A task sends each
+  server its partitions in one request, run there in one flush group
+  (:class:`~spark_integration.execution.sharding.PartitionGroup`).
 
 ``T`` (:data:`~spark_integration.planning.operator_conf.TASKS_CONF`, read with the
 operator's other conf keys): ``auto`` (the default) is ``P`` when ``P`` is at most
