@@ -40,7 +40,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from sessionstore.checkpoint.storage.conditional_create import ConditionalCreate
-from sessionstore.checkpoint.storage.flush_group import flush_dirs, flush_file, flush_paths
+from sessionstore.checkpoint.storage.flush_group import flush_file, flush_paths
 from sessionstore.checkpoint.storage.retry import RetryCounter, RetryPolicy, policy_from_options
 from sessionstore.errors import SessionStoreError
 
@@ -374,7 +374,7 @@ class Storage:
         finally:
             with suppress(OSError):  # gone already if a replace consumed it
                 os.unlink(tmp)
-        flush_dirs([parent, *changed])
+        flush_paths([parent, *changed])
 
     def _write_aside(self, rel: str, fill: Callable[[Any], Any]) -> None:
         """Write to a hidden name beside ``rel`` (listings skip it), then move it
@@ -675,7 +675,7 @@ def _aside(target: str) -> str:
 
 def _make_dirs(path: str) -> list[str]:
     """Create the directory ``path`` and its missing parents; the directories that
-    gained an entry (to flush after: :func:`~sessionstore.checkpoint.storage.flush_group.flush_dirs`)."""
+    gained an entry (to flush after: :func:`~sessionstore.checkpoint.storage.flush_group.flush_paths`)."""
     created, probe = [], path
     while probe and not os.path.isdir(probe):
         created.append(probe)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 
-__all__ = ["flush_group", "flush_file", "flush_dirs", "flush_paths", "after_flush", "PATH_BY_PATH"]
+__all__ = ["flush_group", "flush_file", "flush_paths", "after_flush", "PATH_BY_PATH"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 #: ``syncfs`` also writes whatever else is dirty on the filesystem, which two
 #: ``fsync``s of a lone commit need not wait for.
 PATH_BY_PATH = 4
-
 
 
 class _Group:
@@ -88,16 +88,16 @@ def flush_group() -> Iterator[None]:
     except BaseException:
         _end(token, group)
         try:
-            _flush(list(group.paths))
-        except OSError:
-            log.warning("sessionstore: flushing a failed task's local writes failed", exc_info=True)
-        else:
-            try:
-                _run(group.then)
-            except Exception:  # the block's own error is the one raised
-                log.warning("sessionstore: a call after a failed task's flush failed", exc_info=True)
+            _finish(group)
+        except Exception:  # the block's own error is the one raised
+            log.warning("sessionstore: ending a failed task's flush group failed", exc_info=True)
         raise
     _end(token, group)
+    _finish(group)
+
+
+def _finish(group: _Group) -> None:
+    """Flush what ``group`` wrote, then run what waited for it (not if it fails)."""
     _flush(list(group.paths))
     _run(group.then)
 
@@ -138,16 +138,11 @@ def flush_file(out: object, path: str) -> None:
         group.paths[path] = None
 
 
-def flush_dirs(directories: list[str]) -> None:
-    """Flush ``directories`` (a name linked, renamed or created in them survives a
-    power loss), now or at the end of the current flush group."""
-    flush_paths(directories)
-
-
 def flush_paths(paths: list[str]) -> None:
     """Flush the files and directories ``paths``, now or at the end of the current
-    flush group (a file another writer published, which its own flush group may
-    not have flushed yet, before anything depends on it)."""
+    flush group: directories a name was linked, renamed or created in, or a file
+    another writer published (which its own flush group may not have flushed
+    yet) before anything depends on it."""
     group = _current()
     for path in paths:
         if group is None:
@@ -204,8 +199,9 @@ def _flush(paths: list[str]) -> None:
             os.close(fd)
 
 
+@functools.cache
 def _syncfs() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """libc's ``syncfs`` (Linux), or None where there is none."""
+    """libc's ``syncfs`` (Linux), or None where there is none (looked up once)."""
     if not os.uname().sysname == "Linux":
         return None
     try:
