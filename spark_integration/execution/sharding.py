@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sessionstore.checkpoint.storage.flush_group import flush_group
 from spark_integration.conf.names import SHARD
@@ -35,21 +34,25 @@ def _table(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
     return pa.Table.from_batches(inputs) if inputs else None
 
 
+def _grouped(table: pa.Table, keys: np.ndarray) -> dict[int, list[pa.RecordBatch]]:
+    """The rows of ``table`` by their value of ``keys`` (one per row), in their
+    order within each group: one stable sort, then slices."""
+    order = np.argsort(keys, kind="stable")
+    table, keys = table.take(order), keys[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    ends = np.r_[starts[1:], len(keys)]
+    return {
+        int(keys[s]): table.slice(s, e - s).combine_chunks().to_batches()
+        for s, e in zip(starts, ends, strict=True)
+    }
+
+
 def _split(batches: Iterator[pa.RecordBatch]) -> dict[int, list[pa.RecordBatch]]:
     """The rows of each state partition, without the :data:`~spark_integration.conf.names.SHARD` column."""
     table = _table(batches)
     if table is None:
         return {}
-    order = pc.sort_indices(table.column(SHARD))
-    table = table.take(order)
-    shards = table.column(SHARD).to_numpy()
-    table = table.drop_columns([SHARD])
-    starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
-    ends = np.r_[starts[1:], len(shards)]
-    return {
-        int(shards[s]): table.slice(s, e - s).combine_chunks().to_batches()
-        for s, e in zip(starts, ends, strict=True)
-    }
+    return _grouped(table.drop_columns([SHARD]), table.column(SHARD).to_numpy())
 
 
 def _by_slot(batches: Iterator[pa.RecordBatch], count: int) -> dict[int, list[pa.RecordBatch]]:
@@ -58,11 +61,7 @@ def _by_slot(batches: Iterator[pa.RecordBatch], count: int) -> dict[int, list[pa
     table = _table(batches)
     if table is None:
         return {}
-    slots = table.column(SHARD).to_numpy() % count
-    return {
-        int(slot): table.take(np.flatnonzero(slots == slot)).combine_chunks().to_batches()
-        for slot in np.unique(slots)
-    }
+    return _grouped(table, table.column(SHARD).to_numpy() % count)
 
 
 @dataclass
