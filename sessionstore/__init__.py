@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from sessionstore.lazy import lazy_exports
 
-#: where each public name lives
+#: the public names, and where each lives (``__all__``, in this order)
 _EXPORTS = {
     "CheckpointMismatchError": "sessionstore.checkpoint",
     "CorruptChangelogError": "sessionstore.checkpoint",
@@ -112,50 +112,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from sessionstore.stores.versioned import VersionedStore  # noqa: F401
     from sessionstore.tools.rewrite import rewrite  # noqa: F401
 
-__all__ = [
-    "StateDB",
-    "StateStoreProvider",
-    "StoreHandle",
-    "StoreSpec",
-    "CorruptChangelogError",
-    "CorruptSnapshotError",
-    "CheckpointMismatchError",
-    "VersionNotFoundError",
-    "erase",
-    "rewrite",
-    "SessionStore",
-    "InMemorySessionStore",
-    "VersionedStore",
-    "SessionWindow",
-    "VersionedRecord",
-    "VALID_TO_UNDEFINED",
-    "PUT_REJECTED",
-    "Serde",
-    "MsgpackSerde",
-    "BytesSerde",
-    "StringSerde",
-    "KeyCodecSerde",
-    "encode_key",
-    "decode_key",
-    "SessionStoreError",
-    "StateDBLockedError",
-    "StateDBPathError",
-    "StoreSpecMismatchError",
-    # operators (also in sessionstore.operators)
-    "SessionWindows",
-    "SessionUpdate",
-    "ClosedSessions",
-    "SessionWindowAggregator",
-    "TimeWindows",
-    "WindowAggregator",
-    "WindowUpdate",
-    "CountWindowAggregator",
-    "CountWindowUpdate",
-    "TemporalJoin",
-    "JoinedRecord",
-    "WindowedJoin",
-    "JoinedPair",
-    "Aggregation",
-    "Aggregations",
-]
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"

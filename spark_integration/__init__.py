@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from sessionstore.lazy import lazy_exports
 
-#: where each public name lives
+#: the public names, and where each lives (``__all__``, in this order)
 _EXPORTS = {
     "StateBackend": "spark_integration.conf.backend",
     "StateMetricsListener": "spark_integration.coordinator.metrics_listener",
@@ -44,19 +44,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from spark_integration.operators.window_aggregate import window_aggregate  # noqa: F401
     from spark_integration.operators.window_join import window_join  # noqa: F401
 
-__all__ = [
-    "StateBackend",
-    "sessionize",
-    "SessionAggregation",
-    "temporal_join",
-    "transform_with_state",
-    "transform_with_state_in_pandas",
-    "window_aggregate",
-    "window_join",
-    "log_state_metrics",
-    "StateMetricsListener",
-    "repartition_state",
-    "rewrite_state",
-    "bootstrap_sessionize",
-    "bootstrap_temporal_join",
-]
+__all__ = list(_EXPORTS)

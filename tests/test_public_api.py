@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import sessionstore
 import sessionstore.operators
 
@@ -95,3 +97,25 @@ def test_a_package_imported_alone_still_reaches_its_subpackages():
         "spark_integration.conf",
         "module 'sessionstore' has no attribute 'no_such_name'",
     ]
+
+
+@pytest.mark.parametrize("package", ["sessionstore", "sessionstore.checkpoint", "spark_integration"])
+def test_a_lazy_package_tells_type_checkers_the_names_it_exports(package):
+    """What a lazy ``__init__`` imports for type checkers (``if TYPE_CHECKING:``)
+    is exactly its map of public names, from the same modules: the two lists
+    cannot drift apart unnoticed."""
+    import ast
+    import importlib
+
+    module = importlib.import_module(package)
+    tree = ast.parse(open(module.__file__).read())
+    checked = {
+        alias.asname or alias.name: node.module
+        for block in tree.body
+        if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert checked == module._EXPORTS
+    assert module.__all__ == list(module._EXPORTS)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from sessionstore.lazy import lazy_exports
 
-#: where each public name lives
+#: the public names, and where each lives (``__all__``, in this order)
 _EXPORTS = {
     "CheckpointMismatchError": "sessionstore.checkpoint.partition.provider",
     "StateStoreProvider": "sessionstore.checkpoint.partition.provider",
@@ -30,12 +30,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from sessionstore.checkpoint.records.snapshot import CorruptSnapshotError  # noqa: F401
     from sessionstore.stores.spec import StoreSpec  # noqa: F401
 
-__all__ = [
-    "StateStoreProvider",
-    "StoreHandle",
-    "StoreSpec",
-    "CorruptChangelogError",
-    "CorruptSnapshotError",
-    "CheckpointMismatchError",
-    "VersionNotFoundError",
-]
+__all__ = list(_EXPORTS)
