@@ -284,6 +284,12 @@ def resume_rescale(uri: str, operator: str, storage_options: dict[str, Any] | No
     return True
 
 
+def _is_generation(name: str | None) -> bool:
+    """Whether ``name``, read from the checkpoint, can name a generation (a rescale
+    names them with a uuid's hex): never a path out of ``_generations/``."""
+    return bool(name) and name.isalnum()  # type: ignore[union-attr]
+
+
 def _check_own(uri: str, operator: str, fence: dict[str, Any]) -> None:
     """A switch's record of the state it replaced, read from the checkpoint, must
     name this checkpoint's root or one of its generations: a start fences and
@@ -292,9 +298,7 @@ def _check_own(uri: str, operator: str, fence: dict[str, Any]) -> None:
     replaced = str(fence.get("root", "")).rstrip("/")
     prefix = generation_root(uri, operator, "")
     generation = replaced[len(prefix):] if replaced.startswith(prefix) else None
-    if replaced != uri.rstrip("/") and not (
-        generation and "/" not in generation and generation not in (".", "..")
-    ):
+    if replaced != uri.rstrip("/") and not _is_generation(generation):
         raise RescaleError(
             f"{uri}/{operator}/_metadata names {replaced!r} as the state it replaced, "
             "which is neither this checkpoint nor one of its generations: refused"
@@ -357,7 +361,7 @@ def _claim(root: Storage, plan: RescalePlan) -> RescalePlan:
         ).get("num_partitions")
     except FileNotFoundError:
         partitions = None
-    if winner.isalnum() and partitions == plan.copy.partitions:
+    if _is_generation(winner) and partitions == plan.copy.partitions:
         return dataclasses.replace(
             plan, generation=winner, copy=dataclasses.replace(plan.copy, target_uri=won)
         )
