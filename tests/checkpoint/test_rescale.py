@@ -283,18 +283,25 @@ def test_a_query_of_the_old_count_still_running_cannot_commit_after_the_switch(t
     assert _sessions(uri) == before
 
 
+def _old_query_at_version_3(tmp_path):
+    """A checkpoint of 4 partitions at version 3 and a query of that count between
+    batches (partition 1 loaded at version 3): ``(uri, local dir, the operator's
+    storage, its _metadata, the query's provider, its store)``."""
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    operator = open_filesystem(uri).child("op")
+    metadata = read_metadata(operator)
+    old = StateStoreProvider(uri, "op", 1, SPECS, f"{local}-old", num_partitions=4)
+    return uri, local, operator, metadata, old, old.get_store(3)
+
+
 def test_a_commit_between_the_switch_and_its_fence_takes_the_switch_back(tmp_path, monkeypatch):
     """The old query commits partition 1's version 4 after the switch, before the
     fences: the copy lacks it, so the switch is taken back, the fences written are
     removed, and the old query goes on committing."""
     from sessionstore.checkpoint.offline import rescale
 
-    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
-    write_source(uri, local)
-    operator = open_filesystem(uri).child("op")
-    metadata = read_metadata(operator)
-    old = StateStoreProvider(uri, "op", 1, SPECS, f"{local}-old", num_partitions=4)
-    handle = old.get_store(3)
+    uri, local, operator, metadata, old, handle = _old_query_at_version_3(tmp_path)
     plan = plan_rescale(uri, "op", 7)
     copy_rescale(plan)
     fence = rescale.fence_state
@@ -504,12 +511,7 @@ def test_a_rescale_killed_while_it_takes_its_switch_back_leaves_the_old_count_go
     query's other partitions commit, no fence left in their way."""
     from sessionstore.checkpoint.offline import rescale
 
-    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
-    write_source(uri, local)
-    operator = open_filesystem(uri).child("op")
-    metadata = read_metadata(operator)
-    old = StateStoreProvider(uri, "op", 1, SPECS, f"{local}-old", num_partitions=4)
-    handle = old.get_store(3)
+    uri, local, operator, metadata, old, handle = _old_query_at_version_3(tmp_path)
     plan = _copied(plan_rescale(uri, "op", 7))
     fence, unfence = rescale.fence_state, rescale.unfence_state
 
