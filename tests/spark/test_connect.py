@@ -53,7 +53,7 @@ def connect_server(workdir: Path, timeout: float = 180.0, tag: str | None = None
     default), is ended when the block ends; ``RuntimeError`` if one survives."""
     tag, port = tag or uuid.uuid4().hex, free_port()
     env = {
-        **os.environ, MARKER: tag, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT),
+        **os.environ, MARKER: tag, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": _with_root(),
         "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": str(spark_home()),
     }  # fmt: skip
     conf = {
@@ -92,6 +92,11 @@ def connect_server(workdir: Path, timeout: float = 180.0, tag: str | None = None
             raise RuntimeError(f"processes survived the Connect server's stop: {left}")
 
 
+def _with_root() -> str:
+    """``PYTHONPATH``: this checkout, then the run's own (tests/conftest.py)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -111,7 +116,7 @@ def connect_side(tag: str) -> dict:
         with open(workdir / "client.log", "wb") as log:
             client = subprocess.Popen(
                 [sys.executable, "-m", "tests.spark.connect_cases", url, str(out)],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), MARKER: tag},
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": _with_root(), MARKER: tag},
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         try:

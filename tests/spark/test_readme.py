@@ -82,7 +82,8 @@ def run_readme_job(tag: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(readme_job() + "\n" + DRIVER)
     env = dict(
         os.environ,
-        PYTHONPATH=str(ROOT),  # this checkout, for the driver and the Python workers
+        # this checkout, for the driver and the Python workers, before the run's own
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",

@@ -1,0 +1,16 @@
+"""Python processes the suite's Spark starts import PySpark from site-packages.
+
+Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` (and py4j's zip) first on the
+``PYTHONPATH`` of every Python process it starts: a data source's planner, a
+streaming Python source's runner, the worker daemon. A zip holds no compiled
+bytecode, so each such process compiles PySpark from source and re-reads the zips'
+directories (about 0.8 s of CPU each, and a test module starts dozens: a query
+with a due source starts one runner). The suite's PySpark is pip-installed, so the
+same files, compiled once, are in site-packages: this drops the zips from
+``sys.path`` at start-up. The conftest puts this folder on ``PYTHONPATH``, which
+Spark passes on to those processes; Python imports ``sitecustomize`` at start-up.
+"""
+
+import sys
+
+sys.path[:] = [p for p in sys.path if not (p.endswith(".zip") and "/pyspark/python/lib/" in p)]
