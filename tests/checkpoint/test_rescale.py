@@ -559,3 +559,35 @@ def test_a_switch_whose_fence_names_a_foreign_root_is_refused_and_fences_nothing
     foreign = open_filesystem(other).child("op")
     assert not [f for f in foreign.list_files() if f.endswith(changelog_name(4))]
     old.close()
+
+
+def test_a_claim_that_names_a_path_out_of_the_generations_is_refused_unread(
+    tmp_path, monkeypatch
+):
+    """A rescale dies between its claim and its switch; a bucket writer then points
+    the claim at another checkpoint. The restart refuses the claim without reading
+    anything there (a claim's content is never a path to follow), and the
+    checkpoint keeps its old state."""
+    from sessionstore.checkpoint.offline import rescale
+
+    uri, local = f"file://{tmp_path}/ck", str(tmp_path / "l")
+    write_source(uri, local)
+    write_source(f"file://{tmp_path}/other", f"{local}-other")
+    before = _sessions(uri)
+    first = _copied(plan_rescale(uri, "op", 7))
+    monkeypatch.setattr(rescale, "write_metadata", _die)  # the switch
+    with pytest.raises(_Killed):
+        commit_rescale(first)
+    monkeypatch.undo()
+    generations = open_filesystem(uri).child("op").child("_generations")
+    (claim,) = [f for f in generations.list_files() if f.endswith(".claim")]
+    generations.write_atomic(claim, b"../../../other")  # {uri}/op/_generations/../../../other
+    read = []
+    monkeypatch.setattr(
+        rescale, "read_metadata", lambda storage: read.append(storage.root) or read_metadata(storage)
+    )
+    with pytest.raises(RescaleError, match=r"generation \.\./\.\./\.\./other\) claimed"):
+        commit_rescale(_copied(plan_rescale(uri, "op", 7)))
+    assert read and not [root for root in read if "other" in root]
+    assert state_root(uri, "op") == uri
+    assert _sessions(uri) == before

@@ -65,6 +65,7 @@ from sessionstore.checkpoint.records.generation import (
     GENERATION_FORMAT,
     GENERATIONS_DIR,
     generation_root,
+    is_generation_name,
     state_root,
 )
 from sessionstore.checkpoint.records.layout import (
@@ -284,12 +285,6 @@ def resume_rescale(uri: str, operator: str, storage_options: dict[str, Any] | No
     return True
 
 
-def _is_generation(name: str | None) -> bool:
-    """Whether ``name``, read from the checkpoint, can name a generation (a rescale
-    names them with a uuid's hex): never a path out of ``_generations/``."""
-    return bool(name) and name.isalnum()  # type: ignore[union-attr]
-
-
 def _check_own(uri: str, operator: str, fence: dict[str, Any]) -> None:
     """A switch's record of the state it replaced, read from the checkpoint, must
     name this checkpoint's root or one of its generations: a start fences and
@@ -298,7 +293,7 @@ def _check_own(uri: str, operator: str, fence: dict[str, Any]) -> None:
     replaced = str(fence.get("root", "")).rstrip("/")
     prefix = generation_root(uri, operator, "")
     generation = replaced[len(prefix):] if replaced.startswith(prefix) else None
-    if replaced != uri.rstrip("/") and not _is_generation(generation):
+    if replaced != uri.rstrip("/") and not is_generation_name(generation):
         raise RescaleError(
             f"{uri}/{operator}/_metadata names {replaced!r} as the state it replaced, "
             "which is neither this checkpoint nor one of its generations: refused"
@@ -355,13 +350,15 @@ def _claim(root: Storage, plan: RescalePlan) -> RescalePlan:
     if winner == plan.generation:
         return plan
     won = generation_root(plan.uri, plan.operator, winner)
-    try:
-        partitions = read_metadata(
-            open_filesystem(won, plan.storage_options).child(plan.operator)
-        ).get("num_partitions")
-    except FileNotFoundError:
-        partitions = None
-    if _is_generation(winner) and partitions == plan.copy.partitions:
+    partitions = None
+    if is_generation_name(winner):  # never read a path a claim's writer chose
+        try:
+            partitions = read_metadata(
+                open_filesystem(won, plan.storage_options).child(plan.operator)
+            ).get("num_partitions")
+        except FileNotFoundError:
+            pass
+    if partitions == plan.copy.partitions:  # None for a foreign or empty claim
         return dataclasses.replace(
             plan, generation=winner, copy=dataclasses.replace(plan.copy, target_uri=won)
         )

@@ -36,6 +36,13 @@ GENERATIONS_DIR = "_generations"
 GENERATION_FORMAT = 2
 
 
+def is_generation_name(name: object) -> bool:
+    """Whether ``name``, read from a checkpoint, can name a generation: letters and
+    digits only (a rescale names them with a uuid's hex), so never a path out of
+    ``_generations/``. Check it before anything is read or written there."""
+    return isinstance(name, str) and name.isalnum()
+
+
 def generation_root(uri: str, operator: str, generation: str) -> str:
     """The checkpoint root of generation ``generation`` of ``operator`` at ``uri``."""
     return f"{uri.rstrip('/')}/{operator}/{GENERATIONS_DIR}/{generation}"
@@ -58,7 +65,7 @@ def state_root(
     generation = metadata.get(GENERATION_FIELD)
     if generation is None:
         return uri
-    if not isinstance(generation, str) or not generation.isalnum():
+    if not is_generation_name(generation):
         raise SessionStoreError(
             f"{uri}/{operator}/_metadata names the generation {generation!r}, which no "
             "sessionstore writes (expected letters and digits)"
