@@ -3,7 +3,8 @@ and fresh virtualenvs with the wheel installed (not editable), for the wheel tes
 (``tests/test_dist.py``) and the standalone-cluster check (``tests/standalone``).
 
 Every process these helpers start for the user's side runs without this source tree
-on its path: no ``PYTHONPATH``, a working directory outside the tree.
+on its path: no ``PYTHONPATH``, a working directory outside the tree. The other
+side, a child that must import this checkout, gets :func:`checkout_pythonpath`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "wheel_files",
     "make_venv",
     "clean_env",
+    "checkout_pythonpath",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +81,12 @@ def clean_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def checkout_pythonpath() -> str:
+    """``PYTHONPATH`` for a child that imports this checkout: its root, then this
+    run's own (tests/conftest.py puts the suite's worker site there)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
 def make_venv(path: Path, requirements: list[str]) -> Path:

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests import background
+from tests.packaging import checkout_pythonpath
 from tests.spark.connect_cases import CASES, run_case
 from tests.standalone.cluster import MARKER, end_processes, free_port, spark_home
 
@@ -53,7 +54,7 @@ def connect_server(workdir: Path, timeout: float = 180.0, tag: str | None = None
     default), is ended when the block ends; ``RuntimeError`` if one survives."""
     tag, port = tag or uuid.uuid4().hex, free_port()
     env = {
-        **os.environ, MARKER: tag, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": _with_root(),
+        **os.environ, MARKER: tag, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": checkout_pythonpath(),
         "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": str(spark_home()),
     }  # fmt: skip
     conf = {
@@ -92,11 +93,6 @@ def connect_server(workdir: Path, timeout: float = 180.0, tag: str | None = None
             raise RuntimeError(f"processes survived the Connect server's stop: {left}")
 
 
-def _with_root() -> str:
-    """``PYTHONPATH``: this checkout, then the run's own (tests/conftest.py)."""
-    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-
-
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -116,7 +112,7 @@ def connect_side(tag: str) -> dict:
         with open(workdir / "client.log", "wb") as log:
             client = subprocess.Popen(
                 [sys.executable, "-m", "tests.spark.connect_cases", url, str(out)],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": _with_root(), MARKER: tag},
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": checkout_pythonpath(), MARKER: tag},
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         try:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests import background
+from tests.packaging import checkout_pythonpath
 from tests.standalone.cluster import MARKER
 
 pytestmark = pytest.mark.slow
@@ -82,8 +83,7 @@ def run_readme_job(tag: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(readme_job() + "\n" + DRIVER)
     env = dict(
         os.environ,
-        # this checkout, for the driver and the Python workers, before the run's own
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=checkout_pythonpath(),  # for the driver and the Python workers
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",

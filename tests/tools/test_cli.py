@@ -13,6 +13,7 @@ import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.records.layout import changelog_name
+from tests.packaging import checkout_pythonpath
 
 SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
 CLI = [sys.executable, "-m", "sessionstore.tools.cli"]
@@ -82,9 +83,7 @@ def storage_flags(options, folder) -> list[str]:
 
 def run(*args, cwd=None):
     """The CLI in a subprocess (in ``cwd``, importing this checkout's package)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
+    env = {**os.environ, "PYTHONPATH": checkout_pythonpath()}
     return subprocess.run(
         [*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
     )

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 from tests.object_stores import gcs_server
+from tests.packaging import checkout_pythonpath
 from tests.tools.test_cli import CLI, storage_flags
 
 #: Python's start and the CLI's imports, on a busy machine.
@@ -71,11 +72,10 @@ def no_credentials_env(tmp_path, metadata_port: int) -> dict[str, str]:
     }
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env.update(
         HOME=str(home), CLOUDSDK_CONFIG=str(home / "gcloud"),
         GCE_METADATA_HOST=f"127.0.0.1:{metadata_port}", AWS_EC2_METADATA_DISABLED="true",
-        PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+        PYTHONPATH=checkout_pythonpath(),
     )  # fmt: skip
     return env
 
