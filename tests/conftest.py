@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,8 +77,51 @@ SUITE_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSeria
 WORKER_SITE = Path(__file__).with_name("worker_site")
 
 
+#: Where the suite's temporary files go when the machine has it: a RAM-backed
+#: (tmpfs) folder. The tests write thousands of small databases, changelogs and
+#: commit records, each synced; on a virtual disk every sync costs CPU, on tmpfs
+#: none (the fast suite: 303 CPU-s in 179 s on the disk, 280 CPU-s in 160 s here).
+#: A sync's promise is not what the tests check: a process killed mid-write keeps
+#: what reached the page cache on either file system.
+RAM_TMP_ROOT = "/dev/shm"
+#: The least free space under :data:`RAM_TMP_ROOT` the suite takes it with.
+RAM_TMP_MIN_FREE = 4 << 30
+
+
+def ram_backed_tmp(
+    root: str = RAM_TMP_ROOT,
+    min_free: int = RAM_TMP_MIN_FREE,
+    name: str = f"sessionstore-tests-{os.geteuid()}",
+) -> str | None:
+    """This user's own folder ``name`` for temporary files under the tmpfs ``root``,
+    made if missing; None where ``root`` is not a tmpfs mount with ``min_free`` bytes
+    free, or the folder is not a directory of this user that only this user can
+    write and list (a name another user took first is never used)."""
+    try:
+        with open("/proc/mounts") as mounts:
+            tmpfs = any(f.split()[1:3] == [root, "tmpfs"] for f in mounts)
+        free = os.statvfs(root)
+    except OSError:
+        return None
+    if not tmpfs or free.f_bavail * free.f_frsize < min_free:
+        return None
+    path = os.path.join(root, name)
+    try:
+        # others may pass through (as through /tmp: tests run children as another
+        # user), never list or write
+        os.mkdir(path, 0o711)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    mode = os.lstat(path)
+    if not stat.S_ISDIR(mode.st_mode) or mode.st_uid != os.geteuid() or mode.st_mode & 0o066:
+        return None
+    return path
+
+
 def pytest_configure(config):
-    """Two settings of every process the run starts, both for CPU (the suite is
+    """Three settings of every process the run starts, all for CPU (the suite is
     bound by it on two cores):
 
     * :data:`SUITE_JVM_OPTIONS` for every JVM, through the ``java`` launcher's
@@ -85,9 +130,14 @@ def pytest_configure(config):
       user would), which set no JVM options of their own; a value already set is
       kept;
     * :data:`WORKER_SITE` first on ``PYTHONPATH``, which Spark passes to the Python
-      processes it starts (see its ``sitecustomize``).
+      processes it starts (see its ``sitecustomize``);
+    * ``TMPDIR`` (Python's temporary files, pytest's ``tmp_path`` among them) in
+      :func:`ram_backed_tmp` where there is one; a ``TMPDIR`` already set is kept.
     """
     os.environ.setdefault("JDK_JAVA_OPTIONS", SUITE_JVM_OPTIONS)
+    if "TMPDIR" not in os.environ and (ram := ram_backed_tmp()) is not None:
+        os.environ["TMPDIR"] = ram
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(WORKER_SITE) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(WORKER_SITE), *filter(None, paths)])

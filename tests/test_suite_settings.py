@@ -1,0 +1,59 @@
+"""The suite's own settings (tests/conftest.py): the RAM-backed folder for temporary
+files is taken only when it is safe to."""
+
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+
+import pytest
+
+from tests.conftest import RAM_TMP_ROOT, ram_backed_tmp
+
+needs_tmpfs = pytest.mark.skipif(
+    ram_backed_tmp() is None, reason=f"{RAM_TMP_ROOT} is not a tmpfs with room here"
+)
+
+
+@pytest.fixture
+def probe():
+    """A folder name under the RAM root that no one has taken; removed after."""
+    name = f"sessionstore-probe-{uuid.uuid4().hex}"
+    yield name
+    path = os.path.join(RAM_TMP_ROOT, name)
+    if os.path.islink(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        os.rmdir(path)
+
+
+@needs_tmpfs
+def test_the_folder_is_made_for_this_user_alone(probe):
+    path = ram_backed_tmp(name=probe)
+    assert path == os.path.join(RAM_TMP_ROOT, probe)
+    mode = os.lstat(path)
+    assert (stat.S_IMODE(mode.st_mode), mode.st_uid) == (0o711, os.geteuid())
+    assert ram_backed_tmp(name=probe) == path  # found again, kept
+
+
+@needs_tmpfs
+def test_a_folder_others_can_list_or_write_is_never_used(probe):
+    path = os.path.join(RAM_TMP_ROOT, probe)
+    os.mkdir(path)
+    os.chmod(path, 0o777)
+    assert ram_backed_tmp(name=probe) is None
+    os.chmod(path, 0o750)
+    assert ram_backed_tmp(name=probe) is None
+
+
+@needs_tmpfs
+def test_a_symlink_in_its_place_is_never_followed(probe, tmp_path):
+    os.symlink(tmp_path, os.path.join(RAM_TMP_ROOT, probe))
+    assert ram_backed_tmp(name=probe) is None
+
+
+def test_a_root_that_is_no_tmpfs_or_too_full_is_not_taken(tmp_path, probe):
+    assert ram_backed_tmp(root=str(tmp_path), name=probe) is None  # not a mount point
+    assert ram_backed_tmp(min_free=1 << 62, name=probe) is None
+    assert not os.path.exists(os.path.join(RAM_TMP_ROOT, probe))
