@@ -5,6 +5,8 @@ rows, in order: Spark's own batches without data emit nothing here)."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from spark_integration import StateBackend, transform_with_state, transform_with_state_in_pandas
@@ -284,36 +286,98 @@ class NeedsSchemaRecordedEncoding(AssertionError):
 ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
 
 
-def _restarted(spark, tmp_path, tag, first, second, make):
-    """``make(df, processor)`` run with ``first`` on one batch, stopped, and
-    restarted on the same checkpoint with ``second`` for the next: each run's
-    batches, or the restart's error text."""
-    src = tmp_path / f"in-{tag}"
+def _first_run(spark, where, tag, first, make):
+    """``make(df, first)`` on one batch in ``where`` (source ``in-TAG``, checkpoint
+    ``ck-TAG``), stopped: its batches."""
+    src = where / f"in-{tag}"
     df = json_source(spark, src, SCHEMA)
-    ck = tmp_path / f"ck-{tag}"
-    before = _batches(make(df, first), ck, [lambda: write_json(src, 0, _rows([("a", "x")]))])
+    step = lambda: write_json(src, 0, _rows([("a", "x")]))  # noqa: E731
+    return _batches(make(df, first), where / f"ck-{tag}", [step])
+
+
+def _restart(spark, src, checkpoint, second, make):
+    """``make(df, second)`` on source folder ``src``, restarted on ``checkpoint`` for
+    the next batch: its batches, or the restart's error text."""
+    df = json_source(spark, src, SCHEMA)
+    step = lambda: write_json(src, 1, _rows([("a", "y")]))  # noqa: E731
     try:
-        after = _batches(make(df, second), ck, [lambda: write_json(src, 1, _rows([("a", "y")]))])
+        return _batches(make(df, second), checkpoint, [step])
     except Exception as e:  # the restart's refusal is what is compared
-        return before, str(e)
-    return before, after
+        return str(e)
 
 
-def _versions(spark, tmp_path, first, second, api="rows"):
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    theirs = _restarted(spark, tmp_path, "spark", first, second,
+def _backend(where):
+    return StateBackend(f"file://{where}/state", local_dir=str(where / "local"))
+
+
+def _first_runs(spark, where, api, first):
+    """Spark's and our first run of ``first`` (:func:`_first_run`) in ``where``."""
+    theirs = _first_run(spark, where, "spark", first,
                         lambda df, p: _sparks(df, api, p, P.PARITY_SCHEMA))  # fmt: skip
+    backend = _backend(where)
     try:
-        ours = _restarted(spark, tmp_path, "ours", first, second,
+        ours = _first_run(spark, where, "ours", first,
                           lambda df, p: _ours(df, api, p, P.PARITY_SCHEMA, backend))  # fmt: skip
     except Exception as e:
         raise NeedsSchemaRecordedEncoding(f"ours failed: {e}") from e
     return theirs, ours
 
 
+@pytest.fixture(scope="module")
+def first_runs(tmp_path_factory):
+    """The first runs of :func:`_versions`, once per API, first processor's class and
+    confs: two restart tests whose first runs are the same run (the same processor
+    class, API, batch, partition count, provider and state encoding) share it. Each
+    test restarts its own copy of the run's checkpoints and of our state (a copied
+    checkpoint is a checkpoint like its original: sessionstore/checkpoint/partition/
+    identity.py), so no restart sees another's batch. The restart reads the run's
+    own input folder (Spark's file source knows its files by path, under the
+    folder it was started on), first given back the first run's file alone; the
+    copy leaves out our local directory (the restart loads the state from the
+    checkpoint)."""
+    root = tmp_path_factory.mktemp("first-runs")
+    done = {}
+
+    def get(spark, api, first):
+        key = (api, type(first).__name__, spark.conf.get(PROVIDER, None),
+               spark.conf.get(ENCODING, None))  # fmt: skip
+        if key not in done:
+            where = root / f"run-{len(done)}"
+            done[key] = (where, _first_runs(spark, where, api, first))
+        return done[key]
+
+    return get
+
+
+def _versions(spark, tmp_path, first_runs, first, second, api="rows"):
+    """Spark's and our runs of ``first`` on one batch and of ``second`` restarted on
+    its checkpoint for the next: each side's (first batches, restart's batches or
+    error text)."""
+    shared, (theirs, ours) = first_runs(spark, api, first)
+    where = tmp_path / "restart"
+    for name in ("ck-spark", "ck-ours", "state"):
+        shutil.copytree(shared / name, where / name)
+    for tag in ("spark", "ours"):  # the input as the first run left it
+        (shared / f"in-{tag}" / "part-0001.json").unlink(missing_ok=True)
+    backend = _backend(where)
+
+    def sparks(df, p):
+        return _sparks(df, api, p, P.PARITY_SCHEMA)
+
+    def ours_(df, p):
+        return _ours(df, api, p, P.PARITY_SCHEMA, backend)
+
+    theirs_after = _restart(spark, shared / "in-spark", where / "ck-spark", second, sparks)
+    try:
+        ours_after = _restart(spark, shared / "in-ours", where / "ck-ours", second, ours_)
+    except Exception as e:
+        raise NeedsSchemaRecordedEncoding(f"ours failed: {e}") from e
+    return (theirs, theirs_after), (ours, ours_after)
+
+
 @pytest.mark.parametrize("api", ["rows", "pandas"])
 def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(
-    spark, tmp_path, conf, api
+    spark, tmp_path, conf, first_runs, api
 ):
     """Spark's Avro state encoding resolves an old value by field name: a new
     nullable field reads as None, fields may move, int widens to long."""
@@ -323,7 +387,7 @@ def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(
         if api == "rows"
         else (P.PandasProfile(), P.PandasProfileEvolved())
     )
-    theirs, ours = _versions(spark, tmp_path, first, second, api)
+    theirs, ours = _versions(spark, tmp_path, first_runs, first, second, api)
     assert theirs == (
         [[("a", "None", 2)]],
         [[("a", "(None, 'x', 1)", 3)]],
@@ -340,10 +404,10 @@ def test_a_restart_with_an_evolved_state_schema_reads_the_old_state_as_spark(
     ],
 )
 def test_a_restart_with_a_state_schema_spark_refuses_fails_as_in_spark(
-    spark, tmp_path, conf, first, second, condition
+    spark, tmp_path, conf, first_runs, first, second, condition
 ):
     conf(ENCODING, "avro")
-    theirs, ours = _versions(spark, tmp_path, first, second)
+    theirs, ours = _versions(spark, tmp_path, first_runs, first, second)
     assert theirs[0] == [[("a", "None", 2)]]
     assert isinstance(theirs[1], str) and condition in theirs[1]
     if ours[0] != theirs[0] or not isinstance(ours[1], str) or condition not in ours[1]:
