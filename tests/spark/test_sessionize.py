@@ -20,7 +20,7 @@ from tests.spark.streams import (
     without_due_batches,
     write_json,
 )
-from tests.spark.suite_a_streams import Streams, flat, run_together
+from tests.spark.suite_a_streams import flat, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +123,11 @@ def uninterrupted(spark, tmp_path_factory):
     those tests ran this very query before (the same rows one file per micro-batch,
     the same aggregations, the conf's 2 partitions, due batches, a file:// checkpoint
     of its own); its output rows carry no operator name or path, so one run is every
-    test's reference."""
+    test's reference. test_final_sessions_equal_offline_sessionization and
+    test_sessions_equal_sparks_own_session_window check the seed-11 runs (final, and
+    update) against the offline model and Spark's session_window: the same query on
+    another draw of :func:`generated`, so the restart tests' reference is itself
+    checked."""
     from spark_integration.planning.due_batches import DUE_BATCHES_CONF
     from spark_integration.planning.resolve import PARTITIONS_CONF
 
@@ -147,10 +151,9 @@ def uninterrupted(spark, tmp_path_factory):
     return reference
 
 
-def test_final_sessions_equal_offline_sessionization(spark, tmp_path):
-    batches = generated()
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    rows = run_query(spark, tmp_path / "in", tmp_path, "final", backend, batches)
+def test_final_sessions_equal_offline_sessionization(uninterrupted):
+    batches = generated(seed=11)
+    rows = flat(uninterrupted(11))
     events = [(u, None, ts) for rows_ in batches for u, ts, _ in rows_ if u != "zz-close"]
     got = [s for s in as_sessions(rows) if s[0] != "zz-close"]
     assert got == offline_sessions(events, GAP_MS)
@@ -389,15 +392,16 @@ def test_a_task_failing_after_its_commit_is_retried_without_double_counting(
     assert sorted(map(str, rows)) == sorted(map(str, reference))  # same rows, no duplicates
 
 
-def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
+def test_sessions_equal_sparks_own_session_window(spark, tmp_path, uninterrupted):
     """Differential test against Spark's built-in session_window (count and sum),
     whose session end is the last event + gap: the sessions emitted on close, and
     the table that update mode's rows build when a sink applies each micro-batch's
     rows in a shuffled order (one row per session per batch, a delete only for a
-    session an earlier batch emitted)."""
+    session an earlier batch emitted). Ours are the module's uninterrupted runs of
+    the same input (:func:`uninterrupted`)."""
     from pyspark.sql import functions as F
 
-    batches = generated(seed=8)
+    batches = generated(seed=11)
 
     def builtin(stream):
         return (
@@ -407,19 +411,8 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
             .agg(F.count("*").alias("n"), F.sum("amount").alias("spent"))
         )
 
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    with Streams() as streams:  # Spark's, ours and ours in update mode side by side
-        runs = {
-            "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
-            "ours": query_run(spark, tmp_path / "in-ours", tmp_path, "ours", backend, batches),
-        }
-        runs = {key: streams.start_run(key, run) for key, run in runs.items()}
-        upd = query_run(
-            spark, tmp_path / "in-upd", tmp_path, "upd", backend, batches, emit="update"
-        )
-        runs["upd"] = streams.start_run("upd", upd, "update")
-        streams.drive(runs)
-    theirs, ours, per_batch = streams.rows("theirs"), streams.rows("ours"), streams.batches("upd")
+    theirs = run_stream(*fed(spark, tmp_path / "in", tmp_path / "ck", batches, builtin))
+    ours, per_batch = flat(uninterrupted(11)), uninterrupted(11, "update")
 
     def ms(value):
         return round(value.timestamp() * 1000)  # float seconds: round, not truncate
