@@ -4,6 +4,7 @@ those keys; and an erase attempted while the query runs."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
@@ -11,7 +12,8 @@ import pytest
 from sessionstore import erase
 from sessionstore.checkpoint.offline.change import CheckpointBusyError
 from spark_integration import StateBackend
-from tests.spark.streams import drive, run_stream
+from tests.spark.shared_runs import SharedRuns
+from tests.spark.streams import run_stream
 from tests.spark.test_repartition import _batches, _query, file_steps
 
 pytestmark = pytest.mark.slow
@@ -29,59 +31,90 @@ def _without_keys(batches):
     return [[r for r in rows if r["uid"] not in GONE_UIDS] for rows in batches]
 
 
-@pytest.mark.parametrize("operator", ["sessions", "windows", "join"])
-def test_the_restarted_query_continues_as_if_the_keys_never_came(spark, tmp_path, operator):
+def _stopped_and_restarted(spark, tmp_path, operator, name, rows, between, running=None):
+    """``operator``'s query (4 partitions) over the first 3 files of ``rows``, then
+    stopped, ``between(checkpoint_uri)``, and restarted over the other 5: the rows
+    the restarted query emitted. ``running(checkpoint_uri)``, if given, is called
+    as the first run's last step, while the query runs."""
+    backend = StateBackend(f"file://{tmp_path}/{name}", local_dir=str(tmp_path / f"l-{name}"))
+    folder, checkpoint = tmp_path / f"in-{name}", tmp_path / f"ck-{name}"
+    steps = file_steps(rows, folder, range(3))
+    if running is not None:
+        steps.append(functools.partial(running, backend.checkpoint_uri))
+    query = _query(spark, folder, backend, 4, operator)
+    run_stream(query, checkpoint, steps)
+    between(backend.checkpoint_uri)
+    query = _query(spark, folder, backend, 4, operator)
+    return run_stream(query, checkpoint, file_steps(rows, folder, range(3, 8)))
+
+
+def _erased_run(spark, operator, tmp_path):
+    """The run of ``operator`` whose keys are erased between its stop and its
+    restart (its first 3 files carry them, the other 5 do not), as
+    ``{"rows": ..., "erased": erase's answer, "refused": [...]}``. For "sessions",
+    the first run's last step, while the query runs, also attempts the erase
+    without ``force``; "refused" holds the messages of the CheckpointBusyError it
+    met (test_an_erase_while_the_query_runs_is_refused)."""
     batches = _batches()
-    assert any(r["uid"] in GONE_UIDS for r in batches[0] + batches[1] + batches[2])
+    out = {"refused": []}
 
-    def stopped_and_restarted(name, rows, between):
-        backend = StateBackend(f"file://{tmp_path}/{name}", local_dir=str(tmp_path / f"l-{name}"))
-        folder, checkpoint = tmp_path / f"in-{name}", tmp_path / f"ck-{name}"
-        query = _query(spark, folder, backend, 4, operator)
-        run_stream(query, checkpoint, file_steps(rows, folder, range(3)))
-        between(backend.checkpoint_uri)
-        query = _query(spark, folder, backend, 4, operator)
-        return run_stream(query, checkpoint, file_steps(rows, folder, range(3, 8)))
-
-    expected = stopped_and_restarted("clean", _without_keys(batches), lambda uri: None)
-    assert len(expected) > 10
+    def erase_now(uri):
+        try:
+            erase(uri, "sessions", key=KEYS["sessions"])
+        except CheckpointBusyError as exc:
+            out["refused"].append(str(exc))
 
     def erase_keys(uri):
-        done = erase(uri, operator, key=KEYS[operator], force=True)
-        assert done["version"] == 3 and sum(done["rows"].values()) > 0
+        out["erased"] = erase(uri, operator, key=KEYS[operator], force=True)
+
+    out["rows"] = _stopped_and_restarted(
+        spark, tmp_path, operator, "erased", batches[:3] + _without_keys(batches)[3:],
+        erase_keys, running=erase_now if operator == "sessions" else None,
+    )  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def erased(spark, tmp_path_factory):
+    """``erased(operator)``: :func:`_erased_run` of ``operator``, run once for the
+    module. test_an_erase_while_the_query_runs_is_refused reads the "sessions" run,
+    which is its query (sessionize at 4 partitions over the first 3 files of
+    _batches, without due batches, while it runs): an erase refused there must
+    change nothing, which the restarted run's comparison and the forced erase
+    after the stop check; test_the_restarted_query_continues_as_if_the_keys_never_came
+    reads every operator's."""
+    runs = SharedRuns(tmp_path_factory.mktemp("erased"))
+
+    def run(operator):
+        return runs.get(operator, functools.partial(_erased_run, spark, operator))
+
+    return run
+
+
+@pytest.mark.parametrize("operator", ["sessions", "windows", "join"])
+def test_the_restarted_query_continues_as_if_the_keys_never_came(spark, tmp_path, operator, erased):
+    batches = _batches()
+    assert any(r["uid"] in GONE_UIDS for r in batches[0] + batches[1] + batches[2])
+    expected = _stopped_and_restarted(
+        spark, tmp_path, operator, "clean", _without_keys(batches), lambda uri: None
+    )
+    assert len(expected) > 10
 
     # the keys' rows before the erase only: what their state would carry on
-    got = stopped_and_restarted("erased", batches[:3] + _without_keys(batches)[3:], erase_keys)
-    missing = Counter(map(str, expected)) - Counter(map(str, got))
-    extra = Counter(map(str, got)) - Counter(map(str, expected))
+    run = erased(operator)
+    done = run["erased"]
+    assert done["version"] == 3 and sum(done["rows"].values()) > 0
+    missing = Counter(map(str, expected)) - Counter(map(str, run["rows"]))
+    extra = Counter(map(str, run["rows"])) - Counter(map(str, expected))
     assert (missing, extra) == (Counter(), Counter())
 
 
-def test_an_erase_while_the_query_runs_is_refused(spark, tmp_path):
-    batches = _batches()
-    backend = StateBackend(f"file://{tmp_path}/ckpt", local_dir=str(tmp_path / "local"))
-    folder = tmp_path / "in"
-    query = _query(spark, folder, backend, 4, "sessions")
-    outcome = []
-
-    def erase_now():
-        try:
-            erase(backend.checkpoint_uri, "sessions", key=KEYS["sessions"])
-        except CheckpointBusyError as exc:
-            outcome.append(str(exc))
-
-    steps = file_steps(batches, folder, range(3)) + [erase_now]
-    stream = (
-        query.writeStream.outputMode("append")
-        .option("checkpointLocation", str(tmp_path / "spark-ck"))
-        .foreachBatch(lambda batch, _: batch.count())  # runs the operator
-        .start()
-    )
-    drive(stream, steps)
+def test_an_erase_while_the_query_runs_is_refused(erased):
+    run = erased("sessions")
+    outcome = run["refused"]
     assert len(outcome) == 1 and "a query seems to hold the checkpoint" in outcome[0]
     # nothing changed: the erased keys' state is still there once the query stopped
-    done = erase(backend.checkpoint_uri, "sessions", key=KEYS["sessions"], force=True)
-    assert done["rows"]["sessions"] > 0
+    assert run["erased"]["rows"]["sessions"] > 0
 
 
 def test_transform_with_state_continues_as_if_the_keys_never_came(spark, tmp_path):

@@ -12,6 +12,7 @@ from sessionstore.checkpoint.records.layout import changelog_name
 from spark_integration import StateBackend, sessionize
 from tests.faults import FailOnceAfterCommit
 from tests.models import offline_sessions
+from tests.spark.shared_runs import SharedRuns
 from tests.spark.streams import (
     json_source,
     run_stream,
@@ -19,7 +20,7 @@ from tests.spark.streams import (
     without_due_batches,
     write_json,
 )
-from tests.spark.suite_a_streams import Streams, flat, run_together
+from tests.spark.suite_a_streams import flat, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -103,19 +104,56 @@ def run_query(
     return run_stream(out, checkpoint, steps)
 
 
-def rows_or_batches(streams, key, emit):
-    """What :func:`run_query` returns for the query of ``key``."""
-    return streams.batches(key) if emit == "update" else streams.rows(key)
-
-
 def as_sessions(rows):
     return sorted((r["user"], r["session_start"], r["session_end"], r["n"]) for r in rows)
 
 
-def test_final_sessions_equal_offline_sessionization(spark, tmp_path):
-    batches = generated()
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    rows = run_query(spark, tmp_path / "in", tmp_path, "final", backend, batches)
+@pytest.fixture(scope="module")
+def uninterrupted(spark, tmp_path_factory):
+    """``uninterrupted(seed, emit="final")``: the rows of each micro-batch of the
+    uninterrupted :func:`query_run` over ``generated(seed)`` in ``emit`` mode,
+    computed once for the module (:class:`tests.spark.shared_runs.SharedRuns`).
+
+    The restart tests compare their stopped-and-restarted run with it: seed 11 in
+    final mode is the reference of test_restart_from_checkpoint_gives_the_uninterrupted_output,
+    test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output and
+    test_a_query_restarted_on_a_copied_checkpoint_continues_exactly; seed 5 that of
+    test_a_restart_at_the_confs_count_rescales_the_checkpoint and
+    test_a_task_failing_after_its_commit_is_retried_without_double_counting. Each of
+    those tests ran this very query before (the same rows one file per micro-batch,
+    the same aggregations, the conf's 2 partitions, due batches, a file:// checkpoint
+    of its own); its output rows carry no operator name or path, so one run is every
+    test's reference. test_final_sessions_equal_offline_sessionization and
+    test_sessions_equal_sparks_own_session_window check the seed-11 runs (final, and
+    update) against the offline model and Spark's session_window: the same query on
+    another draw of :func:`generated`, so the restart tests' reference is itself
+    checked."""
+    from spark_integration.planning.due_batches import DUE_BATCHES_CONF
+    from spark_integration.planning.resolve import PARTITIONS_CONF
+
+    runs = SharedRuns(tmp_path_factory.mktemp("uninterrupted"))
+
+    def compute(seed, emit, folder):
+        # the settings every sharing test's reference was planned with
+        assert spark.conf.get(PARTITIONS_CONF) == "2"
+        assert spark.conf.get(DUE_BATCHES_CONF, None) is None
+        backend = StateBackend(f"file://{folder}/state", local_dir=str(folder / "local"))
+        out, checkpoint, steps = query_run(
+            spark, folder / "in", folder, "ref", backend, generated(seed), emit=emit
+        )
+        return run_stream_batches(
+            out, checkpoint, steps, "update" if emit == "update" else "append"
+        )
+
+    def reference(seed, emit="final"):
+        return runs.get((seed, emit), functools.partial(compute, seed, emit))
+
+    return reference
+
+
+def test_final_sessions_equal_offline_sessionization(uninterrupted):
+    batches = generated(seed=11)
+    rows = flat(uninterrupted(11))
     events = [(u, None, ts) for rows_ in batches for u, ts, _ in rows_ if u != "zz-close"]
     got = [s for s in as_sessions(rows) if s[0] != "zz-close"]
     assert got == offline_sessions(events, GAP_MS)
@@ -128,26 +166,18 @@ def test_final_sessions_equal_offline_sessionization(spark, tmp_path):
 
 
 @pytest.mark.parametrize("emit", ["final", "update"])
-def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path, emit):
+def test_restart_from_checkpoint_gives_the_uninterrupted_output(
+    spark, tmp_path, emit, uninterrupted
+):
     batches = generated(seed=11)
+    reference = uninterrupted(11, emit)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    run = functools.partial(query_run, spark, emit=emit)
-    mode = "update" if emit == "update" else "append"
-    with Streams() as streams:  # the reference beside the restarted run, in lockstep
-        ref = streams.start_run(
-            "ref", run(tmp_path / "all", tmp_path, "ref", backend, batches), mode
-        )
-        # the same stream, stopped after 3 batches and restarted with a new local dir
-        # (a new executor): the state comes back from the checkpoint
-        part = run(tmp_path / "part", tmp_path, "restart", backend, batches[:3])
-        streams.drive({"ref": ref[:3], "restart": streams.start_run("restart", part, mode)})
-        streams.stop("restart")
-        first = list(rows_or_batches(streams, "restart", emit))
-        moved = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local2"))
-        part = run(tmp_path / "part", tmp_path, "restart", moved, batches[3:], first=3)
-        streams.drive({"ref": ref[3:], "restart": streams.start_run("restart", part, mode)})
-    reference = rows_or_batches(streams, "ref", emit)
-    second = rows_or_batches(streams, "restart", emit)[len(first) :]
+    run = functools.partial(run_query, spark, tmp_path / "part", tmp_path, "restart", emit=emit)
+    # the same stream, stopped after 3 batches and restarted with a new local dir
+    # (a new executor): the state comes back from the checkpoint
+    first = run(backend, batches[:3])
+    moved = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local2"))
+    second = run(moved, batches[3:], first=3)
     if emit == "update":
         # what the first batches emitted is known after the restart: the same rows
         # per micro-batch, deletes included
@@ -155,36 +185,25 @@ def test_restart_from_checkpoint_gives_the_uninterrupted_output(spark, tmp_path,
             sorted(map(str, b)) for b in reference
         ]
         assert any(r["change"] == "delete" for b in reference for r in b)
-        reference = [r for b in reference for r in b]
     else:
-        assert as_sessions(first + second) == as_sessions(reference)
-    assert len(reference) > 20
+        assert as_sessions(first + second) == as_sessions(flat(reference))
+    assert len(flat(reference)) > 20
 
 
-def test_a_restart_at_the_confs_count_rescales_the_checkpoint(spark, tmp_path, caplog):
+def test_a_restart_at_the_confs_count_rescales_the_checkpoint(
+    spark, tmp_path, caplog, uninterrupted
+):
     # the session's conf says 2 partitions (conftest); the checkpoint was made with 3:
     # a restart without num_partitions takes the conf's count and rescales (issue 41)
     from sessionstore.checkpoint.records.generation import state_root
 
     batches = generated(seed=5)
+    reference = flat(uninterrupted(5))
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    with Streams() as streams:  # the reference beside the restarted run, in lockstep
-        ref = query_run(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
-        ref = streams.start_run("ref", ref)
-        part = query_run(
-            spark, tmp_path / "part", tmp_path, "three", backend, batches[:3], num_partitions=3
-        )
-        streams.drive({"ref": ref[:3], "three": streams.start_run("three", part)})
-        streams.stop("three")
-        first = streams.rows("three")
-        with caplog.at_level("WARNING", logger="spark_integration.planning.rescale"):
-            part = query_run(
-                spark, tmp_path / "part", tmp_path, "three", backend, batches[3:], first=3
-            )
-            streams.drive({"ref": ref[3:], "three": streams.start_run("three", part)})
-            streams.stop("three")
-    reference = streams.rows("ref")
-    second = streams.rows("three")[len(first) :]
+    run = functools.partial(run_query, spark, tmp_path / "part", tmp_path, "three", backend)
+    first = run(batches[:3], num_partitions=3)
+    with caplog.at_level("WARNING", logger="spark_integration.planning.rescale"):
+        second = run(batches[3:], first=3)
     assert any("rescaled operator 'three'" in r.message and "from 3 to 2 partitions" in r.message
                for r in caplog.records)  # fmt: skip
     assert as_sessions(first + second) == as_sessions(reference)
@@ -230,7 +249,7 @@ def test_partition_count_from_the_conf_key_or_the_cores(spark, tmp_path):
 
 
 def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
-    spark, tmp_path, gs_bucket
+    spark, tmp_path, gs_bucket, uninterrupted
 ):
     """The checkpoint on gs:// (the fake-gcs-server endpoint), the backend built from
     ``spark.sessionstore.*`` set on the session (storage options as text, as
@@ -240,29 +259,22 @@ def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
 
     uri, options = gs_bucket
     batches = generated(seed=11)
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    # the reference (its backend given, planned before the conf is set)
+    reference = flat(uninterrupted(11))
     conf = {"spark.sessionstore.checkpointUri": uri, "spark.sessionstore.localDir": ""}
     conf.update({f"spark.sessionstore.storage.{k}": str(v) for k, v in options.items()})
     outputs = []
-    # the reference (its backend given, planned before the conf is set) beside the
-    # run on gs://, in lockstep
-    with Streams() as streams:
-        ref = query_run(spark, tmp_path / "all", tmp_path, "ref", backend, batches)
-        ref = iter(streams.start_run("ref", ref))
-        try:
-            for local, part, first in (("gs-local", batches[:3], 0), ("gs-local2", batches[3:], 3)):
-                conf["spark.sessionstore.localDir"] = str(tmp_path / local)
-                for key, value in conf.items():
-                    spark.conf.set(key, value)
-                run = query_run(spark, tmp_path / "part", tmp_path, "gcs", None, part, first=first)
-                steps = streams.start_run("gcs", run)
-                streams.drive({"ref": [next(ref) for _ in steps], "gcs": steps})
-                streams.stop("gcs")
-                outputs.append(streams.rows("gcs")[sum(map(len, outputs)) :])
-        finally:
-            for key in conf:
-                spark.conf.unset(key)
-    reference = streams.rows("ref")
+    try:
+        for local, part, first in (("gs-local", batches[:3], 0), ("gs-local2", batches[3:], 3)):
+            conf["spark.sessionstore.localDir"] = str(tmp_path / local)
+            for key, value in conf.items():
+                spark.conf.set(key, value)
+            outputs.append(
+                run_query(spark, tmp_path / "part", tmp_path, "gcs", None, part, first=first)
+            )
+    finally:
+        for key in conf:
+            spark.conf.unset(key)
     assert as_sessions(outputs[0] + outputs[1]) == as_sessions(reference)
     assert len(reference) > 20
     remote = open_filesystem(uri, options)
@@ -273,31 +285,22 @@ def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
     assert any(r["session_start"] < first_ts for r in outputs[1])
 
 
-def test_a_query_restarted_on_a_copied_checkpoint_continues_exactly(spark, tmp_path):
+def test_a_query_restarted_on_a_copied_checkpoint_continues_exactly(spark, tmp_path, uninterrupted):
     """Moving a job, or disaster recovery: Spark's checkpoint and the state are
     copied to another folder, the copy keeps only snapshot 2 and the changelogs
     after it, and the query restarts there on a new local dir. Its output is the
     uninterrupted run's (the copy used to refuse its own snapshots)."""
     batches = generated(seed=11)
-    with Streams() as streams:  # the reference beside the moved run, in lockstep
-        backend = StateBackend(
-            f"file://{tmp_path}/ref-state", local_dir=str(tmp_path / "ref-local")
-        )
-        ref = query_run(spark, tmp_path / "all", tmp_path / "ref", "moving", backend, batches)
-        ref = streams.start_run("ref", ref)
-        backend = StateBackend(
-            f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"), snapshot_interval=2
-        )
-        with without_due_batches(spark):  # versions 1-3 are the 3 files' batches
-            part = query_run(spark, tmp_path / "part", tmp_path, "moving", backend, batches[:3])
-        streams.drive({"ref": ref[:3], "moving": streams.start_run("moving", part)})
-        streams.stop("moving")
-        first = streams.rows("moving")
-        moved = _copy_from_snapshot_2(tmp_path)
-        backend = StateBackend(f"file://{moved}/state", local_dir=str(tmp_path / "new-local"))
-        part = query_run(spark, tmp_path / "part", moved, "moving", backend, batches[3:], first=3)
-        streams.drive({"ref": ref[3:], "moved": streams.start_run("moved", part)})
-    reference, second = streams.rows("ref"), streams.rows("moved")
+    reference = flat(uninterrupted(11))
+    backend = StateBackend(
+        f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"), snapshot_interval=2
+    )
+    with without_due_batches(spark):  # versions 1-3 are the 3 files' batches
+        part = query_run(spark, tmp_path / "part", tmp_path, "moving", backend, batches[:3])
+    first = run_stream(*part)
+    moved = _copy_from_snapshot_2(tmp_path)
+    backend = StateBackend(f"file://{moved}/state", local_dir=str(tmp_path / "new-local"))
+    second = run_query(spark, tmp_path / "part", moved, "moving", backend, batches[3:], first=3)
 
     def rows(out):
         return sorted(sorted(r.items()) for r in out)
@@ -370,9 +373,11 @@ def test_timestamp_columns_in_and_out(spark, tmp_path):
     ]
 
 
-def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spark, tmp_path):
+def test_a_task_failing_after_its_commit_is_retried_without_double_counting(
+    spark, tmp_path, uninterrupted
+):
     batches = generated(seed=5)
-    clean = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    reference = flat(uninterrupted(5))
     markers = tmp_path / "markers"
     markers.mkdir()
     for batch_id, partition in ((1, 0), (3, 1)):
@@ -382,26 +387,21 @@ def test_a_task_failing_after_its_commit_is_retried_without_double_counting(spar
         local_dir=str(tmp_path / "local"),
         commit_observer=FailOnceAfterCommit(str(markers)),
     )
-    runs = run_together(
-        {  # the clean run beside the failing one, in lockstep
-            "clean": query_run(spark, tmp_path / "a", tmp_path, "clean", clean, batches),
-            "failing": query_run(spark, tmp_path / "b", tmp_path, "failing", failing, batches),
-        }
-    )
-    reference, rows = flat(runs["clean"]), flat(runs["failing"])
+    rows = run_query(spark, tmp_path / "b", tmp_path, "failing", failing, batches)
     assert list(markers.iterdir()) == []  # both injected failures happened
     assert sorted(map(str, rows)) == sorted(map(str, reference))  # same rows, no duplicates
 
 
-def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
+def test_sessions_equal_sparks_own_session_window(spark, tmp_path, uninterrupted):
     """Differential test against Spark's built-in session_window (count and sum),
     whose session end is the last event + gap: the sessions emitted on close, and
     the table that update mode's rows build when a sink applies each micro-batch's
     rows in a shuffled order (one row per session per batch, a delete only for a
-    session an earlier batch emitted)."""
+    session an earlier batch emitted). Ours are the module's uninterrupted runs of
+    the same input (:func:`uninterrupted`)."""
     from pyspark.sql import functions as F
 
-    batches = generated(seed=8)
+    batches = generated(seed=11)
 
     def builtin(stream):
         return (
@@ -411,19 +411,8 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path):
             .agg(F.count("*").alias("n"), F.sum("amount").alias("spent"))
         )
 
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    with Streams() as streams:  # Spark's, ours and ours in update mode side by side
-        runs = {
-            "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
-            "ours": query_run(spark, tmp_path / "in-ours", tmp_path, "ours", backend, batches),
-        }
-        runs = {key: streams.start_run(key, run) for key, run in runs.items()}
-        upd = query_run(
-            spark, tmp_path / "in-upd", tmp_path, "upd", backend, batches, emit="update"
-        )
-        runs["upd"] = streams.start_run("upd", upd, "update")
-        streams.drive(runs)
-    theirs, ours, per_batch = streams.rows("theirs"), streams.rows("ours"), streams.batches("upd")
+    theirs = run_stream(*fed(spark, tmp_path / "in", tmp_path / "ck", batches, builtin))
+    ours, per_batch = flat(uninterrupted(11)), uninterrupted(11, "update")
 
     def ms(value):
         return round(value.timestamp() * 1000)  # float seconds: round, not truncate
