@@ -23,8 +23,9 @@ from spark_integration import (
     temporal_join,
     window_aggregate,
 )
+from tests.spark.shared_references import uninterrupted_batches
 from tests.spark.streams import json_source, without_due_batches, write_json
-from tests.spark.suite_a_streams import Streams, run_together
+from tests.spark.suite_a_streams import Streams, flat, run_together
 from tests.tools.test_cli import run
 
 pytestmark = pytest.mark.slow
@@ -125,24 +126,21 @@ def file_steps(batches, folder, part):
 
 
 @pytest.mark.parametrize("operator", ["sessions", "windows", "join"])
-def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, operator):
-    """The uninterrupted run at 4 and the rescaled run (3 batches at 4, a repartition
-    to 7, 5 batches at 7) are driven side by side, each on its own source, state and
-    checkpoint."""
+def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, tmp_path_factory, operator):
+    """The rescaled run (3 batches at 4, a repartition to 7, 5 batches at 7) against
+    the uninterrupted run at 4, each on its own source, state and checkpoint. The
+    uninterrupted run is shared with test_rescale's join, the same query on the same
+    input (tests/spark/shared_references.py)."""
     batches = _batches()
+    expected = flat(uninterrupted_batches(spark, tmp_path_factory, _query, operator, batches))
 
-    def steps(folder, part):
-        return file_steps(batches, folder, part)
+    def steps(part):
+        return file_steps(batches, tmp_path / "in2", part)
 
-    whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
     first = StateBackend(f"file://{tmp_path}/four", local_dir=str(tmp_path / "l2"))
     with Streams() as streams:
-        streams.start(
-            "whole", _query(spark, tmp_path / "in1", whole, 4, operator), tmp_path / "ck1"
-        )
         streams.start("got", _query(spark, tmp_path / "in2", first, 4, operator), tmp_path / "ck2")
-        streams.drive({"whole": steps(tmp_path / "in1", range(3)),
-                       "got": steps(tmp_path / "in2", range(3))})  # fmt: skip
+        streams.drive({"got": steps(range(3))})
         streams.stop("got")
         seven = f"file://{tmp_path}/seven"
         out = run("repartition", first.checkpoint_uri, "--operator", operator,
@@ -159,9 +157,8 @@ def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, operator)
         rescaled = StateBackend(seven, local_dir=str(tmp_path / "l3"))
         query = _query(spark, tmp_path / "in2", rescaled, 7, operator)
         streams.start("got", query, tmp_path / "ck2")
-        streams.drive({"whole": steps(tmp_path / "in1", range(3, 8)),
-                       "got": steps(tmp_path / "in2", range(3, 8))})  # fmt: skip
-    expected, got = streams.rows("whole"), streams.rows("got")
+        streams.drive({"got": steps(range(3, 8))})
+    got = streams.rows("got")
     assert len(expected) > 20
     missing = Counter(map(str, expected)) - Counter(map(str, got))
     extra = Counter(map(str, got)) - Counter(map(str, expected))

@@ -18,13 +18,14 @@ from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from spark_integration import (
     StateBackend,
     sessionize,
-    temporal_join,
     transform_with_state,
     window_aggregate,
 )
 from tests.spark import processors as P
+from tests.spark.shared_references import uninterrupted_batches
 from tests.spark.streams import json_source, run_stream_batches, without_due_batches, write_json
 from tests.spark.test_repartition import SCHEMA, _batches
+from tests.spark.test_repartition import _query as repartition_query
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,8 @@ MODES = {"sessions_update": "update", "windows_update": "update", "tws": "update
 def _query(spark, folder, backend, n, case):
     from pyspark.sql import functions as F
 
+    if case == "join":  # test_repartition's join, the same query: their references are one run
+        return repartition_query(spark, folder, backend, n, case)
     src = json_source(spark, folder, SCHEMA)
     events = src.filter("kind = 'e'").select("user", "uid", "ts", "amount")
     common = {"backend": backend, "name": case, "num_partitions": n}
@@ -49,15 +52,11 @@ def _query(spark, folder, backend, n, case):
             emit = "update" if case.endswith("update") else "final"
             return window_aggregate(events, "user", "ts", size=4000, emit=emit,
                                     aggregations=aggs, **common)  # fmt: skip
-        if case == "tws":
-            timed = events.withColumn("event", F.timestamp_millis("ts"))
-            return transform_with_state(
-                timed.withWatermark("event", "0 seconds"), "user", P.RowRescaled(),
-                P.RESCALED_SCHEMA, time_mode="EventTime", **common,
-            )  # fmt: skip
-        table = src.filter("kind = 't'").select("uid", F.col("ts").alias("plan_ts"), "plan")
-        return temporal_join(events, table, "uid", "ts", "plan_ts", history_retention=10**9,
-                             how="left", **common)  # fmt: skip
+        timed = events.withColumn("event", F.timestamp_millis("ts"))
+        return transform_with_state(
+            timed.withWatermark("event", "0 seconds"), "user", P.RowRescaled(),
+            P.RESCALED_SCHEMA, time_mode="EventTime", **common,
+        )  # fmt: skip
 
 
 def _steps(folder, part):
@@ -76,11 +75,12 @@ def _same_batches(expected, got):
         assert (batch, missing, extra) == (batch, Counter(), Counter())
 
 
-def _uninterrupted(spark, tmp_path, case):
-    whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
-    query = _query(spark, tmp_path / "in1", whole, 4, case)
+def _uninterrupted(spark, tmp_path_factory, case):
+    """The run at 4 partitions without a stop: one run per case for every test of
+    this module (and test_repartition's join), see tests/spark/shared_references.py."""
+    query = repartition_query if case == "join" else _query  # the same query, see _query
     mode = MODES.get(case, "append")
-    expected = run_stream_batches(query, tmp_path / "ck1", _steps(tmp_path / "in1", range(8)), mode)
+    expected = uninterrupted_batches(spark, tmp_path_factory, query, case, _batches(), 4, mode)
     assert sum(map(len, expected)) > 20
     return expected
 
@@ -88,8 +88,10 @@ def _uninterrupted(spark, tmp_path, case):
 @pytest.mark.parametrize(
     "case", ["sessions_final", "sessions_update", "windows_final", "join", "tws"]
 )
-def test_restarts_at_4_7_3_partitions_write_the_uninterrupted_output(spark, tmp_path, case, caplog):
-    expected = _uninterrupted(spark, tmp_path, case)
+def test_restarts_at_4_7_3_partitions_write_the_uninterrupted_output(
+    spark, tmp_path, tmp_path_factory, case, caplog
+):
+    expected = _uninterrupted(spark, tmp_path_factory, case)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
     operator = open_filesystem(backend.checkpoint_uri).child(case)
     got, mode = [], MODES.get(case, "append")
@@ -121,13 +123,13 @@ class Crash(Exception):
 
 
 def test_a_rescale_that_dies_before_its_switch_leaves_the_old_count_exact(
-    spark, tmp_path, monkeypatch
+    spark, tmp_path, tmp_path_factory, monkeypatch
 ):
     from sessionstore.checkpoint.offline.repartition import finish_repartition
     from spark_integration.planning import rescale
 
     case = "sessions_final"
-    expected = _uninterrupted(spark, tmp_path, case)
+    expected = _uninterrupted(spark, tmp_path_factory, case)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
     operator = open_filesystem(backend.checkpoint_uri).child(case)
 
@@ -175,7 +177,9 @@ def test_a_checkpoint_between_batches_is_refused_and_unchanged(spark, tmp_path):
     assert not operator.exists("_generations")
 
 
-def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoint(spark, tmp_path):
+def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoint(
+    spark, tmp_path, tmp_path_factory
+):
     """The driver dies after every partition committed batch 3 (version 4) but before
     Spark recorded the batch in its commit log. The restart at 7 rescales version 4,
     and Spark replays batch 3, which loads version 3: the generation serves it, and
@@ -183,7 +187,7 @@ def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoin
     from pyspark.errors import StreamingQueryException
 
     case = "sessions_final"
-    expected = _uninterrupted(spark, tmp_path, case)
+    expected = _uninterrupted(spark, tmp_path_factory, case)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "l2"))
     operator = open_filesystem(backend.checkpoint_uri).child(case)
 
