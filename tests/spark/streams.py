@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,10 +17,20 @@ def json_source(spark: Any, folder: Path, schema: str) -> Any:
 
 
 def write_json(folder: Path, index: int, rows: Sequence[dict]) -> None:
-    """Write one batch file atomically (the source must never see half a file)."""
+    """Write one batch file atomically (the source must never see half a file),
+    modified after every batch file already in ``folder``.
+
+    Spark's file source takes files in order of modification time. Files written
+    within one tick of the file system's clock tie, and a tie goes by listing
+    order: ext4's happens to follow the names, tmpfs's is the reverse, so two
+    files written before a query reads them would be read last first."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".part-{index:04d}.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # a millisecond apart at least: Spark reads modification times in milliseconds
+    after = max((p.stat().st_mtime_ns for p in folder.glob("part-*.json")), default=0)
+    stamp = max(tmp.stat().st_mtime_ns, after + 1_000_000)
+    os.utime(tmp, ns=(stamp, stamp))
     tmp.rename(folder / f"part-{index:04d}.json")
 
 
