@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -136,8 +137,39 @@ def pytest_configure(config):
     """
     os.environ.setdefault("JDK_JAVA_OPTIONS", SUITE_JVM_OPTIONS)
     if "TMPDIR" not in os.environ and (ram := ram_backed_tmp()) is not None:
-        os.environ["TMPDIR"] = ram
+        _RUN_FOLDER.append(run_folder(ram))
+        os.environ["TMPDIR"] = _RUN_FOLDER[-1]
         tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+#: The run's folder in RAM, when this process made it (not in pytest-xdist's
+#: workers, which inherit ``TMPDIR``).
+_RUN_FOLDER: list[str] = []
+
+
+def run_folder(ram: str) -> str:
+    """A new folder of this run's own under ``ram``; :func:`pytest_sessionfinish`
+    removes it after a passing run: a whole run's files take gigabytes of memory
+    (pytest alone keeps its last three runs' ``tmp_path``s). A failed run's stay for
+    a look until the next run starts, which removes every run folder whose process
+    has ended."""
+    for name in os.listdir(ram):
+        pid = name.split("-")[1] if name.startswith("run-") else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(ram, name), ignore_errors=True)
+    path = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=ram)
+    os.chmod(path, 0o711)  # passable, as the folder above it (see ram_backed_tmp)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(WORKER_SITE) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(WORKER_SITE), *filter(None, paths)])
@@ -220,8 +252,11 @@ def pytest_collection_finish(session):
     start(wanted.items())
 
 
-def pytest_sessionfinish(session):
-    """End whatever a background job still runs (a session cut short)."""
+def pytest_sessionfinish(session, exitstatus):
+    """End whatever a background job still runs (a session cut short); then, after
+    a passing run, remove the run's folder in RAM (:func:`run_folder`)."""
     from tests.background import stop_all
 
     stop_all()
+    if _RUN_FOLDER and exitstatus == 0:
+        shutil.rmtree(_RUN_FOLDER.pop(), ignore_errors=True)

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import RAM_TMP_ROOT, ram_backed_tmp
+from tests.conftest import RAM_TMP_ROOT, ram_backed_tmp, run_folder
 
 needs_tmpfs = pytest.mark.skipif(
     ram_backed_tmp() is None, reason=f"{RAM_TMP_ROOT} is not a tmpfs with room here"
@@ -57,3 +57,20 @@ def test_a_root_that_is_no_tmpfs_or_too_full_is_not_taken(tmp_path, probe):
     assert ram_backed_tmp(root=str(tmp_path), name=probe) is None  # not a mount point
     assert ram_backed_tmp(min_free=1 << 62, name=probe) is None
     assert not os.path.exists(os.path.join(RAM_TMP_ROOT, probe))
+
+
+def test_a_run_folder_is_new_and_the_folders_of_ended_runs_go(tmp_path):
+    import subprocess
+    import sys
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    gone = tmp_path / f"run-{int(ended.stdout)}-abc"
+    kept = tmp_path / f"run-{os.getpid()}-def"  # a run still going: this one
+    other = tmp_path / "run-notapid-x"
+    for folder in (gone, kept, other):
+        (folder / "data").mkdir(parents=True)
+    made = run_folder(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted([kept.name, other.name, os.path.basename(made)])
+    assert os.path.basename(made).startswith(f"run-{os.getpid()}-")
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o711 and os.listdir(made) == []
