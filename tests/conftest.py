@@ -136,6 +136,9 @@ def pytest_configure(config):
       :func:`ram_backed_tmp` where there is one; a ``TMPDIR`` already set is kept.
     """
     os.environ.setdefault("JDK_JAVA_OPTIONS", SUITE_JVM_OPTIONS)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(WORKER_SITE) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(WORKER_SITE), *filter(None, paths)])
     if "TMPDIR" not in os.environ and (ram := ram_backed_tmp()) is not None:
         _RUN_FOLDER.append(run_folder(ram))
         os.environ["TMPDIR"] = _RUN_FOLDER[-1]
@@ -163,6 +166,7 @@ def run_folder(ram: str) -> str:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -170,9 +174,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if str(WORKER_SITE) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(WORKER_SITE), *filter(None, paths)])
 
 
 @pytest.fixture(scope="session")

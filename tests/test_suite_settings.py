@@ -1,5 +1,5 @@
-"""The suite's own settings (tests/conftest.py): the RAM-backed folder for temporary
-files is taken only when it is safe to."""
+"""The suite's own settings (tests/conftest.py): every process the run starts gets
+them, and the RAM-backed folder for temporary files is taken only when it is safe to."""
 
 from __future__ import annotations
 
@@ -9,7 +9,24 @@ import uuid
 
 import pytest
 
-from tests.conftest import RAM_TMP_ROOT, ram_backed_tmp, run_folder
+from tests.conftest import (
+    RAM_TMP_ROOT,
+    SUITE_JVM_OPTIONS,
+    WORKER_SITE,
+    ram_backed_tmp,
+    run_folder,
+)
+
+
+def test_the_run_passes_its_settings_to_every_process_it_starts():
+    """pytest_configure's settings are in the environment children inherit (unless
+    the caller set its own)."""
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(WORKER_SITE)
+    assert os.environ["JDK_JAVA_OPTIONS"]  # the suite's, or the caller's own
+    if ram_backed_tmp() is not None and os.environ["TMPDIR"].startswith(RAM_TMP_ROOT):
+        assert os.path.basename(os.environ["TMPDIR"]).startswith("run-")
+    assert SUITE_JVM_OPTIONS.startswith("-XX:")
+
 
 needs_tmpfs = pytest.mark.skipif(
     ram_backed_tmp() is None, reason=f"{RAM_TMP_ROOT} is not a tmpfs with room here"
