@@ -83,7 +83,7 @@ def erased(spark, tmp_path_factory):
     change nothing, which the restarted run's comparison and the forced erase
     after the stop check; test_the_restarted_query_continues_as_if_the_keys_never_came
     reads every operator's."""
-    runs = SharedRuns(tmp_path_factory.mktemp("erased"))
+    runs = SharedRuns(tmp_path_factory)
 
     def run(operator):
         return runs.get(operator, functools.partial(_erased_run, spark, operator))

@@ -23,7 +23,7 @@ from spark_integration import (
     temporal_join,
     window_aggregate,
 )
-from tests.spark.shared_references import uninterrupted_batches
+from tests.spark.shared_runs import uninterrupted_batches
 from tests.spark.streams import json_source, without_due_batches, write_json
 from tests.spark.suite_a_streams import Streams, flat, run_together
 from tests.tools.test_cli import run
@@ -130,7 +130,7 @@ def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, tmp_path_
     """The rescaled run (3 batches at 4, a repartition to 7, 5 batches at 7) against
     the uninterrupted run at 4, each on its own source, state and checkpoint. The
     uninterrupted run is shared with test_rescale's join, the same query on the same
-    input (tests/spark/shared_references.py)."""
+    input (tests/spark/shared_runs.py)."""
     batches = _batches()
     expected = flat(uninterrupted_batches(spark, tmp_path_factory, _query, operator, batches))
 

@@ -22,7 +22,7 @@ from spark_integration import (
     window_aggregate,
 )
 from tests.spark import processors as P
-from tests.spark.shared_references import uninterrupted_batches
+from tests.spark.shared_runs import uninterrupted_batches
 from tests.spark.streams import json_source, run_stream_batches, without_due_batches, write_json
 from tests.spark.test_repartition import SCHEMA, _batches
 from tests.spark.test_repartition import _query as repartition_query
@@ -77,7 +77,7 @@ def _same_batches(expected, got):
 
 def _uninterrupted(spark, tmp_path_factory, case):
     """The run at 4 partitions without a stop: one run per case for every test of
-    this module (and test_repartition's join), see tests/spark/shared_references.py."""
+    this module (and test_repartition's join), see tests/spark/shared_runs.py."""
     query = repartition_query if case == "join" else _query  # the same query, see _query
     mode = MODES.get(case, "append")
     expected = uninterrupted_batches(spark, tmp_path_factory, query, case, _batches(), 4, mode)

@@ -131,7 +131,7 @@ def uninterrupted(spark, tmp_path_factory):
     from spark_integration.planning.due_batches import DUE_BATCHES_CONF
     from spark_integration.planning.resolve import PARTITIONS_CONF
 
-    runs = SharedRuns(tmp_path_factory.mktemp("uninterrupted"))
+    runs = SharedRuns(tmp_path_factory)
 
     def compute(seed, emit, folder):
         # the settings every sharing test's reference was planned with

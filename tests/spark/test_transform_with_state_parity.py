@@ -11,6 +11,7 @@ import pytest
 
 from spark_integration import StateBackend, transform_with_state, transform_with_state_in_pandas
 from tests.spark import processors as P
+from tests.spark.shared_runs import SharedRuns
 from tests.spark.streams import json_source, run_stream_batches, write_json
 
 pytestmark = pytest.mark.slow
@@ -335,16 +336,12 @@ def first_runs(tmp_path_factory):
     folder it was started on), first given back the first run's file alone; the
     copy leaves out our local directory (the restart loads the state from the
     checkpoint)."""
-    root = tmp_path_factory.mktemp("first-runs")
-    done = {}
+    runs = SharedRuns(tmp_path_factory)
 
     def get(spark, api, first):
         key = (api, type(first).__name__, spark.conf.get(PROVIDER, None),
                spark.conf.get(ENCODING, None))  # fmt: skip
-        if key not in done:
-            where = root / f"run-{len(done)}"
-            done[key] = (where, _first_runs(spark, where, api, first))
-        return done[key]
+        return runs.get(key, lambda where: (where, _first_runs(spark, where, api, first)))
 
     return get
 
