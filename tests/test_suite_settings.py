@@ -1,21 +1,28 @@
 """The suite's own settings (tests/conftest.py): every process the run starts gets
-them, and the RAM-backed folder for temporary files is taken only when it is safe to."""
+them, the RAM-backed folder for temporary files is taken only when it is safe to, and
+children cache bytecode only in the run's folder."""
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
+import tests.models
 from tests.conftest import (
     RAM_TMP_ROOT,
     SUITE_JVM_OPTIONS,
     WORKER_SITE,
+    bytecode_cache,
     ram_backed_tmp,
     run_folder,
 )
+from tests.packaging import checkout_pythonpath
 
 
 def test_the_run_passes_its_settings_to_every_process_it_starts():
@@ -91,3 +98,33 @@ def test_a_run_folder_is_new_and_the_folders_of_ended_runs_go(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted([kept.name, other.name, os.path.basename(made)])
     assert os.path.basename(made).startswith(f"run-{os.getpid()}-")
     assert stat.S_IMODE(os.stat(made).st_mode) == 0o711 and os.listdir(made) == []
+
+
+def test_children_cache_bytecode_in_the_given_folder_only_where_it_was_turned_off(tmp_path):
+    """Where the environment turned bytecode off, a child imports a checkout module
+    and leaves its bytecode in the cache folder, none beside the source; an
+    environment with bytecode on, or a cache of its own, is left as it was."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    base["PYTHONPATH"] = checkout_pythonpath()
+    env = {**base, "PYTHONDONTWRITEBYTECODE": "1"}
+    bytecode_cache(str(tmp_path), env)
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    source = Path(tests.models.__file__).resolve()
+    beside = source.parent / "__pycache__"
+    before = set(beside.glob("models.*.pyc")) if beside.is_dir() else set()
+    subprocess.run(
+        [sys.executable, "-c", "import tests.models"], env=env, cwd=tmp_path, check=True,
+        timeout=60,
+    )  # fmt: skip
+    cached = list((tmp_path / "pycache" / source.parent.relative_to("/")).glob("models.*.pyc"))
+    assert len(cached) == 1
+    after = set(beside.glob("models.*.pyc")) if beside.is_dir() else set()
+    assert after == before
+
+    own = {**base, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/elsewhere"}
+    bytecode_cache(str(tmp_path), own)
+    assert own["PYTHONPYCACHEPREFIX"] == "/elsewhere" and own["PYTHONDONTWRITEBYTECODE"] == "1"
+    on = dict(base)
+    bytecode_cache(str(tmp_path), on)
+    assert on == base
