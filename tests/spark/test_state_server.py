@@ -27,6 +27,7 @@ from sessionstore.process import this_process
 from spark_integration.execution import state_server as ss
 from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
+from spark_integration.execution.state_server.config import SUPERSEDED_EXIT_S
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
 
@@ -225,6 +226,71 @@ def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
     assert _pid_of(again) == pid
 
 
+@dataclass
+class HoldTask:
+    """Commits version ``version`` + 1 of partition 0 (one session of key ``key``)
+    through its process's StoreService, which keeps the database open (warm)."""
+
+    remote: str
+    local: str
+    version: int
+    key: str
+
+    def run(self, batches, context):
+        from sessionstore.checkpoint.service.store_service import StoreService
+
+        list(batches)
+        with StoreService.instance().provider("op/0", lambda: _held(self.remote, self.local)) as p:
+            handle = p.get_store(self.version)
+            handle["sessions"].put(self.key, 1, 2, self.version)
+            handle.commit()
+        yield pa.table({"pid": [os.getpid()]})
+
+
+def _held(remote: str, local: str):
+    from sessionstore import StateStoreProvider, StoreSpec
+
+    return StateStoreProvider(remote, "op", 0, [StoreSpec("sessions", "session", 10**12)], local)
+
+
+@pytest.mark.slow
+def test_a_server_whose_database_another_process_took_ends_soon_and_loses_nothing(
+    daemon, tmp_path
+):
+    """Under Spark Connect each query's servers are new (a new daemon) and take the
+    partitions of the previous query's, whose daemon lives on: a server that gave
+    away what it held ends after SUPERSEDED_EXIT_S, not after IDLE_EXIT_S. One that
+    holds its database keeps serving."""
+    from sessionstore.checkpoint.service.store_service import StoreService
+
+    _, servers = daemon
+    remote, local = f"file://{tmp_path}/remote", str(tmp_path / "local")
+    pid = _pid_of(_run(HoldTask(remote, local, 0, "a"), partition=0, count=1)[0])
+    servers.add(pid)
+    time.sleep(SUPERSEDED_EXIT_S + 2)  # idle, but holding its database
+    assert _alive(pid)
+    assert _pid_of(_run(HoldTask(remote, local, 1, "b"), partition=0, count=1)[0]) == pid
+
+    other = StoreService()  # another process's service: this test's
+    with other.provider("op/0", lambda: _held(remote, local)) as provider:
+        handle = provider.get_store(2)  # the server hands the database over
+        handle["sessions"].put("c", 1, 2, 2)
+        handle.commit()
+    other.close_all()
+    deadline = time.monotonic() + SUPERSEDED_EXIT_S + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+    check = _held(remote, str(tmp_path / "check"))
+    handle = check.get_store(3)
+    assert sorted((w.key, v) for w, v in handle["sessions"].fetch_range(None, None)) == [
+        ("a", 0), ("b", 1), ("c", 2),
+    ]  # fmt: skip
+    handle.abort()
+    check.close()
+
+
 def test_an_idle_server_closes_its_listener_and_returns():
     address = f"\0sessionstore-state-test-{os.getpid()}-idle"
     listener = server.bind(address)
@@ -234,6 +300,24 @@ def test_an_idle_server_closes_its_listener_and_returns():
     thread.start()
     thread.join(10)
     assert not thread.is_alive()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        with pytest.raises(ConnectionRefusedError):
+            conn.connect(address)
+
+
+def test_a_server_no_task_came_to_returns_after_unused_exit_s_not_idle_exit_s():
+    """The first task of an executor starts all its servers; those of slots no
+    partition uses (or of a stopped query's daemon, under Spark Connect) end."""
+    address = f"\0sessionstore-state-test-{os.getpid()}-unused"
+    listener = server.bind(address)
+    started = time.monotonic()
+    thread = threading.Thread(
+        target=server.serve, args=(listener, os.getpid()),
+        kwargs={"idle_exit_s": 600.0, "superseded_exit_s": 5.0, "unused_exit_s": 0.3},
+    )  # fmt: skip
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - started < 5
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         with pytest.raises(ConnectionRefusedError):
             conn.connect(address)

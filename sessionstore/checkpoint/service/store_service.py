@@ -87,10 +87,22 @@ def _addresses(pid: int) -> list[str]:
     ]
 
 
+def _owner_pid(db_path: str) -> int:
+    """The pid of the process that opened the database at ``db_path`` last (its
+    owner file), 0 if unknown."""
+    try:
+        with open(owner_file(db_path)) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
 class _Entry:
     def __init__(self, provider: StateStoreProvider) -> None:
         self.provider = provider
         self.lock = threading.Lock()  # held while a task of this process uses it
+        #: closed for another process that asked for the database, not reopened since
+        self.taken = False
 
 
 class _HandoverServer:
@@ -212,6 +224,7 @@ class StoreService:
                 try:
                     if fresh or not entry.provider.local_open:
                         self._take(entry.provider)
+                        entry.taken = False
                     else:
                         self.stats["reused"] += 1
                     yield entry.provider
@@ -272,6 +285,23 @@ class StoreService:
         while self._maintenance.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
 
+    def superseded(self) -> bool:
+        """Whether, with no task running, every database this process held is held
+        by another process now: closed for one that asked for it, or closed while
+        idle (parked) and opened by another since (its owner file names that
+        process), and none reopened here. What this process held is served
+        elsewhere."""
+        with self._entries_lock:
+            if self._active or not self._entries:
+                return False
+            entries = list(self._entries.values())
+        me = os.getpid()
+        return all(
+            not entry.provider.local_open
+            and (entry.taken or _owner_pid(entry.provider.local_db_path) not in (0, me))
+            for entry in entries
+        )
+
     def close_under(self, local_dir: str) -> int:
         """Close and forget the providers whose database lives under ``local_dir``
         (a scratch directory about to be deleted); how many there were."""
@@ -331,11 +361,7 @@ class StoreService:
         return bool(others)
 
     def _ask_owner(self, db_path: str) -> None:
-        try:
-            with open(owner_file(db_path)) as f:
-                pid = int(f.read().strip() or 0)
-        except (FileNotFoundError, ValueError):
-            pid = 0
+        pid = _owner_pid(db_path)
         if pid and pid != os.getpid():
             self.contended = True
             for address in _addresses(pid):
@@ -414,6 +440,7 @@ class StoreService:
             try:
                 if entry.provider.local_open:
                     entry.provider.close()
+                    entry.taken = True
                     self.stats["released"] += 1
             finally:
                 entry.lock.release()

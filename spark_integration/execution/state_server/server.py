@@ -24,6 +24,8 @@ from spark_integration.execution.state_server.config import (
     IDLE_EXIT_S,
     IO_TIMEOUT_S,
     REQUEST_TIMEOUT_S,
+    SUPERSEDED_EXIT_S,
+    UNUSED_EXIT_S,
 )
 from spark_integration.execution.state_server.protocol import (
     ACCEPTED,
@@ -104,27 +106,48 @@ def bind(address: str) -> socket.socket | None:
     return listener
 
 
-def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXIT_S) -> None:
+def serve(
+    listener: socket.socket,
+    watch_pid: int,
+    idle_exit_s: float = IDLE_EXIT_S,
+    superseded_exit_s: float = SUPERSEDED_EXIT_S,
+    unused_exit_s: float = UNUSED_EXIT_S,
+) -> None:
     """Serve tasks on ``listener`` one at a time until process ``watch_pid`` ends
-    (the executor's Python daemon) or no task came for ``idle_exit_s``."""
+    (the executor's Python daemon), or no task came for ``idle_exit_s``, for
+    ``superseded_exit_s`` once another process took its databases
+    (:meth:`~sessionstore.checkpoint.service.store_service.StoreService.superseded`),
+    or for ``unused_exit_s`` since it started when none ever came."""
     from sessionstore.checkpoint.service.store_service import StoreService
 
+    service = StoreService.instance()
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "task")
     try:
         selector.register(os.pidfd_open(watch_pid), selectors.EVENT_READ, "parent")
     except ProcessLookupError:
         return  # the executor ended before we started
-    last = time.monotonic()
+
+    def deadline() -> float:
+        if not served:
+            return last + min(unused_exit_s, idle_exit_s)
+        return last + (superseded_exit_s if service.superseded() else idle_exit_s)
+
+    last, served = time.monotonic(), 0
     while True:
-        events = selector.select(max(0.0, last + idle_exit_s - time.monotonic()))
+        # wake at least every superseded_exit_s: a handover (on another thread) may
+        # have made this server superseded meanwhile
+        wait = min(deadline() - time.monotonic(), superseded_exit_s)
+        events = selector.select(max(0.0, wait))
         if any(key.data == "parent" for key, _ in events):
             # the executor is gone: nobody will ask for these databases again, and
             # everything committed is durable (as when a worker dies with it)
             os._exit(0)
         if not events:
+            if time.monotonic() < deadline():
+                continue
             listener.close()  # a task that connects now starts a new server
-            StoreService.instance().close_all()
+            service.close_all()
             return
         conn, _ = listener.accept()
         with conn:
@@ -132,7 +155,7 @@ def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXI
                 serve_one(conn)
             except Exception:  # the worker fails its task; keep serving the others
                 log.warning("sessionstore state server: a task failed", exc_info=True)
-        last = time.monotonic()
+        last, served = time.monotonic(), served + 1
 
 
 def main(argv: list[str] | None = None) -> int:
