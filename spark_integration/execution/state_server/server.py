@@ -50,23 +50,24 @@ log = logging.getLogger(__name__)
 _refusals = RefusalLog(log)
 
 
-def serve_one(conn: socket.socket) -> None:
-    """Run one task for the worker at the other end of ``conn`` (see the package doc)."""
+def serve_one(conn: socket.socket) -> bool:
+    """Run one task for the worker at the other end of ``conn`` (see the package doc);
+    False if there was none to run (a probe, a refused peer, a malformed request)."""
     from pyspark import cloudpickle
 
     ours, pid, uid = same_user(conn)
     if not ours:
         _refusals.refused("refused a task from pid %d of uid %d", pid, uid)
-        return
+        return False
     conn.settimeout(REQUEST_TIMEOUT_S)  # a worker sends its request with the connect
     try:
         head = read_exact(conn, REQUEST.size)
     except EOFError:
-        return  # a probe (another worker checking that we listen)
+        return False  # a probe (another worker checking that we listen)
     magic, info_size, task_size = REQUEST.unpack(head)
     if magic != MAGIC or info_size > MAX_INFO_BYTES or task_size > MAX_TASK_BYTES:
         log.warning("dropped a malformed request (%r, %d, %d bytes)", magic, info_size, task_size)
-        return
+        return False
     info_bytes = read_exact(conn, info_size)
     task_bytes = read_exact(conn, task_size)
     conn.settimeout(IO_TIMEOUT_S)
@@ -77,7 +78,7 @@ def serve_one(conn: socket.socket) -> None:
         inputs = list(pa.ipc.open_stream(SocketReader(conn)))
     except Exception as error:
         send_frame(conn, ERROR, error_payload(error))
-        return
+        return True
     # this process outlives its tasks: snapshot uploads run after the commit
     context = TaskContext(info, outlives_task=True)
     outputs = task.run(iter(inputs), context)
@@ -89,9 +90,10 @@ def serve_one(conn: socket.socket) -> None:
         raise
     except Exception as error:
         send_frame(conn, ERROR, error_payload(error))
-        return
+        return True
     send_frame(conn, METRICS, msgpack.packb(context.metrics))
     send_frame(conn, END)
+    return True
 
 
 def bind(address: str) -> socket.socket | None:
@@ -133,12 +135,13 @@ def serve(
             return last + min(unused_exit_s, idle_exit_s)
         return last + (superseded_exit_s if service.superseded() else idle_exit_s)
 
+    # wake at least every this often: a handover (on another thread) may have made
+    # this server superseded meanwhile
+    tick = min(superseded_exit_s, unused_exit_s, idle_exit_s)
+
     last, served = time.monotonic(), 0
     while True:
-        # wake at least every superseded_exit_s: a handover (on another thread) may
-        # have made this server superseded meanwhile
-        wait = min(deadline() - time.monotonic(), superseded_exit_s)
-        events = selector.select(max(0.0, wait))
+        events = selector.select(max(0.0, min(deadline() - time.monotonic(), tick)))
         if any(key.data == "parent" for key, _ in events):
             # the executor is gone: nobody will ask for these databases again, and
             # everything committed is durable (as when a worker dies with it)
@@ -152,10 +155,12 @@ def serve(
         conn, _ = listener.accept()
         with conn:
             try:
-                serve_one(conn)
+                ran = serve_one(conn)
             except Exception:  # the worker fails its task; keep serving the others
                 log.warning("sessionstore state server: a task failed", exc_info=True)
-        last, served = time.monotonic(), served + 1
+                ran = True
+        if ran:  # a probe, a refused peer or a malformed request is no task
+            last, served = time.monotonic(), served + 1
 
 
 def main(argv: list[str] | None = None) -> int:
