@@ -267,33 +267,51 @@ service.close_all()
 """
 
 
+SERVE = """
+import sys
+from spark_integration.execution.state_server import server
+listener = server.bind("\\0" + sys.argv[1])
+server.serve(
+    listener, int(sys.argv[2]), idle_exit_s=600.0, superseded_exit_s=0.5, unused_exit_s=600.0
+)
+"""
+
+
+def _listens(address: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(address)  # a probe: no task
+            return True
+        except OSError:
+            return False
+
+
 def test_a_server_whose_database_another_process_took_returns_and_loses_nothing(
     daemon, tmp_path
 ):
     """Under Spark Connect each query's servers are new (a new daemon) and take the
     partitions of the previous query's, whose daemon lives on: a server whose
-    database another process took returns after ``superseded_exit_s``, not after
-    ``idle_exit_s``; one that holds its database keeps serving. The server runs in a
-    thread of this process (short limits), as a task's worker finds it."""
+    database another process took ends after ``superseded_exit_s``, not after
+    ``idle_exit_s``; one that holds its database keeps serving. The server is a
+    process of its own, started with short limits where a task's worker finds it."""
+    sleeper, servers = daemon
     remote, local = f"file://{tmp_path}/remote", str(tmp_path / "local")
     address = protocol.server_address(client.daemon_pid(), 1, 0)
-    listener = server.bind(address)
-    limits = {"idle_exit_s": 600.0, "superseded_exit_s": 0.5, "unused_exit_s": 600.0}
-    thread = threading.Thread(
-        target=server.serve, args=(listener, os.getpid()), kwargs=limits, daemon=True
-    )  # fmt: skip
-    thread.start()
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, address[1:], str(sleeper.pid)])
+    servers.add(proc.pid)
+    deadline = time.monotonic() + 60
+    while not _listens(address) and time.monotonic() < deadline:
+        time.sleep(0.05)
     for version, key in enumerate("ab"):
-        assert _pid_of(_run(HoldTask(remote, local, version, key), 0, 1)[0]) == os.getpid()
-    thread.join(2)  # idle, but holding its database
-    assert thread.is_alive()
+        assert _pid_of(_run(HoldTask(remote, local, version, key), 0, 1)[0]) == proc.pid
+    time.sleep(2)  # idle, but holding its database
+    assert proc.poll() is None
 
     other = subprocess.run(
         [sys.executable, "-c", TAKE, remote, local], capture_output=True, text=True, timeout=120
     )  # fmt: skip
     assert other.returncode == 0, other.stderr  # it asked the server for the database
-    thread.join(10)
-    assert not thread.is_alive()
+    assert proc.wait(timeout=15) == 0
 
     check = _held(remote, str(tmp_path / "check"))
     handle = check.get_store(3)
@@ -302,6 +320,20 @@ def test_a_server_whose_database_another_process_took_returns_and_loses_nothing(
     ]  # fmt: skip
     handle.abort()
     check.close()
+
+
+def test_an_idle_server_closes_its_listener_and_returns():
+    address = f"\0sessionstore-state-test-{os.getpid()}-idle"
+    listener = server.bind(address)
+    assert listener is not None
+    assert server.bind(address) is None  # the name is the lock
+    thread = threading.Thread(target=server.serve, args=(listener, os.getpid(), 0.2))
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        with pytest.raises(ConnectionRefusedError):
+            conn.connect(address)
 
 
 def test_a_server_no_task_came_to_returns_after_unused_exit_s_not_idle_exit_s():
@@ -314,6 +346,7 @@ def test_a_server_no_task_came_to_returns_after_unused_exit_s_not_idle_exit_s():
     thread = threading.Thread(
         target=server.serve, args=(listener, os.getpid()),
         kwargs={"idle_exit_s": 600.0, "superseded_exit_s": 5.0, "unused_exit_s": 0.3},
+        daemon=True,
     )  # fmt: skip
     thread.start()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:

@@ -149,11 +149,8 @@ def _accepted(slot: int, count: int, info: TaskInfo, body: bytes) -> tuple[socke
             if kind == ACCEPTED and data.isdigit():
                 return conn, int(data)
             raise StateServerLost(f"unexpected first frame {kind!r} from {address[1:]!r}")
-        except (
-            ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError,
-            EOFError,
-        ):  # fmt: skip
-            # no server (or one that was ending, idle, and never read this task)
+        except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, EOFError):
+            # no server (or one that was ending, idle, and never saw this task)
             conn.close()
         except BaseException:
             conn.close()
