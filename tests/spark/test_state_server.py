@@ -27,7 +27,6 @@ from sessionstore.process import this_process
 from spark_integration.execution import state_server as ss
 from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
-from spark_integration.execution.state_server.config import SUPERSEDED_EXIT_S
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
 
@@ -253,34 +252,66 @@ def _held(remote: str, local: str):
     return StateStoreProvider(remote, "op", 0, [StoreSpec("sessions", "session", 10**12)], local)
 
 
-@pytest.mark.slow
-def test_a_server_whose_database_another_process_took_ends_soon_and_loses_nothing(
+TAKE = """
+import sys
+from sessionstore import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.service.store_service import StoreService
+specs = [StoreSpec("sessions", "session", 10**12)]
+make = lambda: StateStoreProvider(sys.argv[1], "op", 0, specs, sys.argv[2])
+service = StoreService.instance()
+with service.provider("op/0", make) as provider:
+    handle = provider.get_store(2)
+    handle["sessions"].put("c", 1, 2, 2)
+    handle.commit()
+service.close_all()
+"""
+
+
+SERVE = """
+import sys
+from spark_integration.execution.state_server import server
+listener = server.bind("\\0" + sys.argv[1])
+server.serve(
+    listener, int(sys.argv[2]), idle_exit_s=600.0, superseded_exit_s=0.5, unused_exit_s=600.0
+)
+"""
+
+
+def _listens(address: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(address)  # a probe: no task
+            return True
+        except OSError:
+            return False
+
+
+def test_a_server_whose_database_another_process_took_returns_and_loses_nothing(
     daemon, tmp_path
 ):
     """Under Spark Connect each query's servers are new (a new daemon) and take the
-    partitions of the previous query's, whose daemon lives on: a server that gave
-    away what it held ends after SUPERSEDED_EXIT_S, not after IDLE_EXIT_S. One that
-    holds its database keeps serving."""
-    from sessionstore.checkpoint.service.store_service import StoreService
-
-    _, servers = daemon
+    partitions of the previous query's, whose daemon lives on: a server whose
+    database another process took ends after ``superseded_exit_s``, not after
+    ``idle_exit_s``; one that holds its database keeps serving. The server is a
+    process of its own, started with short limits where a task's worker finds it."""
+    sleeper, servers = daemon
     remote, local = f"file://{tmp_path}/remote", str(tmp_path / "local")
-    pid = _pid_of(_run(HoldTask(remote, local, 0, "a"), partition=0, count=1)[0])
-    servers.add(pid)
-    time.sleep(SUPERSEDED_EXIT_S + 2)  # idle, but holding its database
-    assert _alive(pid)
-    assert _pid_of(_run(HoldTask(remote, local, 1, "b"), partition=0, count=1)[0]) == pid
+    address = protocol.server_address(client.daemon_pid(), 1, 0)
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, address[1:], str(sleeper.pid)])
+    servers.add(proc.pid)
+    deadline = time.monotonic() + 60
+    while not _listens(address) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for version, key in enumerate("ab"):
+        assert _pid_of(_run(HoldTask(remote, local, version, key), 0, 1)[0]) == proc.pid
+    time.sleep(2)  # idle, but holding its database
+    assert proc.poll() is None
 
-    other = StoreService()  # another process's service: this test's
-    with other.provider("op/0", lambda: _held(remote, local)) as provider:
-        handle = provider.get_store(2)  # the server hands the database over
-        handle["sessions"].put("c", 1, 2, 2)
-        handle.commit()
-    other.close_all()
-    deadline = time.monotonic() + SUPERSEDED_EXIT_S + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(pid)
+    other = subprocess.run(
+        [sys.executable, "-c", TAKE, remote, local], capture_output=True, text=True, timeout=120
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr  # it asked the server for the database
+    assert proc.wait(timeout=15) == 0
 
     check = _held(remote, str(tmp_path / "check"))
     handle = check.get_store(3)
@@ -307,15 +338,19 @@ def test_an_idle_server_closes_its_listener_and_returns():
 
 def test_a_server_no_task_came_to_returns_after_unused_exit_s_not_idle_exit_s():
     """The first task of an executor starts all its servers; those of slots no
-    partition uses (or of a stopped query's daemon, under Spark Connect) end."""
+    partition uses (or of a stopped query's daemon, under Spark Connect) end. A
+    probe (a worker checking that it listens) is no task."""
     address = f"\0sessionstore-state-test-{os.getpid()}-unused"
     listener = server.bind(address)
     started = time.monotonic()
     thread = threading.Thread(
         target=server.serve, args=(listener, os.getpid()),
         kwargs={"idle_exit_s": 600.0, "superseded_exit_s": 5.0, "unused_exit_s": 0.3},
+        daemon=True,
     )  # fmt: skip
     thread.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.connect(address)  # a worker checking that it listens: no task
     thread.join(10)
     assert not thread.is_alive() and time.monotonic() - started < 5
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:

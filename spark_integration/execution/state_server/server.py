@@ -50,34 +50,39 @@ log = logging.getLogger(__name__)
 _refusals = RefusalLog(log)
 
 
-def serve_one(conn: socket.socket) -> None:
-    """Run one task for the worker at the other end of ``conn`` (see the package doc)."""
+def serve_one(conn: socket.socket) -> bool:
+    """Run one task for the worker at the other end of ``conn`` (see the package doc);
+    False if there was none to run (a probe, a refused peer, a malformed request)."""
     from pyspark import cloudpickle
 
     ours, pid, uid = same_user(conn)
     if not ours:
         _refusals.refused("refused a task from pid %d of uid %d", pid, uid)
-        return
+        return False
     conn.settimeout(REQUEST_TIMEOUT_S)  # a worker sends its request with the connect
     try:
         head = read_exact(conn, REQUEST.size)
-    except EOFError:
-        return  # a probe (another worker checking that we listen)
+    except (EOFError, OSError):
+        return False  # a probe (another worker checking that we listen), or silence
     magic, info_size, task_size = REQUEST.unpack(head)
     if magic != MAGIC or info_size > MAX_INFO_BYTES or task_size > MAX_TASK_BYTES:
         log.warning("dropped a malformed request (%r, %d, %d bytes)", magic, info_size, task_size)
-        return
-    info_bytes = read_exact(conn, info_size)
-    task_bytes = read_exact(conn, task_size)
-    conn.settimeout(IO_TIMEOUT_S)
-    send_frame(conn, ACCEPTED, str(os.getpid()).encode())
+        return False
+    try:
+        info_bytes = read_exact(conn, info_size)
+        task_bytes = read_exact(conn, task_size)
+        conn.settimeout(IO_TIMEOUT_S)
+        send_frame(conn, ACCEPTED, str(os.getpid()).encode())
+    except (EOFError, OSError):
+        return False  # the worker went away before the task was ours
+
     try:
         info = TaskInfo(*msgpack.unpackb(info_bytes, raw=False))
         task = cloudpickle.loads(task_bytes)
         inputs = list(pa.ipc.open_stream(SocketReader(conn)))
     except Exception as error:
         send_frame(conn, ERROR, error_payload(error))
-        return
+        return True
     # this process outlives its tasks: snapshot uploads run after the commit
     context = TaskContext(info, outlives_task=True)
     outputs = task.run(iter(inputs), context)
@@ -89,9 +94,10 @@ def serve_one(conn: socket.socket) -> None:
         raise
     except Exception as error:
         send_frame(conn, ERROR, error_payload(error))
-        return
+        return True
     send_frame(conn, METRICS, msgpack.packb(context.metrics))
     send_frame(conn, END)
+    return True
 
 
 def bind(address: str) -> socket.socket | None:
@@ -129,33 +135,48 @@ def serve(
         return  # the executor ended before we started
 
     def deadline() -> float:
+        nonlocal since
         if not served:
             return last + min(unused_exit_s, idle_exit_s)
-        return last + (superseded_exit_s if service.superseded() else idle_exit_s)
+        if not service.superseded():
+            since = None
+            return last + idle_exit_s
+        if since is None:
+            since = time.monotonic()
+        # counted from when it was found superseded, not from its last task: a
+        # partition away for one trigger comes back to a server that still runs
+        return since + superseded_exit_s
 
-    last, served = time.monotonic(), 0
+    # wake this often at least: a handover (on another thread) may have made this
+    # server superseded meanwhile
+    tick = min(superseded_exit_s, unused_exit_s, idle_exit_s) / 4
+    last, served, since = time.monotonic(), 0, None
     while True:
-        # wake at least every superseded_exit_s: a handover (on another thread) may
-        # have made this server superseded meanwhile
-        wait = min(deadline() - time.monotonic(), superseded_exit_s)
-        events = selector.select(max(0.0, wait))
+        until = deadline()
+        events = selector.select(max(0.0, min(until - time.monotonic(), tick)))
         if any(key.data == "parent" for key, _ in events):
             # the executor is gone: nobody will ask for these databases again, and
             # everything committed is durable (as when a worker dies with it)
             os._exit(0)
         if not events:
-            if time.monotonic() < deadline():
+            if time.monotonic() < until:
                 continue
             listener.close()  # a task that connects now starts a new server
+            for key in list(selector.get_map().values()):
+                if key.data == "parent":
+                    os.close(key.fd)
+            selector.close()
             service.close_all()
             return
         conn, _ = listener.accept()
         with conn:
             try:
-                serve_one(conn)
+                ran = serve_one(conn)
             except Exception:  # the worker fails its task; keep serving the others
                 log.warning("sessionstore state server: a task failed", exc_info=True)
-        last, served = time.monotonic(), served + 1
+                ran = True
+        if ran:  # a probe, a refused peer or a malformed request is no task
+            last, served, since = time.monotonic(), served + 1, None
 
 
 def main(argv: list[str] | None = None) -> int:
