@@ -17,6 +17,7 @@ import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.service.store_service import StoreService
+from tests.handover import take_in_another_process
 
 SPECS = [StoreSpec("sessions", "session", 10**12)]
 
@@ -539,25 +540,8 @@ def test_superseded_only_once_every_database_was_taken_by_another_process(tmp_pa
     service._park_if_idle()
     assert not service.superseded()
     # another process opens the parked database (no need to ask: it is closed)
-    other = subprocess.run(
-        [sys.executable, "-c", TAKE, f"file://{tmp_path}/remote", str(tmp_path / "l")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    other = take_in_another_process(f"file://{tmp_path}/remote", str(tmp_path / "l"), 1, "z")
     assert other.returncode == 0, other.stderr
     assert service.superseded()
     service.close_all()
 
-
-TAKE = textwrap.dedent(
-    """
-    import sys
-    from sessionstore import StateStoreProvider, StoreSpec
-    from sessionstore.checkpoint.service.store_service import StoreService
-    specs = [StoreSpec("sessions", "session", 10**12)]
-    make = lambda: StateStoreProvider(sys.argv[1], "op", 0, specs, sys.argv[2])
-    service = StoreService.instance()
-    with service.provider("op/0", make) as provider:
-        provider.get_store(1).commit()
-    service.close_all()
-    """
-)

@@ -28,6 +28,7 @@ from spark_integration.execution import state_server as ss
 from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
 from tests.foreign_user import AsNobody, needs_root
+from tests.handover import take_in_another_process
 from tests.spark.fakes import fake_session
 
 
@@ -252,21 +253,6 @@ def _held(remote: str, local: str):
     return StateStoreProvider(remote, "op", 0, [StoreSpec("sessions", "session", 10**12)], local)
 
 
-TAKE = """
-import sys
-from sessionstore import StateStoreProvider, StoreSpec
-from sessionstore.checkpoint.service.store_service import StoreService
-specs = [StoreSpec("sessions", "session", 10**12)]
-make = lambda: StateStoreProvider(sys.argv[1], "op", 0, specs, sys.argv[2])
-service = StoreService.instance()
-with service.provider("op/0", make) as provider:
-    handle = provider.get_store(2)
-    handle["sessions"].put("c", 1, 2, 2)
-    handle.commit()
-service.close_all()
-"""
-
-
 SERVE = """
 import sys
 from spark_integration.execution.state_server import server
@@ -307,9 +293,7 @@ def test_a_server_whose_database_another_process_took_returns_and_loses_nothing(
     time.sleep(2)  # idle, but holding its database
     assert proc.poll() is None
 
-    other = subprocess.run(
-        [sys.executable, "-c", TAKE, remote, local], capture_output=True, text=True, timeout=120
-    )  # fmt: skip
+    other = take_in_another_process(remote, local, 2, "c")
     assert other.returncode == 0, other.stderr  # it asked the server for the database
     assert proc.wait(timeout=15) == 0
 

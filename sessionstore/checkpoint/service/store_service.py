@@ -93,7 +93,7 @@ def _owner_pid(db_path: str) -> int:
     try:
         with open(owner_file(db_path)) as f:
             return int(f.read().strip() or 0)
-    except (OSError, ValueError):
+    except (FileNotFoundError, ValueError):
         return 0
 
 
@@ -286,21 +286,24 @@ class StoreService:
             time.sleep(0.02)
 
     def superseded(self) -> bool:
-        """Whether, with no task running, every database this process held is held
-        by another process now: closed for one that asked for it, or closed while
-        idle (parked) and opened by another since (its owner file names that
-        process), and none reopened here. What this process held is served
-        elsewhere."""
+        """Whether, with no task running, another process opened every database this
+        process held since (one that asked for it, or one that opened it after it
+        was parked: its owner file names that process), and none is open here: what
+        this process held is served elsewhere. False when an owner file cannot be
+        read."""
         with self._entries_lock:
             if self._active or not self._entries:
                 return False
             entries = list(self._entries.values())
         me = os.getpid()
-        return all(
-            not entry.provider.local_open
-            and (entry.taken or _owner_pid(entry.provider.local_db_path) not in (0, me))
-            for entry in entries
-        )
+        try:
+            return all(
+                not entry.provider.local_open
+                and (entry.taken or _owner_pid(entry.provider.local_db_path) not in (0, me))
+                for entry in entries
+            )
+        except OSError:
+            return False
 
     def close_under(self, local_dir: str) -> int:
         """Close and forget the providers whose database lives under ``local_dir``

@@ -39,11 +39,12 @@ DEFAULT_SERVER_MEMORY_MB = DEFAULT_MEMORY_MAX_MB // SERVERS_PER_SLOT
 IDLE_EXIT_S = 600.0
 #: A server each of whose databases another process opened since its last use (and
 #: that holds none open) exits this long after it is found so (checked every quarter
-#: of it) if no task came meanwhile: its partitions are served elsewhere now. Under Spark Connect, Spark starts a Python daemon, so new
-#: servers, for each streaming query, and a restarted query's servers take the
-#: partitions of the previous query's, whose daemon lives on. Long enough that a
-#: partition moving between two executors of one machine from batch to batch does
-#: not restart a server at every trigger shorter than a minute.
+#: of it) if no task came meanwhile: its partitions are served elsewhere now. Under
+#: Spark Connect, Spark starts a Python daemon, so new servers, for each streaming
+#: query, and a restarted query's servers take the partitions of the previous
+#: query's, whose daemon lives on. Long enough that a partition moving between two
+#: executors of one machine from batch to batch does not restart a server at every
+#: trigger shorter than a minute.
 SUPERSEDED_EXIT_S = 60.0
 #: A server that no task has come to for this long since it started exits: the
 #: first task of an executor starts all its servers at once, and an operator with

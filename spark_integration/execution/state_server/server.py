@@ -75,7 +75,6 @@ def serve_one(conn: socket.socket) -> bool:
         send_frame(conn, ACCEPTED, str(os.getpid()).encode())
     except (EOFError, OSError):
         return False  # the worker went away before the task was ours
-
     try:
         info = TaskInfo(*msgpack.unpackb(info_bytes, raw=False))
         task = cloudpickle.loads(task_bytes)
@@ -130,9 +129,10 @@ def serve(
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "task")
     try:
-        selector.register(os.pidfd_open(watch_pid), selectors.EVENT_READ, "parent")
+        parent = os.pidfd_open(watch_pid)
     except ProcessLookupError:
         return  # the executor ended before we started
+    selector.register(parent, selectors.EVENT_READ, "parent")
 
     def deadline() -> float:
         nonlocal since
@@ -162,10 +162,8 @@ def serve(
             if time.monotonic() < until:
                 continue
             listener.close()  # a task that connects now starts a new server
-            for key in list(selector.get_map().values()):
-                if key.data == "parent":
-                    os.close(key.fd)
             selector.close()
+            os.close(parent)
             service.close_all()
             return
         conn, _ = listener.accept()
