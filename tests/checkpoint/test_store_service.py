@@ -17,7 +17,6 @@ import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.service.store_service import StoreService
-from tests.handover import take_in_another_process
 
 SPECS = [StoreSpec("sessions", "session", 10**12)]
 
@@ -509,39 +508,3 @@ def test_a_connection_flood_starts_no_threads_and_a_handover_still_works(idle_ho
     out, err = holder.communicate(timeout=30)
     assert holder.returncode == 0, err
     assert json.loads(out)["released"] == 1
-
-
-def test_superseded_only_once_every_database_was_taken_by_another_process(tmp_path):
-    """A state server ends early once it is superseded (spark_integration's
-    server): every database it held was closed for another process that asked for
-    it. A database closed while idle (parked) may come back, and one reopened since
-    is ours again."""
-    service = StoreService()
-    assert not service.superseded()  # holds nothing: a server that never had a task
-
-    def make():
-        return StateStoreProvider(f"file://{tmp_path}/remote", "op", 0, SPECS, tmp_path / "l")
-
-    with service.provider("k", make) as provider:
-        handle = provider.get_store(0)
-        handle["sessions"].put("a", 1, 1, 1)
-        handle.commit()
-        path = provider.local_db_path
-    assert not service.superseded()  # open, warm
-    service._park_if_idle()  # closed while idle, as a contended process does
-    assert service.stats["parked"] == 1 and not service.superseded()
-    with service.provider("k", make):
-        pass
-    assert service._try_release(path) is True  # another process asked for it
-    assert service.superseded()
-    with service.provider("k", make):  # the partition came back
-        assert not service.superseded()  # a task runs
-    assert not service.superseded()
-    service._park_if_idle()
-    assert not service.superseded()
-    # another process opens the parked database (no need to ask: it is closed)
-    other = take_in_another_process(f"file://{tmp_path}/remote", str(tmp_path / "l"), 1, "z")
-    assert other.returncode == 0, other.stderr
-    assert service.superseded()
-    service.close_all()
-

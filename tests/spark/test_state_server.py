@@ -28,7 +28,6 @@ from spark_integration.execution import state_server as ss
 from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
 from tests.foreign_user import AsNobody, needs_root
-from tests.handover import take_in_another_process
 from tests.spark.fakes import fake_session
 
 
@@ -226,86 +225,6 @@ def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
     assert _pid_of(again) == pid
 
 
-@dataclass
-class HoldTask:
-    """Commits version ``version`` + 1 of partition 0 (one session of key ``key``)
-    through its process's StoreService, which keeps the database open (warm)."""
-
-    remote: str
-    local: str
-    version: int
-    key: str
-
-    def run(self, batches, context):
-        from sessionstore.checkpoint.service.store_service import StoreService
-
-        list(batches)
-        with StoreService.instance().provider("op/0", lambda: _held(self.remote, self.local)) as p:
-            handle = p.get_store(self.version)
-            handle["sessions"].put(self.key, 1, 2, self.version)
-            handle.commit()
-        yield pa.table({"pid": [os.getpid()]})
-
-
-def _held(remote: str, local: str):
-    from sessionstore import StateStoreProvider, StoreSpec
-
-    return StateStoreProvider(remote, "op", 0, [StoreSpec("sessions", "session", 10**12)], local)
-
-
-SERVE = """
-import sys
-from spark_integration.execution.state_server import server
-listener = server.bind("\\0" + sys.argv[1])
-server.serve(
-    listener, int(sys.argv[2]), idle_exit_s=600.0, superseded_exit_s=0.5, unused_exit_s=600.0
-)
-"""
-
-
-def _listens(address: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(address)  # a probe: no task
-            return True
-        except OSError:
-            return False
-
-
-def test_a_server_whose_database_another_process_took_returns_and_loses_nothing(
-    daemon, tmp_path
-):
-    """Under Spark Connect each query's servers are new (a new daemon) and take the
-    partitions of the previous query's, whose daemon lives on: a server whose
-    database another process took ends after ``superseded_exit_s``, not after
-    ``idle_exit_s``; one that holds its database keeps serving. The server is a
-    process of its own, started with short limits where a task's worker finds it."""
-    sleeper, servers = daemon
-    remote, local = f"file://{tmp_path}/remote", str(tmp_path / "local")
-    address = protocol.server_address(client.daemon_pid(), 1, 0)
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, address[1:], str(sleeper.pid)])
-    servers.add(proc.pid)
-    deadline = time.monotonic() + 60
-    while not _listens(address) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for version, key in enumerate("ab"):
-        assert _pid_of(_run(HoldTask(remote, local, version, key), 0, 1)[0]) == proc.pid
-    time.sleep(2)  # idle, but holding its database
-    assert proc.poll() is None
-
-    other = take_in_another_process(remote, local, 2, "c")
-    assert other.returncode == 0, other.stderr  # it asked the server for the database
-    assert proc.wait(timeout=15) == 0
-
-    check = _held(remote, str(tmp_path / "check"))
-    handle = check.get_store(3)
-    assert sorted((w.key, v) for w, v in handle["sessions"].fetch_range(None, None)) == [
-        ("a", 0), ("b", 1), ("c", 2),
-    ]  # fmt: skip
-    handle.abort()
-    check.close()
-
-
 def test_an_idle_server_closes_its_listener_and_returns():
     address = f"\0sessionstore-state-test-{os.getpid()}-idle"
     listener = server.bind(address)
@@ -315,28 +234,6 @@ def test_an_idle_server_closes_its_listener_and_returns():
     thread.start()
     thread.join(10)
     assert not thread.is_alive()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        with pytest.raises(ConnectionRefusedError):
-            conn.connect(address)
-
-
-def test_a_server_no_task_came_to_returns_after_unused_exit_s_not_idle_exit_s():
-    """The first task of an executor starts all its servers; those of slots no
-    partition uses (or of a stopped query's daemon, under Spark Connect) end. A
-    probe (a worker checking that it listens) is no task."""
-    address = f"\0sessionstore-state-test-{os.getpid()}-unused"
-    listener = server.bind(address)
-    started = time.monotonic()
-    thread = threading.Thread(
-        target=server.serve, args=(listener, os.getpid()),
-        kwargs={"idle_exit_s": 600.0, "superseded_exit_s": 5.0, "unused_exit_s": 0.3},
-        daemon=True,
-    )  # fmt: skip
-    thread.start()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.connect(address)  # a worker checking that it listens: no task
-    thread.join(10)
-    assert not thread.is_alive() and time.monotonic() - started < 5
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         with pytest.raises(ConnectionRefusedError):
             conn.connect(address)

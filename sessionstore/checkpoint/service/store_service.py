@@ -87,22 +87,10 @@ def _addresses(pid: int) -> list[str]:
     ]
 
 
-def _owner_pid(db_path: str) -> int:
-    """The pid of the process that opened the database at ``db_path`` last (its
-    owner file), 0 if unknown."""
-    try:
-        with open(owner_file(db_path)) as f:
-            return int(f.read().strip() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 class _Entry:
     def __init__(self, provider: StateStoreProvider) -> None:
         self.provider = provider
         self.lock = threading.Lock()  # held while a task of this process uses it
-        #: closed for another process that asked for the database, not reopened since
-        self.taken = False
 
 
 class _HandoverServer:
@@ -224,7 +212,6 @@ class StoreService:
                 try:
                     if fresh or not entry.provider.local_open:
                         self._take(entry.provider)
-                        entry.taken = False
                     else:
                         self.stats["reused"] += 1
                     yield entry.provider
@@ -285,26 +272,6 @@ class StoreService:
         while self._maintenance.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
 
-    def superseded(self) -> bool:
-        """Whether, with no task running, another process opened every database this
-        process held since (one that asked for it, or one that opened it after it
-        was parked: its owner file names that process), and none is open here: what
-        this process held is served elsewhere. False when an owner file cannot be
-        read."""
-        with self._entries_lock:
-            if self._active or not self._entries:
-                return False
-            entries = list(self._entries.values())
-        me = os.getpid()
-        try:
-            return all(
-                not entry.provider.local_open
-                and (entry.taken or _owner_pid(entry.provider.local_db_path) not in (0, me))
-                for entry in entries
-            )
-        except OSError:
-            return False
-
     def close_under(self, local_dir: str) -> int:
         """Close and forget the providers whose database lives under ``local_dir``
         (a scratch directory about to be deleted); how many there were."""
@@ -364,7 +331,11 @@ class StoreService:
         return bool(others)
 
     def _ask_owner(self, db_path: str) -> None:
-        pid = _owner_pid(db_path)
+        try:
+            with open(owner_file(db_path)) as f:
+                pid = int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            pid = 0
         if pid and pid != os.getpid():
             self.contended = True
             for address in _addresses(pid):
@@ -443,7 +414,6 @@ class StoreService:
             try:
                 if entry.provider.local_open:
                     entry.provider.close()
-                    entry.taken = True
                     self.stats["released"] += 1
             finally:
                 entry.lock.release()

@@ -28,13 +28,7 @@ server ``p mod count``, where its database stays open from batch to batch:
   at the same time rarely share one (a shared one makes the second task wait);
 * it ends with its executor (it watches the daemon's pid) or after
   :data:`IDLE_EXIT_S` without tasks, once its databases are closed and its
-  snapshot uploads done; after :data:`SUPERSEDED_EXIT_S` without tasks once
-  another process opened each database it held since (and it holds none open),
-  and after :data:`UNUSED_EXIT_S` when no task ever came to it (a slot no
-  partition uses; a probe is no task). Under Spark Connect each streaming query
-  has a Python daemon, so servers, of its own, and a restarted query's servers take
-  the partitions of the previous query's, whose daemon lives on: these two rules
-  end the old ones that held them and those that never ran a task.
+  snapshot uploads done.
 
 Trust, in both directions (docs/security.md): the socket name is predictable and an
 abstract socket has no permissions, so anyone local could bind it first.

@@ -17,8 +17,6 @@ __all__ = [
     "SERVERS_PER_SLOT",
     "DEFAULT_SERVER_MEMORY_MB",
     "IDLE_EXIT_S",
-    "SUPERSEDED_EXIT_S",
-    "UNUSED_EXIT_S",
     "START_TIMEOUT_S",
     "IO_TIMEOUT_S",
     "REQUEST_TIMEOUT_S",
@@ -37,20 +35,6 @@ SERVERS_PER_SLOT = 2
 DEFAULT_SERVER_MEMORY_MB = DEFAULT_MEMORY_MAX_MB // SERVERS_PER_SLOT
 #: A server with no task for this long closes its databases and exits.
 IDLE_EXIT_S = 600.0
-#: A server each of whose databases another process opened since its last use (and
-#: that holds none open) exits this long after it is found so (checked every quarter
-#: of it) if no task came meanwhile: its partitions are served elsewhere now. Under
-#: Spark Connect, Spark starts a Python daemon, so new servers, for each streaming
-#: query, and a restarted query's servers take the partitions of the previous
-#: query's, whose daemon lives on. Long enough that a partition moving between two
-#: executors of one machine from batch to batch does not restart a server at every
-#: trigger shorter than a minute.
-SUPERSEDED_EXIT_S = 60.0
-#: A server that no task has come to for this long since it started exits: the
-#: first task of an executor starts all its servers at once, and an operator with
-#: fewer partitions than servers never uses some (nor, under Spark Connect, does a
-#: stopped query's daemon). A later task of its slot starts it again.
-UNUSED_EXIT_S = 120.0
 #: How long a task waits for a server it started to listen.
 START_TIMEOUT_S = 60.0
 #: A peer silent this long mid-exchange is gone (an input that arrives slowly from

@@ -24,8 +24,6 @@ from spark_integration.execution.state_server.config import (
     IDLE_EXIT_S,
     IO_TIMEOUT_S,
     REQUEST_TIMEOUT_S,
-    SUPERSEDED_EXIT_S,
-    UNUSED_EXIT_S,
 )
 from spark_integration.execution.state_server.protocol import (
     ACCEPTED,
@@ -50,38 +48,34 @@ log = logging.getLogger(__name__)
 _refusals = RefusalLog(log)
 
 
-def serve_one(conn: socket.socket) -> bool:
-    """Run one task for the worker at the other end of ``conn`` (see the package doc);
-    False if there was none to run (a probe, a refused peer, a malformed request)."""
+def serve_one(conn: socket.socket) -> None:
+    """Run one task for the worker at the other end of ``conn`` (see the package doc)."""
     from pyspark import cloudpickle
 
     ours, pid, uid = same_user(conn)
     if not ours:
         _refusals.refused("refused a task from pid %d of uid %d", pid, uid)
-        return False
+        return
     conn.settimeout(REQUEST_TIMEOUT_S)  # a worker sends its request with the connect
     try:
         head = read_exact(conn, REQUEST.size)
-    except (EOFError, OSError):
-        return False  # a probe (another worker checking that we listen), or silence
+    except EOFError:
+        return  # a probe (another worker checking that we listen)
     magic, info_size, task_size = REQUEST.unpack(head)
     if magic != MAGIC or info_size > MAX_INFO_BYTES or task_size > MAX_TASK_BYTES:
         log.warning("dropped a malformed request (%r, %d, %d bytes)", magic, info_size, task_size)
-        return False
-    try:
-        info_bytes = read_exact(conn, info_size)
-        task_bytes = read_exact(conn, task_size)
-        conn.settimeout(IO_TIMEOUT_S)
-        send_frame(conn, ACCEPTED, str(os.getpid()).encode())
-    except (EOFError, OSError):
-        return False  # the worker went away before the task was ours
+        return
+    info_bytes = read_exact(conn, info_size)
+    task_bytes = read_exact(conn, task_size)
+    conn.settimeout(IO_TIMEOUT_S)
+    send_frame(conn, ACCEPTED, str(os.getpid()).encode())
     try:
         info = TaskInfo(*msgpack.unpackb(info_bytes, raw=False))
         task = cloudpickle.loads(task_bytes)
         inputs = list(pa.ipc.open_stream(SocketReader(conn)))
     except Exception as error:
         send_frame(conn, ERROR, error_payload(error))
-        return True
+        return
     # this process outlives its tasks: snapshot uploads run after the commit
     context = TaskContext(info, outlives_task=True)
     outputs = task.run(iter(inputs), context)
@@ -93,10 +87,9 @@ def serve_one(conn: socket.socket) -> bool:
         raise
     except Exception as error:
         send_frame(conn, ERROR, error_payload(error))
-        return True
+        return
     send_frame(conn, METRICS, msgpack.packb(context.metrics))
     send_frame(conn, END)
-    return True
 
 
 def bind(address: str) -> socket.socket | None:
@@ -111,70 +104,35 @@ def bind(address: str) -> socket.socket | None:
     return listener
 
 
-def serve(
-    listener: socket.socket,
-    watch_pid: int,
-    idle_exit_s: float = IDLE_EXIT_S,
-    superseded_exit_s: float = SUPERSEDED_EXIT_S,
-    unused_exit_s: float = UNUSED_EXIT_S,
-) -> None:
+def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXIT_S) -> None:
     """Serve tasks on ``listener`` one at a time until process ``watch_pid`` ends
-    (the executor's Python daemon), or no task came for ``idle_exit_s``, for
-    ``superseded_exit_s`` once another process took its databases
-    (:meth:`~sessionstore.checkpoint.service.store_service.StoreService.superseded`),
-    or for ``unused_exit_s`` since it started when none ever came."""
+    (the executor's Python daemon) or no task came for ``idle_exit_s``."""
     from sessionstore.checkpoint.service.store_service import StoreService
 
-    service = StoreService.instance()
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "task")
     try:
-        parent = os.pidfd_open(watch_pid)
+        selector.register(os.pidfd_open(watch_pid), selectors.EVENT_READ, "parent")
     except ProcessLookupError:
         return  # the executor ended before we started
-    selector.register(parent, selectors.EVENT_READ, "parent")
-
-    def deadline() -> float:
-        nonlocal since
-        if not served:
-            return last + min(unused_exit_s, idle_exit_s)
-        if not service.superseded():
-            since = None
-            return last + idle_exit_s
-        if since is None:
-            since = time.monotonic()
-        # counted from when it was found superseded, not from its last task: a
-        # partition away for one trigger comes back to a server that still runs
-        return since + superseded_exit_s
-
-    # wake this often at least: a handover (on another thread) may have made this
-    # server superseded meanwhile
-    tick = min(superseded_exit_s, unused_exit_s, idle_exit_s) / 4
-    last, served, since = time.monotonic(), 0, None
+    last = time.monotonic()
     while True:
-        until = deadline()
-        events = selector.select(max(0.0, min(until - time.monotonic(), tick)))
+        events = selector.select(max(0.0, last + idle_exit_s - time.monotonic()))
         if any(key.data == "parent" for key, _ in events):
             # the executor is gone: nobody will ask for these databases again, and
             # everything committed is durable (as when a worker dies with it)
             os._exit(0)
         if not events:
-            if time.monotonic() < until:
-                continue
             listener.close()  # a task that connects now starts a new server
-            selector.close()
-            os.close(parent)
-            service.close_all()
+            StoreService.instance().close_all()
             return
         conn, _ = listener.accept()
         with conn:
             try:
-                ran = serve_one(conn)
+                serve_one(conn)
             except Exception:  # the worker fails its task; keep serving the others
                 log.warning("sessionstore state server: a task failed", exc_info=True)
-                ran = True
-        if ran:  # a probe, a refused peer or a malformed request is no task
-            last, served, since = time.monotonic(), served + 1, None
+        last = time.monotonic()
 
 
 def main(argv: list[str] | None = None) -> int:
