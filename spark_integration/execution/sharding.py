@@ -115,5 +115,5 @@ class ShardedTask:
         for slot, partitions in groups.items():
             # the group's context names its first partition: ServedTask picks the
             # server of that partition, which is every one's of the group
-            served = ServedTask(PartitionGroup(self.each, partitions), count)
+            served = ServedTask(PartitionGroup(self.each, partitions), count, self.partitions)
             yield from served.run(iter(rows.pop(slot, [])), context.for_partition(partitions[0]))

@@ -75,7 +75,7 @@ def state_map(
         tasks, servers, observe = conf.tasks, conf.servers, conf.observe_metrics
     if tasks == partitions:
         return with_state_metrics(
-            df.repartition(partitions, *keys), served(task, servers), out_schema, name,
+            df.repartition(partitions, *keys), served(task, servers, partitions), out_schema, name,
             observe=observe,
         )  # fmt: skip
     routed = df.withColumn(SHARD, F.pmod(F.hash(*keys), F.lit(partitions)))

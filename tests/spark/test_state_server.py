@@ -108,12 +108,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _run(task, partition: int, count: int, rows=(1, 2, 3), batch: int = 7):
-    """Run ``task`` as partition ``partition`` through :class:`ServedTask`: its
-    output tables, and the metrics record it sent back."""
+def _run(task, partition: int, count: int, rows=(1, 2, 3), batch: int = 7, partitions=None):
+    """Run ``task`` as partition ``partition`` (of ``partitions``, if given) through
+    :class:`ServedTask`: its output tables, and the metrics record it sent back."""
     context = TaskContext(TaskInfo(partition, batch, 0, "run-1"))  # as in a Spark worker
     inputs = [pa.record_batch([pa.array(list(rows))], names=["x"])]
-    out = list(ss.ServedTask(task, count).run(iter(inputs), context))
+    out = list(ss.ServedTask(task, count, partitions).run(iter(inputs), context))
     return out, context.metrics
 
 
@@ -201,6 +201,28 @@ def test_a_server_killed_mid_task_fails_the_task_and_the_next_one_starts_another
     pid = _pid_of(out)
     servers.add(pid)
     assert pid != victim and metrics == {"rows": 3, "partition": 3}
+
+
+def test_an_operator_starts_only_the_servers_its_partitions_map_to(daemon):
+    """Two partitions on an executor of four servers: the first task starts the
+    servers of slots 0 and 1, not 2 and 3; an operator of more partitions starts
+    slot 3's when its first task there needs it."""
+    sleeper, servers = daemon
+    first = _pid_of(_run(EchoTask(), partition=1, count=4, partitions=2)[0])
+    servers.add(first)
+
+    def listening():
+        return [client._listening(protocol.server_address(sleeper.pid, 4, s)) for s in range(4)]
+
+    deadline = time.monotonic() + 30
+    while listening() != [True, True, False, False] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert listening() == [True, True, False, False]
+    assert _pid_of(_run(EchoTask(), partition=0, count=4, partitions=2)[0]) != first
+    later = _pid_of(_run(EchoTask(), partition=3, count=4, partitions=7)[0])
+    servers.update(_pid_of(_run(EchoTask(), partition=p, count=4)[0]) for p in (0, 2))
+    servers.add(later)
+    assert listening() == [True, True, True, True] and later != first
 
 
 def test_servers_end_with_their_daemon(daemon):

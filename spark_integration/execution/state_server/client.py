@@ -54,12 +54,12 @@ class ForeignStateServer(OSError):
     was sent to it (the worker runs its task itself)."""
 
 
-def served(task: ContextTask, count: int | None) -> ContextTask:
-    """``task`` (an operator's task) run in its partition's state server, of
-    ``count`` per executor (:func:`~.config.server_count`: None, each executor
-    decides), or ``task`` itself when the count is 0 (:data:`~.config.SERVERS_CONF`
-    is off)."""
-    return task if count == 0 else ServedTask(task, count)
+def served(task: ContextTask, count: int | None, partitions: int | None = None) -> ContextTask:
+    """``task`` (an operator's task over ``partitions`` state partitions) run in its
+    partition's state server, of ``count`` per executor (:func:`~.config.server_count`:
+    None, each executor decides), or ``task`` itself when the count is 0
+    (:data:`~.config.SERVERS_CONF` is off)."""
+    return task if count == 0 else ServedTask(task, count, partitions)
 
 
 #: The once-per-process event of a slot without a server (:mod:`sessionstore.process`).
@@ -74,6 +74,9 @@ class ServedTask:
     task: ContextTask
     #: servers per executor; None: SERVERS_PER_SLOT per core of the executor
     count: int | None
+    #: the operator's state partitions, if known: a slot no partition maps to
+    #: (``slot >= partitions``) is never started for this operator
+    partitions: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_body"}
@@ -97,7 +100,8 @@ class ServedTask:
         conn = None
         if sys.platform.startswith("linux"):
             try:
-                conn, pid = _accepted(slot, count, info, self._pickled())
+                used = count if self.partitions is None else min(count, self.partitions)
+                conn, pid = _accepted(slot, count, used, info, self._pickled())
             except OSError as error:
                 if this_process().first_time(UNAVAILABLE_WARNING):
                     log.warning(
@@ -130,9 +134,13 @@ def _check_server(conn: socket.socket, address: str) -> None:
         )
 
 
-def _accepted(slot: int, count: int, info: TaskInfo, body: bytes) -> tuple[socket.socket, int]:
+def _accepted(
+    slot: int, count: int, used: int, info: TaskInfo, body: bytes
+) -> tuple[socket.socket, int]:
     """A connection to the server of ``slot`` that has accepted the pickled task
-    ``body``, starting the server if there is none: ``(connection, server pid)``."""
+    ``body``, starting the server if there is none, and with it the other missing
+    servers of the first ``used`` slots (the slots the operator's partitions map
+    to): ``(connection, server pid)``."""
     payload = msgpack.packb(tuple(vars(info).values()))
     parent = daemon_pid()
     address = server_address(parent, count, slot)
@@ -160,9 +168,11 @@ def _accepted(slot: int, count: int, info: TaskInfo, body: bytes) -> tuple[socke
                 f"state server {address[1:]!r} did not start within {START_TIMEOUT_S:.0f} s"
             )
         if started is None:
-            # start every missing server of the executor at once: the first
-            # micro-batch's tasks then wait for one start-up (about 0.5 s), not one each
-            for other in range(count):
+            # start every missing server the operator uses at once: the first
+            # micro-batch's tasks then wait for one start-up (about 0.5 s), not one
+            # each; a slot none of its partitions maps to is left to an operator
+            # that needs it (each server costs a process and its imports)
+            for other in range(used):
                 if other != slot and not _listening(server_address(parent, count, other)):
                     _start(server_address(parent, count, other), parent)
         if started is None or started.poll() == 0:  # 0: another had the name; it may end
