@@ -9,9 +9,11 @@ progress display, 80 columns), its own process-wide state
 (:func:`sessionstore.process.use_process`: no memory budget, store or warning
 marks of the test's), the root logger and warning filters of a new interpreter
 (a warning or log line reaches stderr as it would), ``env`` and ``cwd`` for the
-call only. Everything is put back after the call. A test whose claim needs a real
-process (the installed script, memory, signals, pipes, ``os._exit``, a command
-line seen in ``ps``) runs one instead.
+call only. Everything is put back after the call; ``os._exit`` (the CLI leaves so
+when a store never answers) gives the call its status instead of ending pytest,
+and a database the call leaves open fails it. A test whose claim needs a real
+process (the installed script, a terminal, memory, signals, a command line seen in
+``ps``, reading while a job writes) runs one instead.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -65,10 +68,40 @@ def run_cli(
     )
 
 
-def _exit_status(argv: list[str]) -> int:
-    """``main(argv)``'s exit status, as the interpreter makes it of ``SystemExit``."""
+class _ProcessExit(BaseException):
+    """``os._exit(code)`` called by the command: its process would end there."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _exit_as_exception() -> Iterator[None]:
+    """``os._exit`` in the calling thread raises :class:`_ProcessExit` for the
+    call (the CLI leaves so when a store never answers): it would end pytest."""
+    real, caller = os._exit, threading.get_ident()
+
+    def leave(code: int) -> None:
+        if threading.get_ident() != caller:
+            real(code)
+        raise _ProcessExit(code)
+
+    os._exit = leave
     try:
-        main(argv)
+        yield
+    finally:
+        os._exit = real
+
+
+def _exit_status(argv: list[str]) -> int:
+    """``main(argv)``'s exit status, as the interpreter makes it of ``SystemExit``
+    (or ``os._exit``)."""
+    try:
+        with _exit_as_exception():
+            main(argv)
+    except _ProcessExit as exc:
+        return exc.code
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
