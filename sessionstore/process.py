@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["Process", "SLOTS", "this_process", "reset_process"]
+__all__ = ["Process", "SLOTS", "this_process", "reset_process", "use_process"]
 
 T = TypeVar("T")
 
@@ -133,3 +133,14 @@ def reset_process() -> Process:
     with _guard:
         _current = Process()
         return _current
+
+
+def use_process(owner: Process | None) -> Process | None:
+    """Make ``owner`` the owner of this process's state (None: the next use makes
+    a new one) and return the one it replaces (tests: a command run in the test's
+    process gets an owner of its own, as its own process would, and the test's
+    comes back after)."""
+    global _current
+    with _guard:
+        previous, _current = _current, owner
+        return previous

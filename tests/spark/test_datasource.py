@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
 from spark_integration.datasource import register
+from tests.tools.cli_runner import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +27,7 @@ def _write(uri, local):
 
 
 def _cli(uri, store):
-    out = subprocess.run(
-        [sys.executable, "-m", "sessionstore.tools.cli", "dump", uri, "--store", store, "--version", "2"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    out = run_cli("dump", uri, "--store", store, "--version", "2")
     assert out.returncode == 0, out.stderr
     return list(map(json.loads, out.stdout.splitlines()))
 

@@ -1,4 +1,6 @@
-"""The sessionstore CLI, run as a subprocess on checkpoints written by the provider."""
+"""The sessionstore CLI on checkpoints written by the provider, run in the test's
+process (:func:`tests.tools.cli_runner.run_cli`) but where a test's claim needs a
+real process: the installed script, and the progress display on a terminal."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.checkpoint.records.layout import changelog_name
 from tests.packaging import checkout_pythonpath
+from tests.tools.cli_runner import run_cli
 
 SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
 CLI = [sys.executable, "-m", "sessionstore.tools.cli"]
@@ -82,7 +85,13 @@ def storage_flags(options, folder) -> list[str]:
 
 
 def run(*args, cwd=None):
-    """The CLI in a subprocess (in ``cwd``, importing this checkout's package)."""
+    """The CLI in this process (in ``cwd``), as a subprocess would give it."""
+    return run_cli(*args, cwd=cwd)
+
+
+def spawn(*args, cwd=None):
+    """The CLI in a subprocess (in ``cwd``, importing this checkout's package), for
+    a test whose claim needs a real process."""
     env = {**os.environ, "PYTHONPATH": checkout_pythonpath()}
     return subprocess.run(
         [*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
@@ -176,6 +185,7 @@ def test_a_missing_gcs_bucket_is_one_line_naming_it_and_no_secret(gcs_server, tm
 def test_console_script_is_installed():
     from importlib.metadata import version
 
+    # a subprocess: the claim is about the script pip installed
     script = os.path.join(os.path.dirname(sys.executable), "sessionstore")
     out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "dump" in out.stdout and "ls" in out.stdout
@@ -378,6 +388,7 @@ def test_progress_shows_on_a_terminal_only(checkpoint, tmp_path):
     import pty
 
     uri, flags = checkpoint
+    # subprocesses: the claim is about a real process's stderr, a pipe then a terminal
     args = [*CLI, "dump", uri, "--store", "sessions", *flags]
     piped = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert piped.returncode == 0 and piped.stderr == ""

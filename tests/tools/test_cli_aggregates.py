@@ -2,7 +2,8 @@
 output plan each operator records with its state; ``--raw`` shows the accumulators.
 
 The checkpoints are written by the operator core through the provider, as a Spark
-task writes them, and read by the CLI as a subprocess.
+task writes them, and read by the CLI run in the test's process
+(:func:`tests.tools.cli_runner.run_cli`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 from hypothesis import given, settings
@@ -25,14 +24,15 @@ from sessionstore.operators import (
     TimeWindows,
     WindowAggregator,
 )
+from tests.tools.cli_runner import run_cli
 
-CLI = [sys.executable, "-m", "sessionstore.tools.cli"]
 CLICKS = {"clicks": "count", "entry": ("first", "page"), "exit": ("last", "page")}
 SESSIONS = [StoreSpec("sessions", "session", 10**9)]
 
 
 def run(*args):
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+    """The CLI in this process, as a subprocess would give it."""
+    return run_cli(*args)
 
 
 def lines(*args):

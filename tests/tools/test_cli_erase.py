@@ -1,4 +1,6 @@
-"""``sessionstore erase`` as a subprocess, on a local path and S3."""
+"""``sessionstore erase`` on a local path and S3: on the path as subprocesses (the
+command's real entry point), on S3 in the test's process
+(:func:`tests.tools.cli_runner.run_cli`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import pytest
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from tests.checkpoint.test_erase import ERASED, rows_of_keys
 from tests.checkpoint.test_repartition import SPECS, rows, write_source
-from tests.tools.test_cli import run, storage_flags
+from tests.tools.test_cli import run as run_in_process
+from tests.tools.test_cli import spawn, storage_flags
 
 
 @pytest.mark.slow
@@ -20,6 +23,7 @@ def test_erase_from_a_parquet_file_and_refusals(where, tmp_path, request):
     else:
         base, options = str(tmp_path), None
     uri = f"{base}/ckpt"
+    run = spawn if where == "path" else run_in_process  # on the path, erase's real entry point
     write_source(uri, str(tmp_path / "local"), options, versions=3, m=2)
     flags = storage_flags(options, tmp_path)
     keys = str(tmp_path / "keys.parquet")

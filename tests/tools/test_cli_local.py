@@ -1,4 +1,9 @@
-"""The CLI on a job's local database directories, and reading while a job writes."""
+"""The CLI on a job's local database directories, and reading while a job writes.
+
+Run in the test's process (:func:`tests.tools.cli_runner.run_cli`), but as
+subprocesses where a writer holds or changes the database (a reader is another
+process than the job) and where a dump's memory (its process's peak RSS) is
+measured."""
 
 from __future__ import annotations
 
@@ -12,12 +17,19 @@ import time
 import pytest
 
 from sessionstore import StateDB, StateStoreProvider, StoreSpec
+from tests.tools.cli_runner import run_cli
 
 CLI = [sys.executable, "-m", "sessionstore.tools.cli"]
 SPECS = [StoreSpec("sessions", "session", 10**12), StoreSpec("plans", "versioned", 10**12)]
 
 
-def run(*args, timeout=300):
+def run(*args):
+    """The CLI in this process, as a subprocess would give it."""
+    return run_cli(*args)
+
+
+def spawn(*args, timeout=300):
+    """The CLI in a subprocess: the job's reader is another process."""
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
@@ -40,6 +52,7 @@ def test_local_database_while_the_writer_holds_it(tmp_path):
         h["plans"].put(("acme", 1), f"plan{v}", 100 * v)
         h.commit()
     db_dir = local / "op" / "3" / "db"
+    # subprocesses: the reader is another process than the writer holding the lock
     before = listing(db_dir)
     try:  # the provider keeps the database open: its RocksDB lock is held
         expected = [
@@ -47,12 +60,12 @@ def test_local_database_while_the_writer_holds_it(tmp_path):
             for v in range(4)
         ]
         for uri in (str(local), str(local / "op"), str(db_dir), f"file://{local}"):
-            assert rows_of(run("dump", uri, "--store", "sessions")) == expected, uri
-        got = rows_of(run("get", str(local), "--store", "plans", "--key", '["acme", 1]',
+            assert rows_of(spawn("dump", uri, "--store", "sessions")) == expected, uri
+        got = rows_of(spawn("get", str(local), "--store", "plans", "--key", '["acme", 1]',
                           "--key-json", "--as-of", "150"))  # fmt: skip
         assert got == [{"partition": 3, "key": ["acme", 1], "value": "plan1", "valid_from": 100,
                         "valid_to": 200}]  # fmt: skip
-        out = run("ls", str(local))
+        out = spawn("ls", str(local))
         assert out.returncode == 0, out.stderr
         assert "local databases" in out.stdout
         assert "stream time 1970-01-01T00:00:00.035Z ~4 keys" in out.stdout
@@ -61,12 +74,12 @@ def test_local_database_while_the_writer_holds_it(tmp_path):
         h = provider.get_store(4)
         h["sessions"].put("bob", 50, 55, 4)
         assert h.commit() == 5
-        assert [r["key"] for r in rows_of(run("dump", str(local), "--store", "sessions"))] == [
+        assert [r["key"] for r in rows_of(spawn("dump", str(local), "--store", "sessions"))] == [
             "alice", "alice", "alice", "alice", "bob",
         ]  # fmt: skip
-        out = run("dump", str(local), "--store", "sessions", "--version", "2")
+        out = spawn("dump", str(local), "--store", "sessions", "--version", "2")
         assert out.returncode == 2 and "is at version 5, not 2" in out.stderr
-        out = run("verify", str(local))
+        out = spawn("verify", str(local))
         assert out.returncode == 2 and "works on a checkpoint root" in out.stderr
     finally:
         provider.close()
@@ -118,10 +131,11 @@ def test_dump_while_a_writer_keeps_committing(tmp_path):
             time.sleep(0.05)
         time.sleep(0.5)
         seen = {"local": [], "checkpoint": []}
+        # subprocesses: reading while another process (a job) writes
         for _ in range(3):
             for name, uri in (("local", str(local)), ("checkpoint", remote)):
                 assert writer.poll() is None, "the writer stopped while we read"
-                values = [r["value"][0] for r in rows_of(run("dump", uri, "--store", "sessions"))]
+                values = [r["value"][0] for r in rows_of(spawn("dump", uri, "--store", "sessions"))]
                 # a committed state: versions 1..n, nothing torn, nothing missing
                 assert values == list(range(1, len(values) + 1)), name
                 seen[name].append(len(values))
@@ -134,7 +148,7 @@ def test_dump_while_a_writer_keeps_committing(tmp_path):
     for name, counts in seen.items():
         assert counts == sorted(counts) and counts[-1] > counts[0] > 0, (name, counts)
         assert counts[-1] <= final
-    values = [r["value"][0] for r in rows_of(run("dump", remote, "--store", "sessions"))]
+    values = [r["value"][0] for r in rows_of(spawn("dump", remote, "--store", "sessions"))]
     assert values == list(range(1, final + 1))
 
 

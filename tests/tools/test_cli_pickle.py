@@ -1,7 +1,10 @@
 """Readers refuse pickled stores (docs/security.md): a checkpoint whose _metadata
 names the pickle serde is code from whoever can write it. ``dump``, ``get``,
 ``verify``, ``stats``, ``restore`` and ``repartition`` exit 2 with one line naming
-the store and ``--allow-pickle``, and unpickle nothing; with the opt-in they read."""
+the store and ``--allow-pickle``, and unpickle nothing; with the opt-in they read.
+
+The refusals run the CLI as subprocesses, one per reader command (the real entry
+point of each); the rest runs it in the test's process."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from sessionstore import StateStoreProvider, StoreSpec
 from sessionstore.encoding.serde import BytesSerde
 from sessionstore.errors import PickleRefusedError
 from sessionstore.stores.spec import refuse_pickle
-from tests.tools.test_cli import run
+from tests.tools.test_cli import run, spawn
 
 
 class Marker:
@@ -67,7 +70,7 @@ def _pickled_checkpoint(tmp_path):
 def test_a_reader_refuses_a_pickled_store_in_one_line_and_unpickles_nothing(tmp_path, command):
     uri, marker = _pickled_checkpoint(tmp_path)
     args = [a.format(uri=uri, tmp=tmp_path) for a in command]
-    out = run(*args)
+    out = spawn(*args)  # a subprocess: each reader command's real entry point
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr

@@ -1,4 +1,5 @@
-"""``sessionstore repartition`` as a subprocess, on a local path, file:// and S3."""
+"""``sessionstore repartition`` on a local path, file:// and S3, run in the test's
+process (:func:`tests.tools.cli_runner.run_cli`)."""
 
 from __future__ import annotations
 

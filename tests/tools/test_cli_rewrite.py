@@ -1,10 +1,14 @@
-"""``sessionstore rewrite`` as a subprocess: a module's function, its refusals."""
+"""``sessionstore rewrite`` as a subprocess: a module's function, its refusals.
+
+A subprocess, not the test's process: the function's module is imported from the
+working directory, as ``python -m`` would, into the process's ``sys.path`` and
+``sys.modules``."""
 
 from __future__ import annotations
 
 from sessionstore.checkpoint.storage.filesystem import open_filesystem
 from sessionstore.tools.reader import CheckpointSource, store_rows
-from tests.tools.test_cli import run
+from tests.tools.test_cli import spawn as run
 from tests.tools.test_rewrite import KEYS, VERSIONS, files, source  # noqa: F401 - fixture
 
 
