@@ -113,7 +113,13 @@ def sessionize_case(spark: Any, folder: Path) -> dict:
         return sessionize(stream, **SESSIONS, backend=_backend(folder))
 
     lines: list[str] = []
-    listener = log_state_metrics(spark, out=lines.append)
+    # the listener hears every query of the session, and an earlier case's query
+    # can report its last batch after it ended: keep this operator's lines
+    # (sessionize's default name)
+    listener = log_state_metrics(
+        spark,
+        out=lambda line: lines.append(line) if line.startswith("sessionstore sessionize ") else None,
+    )
     try:
         with without_due_batches(spark):  # a metrics line per file's batch
             output = _one_stream(spark, folder, _events(1), build)
