@@ -139,7 +139,9 @@ def use_process(owner: Process | None) -> Process | None:
     """Make ``owner`` the owner of this process's state (None: the next use makes
     a new one) and return the one it replaces (tests: a command run in the test's
     process gets an owner of its own, as its own process would, and the test's
-    comes back after)."""
+    comes back after). The owner is the whole process's: every thread sees
+    ``owner`` until the previous one is put back, so a caller must not run it
+    beside threads that use process-wide state (a driver's coordinator, say)."""
     global _current
     with _guard:
         previous, _current = _current, owner

@@ -117,7 +117,10 @@ def _text(data: bytes) -> str:
 
 @contextlib.contextmanager
 def _own_process() -> Iterator[Process]:
-    """A new owner of process-wide state for the call; the test's comes back after."""
+    """A new owner of process-wide state for the call; the test's comes back after.
+    Every thread of the test's process sees it meanwhile: no test runs the CLI in
+    process while a query's metrics listener, which reads the driver's coordinator
+    from the owner, may hear a batch."""
     owner = Process()
     previous = use_process(owner)
     try:
