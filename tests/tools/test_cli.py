@@ -84,17 +84,16 @@ def storage_flags(options, folder) -> list[str]:
     return flags
 
 
-def run(*args, cwd=None):
-    """The CLI in this process (in ``cwd``), as a subprocess would give it."""
-    return run_cli(*args, cwd=cwd)
+#: The CLI in this process, as a subprocess would give it (the tests' usual way).
+run = run_cli
 
 
-def spawn(*args, cwd=None):
+def spawn(*args, cwd=None, timeout=120):
     """The CLI in a subprocess (in ``cwd``, importing this checkout's package), for
     a test whose claim needs a real process."""
     env = {**os.environ, "PYTHONPATH": checkout_pythonpath()}
     return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
     )
 
 

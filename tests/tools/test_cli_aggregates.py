@@ -24,15 +24,10 @@ from sessionstore.operators import (
     TimeWindows,
     WindowAggregator,
 )
-from tests.tools.cli_runner import run_cli
+from tests.tools.cli_runner import run_cli as run
 
 CLICKS = {"clicks": "count", "entry": ("first", "page"), "exit": ("last", "page")}
 SESSIONS = [StoreSpec("sessions", "session", 10**9)]
-
-
-def run(*args):
-    """The CLI in this process, as a subprocess would give it."""
-    return run_cli(*args)
 
 
 def lines(*args):

@@ -17,20 +17,15 @@ import time
 import pytest
 
 from sessionstore import StateDB, StateStoreProvider, StoreSpec
-from tests.tools.cli_runner import run_cli
+from tests.tools.test_cli import run
+from tests.tools.test_cli import spawn as spawn_cli
 
-CLI = [sys.executable, "-m", "sessionstore.tools.cli"]
 SPECS = [StoreSpec("sessions", "session", 10**12), StoreSpec("plans", "versioned", 10**12)]
 
 
-def run(*args):
-    """The CLI in this process, as a subprocess would give it."""
-    return run_cli(*args)
-
-
-def spawn(*args, timeout=300):
+def spawn(*args):
     """The CLI in a subprocess: the job's reader is another process."""
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+    return spawn_cli(*args, timeout=300)
 
 
 def rows_of(out):
