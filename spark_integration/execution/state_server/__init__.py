@@ -21,8 +21,9 @@ server ``p mod count``, where its database stays open from batch to batch:
 * the first task that finds no server starts it (``python -m
   spark_integration.execution.state_server``, the worker's interpreter and import
   path, its own session), and with it the other missing servers of the slots its
-  operator's partitions map to (no more: each is a process and its imports). A server listens on an abstract Unix socket named after its user,
-  the executor's Python daemon (the worker's parent), ``count`` and its slot:
+  operator's partitions map to (no more: each is a process and its imports). A
+  server listens on an abstract Unix socket named after its user, the executor's
+  Python daemon (the worker's parent), ``count`` and its slot:
   binding the name is the lock, so two workers that start one at once get one;
 * a server runs one task at a time. Two slots in a row of a micro-batch's tasks map
   to different servers, and with twice as many servers as slots the tasks that run
