@@ -1,5 +1,6 @@
 """The task side of the coordinator (:mod:`spark_integration.coordinator.server`):
-:func:`report` after a durable commit, :func:`ask` for the operator's event time
+:func:`report` after a durable commit (:func:`report_many` for the partitions a
+task committed together), :func:`ask` for the operator's event time
 after a batch, :func:`claim` a version (:func:`commit_arbiter`), and
 :func:`shared_event_time`, which falls back to the durable records when there is no
 coordinator to ask. A worker that cannot reach the coordinator stops trying for
@@ -13,6 +14,8 @@ import socket
 import time
 from collections import OrderedDict
 from typing import Any
+
+import msgpack
 
 from sessionstore.checkpoint.partition.lineage import CommitArbiter
 from sessionstore.checkpoint.records.event_time import durable_event_time
@@ -29,6 +32,7 @@ from spark_integration.coordinator.protocol import (
 
 __all__ = [
     "report",
+    "report_many",
     "ask",
     "claim",
     "commit_arbiter",
@@ -95,6 +99,48 @@ def report(
     }  # fmt: skip
     reply = _request(address, message)
     return bool(reply and reply.get("ok"))
+
+
+#: Reports sent in one request, at most by their packed size: a request must stay
+#: under MAX_REQUEST_BYTES with its envelope (timestamp, nonce, key id, MAC).
+REPORTS_BYTES = MAX_REQUEST_BYTES // 2
+
+#: One partition's report in :func:`report_many`: ``(partition, event time, metrics)``.
+Report = tuple[int, int | None, dict[str, Any] | None]
+
+
+def report_many(
+    address: CoordinatorAddress, run: str | None, batch: int, reports: list[Report]
+) -> int:
+    """:func:`report` of each of ``reports``, in as few requests as the request size
+    allows (one per :data:`REPORTS_BYTES` of reports; a task committing hundreds of
+    partitions sends a few, not one each). Returns how many the coordinator took.
+    A request holding a report the coordinator refuses is refused whole: its
+    partitions' event times are then read from the durable records, never guessed."""
+    taken = 0
+    chunk: list[list[Any]] = []
+    size = 0
+    for partition, event_time, metrics in reports:
+        item = [partition, event_time, metrics]
+        item_size = len(msgpack.packb(item, use_bin_type=True))
+        if chunk and size + item_size > REPORTS_BYTES:
+            taken += _send_reports(address, run, batch, chunk)
+            chunk, size = [], 0
+        chunk.append(item)
+        size += item_size
+    if chunk:
+        taken += _send_reports(address, run, batch, chunk)
+    return taken
+
+
+def _send_reports(
+    address: CoordinatorAddress, run: str | None, batch: int, items: list[list[Any]]
+) -> int:
+    if len(items) == 1:  # what a lone partition's task sends, as before batching
+        partition, event_time, metrics = items[0]
+        return int(report(address, run, batch, partition, event_time, metrics))
+    reply = _request(address, {"op": "reports", "run": run, "batch": batch, "reports": items})
+    return len(items) if reply and reply.get("ok") else 0
 
 
 def claim(

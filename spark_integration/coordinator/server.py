@@ -5,8 +5,10 @@ operator's tasks report after their commit; :meth:`Coordinator.batch_metrics`).
 
 Each task of an event-time operator (``sessionize``, ``window_aggregate``) tells
 the coordinator its partition's event time once its commit is durable
-(:func:`report`), and each task of the next micro-batch asks it for the largest
-one (:func:`ask`): one round trip to the driver each, no object-store request.
+(:func:`report`; a task that commits many partitions reports them together,
+:func:`report_many`, in one request per 32 KiB of reports), and each task of the
+next micro-batch asks it for the largest one (:func:`ask`): a round trip or two to
+the driver per task, no object-store request.
 The durable record stays in the changelog headers
 (:mod:`sessionstore.checkpoint.records.event_time`), and the coordinator's answer always
 equals it:
@@ -140,6 +142,24 @@ def _report_problem(request: dict[str, Any], num_partitions: int) -> str | None:
     return _metrics_problem(request.get("metrics"))
 
 
+def _reports_problem(body: dict[str, Any], num_partitions: int) -> str | None:
+    """Why a request of several reports (one task's partitions) is refused, or
+    None if all of them are taken: a list of at most one report per partition, each
+    ``[partition, event time, metrics]`` as :func:`_report_problem` takes it."""
+    reports = body.get("reports")
+    if not isinstance(reports, list) or not 0 < len(reports) <= num_partitions:
+        return f"a list of reports that is not 1 to {num_partitions} reports"
+    for item in reports:
+        if not isinstance(item, list) or len(item) != 3:
+            return f"a report {str(item)[:80]!r} that is not [partition, event time, metrics]"
+        problem = _report_problem(
+            {"partition": item[0], "event_time": item[1], "metrics": item[2]}, num_partitions
+        )
+        if problem is not None:
+            return problem
+    return None
+
+
 class _Operator:
     """What the coordinator knows of one operator: its reports and answers."""
 
@@ -155,7 +175,9 @@ class _Operator:
         #: partition -> version -> (commit, parent) of the claim that won it
         self.claims: dict[int, OrderedDict[int, tuple[str, str | None]]] = {}
         #: where answers came from, for tests and logs
-        self.stats = {"reports": 0, "answered_from_reports": 0, "durable_reads": 0}
+        self.stats = {
+            "reports": 0, "report_requests": 0, "answered_from_reports": 0, "durable_reads": 0,
+        }  # fmt: skip
 
     def claim(
         self, partition: int, version: int, commit: str, parent: str | None,
@@ -190,6 +212,11 @@ class _Operator:
                 ):
                     del self.reports[old]
                     self.metrics.pop(old, None)
+
+    def count_request(self) -> None:
+        """Count a request of reports taken (one per task group: tests, logs)."""
+        with self.lock:
+            self.stats["report_requests"] += 1
 
     def answer(self, run: Any, batch: int, pool: ThreadPoolExecutor, wake: Any) -> Any:
         """``(event time,)`` after ``batch``, or None while the durable read runs."""
@@ -386,6 +413,15 @@ class Coordinator:
                     self._refuse("invalid report", problem)
                 state.add_report(run, batch, body["partition"], body.get("event_time"),
                                  body.get("metrics"))  # fmt: skip
+                state.count_request()
+                return signed_reply(token, nonce, {"ok": True})
+            if body.get("op") == "reports":
+                problem = _reports_problem(body, state.num_partitions)
+                if problem is not None:
+                    self._refuse("invalid report", problem)
+                for partition, event_time, metrics in body["reports"]:
+                    state.add_report(run, batch, partition, event_time, metrics)
+                state.count_request()
                 return signed_reply(token, nonce, {"ok": True})
             if body.get("op") == "claim":
                 problem = _claim_problem(body, state.num_partitions)

@@ -23,12 +23,12 @@ import pyarrow as pa
 from sessionstore.checkpoint import StateStoreProvider, StoreHandle
 from sessionstore.checkpoint.records.event_time import EVENT_TIME_FIELD
 from sessionstore.checkpoint.records.metrics import millis
-from sessionstore.checkpoint.storage.flush_group import after_flush
+from sessionstore.checkpoint.storage.flush_group import after_flush, after_flush_together
 from sessionstore.process import this_process
 from sessionstore.stores.segments import operator_segment_interval
 from sessionstore.stores.spec import StoreSpec
 from spark_integration.conf.backend import StateBackend
-from spark_integration.coordinator.client import commit_arbiter, report
+from spark_integration.coordinator.client import commit_arbiter, report_many
 from spark_integration.coordinator.client import shared_event_time as event_time_after
 from spark_integration.coordinator.protocol import CoordinatorAddress
 from spark_integration.execution.context import TaskContext, check_partition
@@ -251,6 +251,9 @@ def state_and_inputs(
     if coordinator is not None:  # every operator reports: its metrics ride along
         event_time = handle.header.get(EVENT_TIME_FIELD) if shared_event_time else None
         metrics = context.metrics
-        after_flush(
-            lambda: report(coordinator, info.run, info.batch_id, info.partition, event_time, metrics)
+        # one request for every partition the task's flush group committed
+        after_flush_together(
+            (coordinator.host, coordinator.port, coordinator.token, info.run, info.batch_id),
+            (info.partition, event_time, metrics),
+            lambda reports: report_many(coordinator, info.run, info.batch_id, reports),
         )

@@ -184,6 +184,38 @@ def test_what_waits_for_the_flush_runs_after_it_and_never_after_a_failed_one(
     assert said == []
 
 
+def test_what_waits_for_the_flush_together_goes_in_one_call_per_key(tmp_path, monkeypatch):
+    """A Spark task that commits many partitions reports them to the driver in one
+    request: ``after_flush_together`` hands one call every item of its key, after
+    the flush, in order; another key gets its own call; outside a group, at once;
+    after a failed flush, never."""
+    disk = Disk(monkeypatch)
+    calls: list[tuple[str, list[int], list[str]]] = []
+
+    def sender(name):
+        return lambda items: calls.append((name, list(items), disk.kinds()))
+
+    fg.after_flush_together("a", 0, sender("alone"))
+    assert calls == [("alone", [0], [])]
+    calls.clear()
+    with fg.flush_group():
+        for partition in range(5):
+            commit(tmp_path, partition).close()
+            key = "a" if partition != 3 else "b"
+            fg.after_flush_together(key, partition, sender(f"{key}{partition}"))
+        assert calls == []
+    assert calls == [("a0", [0, 1, 2, 4], ["syncfs"]), ("b3", [3], ["syncfs"])]
+
+    Disk(monkeypatch, fail_syncfs=True)
+    calls.clear()
+    with pytest.raises(OSError, match="syncfs failed"):
+        with fg.flush_group():
+            for partition in range(5, 8):
+                commit(tmp_path, partition).close()
+                fg.after_flush_together("a", partition, sender("a"))
+    assert calls == []
+
+
 def test_a_group_closed_from_another_thread_leaves_neither_thread_in_a_stale_group(
     tmp_path, monkeypatch
 ):

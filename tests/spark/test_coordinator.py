@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from spark_integration.coordinator import client, protocol
 from spark_integration.coordinator import server as coord
-from spark_integration.coordinator.client import ask, report
+from spark_integration.coordinator.client import ask, report, report_many
 from spark_integration.coordinator.protocol import CoordinatorAddress, CoordinatorReadError
 from spark_integration.coordinator.server import Coordinator
 from tests.checkpoint.test_event_time import commit_batches
@@ -49,7 +49,9 @@ def test_it_answers_from_the_reports_of_every_partition(coordinator, tmp_path):
     assert ask(address, "run-1", 0) == (True, 9)
     assert ask(address, "run-1", -1) == (True, None)  # before the first batch
     state = coordinator.operator(address)
-    assert state.stats == {"reports": 3, "answered_from_reports": 1, "durable_reads": 0}
+    assert state.stats == {
+        "reports": 3, "report_requests": 3, "answered_from_reports": 1, "durable_reads": 0,
+    }  # fmt: skip
     # an answer is final: the partitions a task runs after the first do not ask again
     assert [ask(address, "run-1", 0) for _ in range(3)] == [(True, 9)] * 3
     assert state.stats["answered_from_reports"] == 1
@@ -359,6 +361,66 @@ def test_an_out_of_range_report_or_a_bad_metrics_record_is_refused(
     assert coordinator.batch_metrics("r", 0) == {}
     report(address, "r", 0, 1, 9, {"rows_total": 3, "load_kind": "warm"})
     assert ask(address, "r", 0) == (True, 9)
+
+
+def test_a_tasks_partitions_report_in_a_few_requests_not_one_each(
+    coordinator, tmp_path, monkeypatch
+):
+    """A Spark task running 300 partitions tells the coordinator about all of them
+    in requests bounded by size, not by partition count, and the answer is the
+    same as from 300 single reports."""
+    times = [(p * 7919) % 1000 for p in range(300)]
+    uri = checkpoint(tmp_path, [times])
+    address = coordinator.register(uri, "op", 300)
+    sent = []
+    real = client._request
+    monkeypatch.setattr(client, "_request", lambda a, m: sent.append(m["op"]) or real(a, m))
+    metrics = {  # a whole record, as a Spark task's commit gives it
+        "format": 1, "rows_total": 10**9, "rows_updated": 12345, "rows_removed": 123,
+        "late_dropped": 0, "emitted": 4567, "load_kind": "warm", "load_ms": 0.123,
+        "uploaded_bytes": 123456, "snapshot_lag": 3, "memory_bytes": 123456789,
+        "storage_retries": 0, "repaired": 0, "version": 1, "prepare_ms": 1.234,
+        "upload_ms": 2.345, "apply_ms": 0.5, "commit_ms": 4.1, "batch": 0,
+    }  # fmt: skip
+    reports = [(p, t, {**metrics, "partition": p}) for p, t in enumerate(times)]
+    assert report_many(address, "run-1", 0, reports) == 300
+    # 300 reports of 303-309 bytes (92 KB): three requests of at most 32 KiB each
+    assert client.REPORTS_BYTES == 32 * 1024
+    assert sent == ["reports"] * 3
+    assert ask(address, "run-1", 0) == (True, max(times))
+    state = coordinator.operator(address)
+    assert state.stats == {
+        "reports": 300, "report_requests": 3, "answered_from_reports": 1, "durable_reads": 0,
+    }  # fmt: skip
+    assert [m["partition"] for m in coordinator.batch_metrics("run-1", 0)["op"]] == list(range(300))
+    # a lone partition still sends the single report
+    sent.clear()
+    assert report_many(address, "run-1", 1, [(0, 5, None)]) == 1
+    assert sent == ["report"]
+
+
+def test_a_request_of_reports_holding_a_bad_one_is_refused_whole(coordinator, tmp_path):
+    """One refused report refuses its request: none of its partitions count, and
+    the coordinator answers from the durable records (never from a part)."""
+    uri = checkpoint(tmp_path, [[4, 9, 30]])
+    address = coordinator.register(uri, "op", 3)
+    bad = [
+        [(0, 4, None), (1, 9, None), (2, 2**62, None)],  # an event time out of range
+        [(0, 4, None), (7, 9, None)],  # a partition the operator does not have
+        [(0, 4, None), (1, 9, {"password": "x"})],  # an unknown metrics field
+        [(p % 3, 4, None) for p in range(4)],  # more reports than partitions
+    ]
+    for reports in bad:
+        assert report_many(address, "r", 0, reports) == 0
+    assert coordinator.refused == {"invalid report": 4}
+    assert coordinator.operator(address).stats["reports"] == 0
+    for item in ([0, 4], "x", [0, 4, None, 1]):  # malformed items, sent by hand
+        assert client._request(
+            address, {"op": "reports", "run": "r", "batch": 0, "reports": [item, [1, 9, None]]}
+        ) is None
+    assert coordinator.operator(address).stats["reports"] == 0
+    assert ask(address, "r", 0) == (True, 30)
+    assert coordinator.operator(address).stats["durable_reads"] == 1
 
 
 def test_a_reply_not_signed_by_the_coordinator_is_ignored(tmp_path):

@@ -81,6 +81,10 @@ def test_requests_per_task_at_32_partitions_stay_within_budget(spark, tmp_path):
         .stats
     )
     assert stats["durable_reads"] == 0 and stats["answered_from_reports"] > 0, stats
+    # every partition reports each batch, a task's partitions on one state server
+    # in one request: at most 2 tasks x 4 servers (local[2]) per batch, not 32
+    assert stats["reports"] == PARTITIONS * len(batches), stats
+    assert stats["report_requests"] <= 2 * 4 * len(batches), stats
 
 
 def test_without_the_coordinator_tasks_read_the_durable_records(spark, tmp_path):

@@ -284,13 +284,14 @@ def test_a_task_reports_its_event_time_only_once_its_commit_is_durable(tmp_path,
     try:
         address = coordinator.register(backend.checkpoint_uri, "op", 2)
         durable_when_reported = []
-        real = runtime.report
+        real = runtime.report_many
 
-        def report(address, run, batch, partition, event_time, metrics):
-            durable_when_reported.append(partition_event_time(operator, batch, partition))
-            return real(address, run, batch, partition, event_time, metrics)
+        def report_many(address, run, batch, reports):
+            for partition, _, _ in reports:
+                durable_when_reported.append(partition_event_time(operator, batch, partition))
+            return real(address, run, batch, reports)
 
-        monkeypatch.setattr(runtime, "report", report)
+        monkeypatch.setattr(runtime, "report_many", report_many)
 
         def failing(store, inputs):
             raise RuntimeError("the task failed before its commit")

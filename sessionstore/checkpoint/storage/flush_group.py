@@ -32,12 +32,20 @@ import ctypes.util
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
+from typing import Any
 
-__all__ = ["flush_group", "flush_file", "flush_paths", "after_flush", "PATH_BY_PATH"]
+__all__ = [
+    "flush_group",
+    "flush_file",
+    "flush_paths",
+    "after_flush",
+    "after_flush_together",
+    "PATH_BY_PATH",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +59,13 @@ class _Group:
     """What the current flush group does at its end: the paths it flushes, then
     the calls that wait for them (:func:`after_flush`)."""
 
-    __slots__ = ("paths", "then", "open")
+    __slots__ = ("paths", "then", "together", "open")
 
     def __init__(self) -> None:
         self.paths: dict[str, None] = {}
         self.then: list[Callable[[], object]] = []
+        #: the items of :func:`after_flush_together`, by key
+        self.together: dict[Hashable, list[Any]] = {}
         #: False once ended: a generator that holds a group across its yields and
         #: is closed from another thread (a garbage collection) cannot reset the
         #: context of the thread that ran it, which then still names this group
@@ -112,6 +122,23 @@ def after_flush(call: Callable[[], object]) -> None:
         call()
     else:
         group.then.append(call)
+
+
+def after_flush_together(key: Hashable, item: Any, call: Callable[[list[Any]], object]) -> None:
+    """:func:`after_flush` of ``call([item])``, except that in a flush group the
+    items given with one ``key`` go to a single ``call`` at the group's end, in the
+    order given (the first ``call`` given for the key is the one made). A Spark
+    task committing many partitions tells the driver about all of them in one
+    request instead of one per partition."""
+    group = _current()
+    if group is None:
+        call([item])
+        return
+    items = group.together.get(key)
+    if items is None:
+        items = group.together[key] = []
+        group.then.append(lambda: call(items))
+    items.append(item)
 
 
 def _run(calls: list[Callable[[], object]]) -> None:
