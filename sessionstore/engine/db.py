@@ -427,8 +427,21 @@ class Database:
         return buf
 
     def apply(self, buf: WriteBuffer) -> None:
-        """Write a prepared (or replayed) buffer to RocksDB atomically."""
+        """Write a prepared (or replayed) buffer to RocksDB atomically.
+
+        A family the buffer writes to is created first if this database lacks it,
+        whether or not the buffer records its creation: RocksDB creates a family at
+        once, outside any batch, so an attempt that created one and crashed before
+        its commit leaves it in its local copy, and the retry that commits from that
+        copy finds it there and records no creation. Its changelog is still exact
+        (the family existed, empty, before the version); a restore elsewhere must
+        create it all the same."""
         self._prepared = None
+        if not self.read_only:
+            for cf in buf.families:
+                if cf not in self._families and cf != "default":
+                    self._db().create_column_family(cf, self._options)
+                    self._families.add(cf)
         self._apply(buf)
 
     def rollback(self) -> None:

@@ -88,3 +88,53 @@ def test_kill_during_commit(checkpoint_location, tmp_path, step, survivor):
     h["sessions"].put("after", 1, 1, 1)
     assert h.commit() == survivor + 1
     fresh.close()
+
+
+KILLED_BEFORE_COMMIT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from sessionstore import StateStoreProvider, StoreSpec
+
+    uri, local = sys.argv[1], sys.argv[2]
+    specs = [StoreSpec("sessions", "session", 3_600_000, segment_interval_ms=60_000)]
+    p = StateStoreProvider(uri, "op", 0, specs, local)
+    h = p.get_store(1)
+    # a session in a new segment: RocksDB creates its family at once, in no batch
+    h["sessions"].put("u", 10_000_000, 10_000_100, "second")
+    assert "sessions.166" in h.db.column_families()
+    os.kill(os.getpid(), signal.SIGKILL)  # before the commit
+    """
+)
+
+
+def test_a_family_created_by_an_attempt_killed_before_its_commit_restores_anywhere(tmp_path):
+    """A killed attempt leaves the family it created in its local copy; the retry
+    that commits from that copy finds it there, so its changelog records no
+    creation. A restore anywhere else must still build the committed state (it
+    failed with "column name `sessions.166` does not exist")."""
+    uri, local = f"file://{tmp_path}/remote", str(tmp_path / "writer")
+    specs = [StoreSpec("sessions", "session", 3_600_000, segment_interval_ms=60_000)]
+    first = StateStoreProvider(uri, "op", 0, specs, local)
+    h = first.get_store(0)
+    h["sessions"].put("u", 1_000, 2_000, "first")
+    assert h.commit() == 1
+    first.close()
+    run = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_COMMIT, uri, local],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == -9, run.stderr
+    retry = StateStoreProvider(uri, "op", 0, specs, local)  # the same executor's copy
+    h = retry.get_store(1)
+    assert "sessions.166" in h.db.column_families()  # the killed attempt's
+    h["sessions"].put("u", 10_000_000, 10_000_100, "second")
+    assert h.commit() == 2
+    retry.close()
+    for where in ("fresh", "fresh-again"):  # another executor, with nothing local
+        fresh = StateStoreProvider(uri, "op", 0, specs, str(tmp_path / where))
+        h = fresh.get_store(2)
+        assert [(w.start, w.end, v) for w, v in h["sessions"].fetch("u")] == [
+            (10_000_000, 10_000_100, "second")  # the first expired: retention 1 h
+        ]
+        h.abort()
+        fresh.close()
