@@ -550,3 +550,32 @@ def test_server_count_under_spark_connect_never_counts_the_client_cores(master, 
     # local[*] is the server's cores, which the client cannot see: each executor
     # then counts its own
     assert ss.server_count(_connect_session(master)) == want
+
+
+def _package(root: Path, name: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text("")
+
+
+def test_a_server_imports_an_installed_pyspark_not_its_archive(tmp_path):
+    """Python keeps no bytecode for modules imported from an archive: a server
+    importing pyspark from the pip package's own pyspark.zip (what Spark puts first
+    for its workers in local mode) compiled about 190 modules at every start. The
+    archives of the installed package go; a Spark distribution's elsewhere (a
+    cluster's SPARK_HOME, maybe another release) and a py4j archive with no
+    installed py4j stay."""
+    site = tmp_path / "site-packages"
+    _package(site, "pyspark")
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    archives = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    home = str(tmp_path / "spark-home" / "python" / "lib" / "pyspark.zip")
+    assert client.server_path([*archives, "", "/work/tree", str(site)]) == [
+        str(archives[1]),  # no py4j installed: its archive is the only one
+        "/work/tree",
+        str(site),
+    ]
+    _package(site, "py4j")
+    assert client.server_path([*archives, "/work/tree", str(site)]) == ["/work/tree", str(site)]
+    assert client.server_path([home, *archives, str(site)]) == [home, str(site)]
+    assert client.server_path(archives) == archives  # nothing installed on the path
