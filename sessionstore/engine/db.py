@@ -19,6 +19,7 @@ family objects and iterators are released before ``drop_column_family`` and
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import weakref
@@ -45,6 +46,8 @@ from sessionstore.errors import SessionStoreError, StateDBLockedError, StateDBPa
 from sessionstore.process import this_process
 
 __all__ = ["Database", "Participant", "META_CF", "FORMAT_VERSION", "process_native_memory"]
+
+log = logging.getLogger(__name__)
 
 META_CF = "meta"
 FORMAT_VERSION = 1
@@ -431,15 +434,25 @@ class Database:
 
         A family the buffer writes to is created first if this database lacks it,
         whether or not the buffer records its creation: RocksDB creates a family at
-        once, outside any batch, so an attempt that created one and crashed before
-        its commit leaves it in its local copy, and the retry that commits from that
-        copy finds it there and records no creation. Its changelog is still exact
-        (the family existed, empty, before the version); a restore elsewhere must
-        create it all the same."""
+        once, outside any batch, so an attempt that created one and then failed
+        (killed, or its task raised and its database was closed: the record of
+        what it created goes with the database object) leaves it in its local
+        copy, and the retry that commits from that copy finds it there and records
+        no creation. A restore elsewhere, or a losing attempt adopting that commit,
+        creates it here. (A family such an attempt created and the retry never
+        wrote stays in that one copy and its snapshots only: empty, it holds no
+        row of any version.)"""
         self._prepared = None
         if not self.read_only:
             for cf in buf.families:
                 if cf not in self._families and cf != "default":
+                    if cf not in buf.created:
+                        log.info(
+                            "sessionstore: %s: creating family %r, which a write batch "
+                            "writes to without recording its creation (one a failed "
+                            "attempt created before the commit it continues)",
+                            self.path, cf,
+                        )  # fmt: skip
                     self._db().create_column_family(cf, self._options)
                     self._families.add(cf)
         self._apply(buf)
@@ -518,7 +531,8 @@ class Database:
 
     def _rollback(self) -> None:
         # Families created in the batch exist anyway (RocksDB cannot undo that):
-        # keep them on record so that the next changelog still creates them.
+        # keep them on record so that the next changelog of this database object
+        # still creates them (once it is closed, replay covers them: see apply).
         created = [cf for cf in self._buffer.created if cf in self._families]
         if self._prepared is not None:
             created = [cf for cf in self._prepared.created if cf in self._families] + created

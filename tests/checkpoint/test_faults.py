@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sessionstore import StateStoreProvider, StoreSpec
+from sessionstore.checkpoint.records.changelog import decode_changelog
 
 SPECS = [StoreSpec("sessions", "session", 10**9), StoreSpec("plans", "versioned", 10**9)]
 KEYS_PER_VERSION = 40
@@ -130,6 +131,10 @@ def test_a_family_created_by_an_attempt_killed_before_its_commit_restores_anywhe
     h["sessions"].put("u", 10_000_000, 10_000_100, "second")
     assert h.commit() == 2
     retry.close()
+    header, writes = decode_changelog(
+        (tmp_path / "remote" / "op" / "0" / "changelog" / "0" / "2.changelog").read_bytes(), "2"
+    )
+    assert "sessions.166" in writes.families and "sessions.166" not in writes.created
     for where in ("fresh", "fresh-again"):  # another executor, with nothing local
         fresh = StateStoreProvider(uri, "op", 0, specs, str(tmp_path / where))
         h = fresh.get_store(2)
@@ -138,3 +143,69 @@ def test_a_family_created_by_an_attempt_killed_before_its_commit_restores_anywhe
         ]
         h.abort()
         fresh.close()
+
+
+NEW_SEGMENT = [StoreSpec("sessions", "session", 3_600_000_000, segment_interval_ms=60_000)]
+
+
+def _committed_once(uri: str, local: str) -> None:
+    first = StateStoreProvider(uri, "op", 0, NEW_SEGMENT, local)
+    h = first.get_store(0)
+    h["sessions"].put("u", 1_000, 2_000, "first")
+    assert h.commit() == 1
+    first.close()
+
+
+def _aborted_in_a_new_segment(uri: str, local: str) -> None:
+    """An attempt that created segment 166's family, then failed: a state server
+    closes the provider of a task that raised, and the record of the families it
+    created goes with it."""
+    p = StateStoreProvider(uri, "op", 0, NEW_SEGMENT, local)
+    h = p.get_store(1)
+    h["sessions"].put("v", 10_000_000, 10_000_100, "attempt")
+    h.abort()
+    p.close()
+
+
+def test_a_family_created_by_a_failed_attempt_restores_after_a_handover(tmp_path):
+    """No crash: the failed attempt's provider is closed (a handover), and the
+    retry that reopens the same local copy writes into the family it finds."""
+    uri, local = f"file://{tmp_path}/remote", str(tmp_path / "writer")
+    _committed_once(uri, local)
+    _aborted_in_a_new_segment(uri, local)
+    retry = StateStoreProvider(uri, "op", 0, NEW_SEGMENT, local)
+    h = retry.get_store(1)
+    h["sessions"].put("v", 10_000_000, 10_000_100, "retry")
+    assert h.commit() == 2
+    retry.close()
+    fresh = StateStoreProvider(uri, "op", 0, NEW_SEGMENT, str(tmp_path / "fresh"))
+    h = fresh.get_store(2)
+    assert [(w.start, v) for k in "uv" for w, v in h["sessions"].fetch(k)] == [
+        (1_000, "first"), (10_000_000, "retry")
+    ]  # fmt: skip
+    h.abort()
+    fresh.close()
+
+
+def test_a_loser_adopts_a_winner_that_wrote_into_a_family_its_copy_lacks(tmp_path):
+    """Two attempts of version 2: the winner commits from a copy holding a family
+    an earlier failed attempt created (unrecorded in its changelog); the loser,
+    on a fresh copy, adopts that changelog and must end with the winner's state."""
+    uri = f"file://{tmp_path}/remote"
+    _committed_once(uri, str(tmp_path / "x"))
+    _aborted_in_a_new_segment(uri, str(tmp_path / "x"))
+    loser = StateStoreProvider(uri, "op", 0, NEW_SEGMENT, str(tmp_path / "y"))
+    hy = loser.get_store(1)
+    hy["sessions"].put("w", 3_000, 4_000, "loser")
+    winner = StateStoreProvider(uri, "op", 0, NEW_SEGMENT, str(tmp_path / "x"))
+    hx = winner.get_store(1)
+    hx["sessions"].put("v", 10_000_000, 10_000_100, "winner")
+    assert hx.commit() == 2
+    winner.close()
+    assert hy.commit() == 2  # adopted the winner's commit
+    h = loser.get_store(2)
+    assert [(k, w.start, v) for k in "uvw" for w, v in h["sessions"].fetch(k)] == [
+        ("u", 1_000, "first"), ("v", 10_000_000, "winner")
+    ]  # fmt: skip
+    h.abort()
+    loser.close()
