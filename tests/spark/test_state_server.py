@@ -24,6 +24,7 @@ import pytest
 
 from sessionstore.errors import StatefulProcessorError
 from sessionstore.process import this_process
+from spark_integration.conf.pyspark_archives import without_installed_archives
 from spark_integration.execution import state_server as ss
 from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
@@ -557,25 +558,29 @@ def _package(root: Path, name: str) -> None:
     (root / name / "__init__.py").write_text("")
 
 
-def test_a_server_imports_an_installed_pyspark_not_its_archive(tmp_path):
+def test_a_server_imports_an_installed_pyspark_not_its_archive(tmp_path, monkeypatch):
     """Python keeps no bytecode for modules imported from an archive: a server
     importing pyspark from the pip package's own pyspark.zip (what Spark puts first
     for its workers in local mode) compiled about 190 modules at every start. The
     archives of the installed package go; a Spark distribution's elsewhere (a
-    cluster's SPARK_HOME, maybe another release) and a py4j archive with no
-    installed py4j stay."""
+    cluster's SPARK_HOME, maybe another release) stay, and all stay where the
+    installed copy lacks py4j."""
     site = tmp_path / "site-packages"
     _package(site, "pyspark")
     lib = site / "pyspark" / "python" / "lib"
     lib.mkdir(parents=True)
     archives = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
     home = str(tmp_path / "spark-home" / "python" / "lib" / "pyspark.zip")
-    assert client.server_path([*archives, "", "/work/tree", str(site)]) == [
-        str(archives[1]),  # no py4j installed: its archive is the only one
-        "/work/tree",
-        str(site),
-    ]
+    assert without_installed_archives([*archives, "", "/tree", str(site)]) == [
+        *archives, "/tree", str(site),
+    ]  # fmt: skip
     _package(site, "py4j")
-    assert client.server_path([*archives, "/work/tree", str(site)]) == ["/work/tree", str(site)]
-    assert client.server_path([home, *archives, str(site)]) == [home, str(site)]
-    assert client.server_path(archives) == archives  # nothing installed on the path
+    assert without_installed_archives([*archives, "", "/tree", str(site)]) == ["/tree", str(site)]
+    assert without_installed_archives([home, *archives, str(site)]) == [home, str(site)]
+    assert without_installed_archives(archives) == archives  # the site is not on the path
+    # what a server is started with
+    started = []
+    monkeypatch.setattr(client.subprocess, "Popen", lambda *a, **kw: started.append(kw["env"]))
+    monkeypatch.setattr(client.sys, "path", [*archives, "/tree", str(site)])
+    client._start("\0address", 1)
+    assert started[0]["PYTHONPATH"] == os.pathsep.join(["/tree", str(site)])

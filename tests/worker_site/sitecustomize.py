@@ -15,24 +15,8 @@ first ``sitecustomize`` on the path at start-up (an interpreter's own one, which
 none of the suite's has, would be shadowed).
 """
 
-import os
 import sys
 
+from spark_integration.conf.pyspark_archives import without_installed_archives
 
-def _has_installed_copy(path: str, on_path: set[str]) -> bool:
-    """Whether ``path`` is a zip of pip-installed PySpark
-    (``<site>/pyspark/python/lib/*.zip``) whose ``<site>`` is on ``sys.path`` with
-    both packages in it."""
-    lib = os.path.dirname(path)
-    package = os.path.dirname(os.path.dirname(lib))
-    site = os.path.dirname(package)
-    return (
-        path.endswith(".zip")
-        and lib.endswith(os.path.join("pyspark", "python", "lib"))
-        and os.path.realpath(site) in on_path
-        and all(os.path.isfile(os.path.join(site, p, "__init__.py")) for p in ("pyspark", "py4j"))
-    )
-
-
-_on_path = {os.path.realpath(p) for p in sys.path if not p.endswith(".zip")}
-sys.path[:] = [p for p in sys.path if not _has_installed_copy(p, _on_path)]
+sys.path[:] = without_installed_archives(sys.path)

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from sessionstore.checkpoint.service.request_server import peer_credentials
 from sessionstore.process import this_process
+from spark_integration.conf.pyspark_archives import without_installed_archives
 from spark_integration.execution.context import ContextTask, TaskContext, TaskInfo
 from spark_integration.execution.state_server.config import (
     IO_TIMEOUT_S,
@@ -192,45 +193,13 @@ def _listening(address: str) -> bool:
             return False
 
 
-def server_path(path: list[str]) -> list[str]:
-    """A state server's import path: this worker's ``path``, without the archives
-    of a pip-installed PySpark (``<site-packages>/pyspark/python/lib/*.zip``, which
-    Spark puts first for its workers in local mode) when that package is on the
-    path too. Python keeps no bytecode for modules imported from an archive, so a
-    server importing ``pyspark`` from ``pyspark.zip`` (unpickling a task does: its
-    functions are pickled by value by PySpark's cloudpickle) compiled about 190
-    modules at every start, 1-3 s of CPU; the installed package is the same
-    release, with its bytecode. Archives of a Spark distribution elsewhere
-    (``SPARK_HOME`` on a cluster) stay: there the installed package may be
-    another release."""
-    entries = [p for p in path if p]
-
-    def installed(package: str) -> set[str]:
-        return {
-            os.path.realpath(os.path.join(p, package))
-            for p in entries
-            if os.path.isfile(os.path.join(p, package, "__init__.py"))
-        }
-
-    pyspark, py4j = installed("pyspark"), installed("py4j")
-
-    def archive_of_installed(entry: str) -> bool:
-        name = os.path.basename(entry)
-        if not name.endswith(".zip"):
-            return False
-        lib = os.path.dirname(os.path.realpath(entry))  # <pyspark>/python/lib
-        if os.path.dirname(os.path.dirname(lib)) not in pyspark:
-            return False
-        return name == "pyspark.zip" or (name.startswith("py4j-") and bool(py4j))
-
-    return [p for p in entries if not archive_of_installed(p)]
-
-
 def _start(address: str, parent: int) -> subprocess.Popen:
     """Start the server for ``address``, ending with process ``parent``, with this
     worker's interpreter and imports."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(server_path(sys.path))
+    # bytecode-cached PySpark where the worker's is a pip install's archive:
+    # unpickling a task imports it (cloudpickle's by-value functions)
+    env["PYTHONPATH"] = os.pathsep.join(without_installed_archives(sys.path))
     return subprocess.Popen(
         [sys.executable, "-m", SERVER_MODULE, address[1:], str(parent)],
         env=env,
