@@ -132,29 +132,25 @@ def _metrics_problem(metrics: Any) -> str | None:
     return None
 
 
-def _report_problem(request: dict[str, Any], num_partitions: int) -> str | None:
-    """Why a report is refused, or None if it is taken."""
-    partition, event_time = request.get("partition"), request.get("event_time")
-    if type(partition) is not int or not 0 <= partition < num_partitions:
-        return f"a report for partition {partition!r} of {num_partitions}"
-    if not (event_time is None or (type(event_time) is int and -MAX_INT < event_time < MAX_INT)):
-        return f"a report of event time {event_time!r}"
-    return _metrics_problem(request.get("metrics"))
-
-
-def _reports_problem(body: dict[str, Any], num_partitions: int) -> str | None:
-    """Why a request of several reports (one task's partitions) is refused, or
-    None if all of them are taken: a list of at most one report per partition, each
-    ``[partition, event time, metrics]`` as :func:`_report_problem` takes it."""
-    reports = body.get("reports")
+def _reports_problem(reports: Any, num_partitions: int) -> str | None:
+    """Why a request's reports are refused (one refused report refuses its whole
+    request), or None if all of them are taken: a list of 1 to ``num_partitions``
+    items ``[partition, event time, metrics]``, each partition of the operator,
+    each event time within :data:`MAX_INT`, each metrics record taken by
+    :func:`_metrics_problem`."""
     if not isinstance(reports, list) or not 0 < len(reports) <= num_partitions:
         return f"a list of reports that is not 1 to {num_partitions} reports"
     for item in reports:
         if not isinstance(item, list) or len(item) != 3:
             return f"a report {str(item)[:80]!r} that is not [partition, event time, metrics]"
-        problem = _report_problem(
-            {"partition": item[0], "event_time": item[1], "metrics": item[2]}, num_partitions
-        )
+        partition, event_time, metrics = item
+        if type(partition) is not int or not 0 <= partition < num_partitions:
+            return f"a report for partition {partition!r} of {num_partitions}"
+        if not (
+            event_time is None or (type(event_time) is int and -MAX_INT < event_time < MAX_INT)
+        ):
+            return f"a report of event time {event_time!r}"
+        problem = _metrics_problem(metrics)
         if problem is not None:
             return problem
     return None
@@ -196,14 +192,18 @@ class _Operator:
                     held.popitem(last=False)
             return winner[0]
 
-    def add_report(
-        self, run: Any, batch: int, partition: int, event_time: int | None, metrics: Any
-    ) -> None:
+    def add_reports(self, run: Any, batch: int, reports: list[list[Any]]) -> None:
+        """Take one request's ``[partition, event time, metrics]`` reports of
+        ``batch``: one lock and one pruning of old batches per request."""
         with self.lock:
             key = (run, batch)
-            self.reports.setdefault(key, {})[partition] = event_time
-            self.metrics.setdefault(key, {})[partition] = metrics
-            self.stats["reports"] += 1
+            times = self.reports.setdefault(key, {})
+            records = self.metrics.setdefault(key, {})
+            for partition, event_time, metrics in reports:
+                times[partition] = event_time
+                records[partition] = metrics
+            self.stats["reports"] += len(reports)
+            self.stats["report_requests"] += 1
             newest = max(b for r, b in self.reports if r == run)
             runs = list(dict.fromkeys(r for r, _ in self.reports))
             for old in list(self.reports):
@@ -212,11 +212,6 @@ class _Operator:
                 ):
                     del self.reports[old]
                     self.metrics.pop(old, None)
-
-    def count_request(self) -> None:
-        """Count a request of reports taken (one per task group: tests, logs)."""
-        with self.lock:
-            self.stats["report_requests"] += 1
 
     def answer(self, run: Any, batch: int, pool: ThreadPoolExecutor, wake: Any) -> Any:
         """``(event time,)`` after ``batch``, or None while the durable read runs."""
@@ -407,21 +402,16 @@ class Coordinator:
                 self._refuse("malformed request", f"batch {batch!r}")
             if not (run is None or (isinstance(run, str) and len(run) <= 64)):
                 self._refuse("malformed request", f"run {str(run)[:80]!r}")
-            if body.get("op") == "report":
-                problem = _report_problem(body, state.num_partitions)
+            if body.get("op") in ("report", "reports"):
+                reports = (
+                    body.get("reports")
+                    if body["op"] == "reports"
+                    else [[body.get("partition"), body.get("event_time"), body.get("metrics")]]
+                )
+                problem = _reports_problem(reports, state.num_partitions)
                 if problem is not None:
                     self._refuse("invalid report", problem)
-                state.add_report(run, batch, body["partition"], body.get("event_time"),
-                                 body.get("metrics"))  # fmt: skip
-                state.count_request()
-                return signed_reply(token, nonce, {"ok": True})
-            if body.get("op") == "reports":
-                problem = _reports_problem(body, state.num_partitions)
-                if problem is not None:
-                    self._refuse("invalid report", problem)
-                for partition, event_time, metrics in body["reports"]:
-                    state.add_report(run, batch, partition, event_time, metrics)
-                state.count_request()
+                state.add_reports(run, batch, reports)
                 return signed_reply(token, nonce, {"ok": True})
             if body.get("op") == "claim":
                 problem = _claim_problem(body, state.num_partitions)
