@@ -23,9 +23,8 @@ __all__ = ["without_installed_archives"]
 def without_installed_archives(path: list[str]) -> list[str]:
     """``path`` (``sys.path`` or a ``PYTHONPATH``'s entries) without the archives
     of a pip-installed PySpark whose site folder is on it too with both packages
-    (see the module doc); empty entries dropped."""
-    entries = [p for p in path if p]
-    on_path = {os.path.realpath(p) for p in entries if not p.endswith(".zip")}
+    (see the module doc); every other entry as it is."""
+    on_path = {os.path.realpath(p) for p in path if not p.endswith(".zip")}
 
     def installed_archive(entry: str) -> bool:
         lib = os.path.dirname(entry)
@@ -40,4 +39,4 @@ def without_installed_archives(path: list[str]) -> list[str]:
             )
         )
 
-    return [p for p in entries if not installed_archive(p)]
+    return [p for p in path if not installed_archive(p)]

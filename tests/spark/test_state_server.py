@@ -571,16 +571,19 @@ def test_a_server_imports_an_installed_pyspark_not_its_archive(tmp_path, monkeyp
     lib.mkdir(parents=True)
     archives = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
     home = str(tmp_path / "spark-home" / "python" / "lib" / "pyspark.zip")
+    # "" (the working folder, in sys.path) is an entry like any other
     assert without_installed_archives([*archives, "", "/tree", str(site)]) == [
-        *archives, "/tree", str(site),
+        *archives, "", "/tree", str(site),
     ]  # fmt: skip
     _package(site, "py4j")
-    assert without_installed_archives([*archives, "", "/tree", str(site)]) == ["/tree", str(site)]
+    assert without_installed_archives([*archives, "", "/tree", str(site)]) == [
+        "", "/tree", str(site),
+    ]  # fmt: skip
     assert without_installed_archives([home, *archives, str(site)]) == [home, str(site)]
     assert without_installed_archives(archives) == archives  # the site is not on the path
     # what a server is started with
     started = []
     monkeypatch.setattr(client.subprocess, "Popen", lambda *a, **kw: started.append(kw["env"]))
-    monkeypatch.setattr(client.sys, "path", [*archives, "/tree", str(site)])
+    monkeypatch.setattr(client.sys, "path", [*archives, "", "/tree", str(site)])
     client._start("\0address", 1)
     assert started[0]["PYTHONPATH"] == os.pathsep.join(["/tree", str(site)])

@@ -199,7 +199,7 @@ def _start(address: str, parent: int) -> subprocess.Popen:
     env = dict(os.environ)
     # bytecode-cached PySpark where the worker's is a pip install's archive:
     # unpickling a task imports it (cloudpickle's by-value functions)
-    env["PYTHONPATH"] = os.pathsep.join(without_installed_archives(sys.path))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in without_installed_archives(sys.path) if p)
     return subprocess.Popen(
         [sys.executable, "-m", SERVER_MODULE, address[1:], str(parent)],
         env=env,
