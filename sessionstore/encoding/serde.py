@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgpack
 
 from sessionstore.encoding.keys import decode_key, encode_key
+from sessionstore.encoding.msgpack_ext import ext_default, ext_hook
 
 __all__ = [
     "Serde",
@@ -45,16 +46,22 @@ class Serde(Protocol):
 
 
 class MsgpackSerde:
-    """msgpack with binary and text kept apart. Tuples come back as lists."""
+    """msgpack with binary and text kept apart. Tuples come back as lists. The
+    values of Spark's types msgpack lacks (datetimes, dates, decimals, day-time
+    intervals: what a row read from Spark holds) are extension types
+    (:mod:`sessionstore.encoding.msgpack_ext`) and read back as they were."""
 
     name = "msgpack"
 
     def __init__(self) -> None:
         # dumps(obj) -> bytes and loads(bytes) -> obj are C-level callables, so the
-        # hot paths pay no Python frame per value.
-        self.dumps: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+        # hot paths pay no Python frame per value; the hooks run only for the
+        # values msgpack lacks
+        self.dumps: Callable[[Any], bytes] = msgpack.Packer(
+            default=ext_default, use_bin_type=True
+        ).pack
         self.loads: Callable[[bytes], Any] = partial(
-            msgpack.unpackb, raw=False, strict_map_key=False
+            msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=ext_hook
         )
 
 

@@ -74,13 +74,25 @@ import calendar
 import re
 import time
 from collections.abc import Callable
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from functools import partial
 from typing import Any
 
 import msgpack
 
+from sessionstore.encoding.msgpack_ext import (
+    EPOCH,
+    EPOCH_ORDINAL,
+    EXT_AWARE_DATETIME,
+    EXT_DATE,
+    EXT_DATETIME,
+    EXT_DECIMAL,
+    EXT_TIMEDELTA,
+    ext_default,
+    ext_hook,
+    micros,
+)
 from sessionstore.errors import StatefulProcessorError
 
 __all__ = [
@@ -102,70 +114,14 @@ __all__ = [
     "EXT_TIMEDELTA",
 ]
 
-#: Extension types of the generic form: a naive datetime (int64 microseconds of the
-#: wall clock since 1970-01-01, big-endian), an aware one (msgpack [microseconds
-#: since the epoch in UTC, UTC offset in seconds]), a date (int64 days since
-#: 1970-01-01), a Decimal (its text, UTF-8) and a timedelta (int64 microseconds).
-EXT_DATETIME, EXT_AWARE_DATETIME, EXT_DATE, EXT_DECIMAL, EXT_TIMEDELTA = 1, 2, 3, 4, 5
-
-_EPOCH = datetime(1970, 1, 1)
-_EPOCH_ORDINAL = _EPOCH.toordinal()
-_US = timedelta(microseconds=1)
-
 #: A converter turns one field's Python value into what is packed (or back).
 Convert = Callable[[Any], Any]
 
 
-# ------------------------------------------------------------------ generic form
-def _micros(delta: timedelta) -> int:
-    return delta // _US
-
-
-def _ext_default(obj: Any) -> Any:
-    if isinstance(obj, datetime):
-        if obj.tzinfo is None:
-            return msgpack.ExtType(
-                EXT_DATETIME, _micros(obj - _EPOCH).to_bytes(8, "big", signed=True)
-            )
-        offset = obj.utcoffset() or timedelta(0)
-        utc = obj.replace(tzinfo=None) - offset
-        return msgpack.ExtType(
-            EXT_AWARE_DATETIME,
-            msgpack.packb([_micros(utc - _EPOCH), offset // timedelta(seconds=1)]),
-        )
-    if isinstance(obj, date):
-        return msgpack.ExtType(
-            EXT_DATE, (obj.toordinal() - _EPOCH_ORDINAL).to_bytes(8, "big", signed=True)
-        )
-    if isinstance(obj, Decimal):
-        return msgpack.ExtType(EXT_DECIMAL, str(obj).encode())
-    if isinstance(obj, timedelta):
-        return msgpack.ExtType(EXT_TIMEDELTA, _micros(obj).to_bytes(8, "big", signed=True))
-    raise TypeError(
-        f"cannot store {type(obj).__name__} {obj!r} in state: not a value of a Spark type"
-    )
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == EXT_DATETIME:
-        return _EPOCH + timedelta(microseconds=int.from_bytes(data, "big", signed=True))
-    if code == EXT_AWARE_DATETIME:
-        micros, offset = msgpack.unpackb(data)
-        tz = timezone(timedelta(seconds=offset))
-        return (_EPOCH + timedelta(microseconds=micros + offset * 1_000_000)).replace(tzinfo=tz)
-    if code == EXT_DATE:
-        return date.fromordinal(_EPOCH_ORDINAL + int.from_bytes(data, "big", signed=True))
-    if code == EXT_DECIMAL:
-        return Decimal(data.decode())
-    if code == EXT_TIMEDELTA:
-        return timedelta(microseconds=int.from_bytes(data, "big", signed=True))
-    return msgpack.ExtType(code, data)  # unknown: kept as data
-
-
 #: ``packb``/``unpackb`` of the generic form (tuples and arrays read back as tuples).
-generic_packb: Callable[[Any], bytes] = msgpack.Packer(default=_ext_default, use_bin_type=True).pack
+generic_packb: Callable[[Any], bytes] = msgpack.Packer(default=ext_default, use_bin_type=True).pack
 generic_unpackb: Callable[[bytes], Any] = partial(
-    msgpack.unpackb, raw=False, use_list=False, strict_map_key=False, ext_hook=_ext_hook
+    msgpack.unpackb, raw=False, use_list=False, strict_map_key=False, ext_hook=ext_hook
 )
 
 
@@ -190,15 +146,15 @@ def _ntz_in(v: Any) -> Any:
 
 
 def _ntz_out(v: Any) -> Any:
-    return None if v is None else _EPOCH + timedelta(microseconds=v)
+    return None if v is None else EPOCH + timedelta(microseconds=v)
 
 
 def _date_in(v: Any) -> Any:
-    return v if v is None or type(v) is int else v.toordinal() - _EPOCH_ORDINAL
+    return v if v is None or type(v) is int else v.toordinal() - EPOCH_ORDINAL
 
 
 def _date_out(v: Any) -> Any:
-    return None if v is None else date.fromordinal(v + _EPOCH_ORDINAL)
+    return None if v is None else date.fromordinal(v + EPOCH_ORDINAL)
 
 
 def _decimal_in(v: Any) -> Any:
@@ -210,7 +166,7 @@ def _decimal_out(v: Any) -> Any:
 
 
 def _interval_in(v: Any) -> Any:
-    return v if v is None or type(v) is int else _micros(v)
+    return v if v is None or type(v) is int else micros(v)
 
 
 def _interval_out(v: Any) -> Any:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from datetime import date, datetime
+from decimal import Decimal
 
 import pandas as pd
 import pytest
@@ -126,3 +128,46 @@ def test_parquet_dumps_of_the_table_hold_its_versions_times_as_timestamps(spark,
         df = read.option("store", "table").load()
         assert df.schema["valid_from"].dataType.simpleString() == "bigint"
         assert sorted(r.valid_from for r in df.collect()) == sorted(f for _, f, _, _ in versions)
+
+
+def test_table_values_of_timestamp_date_and_decimal_types_are_held_and_read_back(spark, tmp_path):
+    # the table's rows (the versions a later stream row looks up) hold values of
+    # the Spark types msgpack lacks; the second batch's payment reads a version
+    # held in state since the first
+    rates = [
+        [{"currency": "A", "rate_ts": "2024-01-01T00:00:00", "rate": "1.0850",
+          "fixed": "2024-02-29T12:30:00.125", "until": "2024-03-31"}],
+        [{"currency": "A", "rate_ts": "2024-01-01T00:00:10", "rate": "1.0900",
+          "fixed": "1969-12-31T23:59:59", "until": "1969-12-31"}],
+    ]  # fmt: skip
+    payments = [
+        [{"currency": "A", "ts": "2024-01-01T00:00:05", "amount": 3}],
+        [{"currency": "A", "ts": "2024-01-01T00:00:06", "amount": 4},
+         {"currency": "A", "ts": "2024-01-01T00:00:11", "amount": 5}],
+    ]  # fmt: skip
+    table_src, stream_src = tmp_path / "rates", tmp_path / "payments"
+    table = json_source(
+        spark, table_src,
+        "currency string, rate_ts timestamp, rate decimal(10,4), fixed timestamp, until date",
+    )  # fmt: skip
+    stream = json_source(spark, stream_src, "currency string, ts timestamp, amount long")
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    out = temporal_join(
+        stream, table, key="currency", stream_timestamp="ts", table_timestamp="rate_ts",
+        history_retention="1 day", backend=backend,
+    )  # fmt: skip
+
+    def step(i):
+        return lambda: (write_json(table_src, i, rates[i]), write_json(stream_src, i, payments[i]))
+
+    collected = run_stream(out, tmp_path / "ck", [step(0), step(1)])
+    got = sorted((r["amount"], r["rate"], r["fixed"], r["until"]) for r in collected)
+    first, second = rates[0][0], rates[1][0]
+
+    def version(rate):
+        return (
+            Decimal(rate["rate"]), datetime.fromisoformat(rate["fixed"]),
+            date.fromisoformat(rate["until"]),
+        )  # fmt: skip
+
+    assert got == [(3, *version(first)), (4, *version(first)), (5, *version(second))]

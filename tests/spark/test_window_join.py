@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from datetime import date, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 
@@ -51,3 +53,59 @@ def test_matches_a_nested_loop_join(spark, tmp_path):
     got = sorted((r["ad"], r["click_ts"], r["view_ts"], r["n"]) for r in collected)
     assert got == expected
     assert len(expected) > 5
+
+
+def test_timestamp_date_and_decimal_columns_join_and_read_back(spark, tmp_path):
+    # rows of every Spark type msgpack lacks are held in state between batches:
+    # event times as timestamps, values as dates, decimals and local timestamps
+    base = datetime(2024, 1, 1)
+
+    def at(ms):
+        return (base + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+
+    batches = [
+        (
+            [{"ad": "x", "click_ts": at(10), "day": "2024-02-29", "price": "1.50"},
+             {"ad": "y", "click_ts": at(20), "day": "1969-12-31", "price": "-0.01"}],
+            [{"ad": "x", "view_ts": at(35), "seen": "2001-02-03T04:05:06.789"}],
+        ),
+        (
+            [{"ad": "x", "click_ts": at(50), "day": "2024-03-01", "price": "99.99"}],
+            [{"ad": "y", "view_ts": at(40), "seen": "1999-12-31T23:59:59"},
+             {"ad": "x", "view_ts": at(70), "seen": "2000-01-01T00:00:00"}],
+        ),
+    ]  # fmt: skip
+    left_src, right_src = tmp_path / "clicks", tmp_path / "views"
+    left = json_source(
+        spark, left_src, "ad string, click_ts timestamp, day date, price decimal(10,2)"
+    )
+    right = json_source(spark, right_src, "ad string, view_ts timestamp, seen timestamp_ntz")
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    out = window_join(
+        left, right, key="ad", left_timestamp="click_ts", right_timestamp="view_ts",
+        within="30 ms", backend=backend,
+    )  # fmt: skip
+
+    def step(i, clicks, views):
+        return lambda: (write_json(left_src, i, clicks), write_json(right_src, i, views))
+
+    collected = run_stream(out, tmp_path / "ck", [step(i, *b) for i, b in enumerate(batches)])
+    clicks = [c for cs, _ in batches for c in cs]
+    views = [v for _, vs in batches for v in vs]
+    expected = sorted(
+        (c["ad"], datetime.fromisoformat(c["click_ts"]), date.fromisoformat(c["day"]),
+         Decimal(c["price"]), datetime.fromisoformat(v["view_ts"]),
+         datetime.fromisoformat(v["seen"]))
+        for c in clicks
+        for v in views
+        if c["ad"] == v["ad"]
+        and abs(datetime.fromisoformat(c["click_ts"]) - datetime.fromisoformat(v["view_ts"]))
+        <= timedelta(milliseconds=30)
+    )  # fmt: skip
+    got = sorted(
+        (r["ad"], r["click_ts"], r["day"], r["price"], r["view_ts"], r["seen"]) for r in collected
+    )
+    assert got == expected
+    # x at 10 with the view at 35; y at 20 with 40 and x at 50 with 35 (each
+    # meeting a row held in state since the batch before); x at 50 with 70
+    assert len(expected) == 4

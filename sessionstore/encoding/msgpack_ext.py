@@ -1,0 +1,101 @@
+"""msgpack extension types for the values of Spark's types msgpack lacks.
+
+A row of a Spark DataFrame, read from Arrow, holds ``datetime`` (timestamps, naive
+for ``timestamp_ntz``, aware for ``timestamp``), ``date``, ``Decimal`` and
+``timedelta`` (day-time intervals) values. Every msgpack form this library writes
+(the default value serde, the generic form of a processor's state) packs them as
+these extension types, so any row a user hands an operator can be stored, and
+reads back as the same Python value:
+
+==========================  ====  ================================================
+Python value                code  payload
+==========================  ====  ================================================
+naive ``datetime``          1     int64 microseconds of the wall clock since
+                                  1970-01-01, big-endian
+aware ``datetime``          2     msgpack ``[microseconds since the epoch in UTC,
+                                  UTC offset in seconds]`` (read back with a fixed
+                                  offset zone)
+``date``                    3     int64 days since 1970-01-01, big-endian
+``Decimal``                 4     its text, UTF-8
+``timedelta``               5     int64 microseconds, big-endian
+==========================  ====  ================================================
+
+Any other extension code reads back as a ``msgpack.ExtType``, untouched.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "EXT_DATETIME",
+    "EXT_AWARE_DATETIME",
+    "EXT_DATE",
+    "EXT_DECIMAL",
+    "EXT_TIMEDELTA",
+    "EPOCH",
+    "EPOCH_ORDINAL",
+    "micros",
+    "ext_default",
+    "ext_hook",
+]
+
+EXT_DATETIME, EXT_AWARE_DATETIME, EXT_DATE, EXT_DECIMAL, EXT_TIMEDELTA = 1, 2, 3, 4, 5
+
+#: 1970-01-01 as a naive datetime, and as a proleptic Gregorian ordinal.
+EPOCH = datetime(1970, 1, 1)
+EPOCH_ORDINAL = EPOCH.toordinal()
+_US = timedelta(microseconds=1)
+
+
+def micros(delta: timedelta) -> int:
+    """``delta`` in whole microseconds."""
+    return delta // _US
+
+
+def ext_default(obj: Any) -> Any:
+    """msgpack's ``default``: the extension type of a datetime, date, Decimal or
+    timedelta; ``TypeError`` naming anything else."""
+    if isinstance(obj, datetime):
+        if obj.tzinfo is None:
+            return msgpack.ExtType(
+                EXT_DATETIME, micros(obj - EPOCH).to_bytes(8, "big", signed=True)
+            )
+        offset = obj.utcoffset() or timedelta(0)
+        utc = obj.replace(tzinfo=None) - offset
+        return msgpack.ExtType(
+            EXT_AWARE_DATETIME,
+            msgpack.packb([micros(utc - EPOCH), offset // timedelta(seconds=1)]),
+        )
+    if isinstance(obj, date):
+        return msgpack.ExtType(
+            EXT_DATE, (obj.toordinal() - EPOCH_ORDINAL).to_bytes(8, "big", signed=True)
+        )
+    if isinstance(obj, Decimal):
+        return msgpack.ExtType(EXT_DECIMAL, str(obj).encode())
+    if isinstance(obj, timedelta):
+        return msgpack.ExtType(EXT_TIMEDELTA, micros(obj).to_bytes(8, "big", signed=True))
+    raise TypeError(
+        f"cannot store {type(obj).__name__} {obj!r} in state: not a value of a Spark type"
+    )
+
+
+def ext_hook(code: int, data: bytes) -> Any:
+    """msgpack's ``ext_hook``: the value :func:`ext_default` packed as ``code``."""
+    if code == EXT_DATETIME:
+        return EPOCH + timedelta(microseconds=int.from_bytes(data, "big", signed=True))
+    if code == EXT_AWARE_DATETIME:
+        stamp, offset = msgpack.unpackb(data)
+        tz = timezone(timedelta(seconds=offset))
+        return (EPOCH + timedelta(microseconds=stamp + offset * 1_000_000)).replace(tzinfo=tz)
+    if code == EXT_DATE:
+        return date.fromordinal(EPOCH_ORDINAL + int.from_bytes(data, "big", signed=True))
+    if code == EXT_DECIMAL:
+        return Decimal(data.decode())
+    if code == EXT_TIMEDELTA:
+        return timedelta(microseconds=int.from_bytes(data, "big", signed=True))
+    return msgpack.ExtType(code, data)  # unknown: kept as data

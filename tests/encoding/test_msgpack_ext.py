@@ -1,0 +1,65 @@
+"""The default value serde stores the values of every Spark type a row can hold."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sessionstore.encoding.msgpack_ext import EXT_DATETIME
+from sessionstore.encoding.serde import MsgpackSerde
+from sessionstore.encoding.state_values import generic_packb, generic_unpackb
+
+SERDE = MsgpackSerde()
+A_ROW = {
+    "ad": "x",
+    "ts": datetime(2024, 1, 1, 0, 0, 1, 250),
+    "utc": datetime(2024, 1, 1, 12, tzinfo=UTC),
+    "paris": datetime(2024, 6, 1, 9, 30, tzinfo=timezone(timedelta(hours=2))),
+    "day": date(1969, 12, 31),
+    "price": Decimal("-12.30"),
+    "wait": timedelta(days=-1, microseconds=7),
+    "nested": [{"when": datetime(1900, 1, 1)}, None, b"\x00"],
+}
+
+
+def test_a_row_of_spark_values_reads_back_as_it_was():
+    back = SERDE.loads(SERDE.dumps(A_ROW))
+    assert back == A_ROW
+    assert back["paris"].utcoffset() == timedelta(hours=2)
+    assert back["price"].as_tuple() == Decimal("-12.30").as_tuple()  # the scale kept
+    assert type(back["day"]) is date
+
+
+def test_both_msgpack_forms_write_the_same_extension_bytes():
+    # one format for a timestamp whichever store holds it (the generic form
+    # reads arrays as tuples, the serde as lists: the bytes are the same)
+    assert SERDE.dumps(A_ROW) == generic_packb(A_ROW)
+    assert SERDE.dumps(datetime(1970, 1, 1, 0, 0, 0, 1)) == msgpack.packb(
+        msgpack.ExtType(EXT_DATETIME, (1).to_bytes(8, "big", signed=True))
+    )
+    assert generic_unpackb(SERDE.dumps([datetime(2000, 1, 1)])) == (datetime(2000, 1, 1),)
+
+
+def test_an_unknown_extension_reads_back_as_data():
+    raw = msgpack.packb(msgpack.ExtType(42, b"opaque"))
+    assert SERDE.loads(raw) == msgpack.ExtType(42, b"opaque")
+
+
+def test_a_value_of_no_spark_type_is_refused_by_name():
+    with pytest.raises(TypeError, match=r"cannot store set \{1\} in state"):
+        SERDE.dumps({"x": {1}})
+
+
+#: Spark's day-time intervals: int64 microseconds
+INTERVALS = st.timedeltas(min_value=timedelta(days=-(10**8)), max_value=timedelta(days=10**8))
+
+
+@given(st.datetimes(), st.dates(), st.decimals(allow_nan=False, allow_infinity=False), INTERVALS)
+def test_any_value_round_trips(when, day, number, delta):
+    row = [when, day, number, delta, when.replace(tzinfo=UTC)]
+    assert SERDE.loads(SERDE.dumps(row)) == row
