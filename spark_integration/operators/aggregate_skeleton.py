@@ -128,7 +128,7 @@ def aggregate_input(
     keys = [key] if isinstance(key, str) else list(key)
     if not keys:
         raise ValueError("key must name at least one column")
-    fields = checked_fields(df, [*keys, timestamp])
+    fields = checked_fields(df, [timestamp], keys=keys)
     ts_col, time_type = time_column(fields, timestamp)
     others = [c for c in fields if c not in keys and c != timestamp]
     aggregations = aggregations or {"count": "count"}

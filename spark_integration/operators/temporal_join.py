@@ -87,8 +87,8 @@ def plan_temporal_join(
         raise ValueError(f"how must be 'inner' or 'left', got {how!r}")
     keys = [key] if isinstance(key, str) else list(key)
     retention_ms = interval_ms(history_retention, "history_retention")
-    s_fields = checked_fields(stream_df, [*keys, stream_timestamp], "the stream input")
-    t_fields = checked_fields(table_df, [*keys, table_timestamp], "the table input")
+    s_fields = checked_fields(stream_df, [stream_timestamp], "the stream input", keys)
+    t_fields = checked_fields(table_df, [table_timestamp], "the table input", keys)
 
     table_values = [c for c in t_fields if c not in keys and c != table_timestamp]
     out_fields = list(stream_df.schema.fields)

@@ -57,8 +57,8 @@ def window_join(
     from pyspark.sql import types as T
 
     keys = [key] if isinstance(key, str) else list(key)
-    l_fields = checked_fields(left_df, [*keys, left_timestamp], "the left input")
-    r_fields = checked_fields(right_df, [*keys, right_timestamp], "the right input")
+    l_fields = checked_fields(left_df, [left_timestamp], "the left input", keys)
+    r_fields = checked_fields(right_df, [right_timestamp], "the right input", keys)
     within_ms, grace_ms = interval_ms(within, "within"), interval_ms(grace, "grace")
     right_out = {c: (f"right_{c}" if c in l_fields else c) for c in r_fields}
     out_schema = T.StructType(

@@ -15,6 +15,7 @@ from spark_integration.conf.names import SIDE, TS
 
 __all__ = [
     "checked_fields",
+    "KEY_TYPE_NAMES",
     "time_column",
     "grace_ms",
     "watermark_delay_ms",
@@ -53,13 +54,31 @@ def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
     return 0 if delay is None else delay
 
 
-def checked_fields(df: Any, columns: Sequence[str], side: str = "the input") -> dict[str, Any]:
+#: The Spark types a key column may have: those whose values the stores' key codec
+#: holds in order (``sessionstore.encoding.keys``: text, bytes, integers, booleans).
+KEY_TYPE_NAMES = ("StringType", "VarcharType", "CharType", "BinaryType", "ByteType",
+                  "ShortType", "IntegerType", "LongType", "BooleanType")  # fmt: skip
+
+
+def checked_fields(
+    df: Any, columns: Sequence[str], side: str = "the input", keys: Sequence[str] = ()
+) -> dict[str, Any]:
     """The fields of ``df`` by name; ``ValueError`` naming the first of ``columns``
-    that ``df`` lacks (and ``side``, for operators with two inputs)."""
+    (and ``keys``) that ``df`` lacks (and ``side``, for operators with two inputs),
+    or the first of ``keys`` whose type a key cannot have (:data:`KEY_TYPE_NAMES`):
+    refused when the query is planned, not by its first task."""
     fields = {f.name: f for f in df.schema.fields}
-    for column in columns:
+    for column in [*keys, *columns]:
         if column not in fields:
             raise ValueError(f"{side} has no column {column!r} (it has {sorted(fields)})")
+    for key in keys:
+        data_type = fields[key].dataType
+        if type(data_type).__name__ not in KEY_TYPE_NAMES:
+            raise ValueError(
+                f"key column {key!r} of {side} is {data_type.simpleString()}: a key column "
+                "must be a string, binary, integral (tinyint to bigint) or boolean column; "
+                f"cast it first, for example F.col({key!r}).cast('string')"
+            )
     return fields
 
 

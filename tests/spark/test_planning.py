@@ -1,5 +1,5 @@
-"""Driver-side planning: input checks and the TCP worker warning (no Spark session
-needed)."""
+"""Driver-side planning: input checks and the TCP worker warning (a Spark session
+only to plan, never a query)."""
 
 from __future__ import annotations
 
@@ -179,3 +179,64 @@ def test_an_operator_reads_its_conf_once_into_one_frozen_snapshot(tmp_path):
     assert {PARTITIONS_CONF, TASKS_CONF, SERVERS_CONF, DUE_BATCHES_CONF} <= set(ours)
     with pytest.raises(dataclasses.FrozenInstanceError):
         snapshot.tasks = 4
+
+
+def test_checked_fields_refuses_a_key_column_of_a_type_keys_cannot_have():
+    from types import SimpleNamespace
+
+    import pytest
+    from pyspark.sql import types as T
+
+    from spark_integration.planning.input_columns import checked_fields
+
+    kinds = {"s": T.StringType(), "b": T.BinaryType(), "i": T.ByteType(), "l": T.LongType(),
+             "t": T.BooleanType(), "day": T.DateType(), "x": T.DoubleType()}  # fmt: skip
+    df = SimpleNamespace(schema=T.StructType([T.StructField(n, t) for n, t in kinds.items()]))
+    assert list(checked_fields(df, [], keys=["s", "b", "i", "l", "t"])) == list(kinds)
+    with pytest.raises(ValueError, match=r"key column 'day' of the input is date: a key column"):
+        checked_fields(df, [], keys=["s", "day"])
+    with pytest.raises(ValueError, match=r"key column 'x' of the right input is double.*"
+                       r"F.col\('x'\).cast\('string'\)"):  # fmt: skip
+        checked_fields(df, ["s"], "the right input", keys=["x"])
+    with pytest.raises(ValueError, match="the input has no column 'k'"):
+        checked_fields(df, [], keys=["k"])
+
+
+def test_every_operator_refuses_a_date_key_when_planned(spark, tmp_path):
+    # before any task runs (the key codec would refuse its first row in a task)
+    # and before the checkpoint is touched
+    import pytest
+
+    from spark_integration import (
+        StateBackend,
+        sessionize,
+        temporal_join,
+        transform_with_state,
+        window_aggregate,
+        window_join,
+    )  # fmt: skip
+    from tests.spark.processors import RowTracker
+
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    df = spark.createDataFrame([], "day date, ts long, v long")
+    other = spark.createDataFrame([], "day date, ts long, w long")
+    plans = {
+        "sessionize": lambda: sessionize(df, "day", "ts", gap=5, backend=backend),
+        "window_aggregate": lambda: window_aggregate(df, "day", "ts", size=5, backend=backend),
+        "window_join": lambda: window_join(
+            df, other, key="day", left_timestamp="ts", right_timestamp="ts", within=5,
+            backend=backend,
+        ),
+        "temporal_join": lambda: temporal_join(
+            df, other, key="day", stream_timestamp="ts", table_timestamp="ts",
+            history_retention=5, backend=backend,
+        ),
+        "transform_with_state": lambda: transform_with_state(
+            df, "day", RowTracker(), "day date, n long", backend=backend
+        ),
+    }  # fmt: skip
+    sides = {"window_join": "left ", "temporal_join": "stream "}
+    for name, plan in plans.items():
+        with pytest.raises(ValueError, match=f"key column 'day' of the {sides.get(name, '')}input"):
+            plan()
+    assert not (tmp_path / "state").exists()

@@ -167,7 +167,7 @@ def _transform(
     keys = [key] if isinstance(key, str) else list(key)
     if not keys:
         raise ValueError("key names no grouping column")
-    fields = checked_fields(df, keys)
+    fields = checked_fields(df, [], keys=keys)
     out_schema = parse_schema(output_schema)
     mode = normalise_time_mode(time_mode)
     planning = plan_processor(processor, mode, len(keys), parse_schema)
@@ -183,7 +183,7 @@ def _transform(
     backend, n = conf.backend, conf.partitions
     initial = None
     if initial_state is not None:
-        checked_fields(initial_state, keys, "the initial state")
+        checked_fields(initial_state, [], "the initial state", keys)
         operator = open_filesystem(backend.checkpoint_uri, backend.storage_options).child(name)
         initial = initial_state_token(
             operator, n, lambda: route_initial_state(initial_state, df, keys, n)
