@@ -16,6 +16,24 @@ def json_source(spark: Any, folder: Path, schema: str) -> Any:
     return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(folder))
 
 
+def two_json_sources(
+    spark: Any, root: Path, first: tuple[str, str], second: tuple[str, str]
+) -> tuple[Any, Any, Callable[[int, Sequence[dict], Sequence[dict]], Callable[[], None]]]:
+    """Two streaming JSON sources (a join's inputs), each ``(folder name, schema)``
+    under ``root``, and ``step(i, first_rows, second_rows)``: a step writing batch
+    ``i``'s file of each."""
+    folders = (root / first[0], root / second[0])
+    dfs = [
+        json_source(spark, folder, schema)
+        for folder, (_, schema) in zip(folders, (first, second), strict=True)
+    ]
+
+    def step(i: int, rows: Sequence[dict], others: Sequence[dict]) -> Callable[[], None]:
+        return lambda: (write_json(folders[0], i, rows), write_json(folders[1], i, others))
+
+    return dfs[0], dfs[1], step
+
+
 def write_json(folder: Path, index: int, rows: Sequence[dict]) -> None:
     """Write one batch file atomically (the source must never see half a file),
     modified after every batch file already in ``folder``.

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from spark_integration import StateBackend, temporal_join
-from tests.spark.streams import json_source, run_stream, write_json
+from tests.spark.streams import run_stream, two_json_sources
 
 pytestmark = pytest.mark.slow
 
@@ -37,18 +37,16 @@ def test_matches_a_brute_force_as_of_join(spark, tmp_path, how):
             for _ in range(10)
         ]
         batches.append((rates, payments))
-    table_src, stream_src = tmp_path / "rates", tmp_path / "payments"
-    table = json_source(spark, table_src, "currency string, rate_ts long, rate long")
-    stream = json_source(spark, stream_src, "currency string, ts long, amount long")
+    table, stream, step = two_json_sources(
+        spark, tmp_path, ("rates", "currency string, rate_ts long, rate long"),
+        ("payments", "currency string, ts long, amount long"),
+    )  # fmt: skip
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     out = temporal_join(
         stream, table, key="currency", stream_timestamp="ts", table_timestamp="rate_ts",
         history_retention=10**9, how=how, backend=backend,
     )  # fmt: skip
     assert out.columns == ["currency", "ts", "amount", "rate"]
-
-    def step(i, rates, payments):
-        return lambda: (write_json(table_src, i, rates), write_json(stream_src, i, payments))
 
     steps = [step(i, r, p) for i, (r, p) in enumerate(batches)]
     collected = run_stream(out, tmp_path / "ck", steps)
@@ -145,22 +143,19 @@ def test_table_values_of_timestamp_date_and_decimal_types_are_held_and_read_back
         [{"currency": "A", "ts": "2024-01-01T00:00:06", "amount": 4},
          {"currency": "A", "ts": "2024-01-01T00:00:11", "amount": 5}],
     ]  # fmt: skip
-    table_src, stream_src = tmp_path / "rates", tmp_path / "payments"
-    table = json_source(
-        spark, table_src,
-        "currency string, rate_ts timestamp, rate decimal(10,4), fixed timestamp, until date",
+    table, stream, step = two_json_sources(
+        spark, tmp_path,
+        ("rates", "currency string, rate_ts timestamp, rate decimal(10,4), fixed timestamp, "
+         "until date"),
+        ("payments", "currency string, ts timestamp, amount long"),
     )  # fmt: skip
-    stream = json_source(spark, stream_src, "currency string, ts timestamp, amount long")
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     out = temporal_join(
         stream, table, key="currency", stream_timestamp="ts", table_timestamp="rate_ts",
         history_retention="1 day", backend=backend,
     )  # fmt: skip
 
-    def step(i):
-        return lambda: (write_json(table_src, i, rates[i]), write_json(stream_src, i, payments[i]))
-
-    collected = run_stream(out, tmp_path / "ck", [step(0), step(1)])
+    collected = run_stream(out, tmp_path / "ck", [step(i, rates[i], payments[i]) for i in (0, 1)])
     got = sorted((r["amount"], r["rate"], r["fixed"], r["until"]) for r in collected)
     first, second = rates[0][0], rates[1][0]
 

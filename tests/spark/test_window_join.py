@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from spark_integration import StateBackend, window_join
-from tests.spark.streams import json_source, run_stream, write_json
+from tests.spark.streams import run_stream, two_json_sources
 
 pytestmark = pytest.mark.slow
 
@@ -26,19 +26,16 @@ def test_matches_a_nested_loop_join(spark, tmp_path):
             for i in range(8)
         ]
         batches.append((clicks, views))
-    left_src, right_src = tmp_path / "clicks", tmp_path / "views"
-    left = json_source(spark, left_src, "ad string, click_ts long")
-    right = json_source(spark, right_src, "ad string, view_ts long, n long")
+    left, right, step = two_json_sources(
+        spark, tmp_path, ("clicks", "ad string, click_ts long"),
+        ("views", "ad string, view_ts long, n long"),
+    )  # fmt: skip
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     out = window_join(
         left, right, key="ad", left_timestamp="click_ts", right_timestamp="view_ts",
         within="30 ms", grace="1 second", backend=backend,
     )  # fmt: skip
     assert out.columns == ["ad", "click_ts", "right_ad", "view_ts", "n"]
-
-    def step(i, clicks, views):
-        return lambda: (write_json(left_src, i, clicks), write_json(right_src, i, views))
-
     collected = run_stream(
         out, tmp_path / "ck", [step(i, c, v) for i, (c, v) in enumerate(batches)]
     )
@@ -75,19 +72,16 @@ def test_timestamp_date_and_decimal_columns_join_and_read_back(spark, tmp_path):
              {"ad": "x", "view_ts": at(70), "seen": "2000-01-01T00:00:00"}],
         ),
     ]  # fmt: skip
-    left_src, right_src = tmp_path / "clicks", tmp_path / "views"
-    left = json_source(
-        spark, left_src, "ad string, click_ts timestamp, day date, price decimal(10,2)"
-    )
-    right = json_source(spark, right_src, "ad string, view_ts timestamp, seen timestamp_ntz")
+    left, right, step = two_json_sources(
+        spark, tmp_path,
+        ("clicks", "ad string, click_ts timestamp, day date, price decimal(10,2)"),
+        ("views", "ad string, view_ts timestamp, seen timestamp_ntz"),
+    )  # fmt: skip
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     out = window_join(
         left, right, key="ad", left_timestamp="click_ts", right_timestamp="view_ts",
         within="30 ms", backend=backend,
     )  # fmt: skip
-
-    def step(i, clicks, views):
-        return lambda: (write_json(left_src, i, clicks), write_json(right_src, i, views))
 
     collected = run_stream(out, tmp_path / "ck", [step(i, *b) for i, b in enumerate(batches)])
     clicks = [c for cs, _ in batches for c in cs]
