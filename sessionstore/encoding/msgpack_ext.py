@@ -18,14 +18,17 @@ aware ``datetime``          2     msgpack ``[microseconds since the epoch in UTC
 ``date``                    3     int64 days since 1970-01-01, big-endian
 ``Decimal``                 4     its text, UTF-8
 ``timedelta``               5     int64 microseconds, big-endian
+``time`` (no zone)          6     int64 microseconds since midnight, big-endian
 ==========================  ====  ================================================
 
-Any other extension code reads back as a ``msgpack.ExtType``, untouched.
+Codes 1-6 are taken: a ``msgpack.ExtType`` of one of them that a program stores
+itself reads back as the value above (or fails); any other extension code reads
+back as a ``msgpack.ExtType``, untouched.
 """
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -37,6 +40,7 @@ __all__ = [
     "EXT_DATE",
     "EXT_DECIMAL",
     "EXT_TIMEDELTA",
+    "EXT_TIME",
     "EPOCH",
     "EPOCH_ORDINAL",
     "micros",
@@ -45,6 +49,8 @@ __all__ = [
 ]
 
 EXT_DATETIME, EXT_AWARE_DATETIME, EXT_DATE, EXT_DECIMAL, EXT_TIMEDELTA = 1, 2, 3, 4, 5
+#: Spark's ``time`` type (4.1+), a wall-clock time of day without a zone.
+EXT_TIME = 6
 
 #: 1970-01-01 as a naive datetime, and as a proleptic Gregorian ordinal.
 EPOCH = datetime(1970, 1, 1)
@@ -58,8 +64,8 @@ def micros(delta: timedelta) -> int:
 
 
 def ext_default(obj: Any) -> Any:
-    """msgpack's ``default``: the extension type of a datetime, date, Decimal or
-    timedelta; ``TypeError`` naming anything else."""
+    """msgpack's ``default``: the extension type of a datetime, date, Decimal,
+    timedelta or time of day; ``TypeError`` naming anything else."""
     if isinstance(obj, datetime):
         if obj.tzinfo is None:
             return msgpack.ExtType(
@@ -79,6 +85,9 @@ def ext_default(obj: Any) -> Any:
         return msgpack.ExtType(EXT_DECIMAL, str(obj).encode())
     if isinstance(obj, timedelta):
         return msgpack.ExtType(EXT_TIMEDELTA, micros(obj).to_bytes(8, "big", signed=True))
+    if isinstance(obj, time) and obj.tzinfo is None:
+        of_day = ((obj.hour * 60 + obj.minute) * 60 + obj.second) * 1_000_000 + obj.microsecond
+        return msgpack.ExtType(EXT_TIME, of_day.to_bytes(8, "big", signed=True))
     raise TypeError(
         f"cannot store {type(obj).__name__} {obj!r} in state: not a value of a Spark type"
     )
@@ -98,4 +107,7 @@ def ext_hook(code: int, data: bytes) -> Any:
         return Decimal(data.decode())
     if code == EXT_TIMEDELTA:
         return timedelta(microseconds=int.from_bytes(data, "big", signed=True))
+    if code == EXT_TIME:
+        seconds, micro = divmod(int.from_bytes(data, "big", signed=True), 1_000_000)
+        return time(seconds // 3600, seconds // 60 % 60, seconds % 60, micro)
     return msgpack.ExtType(code, data)  # unknown: kept as data

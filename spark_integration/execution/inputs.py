@@ -35,11 +35,13 @@ def deterministic_order(table: pa.Table, first: Sequence[str] = ()) -> pa.Table:
 
 
 def key_values(table: pa.Table, keys: list[str]) -> list[Any]:
-    """The key of every row: a column's values, or tuples for several columns."""
+    """The key of every row: a column's values, or tuples for several columns; None
+    where a key column is null (a null key: operators drop such rows and count
+    them, a tuple with a None in it is no key the store can hold)."""
     if len(keys) == 1:
         return table.column(keys[0]).to_pylist()
     cols = [table.column(k).to_pylist() for k in keys]
-    return [tuple(parts) for parts in zip(*cols, strict=True)]
+    return [None if None in parts else parts for parts in zip(*cols, strict=True)]
 
 
 def struct_values(table: pa.Table, name: str) -> list[Any]:

@@ -112,11 +112,45 @@ def _cast(column: Any, to: pa.DataType) -> Any:
     return column.cast(to)
 
 
+def _holds_map(t: pa.DataType) -> bool:
+    if pa.types.is_map(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_holds_map(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _holds_map(t.value_type)
+    return False
+
+
+def _map_pairs(value: Any, t: pa.DataType) -> Any:
+    """``value`` of type ``t`` with every map as the ``(key, item)`` tuples Arrow
+    takes: a map read back from a store (msgpack) is a list of ``[key, item]``
+    lists, which Arrow refuses."""
+    if value is None:
+        return None
+    if pa.types.is_map(t):
+        pairs = value.items() if isinstance(value, dict) else value
+        return [(_map_pairs(k, t.key_type), _map_pairs(v, t.item_type)) for k, v in pairs]
+    if pa.types.is_struct(t):
+        fields = [t.field(i) for i in range(t.num_fields)]
+        if isinstance(value, dict):
+            return {f.name: _map_pairs(value.get(f.name), f.type) for f in fields}
+        return {f.name: _map_pairs(v, f.type) for f, v in zip(fields, value, strict=True)}
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [_map_pairs(v, t.value_type) for v in value]
+    return value
+
+
 def record_batch(schema: pa.Schema, columns: dict[str, Any]) -> pa.RecordBatch:
     """A record batch of ``schema`` from columns: Python lists, or Arrow arrays
     (cast to the field's type)."""
-    arrays = [
-        _cast(column, f.type) if isinstance(column, pa.Array) else pa.array(column, type=f.type)
-        for f, column in ((f, columns[f.name]) for f in schema)
-    ]
+    arrays = []
+    for f in schema:
+        column = columns[f.name]
+        if isinstance(column, pa.Array):
+            arrays.append(_cast(column, f.type))
+            continue
+        if _holds_map(f.type):
+            column = [_map_pairs(v, f.type) for v in column]
+        arrays.append(pa.array(column, type=f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

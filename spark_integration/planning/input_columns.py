@@ -16,6 +16,7 @@ from spark_integration.conf.names import SIDE, TS
 __all__ = [
     "checked_fields",
     "KEY_TYPE_NAMES",
+    "BINARY_COLLATION",
     "time_column",
     "grace_ms",
     "watermark_delay_ms",
@@ -56,8 +57,11 @@ def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
 
 #: The Spark types a key column may have: those whose values the stores' key codec
 #: holds in order (``sessionstore.encoding.keys``: text, bytes, integers, booleans).
-KEY_TYPE_NAMES = ("StringType", "VarcharType", "CharType", "BinaryType", "ByteType",
-                  "ShortType", "IntegerType", "LongType", "BooleanType")  # fmt: skip
+#: A string key must compare as bytes (Spark's default collation, ``UTF8_BINARY``):
+#: under another collation Spark groups and routes keys the store tells apart.
+KEY_TYPE_NAMES = ("StringType", "BinaryType", "ByteType", "ShortType", "IntegerType",
+                  "LongType", "BooleanType")  # fmt: skip
+BINARY_COLLATION = "UTF8_BINARY"
 
 
 def checked_fields(
@@ -73,11 +77,13 @@ def checked_fields(
             raise ValueError(f"{side} has no column {column!r} (it has {sorted(fields)})")
     for key in keys:
         data_type = fields[key].dataType
-        if type(data_type).__name__ not in KEY_TYPE_NAMES:
+        collation = getattr(data_type, "collation", BINARY_COLLATION)
+        if type(data_type).__name__ not in KEY_TYPE_NAMES or collation != BINARY_COLLATION:
             raise ValueError(
                 f"key column {key!r} of {side} is {data_type.simpleString()}: a key column "
-                "must be a string, binary, integral (tinyint to bigint) or boolean column; "
-                f"cast it first, for example F.col({key!r}).cast('string')"
+                "must be a string (of the default collation), binary, integral (tinyint "
+                "to bigint) or boolean column; cast it first, for example "
+                f"F.col({key!r}).cast('string')"
             )
     return fields
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 
 import msgpack
@@ -23,6 +23,7 @@ A_ROW = {
     "day": date(1969, 12, 31),
     "price": Decimal("-12.30"),
     "wait": timedelta(days=-1, microseconds=7),
+    "at": time(23, 59, 58, 999_999),
     "nested": [{"when": datetime(1900, 1, 1)}, None, b"\x00"],
 }
 
@@ -53,13 +54,16 @@ def test_an_unknown_extension_reads_back_as_data():
 def test_a_value_of_no_spark_type_is_refused_by_name():
     with pytest.raises(TypeError, match=r"cannot store set \{1\} in state"):
         SERDE.dumps({"x": {1}})
+    with pytest.raises(TypeError, match=r"cannot store time datetime.time\(1, 0, tzinfo="):
+        SERDE.dumps(time(1, tzinfo=UTC))  # Spark's time has no zone
 
 
 #: Spark's day-time intervals: int64 microseconds
 INTERVALS = st.timedeltas(min_value=timedelta(days=-(10**8)), max_value=timedelta(days=10**8))
 
 
-@given(st.datetimes(), st.dates(), st.decimals(allow_nan=False, allow_infinity=False), INTERVALS)
-def test_any_value_round_trips(when, day, number, delta):
-    row = [when, day, number, delta, when.replace(tzinfo=UTC)]
+@given(st.datetimes(), st.dates(), st.decimals(allow_nan=False, allow_infinity=False), INTERVALS,
+       st.times())  # fmt: skip
+def test_any_value_round_trips(when, day, number, delta, of_day):
+    row = [when, day, number, delta, when.replace(tzinfo=UTC), of_day]
     assert SERDE.loads(SERDE.dumps(row)) == row

@@ -200,6 +200,14 @@ def test_checked_fields_refuses_a_key_column_of_a_type_keys_cannot_have():
         checked_fields(df, ["s"], "the right input", keys=["x"])
     with pytest.raises(ValueError, match="the input has no column 'k'"):
         checked_fields(df, [], keys=["k"])
+    # Spark groups (and routes) a string of another collation by its collation
+    # key, so 'A' and 'a' would be one key to Spark and two to the store
+    folded = SimpleNamespace(schema=T.StructType([T.StructField("u", T.StringType("UTF8_LCASE"))]))
+    with pytest.raises(
+        ValueError, match=r"key column 'u' of the input is string collate UTF8_LCASE"
+    ):
+        checked_fields(folded, [], keys=["u"])
+    assert list(checked_fields(folded, ["u"])) == ["u"]  # a value column may have it
 
 
 def test_every_operator_refuses_a_date_key_when_planned(spark, tmp_path):

@@ -183,7 +183,8 @@ def _transform(
     backend, n = conf.backend, conf.partitions
     initial = None
     if initial_state is not None:
-        checked_fields(initial_state, [], "the initial state", keys)
+        # present; any type: the rows are cast to the stream's key types when routed
+        checked_fields(initial_state, keys, "the initial state")
         operator = open_filesystem(backend.checkpoint_uri, backend.storage_options).child(name)
         initial = initial_state_token(
             operator, n, lambda: route_initial_state(initial_state, df, keys, n)
