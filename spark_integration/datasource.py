@@ -44,6 +44,7 @@ fields), the variable's columns typed by its recorded schemas, ``partition_id``
 from __future__ import annotations
 
 import json
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -79,6 +80,10 @@ def _text(value: Any) -> str | None:
         return value.decode("utf-8", "backslashreplace")
     if isinstance(value, Decimal):  # an exact decimal aggregate: its digits
         return str(value)
+    if isinstance(value, date | time):  # a held row's timestamp, date or time
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return str(value)
     return json.dumps(value, default=str)
 
 
@@ -95,6 +100,10 @@ def _infer(value: Any) -> Any:
         return "double"
     if isinstance(value, bytes):
         return "binary"
+    if isinstance(value, datetime):  # a held row's timestamp (aware) or timestamp_ntz
+        return "timestamp" if value.tzinfo is not None else "timestamp_ntz"
+    if isinstance(value, date):
+        return "date"
     if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
         return ("struct", [(k, _infer(v)) for k, v in value.items()])
     if isinstance(value, list | tuple):

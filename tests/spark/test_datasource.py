@@ -96,6 +96,22 @@ def test_type_inference_and_ddl_fields():
         "struct<`n`: bigint, `tags`: array<string>>"
     )
     assert infer_type([[1, 2], [3.0]]) == "array<double>"
+    # values a join holds (msgpack extension types), read back typed
+    from datetime import UTC, date, datetime
+    from decimal import Decimal
+
+    from spark_integration.datasource import _text
+
+    when = datetime(2024, 1, 1, 12, tzinfo=UTC)
+    assert infer_type([when, None]) == "timestamp"
+    assert infer_type([datetime(2024, 1, 1)]) == "timestamp_ntz"
+    assert infer_type([{"day": date(2024, 2, 29), "price": Decimal("1.50")}]) == (
+        "struct<`day`: date, `price`: string>"
+    )
+    assert infer_type([when, datetime(2024, 1, 1)]) == "string"
+    assert [_text(when), _text(date(2024, 2, 29)), _text(Decimal("1.50"))] == [
+        "2024-01-01T12:00:00+00:00", "2024-02-29", "1.50",
+    ]  # fmt: skip
     assert _fields("user string, m map<string, int>, `when` timestamp") == [
         ("user", "string"), ("m", "map<string, int>"), ("when", "timestamp"),
     ]  # fmt: skip
