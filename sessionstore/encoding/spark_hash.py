@@ -6,12 +6,13 @@ Spark's ``HashPartitioning`` computes ``pmod(Murmur3Hash(columns, seed=42), n)``
 a null column leaves the running hash as it is. Per Spark type
 (``org.apache.spark.unsafe.hash.Murmur3_x86_32`` and ``HashExpression``):
 
-* ``integer``, ``short``, ``byte``: ``hashInt(value)``;
+* ``integer``, ``short``, ``byte``: ``hashInt(value)``; ``boolean``: ``hashInt``
+  of 1 or 0;
 * ``long``: ``hashLong(value)``: the low 32 bits, then the high 32 bits, length 8;
-* ``string`` (binary collation): ``hashUnsafeBytes`` over the UTF-8 bytes: the
-  whole 4-byte words little-endian, then **each remaining byte alone, sign-extended**
-  (Spark's own variant, kept for compatibility: not the reference tail mixing), and
-  the length in the final mix.
+* ``string`` (binary collation) and ``binary``: ``hashUnsafeBytes`` over the
+  UTF-8 bytes (the bytes): the whole 4-byte words little-endian, then **each
+  remaining byte alone, sign-extended** (Spark's own variant, kept for
+  compatibility: not the reference tail mixing), and the length in the final mix.
 
 Every step is 32-bit arithmetic on uint32 arrays (numpy wraps on overflow), over
 all keys at once, strings grouped by byte length so no row needs a mask.
@@ -31,7 +32,7 @@ SPARK_SEED = 42
 
 #: Spark type names (``DataType.typeName()``) of the key columns routed here, with
 #: the SQL spellings a user may type.
-KEY_TYPES = ("string", "long", "integer", "short", "byte")
+KEY_TYPES = ("string", "long", "integer", "short", "byte", "boolean", "binary")
 _ALIASES = {"int": "integer", "bigint": "long", "smallint": "short", "tinyint": "byte"}
 _INT_RANGES = {
     "long": (-(2**63), 2**63 - 1),
@@ -91,8 +92,7 @@ def _hash_ints(values: list[int], seeds: np.ndarray, wide: bool) -> np.ndarray:
     return _fmix(_mix_h1(h1, _mix_k1(high)), 8)
 
 
-def _hash_strings(values: list[str], seeds: np.ndarray) -> np.ndarray:
-    raw = [s.encode("utf-8") for s in values]
+def _hash_bytes(raw: list[bytes], seeds: np.ndarray) -> np.ndarray:
     lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
     out = np.empty(len(raw), dtype=np.uint32)
     for length in np.unique(lengths).tolist():
@@ -118,8 +118,8 @@ def murmur3_hash(
 ) -> np.ndarray:
     """Spark's ``hash(*columns)`` (``Murmur3Hash``) of every row, as int32.
 
-    ``columns[i]`` holds the values of key column ``i`` (Python str or int, None for
-    null) and ``types[i]`` its Spark type. ``ValueError`` names a value that does
+    ``columns[i]`` holds the values of key column ``i`` (Python str, int, bool or
+    bytes, None for null) and ``types[i]`` its Spark type. ``ValueError`` names a value that does
     not fit its column's type.
     """
     types = check_key_types(types)
@@ -135,17 +135,30 @@ def murmur3_hash(
         _check_values(values, kind)
         idx = np.array(rows, dtype=np.int64)
         if kind == "string":
-            h[idx] = _hash_strings(values, h[idx])
+            h[idx] = _hash_bytes([v.encode("utf-8") for v in values], h[idx])
+        elif kind == "binary":
+            h[idx] = _hash_bytes(values, h[idx])
+        elif kind == "boolean":
+            h[idx] = _hash_ints([int(v) for v in values], h[idx], wide=False)
         else:
             h[idx] = _hash_ints(values, h[idx], wide=kind == "long")
     return h.view(np.int32)
 
 
+#: The Python type of a key value of each non-integral Spark type.
+_VALUE_TYPES = {
+    "string": (str, "a string"),
+    "binary": (bytes, "bytes"),
+    "boolean": (bool, "a bool"),
+}
+
+
 def _check_values(values: list[Any], kind: str) -> None:
-    if kind == "string":
-        bad = next((v for v in values if type(v) is not str), None)
+    if kind in _VALUE_TYPES:
+        want, named = _VALUE_TYPES[kind]
+        bad = next((v for v in values if type(v) is not want), None)
         if bad is not None:
-            raise ValueError(f"key value {bad!r} is not a string, but its column is {kind}")
+            raise ValueError(f"key value {bad!r} is not {named}, but its column is {kind}")
         return
     lo, hi = _INT_RANGES[kind]
     bad = next((v for v in values if type(v) is not int or not lo <= v <= hi), None)

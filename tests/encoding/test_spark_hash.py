@@ -37,8 +37,8 @@ def ref_hash(row, types, seed=42):
     for value, kind in zip(row, types, strict=True):
         if value is None:
             continue
-        if kind == "string":
-            raw = value.encode("utf-8")
+        if kind in ("string", "binary"):
+            raw = value.encode("utf-8") if kind == "string" else value
             aligned = len(raw) - len(raw) % 4
             for i in range(0, aligned, 4):
                 h = _h1(h, _k1(int.from_bytes(raw[i : i + 4], "little")))
@@ -56,19 +56,31 @@ def ref_hash(row, types, seed=42):
 def test_known_values():
     # Spark: hash(0) = 933211791, hash(4) = -397064898, hash(null) = 42 (int columns)
     assert murmur3_hash([[0, 4, None]], ["integer"]).tolist() == [933211791, -397064898, 42]
+    # Spark: hash(true), hash(false); hash(cast('ab' as binary)), hash(X'FF80FE'),
+    # hash(X''); hash(true, X'01020304FF', 7L)
+    assert murmur3_hash([[True, False]], ["boolean"]).tolist() == [-559580957, 933211791]
+    binary = [b"ab", b"\xff\x80\xfe", b""]
+    assert murmur3_hash([binary], ["binary"]).tolist() == [-97053317, 992381231, 142593372]
+    row = [[True], [b"\x01\x02\x03\x04\xff"], [7]]
+    assert murmur3_hash(row, ["boolean", "binary", "long"]).tolist() == [-52188773]
+    # bytes hash as the string of the same UTF-8 bytes
+    assert murmur3_hash([["é"]], ["string"]).tolist() == murmur3_hash(
+        [["é".encode()]], ["binary"]
+    ).tolist()
 
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
 INTS = st.integers(-(2**31), 2**31 - 1)
 ROWS = st.lists(
-    st.tuples(st.none() | st.text(max_size=12), st.none() | LONGS, st.none() | INTS),
+    st.tuples(st.none() | st.text(max_size=12), st.none() | LONGS, st.none() | INTS,
+              st.none() | st.booleans(), st.none() | st.binary(max_size=12)),
     min_size=1, max_size=40,
 )  # fmt: skip
 
 
 @given(ROWS, st.integers(1, 50))
 def test_matches_the_scalar_model(rows, n):
-    types = ["string", "long", "integer"]
+    types = ["string", "long", "integer", "boolean", "binary"]
     columns = [list(c) for c in zip(*rows, strict=True)]
     expected = [ref_hash(r, types) for r in rows]
     assert murmur3_hash(columns, types).tolist() == expected
@@ -78,6 +90,12 @@ def test_matches_the_scalar_model(rows, n):
 def test_bad_input_names_the_value():
     with pytest.raises(ValueError, match="'x' does not fit its column's Spark type integer"):
         murmur3_hash([["x"]], ["int"])
+    with pytest.raises(ValueError, match="key value 1 is not a bool, but its column is boolean"):
+        murmur3_hash([[1]], ["boolean"])
+    with pytest.raises(ValueError, match="key value 'a' is not bytes, but its column is binary"):
+        murmur3_hash([["a"]], ["binary"])
+    with pytest.raises(ValueError, match="key value True does not fit its column's Spark type"):
+        murmur3_hash([[True]], ["long"])
     with pytest.raises(ValueError, match=r"2147483648 does not fit .* integer"):
         murmur3_hash([[2**31]], ["integer"])
     with pytest.raises(ValueError, match="key column type 'double' cannot be routed"):

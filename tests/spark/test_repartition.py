@@ -45,12 +45,15 @@ def test_routing_matches_spark_repartition(spark):
             None if i % 97 == 0 else _text(rng),
             None if i % 89 == 0 else rng.choice([rng.randrange(-(2**63), 2**63), -i, i]),
             None if i % 83 == 0 else rng.randrange(-(2**31), 2**31),
+            None if i % 79 == 0 else rng.random() < 0.5,
+            None if i % 73 == 0 else rng.randbytes(rng.randrange(0, 9)),
         )
         for i in range(3000)
     ]
-    df = spark.createDataFrame(rows, "s string, l long, i int")
-    types = {"s": "string", "l": "long", "i": "integer"}
-    for cols, n in [(["s"], 7), (["l"], 13), (["i"], 5), (["s", "l"], 7), (["i", "s", "l"], 11)]:
+    df = spark.createDataFrame(rows, "s string, l long, i int, t boolean, b binary")
+    types = {"s": "string", "l": "long", "i": "integer", "t": "boolean", "b": "binary"}
+    for cols, n in [(["s"], 7), (["l"], 13), (["i"], 5), (["s", "l"], 7), (["i", "s", "l"], 11),
+                    (["t"], 3), (["b"], 9), (["b", "t", "i"], 10)]:  # fmt: skip
         got = df.repartition(n, *cols).select(*cols, F.spark_partition_id().alias("p")).collect()
         columns = [[r[c] for r in got] for c in cols]
         expected = partition_ids(columns, [types[c] for c in cols], n).tolist()

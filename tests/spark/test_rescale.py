@@ -44,6 +44,13 @@ def _query(spark, folder, backend, n, case):
     common = {"backend": backend, "name": case, "num_partitions": n}
     aggs = {"events": "count", "total": ("sum", "amount")}
     with without_due_batches(spark):  # one micro-batch per file, compared batch by batch
+        if case == "sessions_bytes":  # keys a rescale routes by Spark's hash of bool, bytes
+            keyed = events.select(
+                F.expr("uid % 2 = 0").alias("even"), F.col("user").cast("binary").alias("blob"),
+                "ts", "amount",
+            )  # fmt: skip
+            return sessionize(keyed, ["even", "blob"], "ts", gap=3000, aggregations=aggs,
+                              **common)  # fmt: skip
         if case.startswith("sessions"):
             emit = "update" if case.endswith("update") else "final"
             return sessionize(events, ["user", "uid"], "ts", gap=3000, emit=emit,
@@ -86,7 +93,7 @@ def _uninterrupted(spark, tmp_path_factory, case):
 
 
 @pytest.mark.parametrize(
-    "case", ["sessions_final", "sessions_update", "windows_final", "join", "tws"]
+    "case", ["sessions_final", "sessions_update", "windows_final", "join", "tws", "sessions_bytes"]
 )
 def test_restarts_at_4_7_3_partitions_write_the_uninterrupted_output(
     spark, tmp_path, tmp_path_factory, case, caplog
