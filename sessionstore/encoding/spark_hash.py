@@ -31,7 +31,9 @@ __all__ = ["SPARK_SEED", "KEY_TYPES", "check_key_types", "murmur3_hash", "partit
 SPARK_SEED = 42
 
 #: Spark type names (``DataType.typeName()``) of the key columns routed here, with
-#: the SQL spellings a user may type.
+#: the SQL spellings a user may type: every type an operator takes for a key column
+#: (``spark_integration.planning.input_columns.checked_fields``), so every
+#: checkpoint can be rescaled.
 KEY_TYPES = ("string", "long", "integer", "short", "byte", "boolean", "binary")
 _ALIASES = {"int": "integer", "bigint": "long", "smallint": "short", "tinyint": "byte"}
 _INT_RANGES = {

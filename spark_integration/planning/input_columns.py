@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sessionstore.encoding.spark_hash import KEY_TYPES
 from spark_integration.conf.names import SIDE, TS
 
 __all__ = [
     "checked_fields",
-    "KEY_TYPE_NAMES",
     "BINARY_COLLATION",
     "time_column",
     "grace_ms",
@@ -55,12 +55,8 @@ def grace_ms(df: Any, timestamp: str, grace: str | int | None) -> int:
     return 0 if delay is None else delay
 
 
-#: The Spark types a key column may have: those whose values the stores' key codec
-#: holds in order (``sessionstore.encoding.keys``: text, bytes, integers, booleans).
-#: A string key must compare as bytes (Spark's default collation, ``UTF8_BINARY``):
-#: under another collation Spark groups and routes keys the store tells apart.
-KEY_TYPE_NAMES = ("StringType", "BinaryType", "ByteType", "ShortType", "IntegerType",
-                  "LongType", "BooleanType")  # fmt: skip
+#: The collation a string key must have, Spark's default: under another one Spark
+#: groups and routes keys by their collation key, which the store tells apart.
 BINARY_COLLATION = "UTF8_BINARY"
 
 
@@ -69,8 +65,10 @@ def checked_fields(
 ) -> dict[str, Any]:
     """The fields of ``df`` by name; ``ValueError`` naming the first of ``columns``
     (and ``keys``) that ``df`` lacks (and ``side``, for operators with two inputs),
-    or the first of ``keys`` whose type a key cannot have (:data:`KEY_TYPE_NAMES`):
-    refused when the query is planned, not by its first task."""
+    or the first of ``keys`` whose type a key cannot have: refused when the query is
+    planned, not by its first task. A key's type is one the stores' key codec holds
+    and a rescale routes, :data:`~sessionstore.encoding.spark_hash.KEY_TYPES`
+    (text, bytes, integers, booleans), and a string of :data:`BINARY_COLLATION`."""
     fields = {f.name: f for f in df.schema.fields}
     for column in [*keys, *columns]:
         if column not in fields:
@@ -78,7 +76,7 @@ def checked_fields(
     for key in keys:
         data_type = fields[key].dataType
         collation = getattr(data_type, "collation", BINARY_COLLATION)
-        if type(data_type).__name__ not in KEY_TYPE_NAMES or collation != BINARY_COLLATION:
+        if data_type.typeName() not in KEY_TYPES or collation != BINARY_COLLATION:
             raise ValueError(
                 f"key column {key!r} of {side} is {data_type.simpleString()}: a key column "
                 "must be a string (of the default collation), binary, integral (tinyint "
