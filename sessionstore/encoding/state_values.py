@@ -30,8 +30,9 @@ struct<...>                    array, one item per field (nested values)
 
 Null is nil for every type. Any other type (a UDT, a variant) and a variable
 declared without a parsed schema use the *generic* form: msgpack with extension
-types for the few Python types msgpack lacks (see :data:`EXT_DATETIME` and
-below), still data only.
+types for the few Python types msgpack lacks
+(:mod:`sessionstore.encoding.msgpack_ext`, the default value serde's too), still
+data only.
 
 A variable's payload (what one row of the processor store holds) wraps its values
 with their TTL expiry (ms, or nil without a TTL):
@@ -81,18 +82,7 @@ from typing import Any
 
 import msgpack
 
-from sessionstore.encoding.msgpack_ext import (
-    EPOCH,
-    EPOCH_ORDINAL,
-    EXT_AWARE_DATETIME,
-    EXT_DATE,
-    EXT_DATETIME,
-    EXT_DECIMAL,
-    EXT_TIMEDELTA,
-    ext_default,
-    ext_hook,
-    micros,
-)
+from sessionstore.encoding.msgpack_ext import EPOCH, EPOCH_ORDINAL, ext_default, ext_hook, micros
 from sessionstore.errors import StatefulProcessorError
 
 __all__ = [
@@ -107,11 +97,6 @@ __all__ = [
     "payload_codec",
     "generic_packb",
     "generic_unpackb",
-    "EXT_DATETIME",
-    "EXT_AWARE_DATETIME",
-    "EXT_DATE",
-    "EXT_DECIMAL",
-    "EXT_TIMEDELTA",
 ]
 
 #: A converter turns one field's Python value into what is packed (or back).
