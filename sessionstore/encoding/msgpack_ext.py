@@ -22,12 +22,14 @@ aware ``datetime``          2     msgpack ``[microseconds since the epoch in UTC
 ==========================  ====  ================================================
 
 Codes 1-6 are taken: a ``msgpack.ExtType`` of one of them that a program stores
-itself reads back as the value above (or fails); any other extension code reads
-back as a ``msgpack.ExtType``, untouched.
+itself reads back as the value above, or is refused (``ValueError`` naming the code
+and the payload) where its payload is not one of these forms; any other extension
+code reads back as a ``msgpack.ExtType``, untouched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -93,21 +95,45 @@ def ext_default(obj: Any) -> Any:
     )
 
 
+def _int64(data: bytes) -> int:
+    if len(data) != 8:
+        raise ValueError(f"{len(data)} bytes, not 8")
+    return int.from_bytes(data, "big", signed=True)
+
+
+def _aware(data: bytes) -> datetime:
+    stamp, offset = msgpack.unpackb(data)
+    tz = timezone(timedelta(seconds=offset))
+    return (EPOCH + timedelta(microseconds=stamp + offset * 1_000_000)).replace(tzinfo=tz)
+
+
+def _time(data: bytes) -> time:
+    seconds, micro = divmod(_int64(data), 1_000_000)
+    return time(seconds // 3600, seconds // 60 % 60, seconds % 60, micro)
+
+
+#: How each extension code's payload reads back (the inverse of :func:`ext_default`).
+_DECODE: dict[int, Callable[[bytes], Any]] = {
+    EXT_DATETIME: lambda data: EPOCH + timedelta(microseconds=_int64(data)),
+    EXT_AWARE_DATETIME: _aware,
+    EXT_DATE: lambda data: date.fromordinal(EPOCH_ORDINAL + _int64(data)),
+    EXT_DECIMAL: lambda data: Decimal(data.decode()),
+    EXT_TIMEDELTA: lambda data: timedelta(microseconds=_int64(data)),
+    EXT_TIME: _time,
+}
+
+
 def ext_hook(code: int, data: bytes) -> Any:
-    """msgpack's ``ext_hook``: the value :func:`ext_default` packed as ``code``."""
-    if code == EXT_DATETIME:
-        return EPOCH + timedelta(microseconds=int.from_bytes(data, "big", signed=True))
-    if code == EXT_AWARE_DATETIME:
-        stamp, offset = msgpack.unpackb(data)
-        tz = timezone(timedelta(seconds=offset))
-        return (EPOCH + timedelta(microseconds=stamp + offset * 1_000_000)).replace(tzinfo=tz)
-    if code == EXT_DATE:
-        return date.fromordinal(EPOCH_ORDINAL + int.from_bytes(data, "big", signed=True))
-    if code == EXT_DECIMAL:
-        return Decimal(data.decode())
-    if code == EXT_TIMEDELTA:
-        return timedelta(microseconds=int.from_bytes(data, "big", signed=True))
-    if code == EXT_TIME:
-        seconds, micro = divmod(int.from_bytes(data, "big", signed=True), 1_000_000)
-        return time(seconds // 3600, seconds // 60 % 60, seconds % 60, micro)
-    return msgpack.ExtType(code, data)  # unknown: kept as data
+    """msgpack's ``ext_hook``: the value :func:`ext_default` packed as ``code``;
+    ``ValueError`` naming the code and the payload where the payload is not one
+    (a value this library did not write, a corrupt file): a stored value that
+    cannot be read is refused, never read as another."""
+    decode = _DECODE.get(code)
+    if decode is None:
+        return msgpack.ExtType(code, data)  # unknown: kept as data
+    try:
+        return decode(data)
+    except (ValueError, TypeError, ArithmeticError) as error:
+        raise ValueError(
+            f"malformed msgpack extension {code} value {data[:40]!r} ({error})"
+        ) from None

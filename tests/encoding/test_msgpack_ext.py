@@ -51,6 +51,21 @@ def test_an_unknown_extension_reads_back_as_data():
     assert SERDE.loads(raw) == msgpack.ExtType(42, b"opaque")
 
 
+@pytest.mark.parametrize(
+    ("code", "payload"),
+    [(1, b"\x01\x02"), (2, b"abc"), (3, b"\x7f" * 8), (4, b"\xff"), (4, b"abc"),
+     (5, b""), (6, b"\x7f" * 8)],
+)  # fmt: skip
+def test_a_malformed_extension_value_is_refused_by_code_and_payload(code, payload):
+    # a value this library did not write (a corrupt file, another program's
+    # ExtType) is refused, never read as another value
+    raw = msgpack.packb([1, msgpack.ExtType(code, payload)])
+    with pytest.raises(ValueError, match=rf"malformed msgpack extension {code} value "):
+        SERDE.loads(raw)
+    with pytest.raises(ValueError, match=rf"malformed msgpack extension {code} value "):
+        generic_unpackb(raw)
+
+
 def test_a_value_of_no_spark_type_is_refused_by_name():
     with pytest.raises(TypeError, match=r"cannot store set \{1\} in state"):
         SERDE.dumps({"x": {1}})

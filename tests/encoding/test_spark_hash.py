@@ -64,9 +64,10 @@ def test_known_values():
     row = [[True], [b"\x01\x02\x03\x04\xff"], [7]]
     assert murmur3_hash(row, ["boolean", "binary", "long"]).tolist() == [-52188773]
     # bytes hash as the string of the same UTF-8 bytes
-    assert murmur3_hash([["é"]], ["string"]).tolist() == murmur3_hash(
-        [["é".encode()]], ["binary"]
-    ).tolist()
+    assert (
+        murmur3_hash([["é"]], ["string"]).tolist()
+        == murmur3_hash([["é".encode()]], ["binary"]).tolist()
+    )
 
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
