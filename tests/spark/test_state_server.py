@@ -47,7 +47,11 @@ class EchoTask:
             rows += batch.num_rows
             yield pa.record_batch([pa.compute.multiply(batch.column(0), 2)], names=["x2"])
         if self.wait_for:
-            Path(self.wait_for + ".started").write_text(str(os.getpid()))
+            # written then renamed: the test polls for the name and must
+            # never read a file whose text is not yet there
+            temporary = Path(self.wait_for + ".started.tmp")
+            temporary.write_text(str(os.getpid()))
+            temporary.rename(self.wait_for + ".started")
             while not os.path.exists(self.wait_for):
                 time.sleep(0.01)
         if self.fail:
