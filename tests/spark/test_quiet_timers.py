@@ -25,16 +25,25 @@ PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
+SHUFFLE = "spark.sql.shuffle.partitions"
+
+
 @pytest.fixture
 def rocksdb(spark):
-    """Spark's transformWithState runs only on its RocksDB provider (restored after)."""
-    saved = spark.conf.get(PROVIDER, None)
+    """Spark's transformWithState runs only on its RocksDB provider; here on one
+    shuffle partition, as each key's expiry does not depend on its partition and
+    every partition costs each of its batches (one per trigger) a task, a Python
+    worker and a RocksDB commit. Ours set their own partition count. Both confs
+    are restored after."""
+    saved = {key: spark.conf.get(key, None) for key in (PROVIDER, SHUFFLE)}
     spark.conf.set(PROVIDER, ROCKSDB)
+    spark.conf.set(SHUFFLE, "1")
     yield
-    if saved is None:
-        spark.conf.unset(PROVIDER)
-    else:
-        spark.conf.set(PROVIDER, saved)
+    for key, value in saved.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
 
 
 def sparks(stream: Any, processor: Any, schema: str, time_mode: str) -> Any:
