@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 SCHEMA = "id string, item string, ts long"
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+SHUFFLE = "spark.sql.shuffle.partitions"
 
 
 @pytest.fixture(autouse=True)
@@ -169,11 +170,23 @@ def test_event_time_timers_fire_in_a_partition_without_data_as_in_spark(spark, t
     assert sorted(ours) == sorted(theirs) == sorted((k, 1, 1010) for k in idle)
 
 
+@pytest.fixture
+def one_shuffle_partition(spark):
+    """Spark's operator on one partition (ours set their own count): for a claim
+    about each key's output, whatever partition it lands in; every partition costs
+    Spark's query a task, a Python worker and a RocksDB commit per micro-batch."""
+    before = spark.conf.get(SHUFFLE)
+    spark.conf.set(SHUFFLE, "1")
+    yield
+    spark.conf.set(SHUFFLE, before)
+
+
 @pytest.mark.parametrize("api", ["rows"])
-def test_processing_time_timers_and_ttl_match_spark(spark, tmp_path, api):
+def test_processing_time_timers_and_ttl_match_spark(spark, tmp_path, one_shuffle_partition, api):
     """A timer at the batch's own processing time fires in that batch (Spark's
-    expiry test is inclusive); a processing-time TTL of an hour keeps everything. The last key only moves our
-    time on (Spark fires its timers in no-data batches of its own)."""
+    expiry test is inclusive); a processing-time TTL of an hour keeps everything.
+    The last key only moves our time on (Spark fires its timers in no-data batches
+    of its own, batch after batch: :func:`one_shuffle_partition`)."""
     batches = [
         [{"id": "p", "item": "x", "ts": 0}, {"id": "q", "item": "x", "ts": 0}],
         [{"id": "r", "item": "y", "ts": 0}, {"id": "r", "item": "y", "ts": 0}],
