@@ -587,9 +587,11 @@ IDLE_SCHEMA = "id string, events long"
 
 class _IdleExpiry:
     """Counts a key's events; 5 s of processing time after the key's latest row,
-    a timer emits the count and forgets the key (a cart expired after inactivity)."""
+    a timer emits the count and forgets the key (a cart expired after inactivity);
+    ``idle_ms`` sets another wait."""
 
-    idle_ms = 5_000
+    def __init__(self, idle_ms: int = 5_000) -> None:
+        self.idle_ms = idle_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 SCHEMA = "id string, item string, ts long"
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+SHUFFLE = "spark.sql.shuffle.partitions"
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +37,10 @@ def rocksdb_provider(spark):
 def _run(out, checkpoint, steps, mode="update", endless=False):
     """Run each step and let the query process it; ``endless`` for Spark's
     ProcessingTime mode, whose query always runs another batch, so that
-    ``processAllAvailable`` never returns: wait until the step's file is processed
-    and two more batches (the ones without data that fire timers) are done."""
+    ``processAllAvailable`` never returns: wait until the step's file is processed,
+    and after the last step for two more batches (the ones without data that fire
+    timers). An earlier step's later batches run while the next file is awaited:
+    the query is stopped only after the last step's two."""
     rows = []
     query = (
         out.writeStream.outputMode(mode)
@@ -49,7 +52,7 @@ def _run(out, checkpoint, steps, mode="update", endless=False):
         for i, step in enumerate(steps):
             step()
             if endless:
-                _await_file(query, i)
+                _await_file(query, i, after=2 if i == len(steps) - 1 else 0)
             else:
                 query.processAllAvailable()
     finally:
@@ -57,7 +60,8 @@ def _run(out, checkpoint, steps, mode="update", endless=False):
     return rows
 
 
-def _await_file(query, index, timeout=120):
+def _await_file(query, index, after=2, timeout=120):
+    """Wait until the batch that took file ``index`` and ``after`` more are done."""
     deadline = time.monotonic() + timeout
     done_at = None
     while time.monotonic() < deadline:
@@ -67,7 +71,7 @@ def _await_file(query, index, timeout=120):
             end = json.loads(end) if isinstance(end, str) else end
             if done_at is None and end and end.get("logOffset", -1) >= index:
                 done_at = progress["batchId"]
-            if done_at is not None and progress["batchId"] >= done_at + 2:
+            if done_at is not None and progress["batchId"] >= done_at + after:
                 return
         time.sleep(0.1)
     raise AssertionError(f"the query did not process file {index} in {timeout} s")
@@ -166,11 +170,23 @@ def test_event_time_timers_fire_in_a_partition_without_data_as_in_spark(spark, t
     assert sorted(ours) == sorted(theirs) == sorted((k, 1, 1010) for k in idle)
 
 
+@pytest.fixture
+def one_shuffle_partition(spark):
+    """Spark's operator on one partition (ours set their own count): for a claim
+    about each key's output, whatever partition it lands in; every partition costs
+    Spark's query a task, a Python worker and a RocksDB commit per micro-batch."""
+    before = spark.conf.get(SHUFFLE)
+    spark.conf.set(SHUFFLE, "1")
+    yield
+    spark.conf.set(SHUFFLE, before)
+
+
 @pytest.mark.parametrize("api", ["rows"])
-def test_processing_time_timers_and_ttl_match_spark(spark, tmp_path, api):
+def test_processing_time_timers_and_ttl_match_spark(spark, tmp_path, one_shuffle_partition, api):
     """A timer at the batch's own processing time fires in that batch (Spark's
-    expiry test is inclusive); a processing-time TTL of an hour keeps everything. The last key only moves our
-    time on (Spark fires its timers in no-data batches of its own)."""
+    expiry test is inclusive); a processing-time TTL of an hour keeps everything.
+    The last key only moves our time on (Spark fires its timers in no-data batches
+    of its own, batch after batch: :func:`one_shuffle_partition`)."""
     batches = [
         [{"id": "p", "item": "x", "ts": 0}, {"id": "q", "item": "x", "ts": 0}],
         [{"id": "r", "item": "y", "ts": 0}, {"id": "r", "item": "y", "ts": 0}],
@@ -219,18 +235,24 @@ def test_restart_and_retry_after_commit_give_the_uninterrupted_output(spark, tmp
             f"file://{tmp_path}/state", local_dir=str(tmp_path / local), commit_observer=observer
         )
 
-    reference = run("ref", backend("l1"), BATCHES)
+    # RowTracker's output over BATCHES without a stop: each key's count, distinct
+    # items and last three items (a key's rows of a batch in item order)
+    reference = [
+        ("a", 2, 2, "x,y"), ("a", 3, 2, "x,y,x"), ("a", 4, 3, "y,x,z"),
+        ("b", 1, 1, "x"), ("b", 3, 2, "x,w,w"), ("c", 1, 1, "z"), ("c", 2, 1, "z,z"),
+        ("d", 1, 1, "q"), ("d", 2, 2, "q,r"), ("e", 1, 1, "e"),
+    ]  # fmt: skip
     first = run("restart", backend("l2"), BATCHES[:2])
     # a new local directory: the state comes back from the checkpoint
     second = run("restart", backend("l3"), BATCHES[2:], first=2)
-    assert sorted(first + second) == sorted(reference)
+    assert sorted(first + second) == reference
     markers = tmp_path / "markers"
     markers.mkdir()
     for batch_id, partition in ((1, 0), (2, 1)):
         (markers / f"fail-{batch_id}-{partition}").touch()
     retried = run("retry", backend("l4", FailOnceAfterCommit(str(markers))), BATCHES)
     assert list(markers.iterdir()) == []  # both injected failures happened
-    assert sorted(retried) == sorted(reference)
+    assert sorted(retried) == reference
 
 
 def _failure(make):

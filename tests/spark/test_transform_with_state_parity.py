@@ -19,12 +19,17 @@ pytestmark = pytest.mark.slow
 SCHEMA = "id string, item string, ts long"
 PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: Spark's operator runs on one partition here: its output is per key, whatever
+#: the partition a key lands in, and each partition costs every micro-batch a
+#: task, a Python worker and a RocksDB commit. Ours keep ``num_partitions=2``.
+SHUFFLE = "spark.sql.shuffle.partitions"
 
 
 @pytest.fixture
 def conf(spark):
     """Set Spark confs for one test (Spark's transformWithState runs only on its
-    RocksDB provider); every conf is restored afterwards."""
+    RocksDB provider; one shuffle partition, :data:`SHUFFLE`); every conf is
+    restored afterwards."""
     saved = {}
 
     def set_(key, value):
@@ -33,6 +38,7 @@ def conf(spark):
         spark.conf.set(key, value)
 
     set_(PROVIDER, ROCKSDB)
+    set_(SHUFFLE, "1")
     yield set_
     for key, value in saved.items():
         if value is None:
@@ -428,8 +434,9 @@ def composite(spark, tmp_path_factory):
     from tests.spark.test_transform_with_state import _run as run_endless
 
     tmp = tmp_path_factory.mktemp("composite")
-    before = spark.conf.get(PROVIDER, None)
+    before = {key: spark.conf.get(key, None) for key in (PROVIDER, SHUFFLE)}
     spark.conf.set(PROVIDER, ROCKSDB)
+    spark.conf.set(SHUFFLE, "1")
     initial = spark.createDataFrame(
         [("a", [{"key": "seed", "value": "1"}, None])],
         "id string, tags array<struct<key: string, value: string>>",
@@ -453,10 +460,11 @@ def composite(spark, tmp_path_factory):
             backend=backend, num_partitions=2, initial_state=initial,
         ), endless=False)  # fmt: skip
     finally:
-        if before is None:
-            spark.conf.unset(PROVIDER)
-        else:
-            spark.conf.set(PROVIDER, before)
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     return {"theirs": theirs, "ours": ours, "spark_ck": str(tmp / "ck-spark"), "state": state}
 
 
