@@ -1,15 +1,18 @@
-"""Bootstrap ``sessionize`` from the history of tests/spark/test_bootstrap.py and
-die by SIGKILL at a step of the driver's part.
+"""The commit of a bootstrap of tests/spark/test_bootstrap.py, as its driver runs
+it after the Spark job, dying by SIGKILL at a step.
 
-Usage: python bootstrap_job.py CHECKPOINT_URI LOCAL_DIR STEP AT: the ``AT``-th call
-of ``STEP`` kills the process (``commit_change`` of the bootstrap module: every
-partition staged, nothing committed; ``_apply_partition`` of change.py: committed,
-not applied).
+Usage: python bootstrap_job.py HANDOFF STEP AT: ``HANDOFF`` holds the pickled
+arguments the driver passed to ``commit_bootstrap`` (every partition staged by the
+job); the ``AT``-th call of ``STEP`` kills the process (``commit_change`` of the
+bootstrap module: every partition staged, nothing committed; ``_apply_partition``
+of change.py: committed, not applied). The driver's part after the job is pure
+Python, so this process imports no Spark: it is that part, without a JVM to start.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 from pathlib import Path
@@ -18,14 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import sessionstore.checkpoint.offline.bootstrap as bootstrap  # noqa: E402
 import sessionstore.checkpoint.offline.change as change  # noqa: E402
-from spark_integration import StateBackend, bootstrap_sessionize  # noqa: E402
-from spark_integration.conf.local_spark import local_spark  # noqa: E402
-from tests.spark.test_bootstrap import SESSIONS, _history  # noqa: E402
-from tests.spark.test_repartition import _batches  # noqa: E402
 
 
 def main() -> None:
-    uri, local_dir, step, at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    handoff, step, at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     module = bootstrap if hasattr(bootstrap, step) else change
     original, calls = getattr(module, step), []
 
@@ -36,12 +35,7 @@ def main() -> None:
         return original(*args, **kw)
 
     setattr(module, step, dying)
-    spark = local_spark("bootstrap-killed", cores=1, spark__ui__enabled="false")
-    backend = StateBackend(uri, local_dir=local_dir)
-    bootstrap_sessionize(
-        _history(spark, _batches()), **SESSIONS, backend=backend, name="sessions",
-        num_partitions=2,
-    )  # fmt: skip
+    bootstrap.commit_bootstrap(*pickle.loads(handoff.read_bytes()))
 
 
 if __name__ == "__main__":

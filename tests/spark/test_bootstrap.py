@@ -4,7 +4,7 @@ the start; refusals (committed state, a running query, bad input)."""
 
 from __future__ import annotations
 
-import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -196,13 +196,45 @@ def reference(spark, tmp_path_factory):
     return rows
 
 
+class _HandedOff(Exception):
+    """The bootstrap's Spark job is done: its commit runs in bootstrap_job.py."""
+
+
+def _killed_at(spark, tmp_path, uri, step, at):
+    """A bootstrap whose driver dies by SIGKILL at the ``at``-th call of ``step``:
+    the Spark job stages every partition in this session, and the commit that
+    follows it on the driver (``commit_bootstrap``, pure Python) runs in
+    bootstrap_job.py, given the very arguments, and is killed there. Nothing of
+    the bootstrap runs in this process after the job (no cleanup either: the
+    hand-off is outside the job's try), as when the driver dies."""
+    from spark_integration.operators import bootstrap as operator
+
+    handoff = tmp_path / "commit.pickle"
+
+    def hand_off(*args):
+        handoff.write_bytes(pickle.dumps(args))
+        raise _HandedOff
+
+    original = operator.commit_bootstrap
+    operator.commit_bootstrap = hand_off
+    try:
+        with pytest.raises(_HandedOff):
+            bootstrap_sessionize(
+                _history(spark, _batches()), **SESSIONS,
+                backend=StateBackend(uri, local_dir=str(tmp_path / "killed-local")),
+                name="sessions", num_partitions=2,
+            )  # fmt: skip
+    finally:
+        operator.commit_bootstrap = original
+    return subprocess.run(
+        [sys.executable, str(JOB), str(handoff), step, str(at)], capture_output=True
+    )
+
+
 @pytest.mark.parametrize("step, at", [("commit_change", 1), ("_apply_partition", 2)])
 def test_kill_9_leaves_no_state_or_the_bootstrapped_one(spark, tmp_path, reference, step, at):
     uri = f"file://{tmp_path}/ckpt"
-    run = subprocess.run(
-        [sys.executable, str(JOB), uri, str(tmp_path / "killed-local"), step, str(at)],
-        capture_output=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
-    )  # fmt: skip
+    run = _killed_at(spark, tmp_path, uri, step, at)
     assert run.returncode == -signal.SIGKILL, run.stderr.decode()[-3000:]
     operator = open_filesystem(uri).child("sessions")
     backend = StateBackend(uri, local_dir=str(tmp_path / "local"))
