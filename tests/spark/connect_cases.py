@@ -377,48 +377,38 @@ def available_now_sessionize_case(spark: Any, folder: Path) -> dict:
 
 
 def rescale_case(spark: Any, folder: Path) -> dict:
-    """Issue 41: a sessionize query run at 4 partitions for two micro-batches, then
-    restarted at 3 (the rescale runs as a job of this session): its rows, and
-    those of an uninterrupted run at 4; whether its state is in a generation."""
+    """Issue 41: ``sessionize_case``'s query on its events, run at 4 partitions for
+    two micro-batches, then restarted at 3 (the rescale runs as a job of this
+    session) for the rest: its output (``rescaled``, to compare with
+    ``sessionize_case``'s, the same query run uninterrupted) and whether its state
+    is in a generation."""
     from spark_integration import StateBackend, sessionize
     from spark_integration.planning.rescale import located_backend
 
-    batches = _events(3)
+    source = folder / "in"
+    steps = [
+        lambda i=i, rows=rows: write_json(source, i, rows) for i, rows in enumerate(_events(1))
+    ]
+    backend = StateBackend(f"file://{folder}/state", local_dir=str(folder / "local"))
 
-    def steps(source: Path) -> list[Callable[[], None]]:
-        return [
-            lambda i=i, rows=rows: write_json(source, i, rows) for i, rows in enumerate(batches)
-        ]
-
-    def build(state: str, n: int) -> Any:
-        backend = StateBackend(f"file://{folder}/{state}", local_dir=str(folder / f"local-{state}"))
-        stream = json_source(spark, folder / f"in-{state}", EVENTS)
-        return sessionize(stream, key="user", timestamp="ts", gap="5 seconds",
-                          backend=backend, num_partitions=n)  # fmt: skip
-
-    def run(state: str, n: int, part: list[Callable[[], None]]) -> list[str]:
+    def run(n: int, part: list[Callable[[], None]]) -> list[str]:
         # a file sink: a memory sink's query cannot restart from its checkpoint
-        out = build(state, n)
+        out = sessionize(json_source(spark, source, EVENTS), **SESSIONS, backend=backend,
+                         num_partitions=n)  # fmt: skip
         query = (
-            out.writeStream.format("parquet").option("path", str(folder / f"out-{state}"))
-            .option("checkpointLocation", str(folder / f"ck-{state}")).start()
+            out.writeStream.format("parquet").option("path", str(folder / "out"))
+            .option("checkpointLocation", str(folder / "spark-ckpt")).start()
         )  # fmt: skip
         drive(query, part)
         return out.columns
 
     with without_due_batches(spark):
-        run("state", 4, steps(folder / "in-state")[:2])
-        columns = run("state", 3, steps(folder / "in-state")[2:])
-        run("whole", 4, steps(folder / "in-whole"))
-    rescaled, whole = (
-        _ordered(spark.read.parquet(str(folder / f"out-{state}")).collect(), columns)
-        for state in ("state", "whole")
-    )
-    backend = StateBackend(f"file://{folder}/state")
+        run(4, steps[:2])
+        columns = run(3, steps[2:])
+    rescaled = _ordered(spark.read.parquet(str(folder / "out")).collect(), columns)
     located = located_backend(spark, backend, "sessionize", 3)  # no second rescale
     return {
-        "rescaled": rescaled,
-        "uninterrupted": whole,
+        "rescaled": {"columns": columns, "rows": rescaled},
         "generation": located.checkpoint_uri != backend.checkpoint_uri,
     }
 

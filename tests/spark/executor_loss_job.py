@@ -1,8 +1,14 @@
-"""Run sessionize on local-cluster[2,1,1024] and kill an executor between batches.
+"""Run sessionize queries side by side on one local-cluster[2,1,1024] application
+and kill an executor between batches.
 
-Usage: python executor_loss_job.py CHECKPOINT_URI STORAGE_OPTIONS_JSON WORKDIR OUT_JSON
-[PARTITIONS]. Prints nothing useful; writes every emitted row to OUT_JSON, with the
-driver's event-time coordinator's counters.
+Usage: python executor_loss_job.py WORKDIR OUT_JSON RUNS_JSON, where RUNS_JSON is
+``{run: {"uri": CHECKPOINT_URI, "options": STORAGE_OPTIONS, "partitions": N or
+null}}``. Every run's query gets the same batches, one file each, in lockstep
+(``tests.spark.suite_a_streams.Streams``), and the executor dies under all of them
+at once: one application (a driver and its executors, each a JVM) serves every
+case. Prints nothing useful; writes every run's emitted rows with the driver's
+event-time coordinator's counters for its operator, the killed pid and the
+application's work directory to OUT_JSON.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from spark_integration import StateBackend, sessionize  # noqa: E402
 from spark_integration.conf.local_spark import local_spark  # noqa: E402
-from tests.spark.streams import json_source, run_stream, write_json  # noqa: E402
+from tests.spark.streams import json_source, write_json  # noqa: E402
+from tests.spark.suite_a_streams import Streams  # noqa: E402
 from tests.spark.test_sessionize import GAP_MS, SCHEMA, generated, rows_of  # noqa: E402
 from tests.standalone.cluster import EXECUTOR_CLASS, MARKER, processes_of  # noqa: E402
 
@@ -37,40 +44,44 @@ def executors() -> list[int]:
     return [int(pid) for pid in out.stdout.split()]
 
 
+def local_dir(run: str) -> str:
+    """A run's local directory, relative: each executor resolves it in its own work
+    directory, so a partition that moves to the other executor has no local copy
+    and restores from the store. One per run: the runs' queries share executors."""
+    return f"sessionstore-local-{run}"
+
+
 def main() -> None:
-    uri, options, workdir, out_path = (
-        sys.argv[1],
-        json.loads(sys.argv[2]),
-        Path(sys.argv[3]),
-        sys.argv[4],
-    )
-    partitions = int(sys.argv[5]) if len(sys.argv) > 5 else None
+    workdir, out_path, runs = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
     spark = local_spark(
         "executor-loss", master="local-cluster[2,1,1024]", spark__sessionstore__partitions="2"
     )
-    # relative: each executor resolves it in its own work directory, so a partition
-    # that moves to the other executor has no local copy and restores from the store
-    backend = StateBackend(uri, local_dir="sessionstore-local", storage_options=options)
-    source = workdir / "in"
-    out = sessionize(
-        json_source(spark, source, SCHEMA), key="user", timestamp="ts", gap=f"{GAP_MS} ms",
-        aggregations={"n": "count", "spent": ("sum", "amount")}, backend=backend, name="loss",
-        num_partitions=partitions,
-    )  # fmt: skip
-    killed = []
-
-    def step(i, rows):
-        def run():
-            if i == KILL_AFTER:
+    batches = generated(seed=21)
+    killed: list[int] = []
+    with Streams() as streams:
+        steps = {}
+        for run, spec in runs.items():
+            backend = StateBackend(
+                spec["uri"], local_dir=local_dir(run), storage_options=spec["options"]
+            )
+            source = workdir / run / "in"
+            out = sessionize(
+                json_source(spark, source, SCHEMA), key="user", timestamp="ts",
+                gap=f"{GAP_MS} ms", aggregations={"n": "count", "spent": ("sum", "amount")},
+                backend=backend, name="loss", num_partitions=spec["partitions"],
+            )  # fmt: skip
+            streams.start(run, out, workdir / run / "spark-ckpt")
+            steps[run] = [
+                lambda source=source, i=i, rows=rows: write_json(source, i, rows_of(rows))
+                for i, rows in enumerate(batches)
+            ]
+        for i in range(len(batches)):
+            if i == KILL_AFTER:  # mid-stream, under every run's query
                 victims = executors()
                 os.kill(victims[0], signal.SIGKILL)
                 killed.append(victims[0])
-            write_json(source, i, rows_of(rows))
-
-        return run
-
-    steps = [step(i, rows) for i, rows in enumerate(generated(seed=21))]
-    rows = run_stream(out, workdir / "spark-ckpt", steps)
+            streams.step({run: each[i] for run, each in steps.items()})
+        rows = {run: streams.rows(run) for run in runs}
     import pyspark
 
     # local-cluster workers keep executor work dirs under <SPARK_HOME>/work/<app id>
@@ -79,10 +90,21 @@ def main() -> None:
     from spark_integration.coordinator.server import driver_coordinator
 
     coordinator = driver_coordinator()
-    n = partitions or int(spark.conf.get("spark.sessionstore.partitions"))
-    stats = coordinator.operator(coordinator.register(uri, "loss", n, options)).stats
+    default = int(spark.conf.get("spark.sessionstore.partitions"))
+    stats = {
+        run: coordinator.operator(
+            coordinator.register(
+                spec["uri"], "loss", spec["partitions"] or default, spec["options"]
+            )
+        ).stats
+        for run, spec in runs.items()
+    }
     spark.stop()
-    result = {"rows": rows, "killed": killed, "app_dir": app_dir, "coordinator": stats}
+    result = {
+        "runs": {run: {"rows": rows[run], "coordinator": stats[run]} for run in runs},
+        "killed": killed,
+        "app_dir": app_dir,
+    }
     Path(out_path).write_text(json.dumps(result))
 
 

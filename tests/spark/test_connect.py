@@ -230,14 +230,16 @@ def test_rewrite_state_runs_through_the_connect_session(results):
 
 def test_a_restart_with_another_count_rescales_over_connect(results):
     """Issue 41: the rescale on restart runs as DataFrame jobs of the Connect
-    session; the output equals an uninterrupted run's, as on a classic session,
-    and the client logs one line saying what it did."""
+    session; the output equals an uninterrupted run's (the sessionize case's query
+    on the same events), as on a classic session, and the client logs one line
+    saying what it did."""
     for side in ("cases", "classic"):
         case = results[side]["rescale"]
         assert case["error"] is None, case["error"]
         result = case["result"]
-        assert len(result["uninterrupted"]) > 3
-        assert (result["rescaled"], result["generation"]) == (result["uninterrupted"], True)
+        full = results[side]["sessionize"]["result"]["output"]
+        assert len(full["rows"]) > 3
+        assert (result["rescaled"], result["generation"]) == (full, True)
     [line] = [line for line in results["log"] if "planning.rescale" in line]
     assert line.startswith("WARNING spark_integration.planning.rescale: sessionstore rescaled")
     assert "from 4 to 3 partitions at version 2" in line
