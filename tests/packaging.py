@@ -89,15 +89,21 @@ def checkout_pythonpath() -> str:
     return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
-def make_venv(path: Path, requirements: list[str]) -> Path:
+def make_venv(path: Path, requirements: list[str], own_pip: bool = True) -> Path:
     """A fresh virtualenv at ``path`` (on this interpreter's base Python) with
     ``requirements`` pip-installed (a wheel path, optionally with extras, and any
-    other requirement): its ``python``."""
-    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    other requirement): its ``python``.
+
+    ``own_pip=False`` makes it without pip and installs with this interpreter's pip
+    (``--python``), without byte-compiling at install: for an environment that only
+    runs what it imports (compiled then), not one shipped elsewhere, as the
+    cluster check's is, which its executors run many times over."""
+    venv.EnvBuilder(with_pip=own_pip, clear=True).create(path)
     python = path / "bin" / "python"
+    pip = [str(python), "-m", "pip"] if own_pip else [sys.executable, "-m", "pip", "--python", str(python)]
+    args = [] if own_pip else ["--no-compile"]
     proc = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         *requirements],
+        [*pip, "install", "--quiet", *args, "--disable-pip-version-check", *requirements],
         capture_output=True, text=True, timeout=900, env=clean_env(), cwd=path,
     )  # fmt: skip
     if proc.returncode:

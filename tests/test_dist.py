@@ -15,14 +15,12 @@ import ast
 import json
 import re
 import subprocess
-import sys
-import venv
 from pathlib import Path
 
 import pytest
 
 from tests import background
-from tests.packaging import ROOT, build_dist, clean_env, wheel_files, wheel_from_env
+from tests.packaging import ROOT, build_dist, clean_env, make_venv, wheel_files, wheel_from_env
 
 pytestmark = pytest.mark.slow
 
@@ -40,25 +38,9 @@ def build(tag: str) -> tuple[Path | None, Path]:
 def install(tag: str) -> Path:
     """A fresh virtualenv with the wheel and its ``spark`` extra: its ``python``."""
     _, wheel = background.result("dist", build)
-    return fresh_venv(background.scratch("venv") / "env", [f"{wheel}[spark]"])
+    # no pip of its own and no byte-compiling at install: nothing here needs them
+    return make_venv(background.scratch("venv") / "env", [f"{wheel}[spark]"], own_pip=False)
 
-
-def fresh_venv(path: Path, requirements: list[str]) -> Path:
-    """A fresh virtualenv at ``path`` (on this interpreter's base Python) with
-    ``requirements`` installed into it by this interpreter's pip (``--python``): its
-    ``python``. Cheaper than ``tests.packaging.make_venv`` for what these tests run:
-    no pip of its own to install, and no byte-compiling of every module of
-    PySpark, pandas and the rest at install (Python compiles what a run imports)."""
-    venv.EnvBuilder(with_pip=False, clear=True).create(path)
-    python = path / "bin" / "python"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-         "--no-compile", "--disable-pip-version-check", *requirements],
-        capture_output=True, text=True, timeout=900, env=clean_env(), cwd=path,
-    )  # fmt: skip
-    if proc.returncode:
-        raise RuntimeError(f"pip install {requirements} failed:\n{proc.stderr[-3000:]}")
-    return python
 
 
 def query(tag: str) -> tuple[str, Path]:
