@@ -97,3 +97,20 @@ def without_due_batches(spark: Any) -> Iterator[None]:
         yield
     finally:
         spark.conf.unset(DUE_BATCHES_CONF)
+
+
+@contextmanager
+def spark_confs(spark: Any, confs: dict[str, str]) -> Iterator[None]:
+    """``confs`` set on ``spark`` for the block; each key's value before it (or its
+    absence) comes back after, also on an error."""
+    saved = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

@@ -16,7 +16,7 @@ import pytest
 
 from spark_integration import StateBackend, transform_with_state, transform_with_state_in_pandas
 from tests.spark import processors as P
-from tests.spark.streams import json_source, write_json
+from tests.spark.streams import json_source, spark_confs, write_json
 from tests.spark.test_quiet_streams import FIRST, SCHEMA, SECOND, T0, TRIGGER, Collected, wait_for
 
 pytestmark = pytest.mark.slow
@@ -35,15 +35,8 @@ def rocksdb(spark):
     every partition costs each of its batches (one per trigger) a task, a Python
     worker and a RocksDB commit. Ours set their own partition count. Both confs
     are restored after."""
-    saved = {key: spark.conf.get(key, None) for key in (PROVIDER, SHUFFLE)}
-    spark.conf.set(PROVIDER, ROCKSDB)
-    spark.conf.set(SHUFFLE, "1")
-    yield
-    for key, value in saved.items():
-        if value is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, value)
+    with spark_confs(spark, {PROVIDER: ROCKSDB, SHUFFLE: "1"}):
+        yield
 
 
 def sparks(stream: Any, processor: Any, schema: str, time_mode: str) -> Any:

@@ -14,7 +14,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from spark_integration import StateBackend, transform_with_state, transform_with_state_in_pandas
 from tests.faults import FailOnceAfterCommit
 from tests.spark import processors as P
-from tests.spark.streams import json_source, write_json
+from tests.spark.streams import json_source, spark_confs, write_json
 
 pytestmark = pytest.mark.slow
 
@@ -175,10 +175,8 @@ def one_shuffle_partition(spark):
     """Spark's operator on one partition (ours set their own count): for a claim
     about each key's output, whatever partition it lands in; every partition costs
     Spark's query a task, a Python worker and a RocksDB commit per micro-batch."""
-    before = spark.conf.get(SHUFFLE)
-    spark.conf.set(SHUFFLE, "1")
-    yield
-    spark.conf.set(SHUFFLE, before)
+    with spark_confs(spark, {SHUFFLE: "1"}):
+        yield
 
 
 @pytest.mark.parametrize("api", ["rows"])

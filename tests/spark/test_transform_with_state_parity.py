@@ -12,7 +12,7 @@ import pytest
 from spark_integration import StateBackend, transform_with_state, transform_with_state_in_pandas
 from tests.spark import processors as P
 from tests.spark.shared_runs import SharedRuns
-from tests.spark.streams import json_source, run_stream_batches, write_json
+from tests.spark.streams import json_source, run_stream_batches, spark_confs, write_json
 
 pytestmark = pytest.mark.slow
 
@@ -434,9 +434,6 @@ def composite(spark, tmp_path_factory):
     from tests.spark.test_transform_with_state import _run as run_endless
 
     tmp = tmp_path_factory.mktemp("composite")
-    before = {key: spark.conf.get(key, None) for key in (PROVIDER, SHUFFLE)}
-    spark.conf.set(PROVIDER, ROCKSDB)
-    spark.conf.set(SHUFFLE, "1")
     initial = spark.createDataFrame(
         [("a", [{"key": "seed", "value": "1"}, None])],
         "id string, tags array<struct<key: string, value: string>>",
@@ -450,7 +447,7 @@ def composite(spark, tmp_path_factory):
 
     state = f"file://{tmp}/state"
     backend = StateBackend(state, local_dir=str(tmp / "local"))
-    try:
+    with spark_confs(spark, {PROVIDER: ROCKSDB, SHUFFLE: "1"}):
         theirs = run("spark", lambda df: df.groupBy("id").transformWithState(
             statefulProcessor=P.RowComposite(), outputStructType=P.COMPOSITE_SCHEMA,
             outputMode="Update", timeMode="ProcessingTime", initialState=initial.groupBy("id"),
@@ -459,12 +456,6 @@ def composite(spark, tmp_path_factory):
             df, "id", P.RowComposite(), P.COMPOSITE_SCHEMA, time_mode="ProcessingTime",
             backend=backend, num_partitions=2, initial_state=initial,
         ), endless=False)  # fmt: skip
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
     return {"theirs": theirs, "ours": ours, "spark_ck": str(tmp / "ck-spark"), "state": state}
 
 
