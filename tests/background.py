@@ -80,6 +80,12 @@ def start(jobs: Iterable[tuple[str, Callable[[str], Any]]]) -> None:
             _jobs[job.key] = job
     if not new:
         return
+    # PySpark's package and its sql package import each other: imported for the
+    # first time by the job's thread (a Spark home's lookup) while this thread
+    # builds the suite's session, one of them finds the other half-initialised
+    # (ImportError: "partially initialized module 'pyspark.sql'"), as a module run
+    # alone did. Imported here first, both threads find them whole.
+    import pyspark.sql  # noqa: F401
 
     def run_all() -> None:
         # Linux: a thread's own niceness, inherited by the processes it starts
