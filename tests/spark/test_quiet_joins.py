@@ -11,7 +11,6 @@ without input, can expire them."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,12 @@ import pytest
 from spark_integration import StateBackend, temporal_join, window_join
 from spark_integration.datasource import register
 from tests.spark.streams import json_source, write_json
-from tests.spark.test_quiet_streams import Collected, wait_for
+from tests.spark.test_quiet_streams import Collected, wait_for, wait_idle
 
 pytestmark = pytest.mark.slow
 
 T0 = 1_700_000_000_000
 QUIET = "abdefg"  # keys of the first file only
-IDLE_S = 4.0
 
 
 def stored_keys(spark: Any, backend: StateBackend, operator: str, store: str) -> list:
@@ -41,7 +39,8 @@ def run_quiet(
     spark: Any, tmp_path: Path, builds: dict, first: list, second: list, settled: Any
 ) -> dict[str, Collected]:
     """Start each build over one folder, feed ``first`` then ``second``, wait until
-    ``settled(queries)`` holds, stay idle :data:`IDLE_S` and stop them."""  # fmt: skip
+    ``settled(queries)`` holds, then until each query is idle
+    (:func:`tests.spark.test_quiet_streams.wait_idle`) and stop them."""  # fmt: skip
     source = tmp_path / "in"
     source.mkdir()
     schema = "side string, key string, ts long, v long"
@@ -55,7 +54,7 @@ def run_quiet(
             for q in queries.values():
                 q.query.processAllAvailable()
         wait_for(lambda: settled(queries))
-        time.sleep(IDLE_S)
+        wait_idle(queries.values())
     finally:
         for q in queries.values():
             q.query.stop()

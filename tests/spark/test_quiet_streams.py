@@ -4,12 +4,13 @@ new row, as Spark's own operators do (spark_integration/planning/due_batches.py)
 Each test runs Spark's own operator and ours side by side over the same files, on
 processing-time triggers: a first file, then a file whose event time closes what
 the first opened, then nothing. Both must emit the same rows within a few triggers,
-and ours no more batches than Spark's over the idle period."""
+and ours no more batches than Spark's over the idle period: :data:`IDLE_TRIGGERS`
+triggers in a row, counted (each reports its progress), that ran no batch."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from spark_integration import StateBackend, sessionize, window_aggregate
 from spark_integration.datasource import register
-from tests.spark.streams import json_source, write_json
+from tests.spark.streams import json_source, spark_confs, write_json
 
 pytestmark = pytest.mark.slow
 
@@ -33,49 +34,85 @@ FIRST = [
 ]
 SECOND = [{"user": "c", "ts": T0 + 300_000}]
 TRIGGER = "500 milliseconds"
+#: The idle period after the last batch a test waits for: this many triggers in a
+#: row that ran no batch. What is due is a function of the checkpoint, which does
+#: not change while the input is quiet, so a batch that should not run would run at
+#: the first of them; counting triggers (not seconds) keeps the period whole when a
+#: loaded machine runs fewer triggers per second.
+IDLE_TRIGGERS = 6
+#: Spark reports a trigger that ran no batch every so often (10 s by default), with
+#: the id of the batch that has not run yet; at 0 it reports every such trigger,
+#: which is how the idle triggers are counted. The number of progress reports kept
+#: is raised to cover a whole test at 2 triggers per second.
+PROGRESS_CONFS = {
+    "spark.sql.streaming.noDataProgressEventInterval": "0",
+    "spark.sql.streaming.numRecentProgressUpdates": "2000",
+}
 
 
 class Collected:
-    """A running query's rows and how many micro-batches it ran (foreachBatch)."""
+    """A running query's rows and the micro-batches it ran (foreachBatch)."""
 
     def __init__(self, out: Any, checkpoint: Path, mode: str = "append") -> None:
         self.rows: list[dict] = []
         self.batches = 0
-        self.query = (
-            out.writeStream.outputMode(mode)
-            .trigger(processingTime=TRIGGER)
-            .option("checkpointLocation", str(checkpoint))
-            .foreachBatch(self._take)
-            .start()
-        )
+        #: the id of every micro-batch run (the sink is called once for each,
+        #: batches without input included)
+        self.ran: list[int] = []
+        with spark_confs(out.sparkSession, PROGRESS_CONFS):  # read when the query starts
+            self.query = (
+                out.writeStream.outputMode(mode)
+                .trigger(processingTime=TRIGGER)
+                .option("checkpointLocation", str(checkpoint))
+                .foreachBatch(self._take)
+                .start()
+            )
         self.query.processAllAvailable()  # started (one Python source at a time)
 
     def _take(self, batch: Any, batch_id: int) -> None:
         self.rows += [r.asDict() for r in batch.collect()]
         self.batches += 1
+        self.ran.append(batch_id)
 
     def idle_batches(self) -> int:
-        """How many micro-batches ran after the last one with input rows."""
+        """How many micro-batches ran after the last one with input rows (the batches
+        the sink saw: a report of a trigger that ran none, which carries the id of
+        the next batch, is not one)."""
         progress = self.query.recentProgress
         last = max(p["batchId"] for p in progress if p["numInputRows"])
-        return len({p["batchId"] for p in progress if p["batchId"] > last})
+        return len({b for b in self.ran if b > last})
+
+    def idle_triggers(self) -> int:
+        """How many triggers in a row ran no batch since the last one that did."""
+        newest = max(self.ran, default=-1)
+        return sum(1 for p in self.query.recentProgress if p["batchId"] > newest)
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Wait until ``check()`` holds (polling)."""
+def wait_for(check: Callable[[], bool], timeout: float = 30.0, every: float = 0.1) -> None:
+    """Wait until ``check()`` holds (polling, ``every`` seconds)."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError("timed out")
-        time.sleep(0.1)
+        time.sleep(every)
+
+
+def wait_idle(queries: Iterable[Collected]) -> None:
+    """Wait until each of ``queries`` ran :data:`IDLE_TRIGGERS` triggers in a row
+    without a batch (the idle period: what was due has run). Polled once a trigger:
+    each look reads every progress report the query kept."""
+    wait_for(
+        lambda: all(q.idle_triggers() >= IDLE_TRIGGERS for q in queries), timeout=60.0, every=0.5
+    )
 
 
 def run_quiet(spark: Any, tmp_path: Path, builds: dict[str, tuple[Callable, str]],
-              expected: Callable[[dict], bool], idle_s: float = 4.0) -> dict[str, Collected]:
+              expected: Callable[[dict], bool]) -> dict[str, Collected]:
     """Start each ``build(stream)`` (with its output mode) over one folder; write
     FIRST, let every query take it, write SECOND, wait until ``expected(queries)``
-    holds, then stay idle ``idle_s`` and stop them. The queries, with their rows and
-    batch counts (those after SECOND's batch in ``idle_batches``)."""  # fmt: skip
+    holds, then until each query is idle (:func:`wait_idle`) and stop them. The
+    queries, with their rows and batch counts (those after SECOND's batch in
+    ``idle_batches``)."""  # fmt: skip
     source = tmp_path / "in"
     source.mkdir()
     queries = {
@@ -90,7 +127,7 @@ def run_quiet(spark: Any, tmp_path: Path, builds: dict[str, tuple[Callable, str]
         for q in queries.values():
             q.query.processAllAvailable()
         wait_for(lambda: expected(queries))
-        time.sleep(idle_s)
+        wait_idle(queries.values())
     finally:
         for q in queries.values():
             q.query.stop()
@@ -256,10 +293,17 @@ def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
             rows = sorted(map(str, batch.collect()))
             by_batch[batch_id] = [*by_batch.get(batch_id, []), rows]
 
-        return (
-            out.writeStream.trigger(**trigger).option("checkpointLocation", str(checkpoint))
-            .foreachBatch(take).start()
-        )  # fmt: skip
+        with spark_confs(spark, PROGRESS_CONFS):  # idle triggers reported, as in Collected
+            return (
+                out.writeStream.trigger(**trigger).option("checkpointLocation", str(checkpoint))
+                .foreachBatch(take).start()
+            )  # fmt: skip
+
+    def idle(query: Any) -> None:
+        # the idle period of run_quiet: IDLE_TRIGGERS triggers after the newest
+        # batch (each trigger that ran none reports the id of the batch after it)
+        wait_for(lambda: sum(1 for p in query.recentProgress if p["batchId"] > max(by_batch))
+                 >= IDLE_TRIGGERS, timeout=60.0, every=0.5)  # fmt: skip
 
     def closed():
         return [b for b, runs in by_batch.items() if any("'a'" in r for r in runs[-1])]
@@ -269,7 +313,7 @@ def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
     query = start({"processingTime": TRIGGER})
     try:
         wait_for(lambda: closed() != [])
-        time.sleep(2)  # idle: nothing more is due
+        idle(query)  # nothing more is due
     finally:
         query.stop()
     (due,) = closed()
@@ -280,6 +324,8 @@ def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
     query = start({"processingTime": TRIGGER})
     try:
         wait_for(lambda: len(by_batch[due]) == 2)
+        # idle: a run that began with a replay reports no progress (Spark 4.x),
+        # so the idle triggers cannot be counted here
         time.sleep(2)
     finally:
         query.stop()
