@@ -63,7 +63,7 @@ def test_routing_matches_spark_repartition(spark):
 SCHEMA = "kind string, user string, uid long, ts long, amount long, plan string"
 
 
-def _batches(seed=5, count=6):
+def _batches(seed=5, count=4):
     rng = random.Random(seed)
     out, t = [], 0
     for b in range(count):
@@ -130,7 +130,7 @@ def file_steps(batches, folder, part):
 
 @pytest.mark.parametrize("operator", ["sessions", "windows", "join"])
 def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, tmp_path_factory, operator):
-    """The rescaled run (3 batches at 4, a repartition to 7, 5 batches at 7) against
+    """The rescaled run (2 batches at 4, a repartition to 7, 4 batches at 7) against
     the uninterrupted run at 4, each on its own source, state and checkpoint. The
     uninterrupted run is shared with test_rescale's join, the same query on the same
     input (tests/spark/shared_runs.py)."""
@@ -143,24 +143,24 @@ def test_rescaled_query_continues_as_if_uninterrupted(spark, tmp_path, tmp_path_
     first = StateBackend(f"file://{tmp_path}/four", local_dir=str(tmp_path / "l2"))
     with Streams() as streams:
         streams.start("got", _query(spark, tmp_path / "in2", first, 4, operator), tmp_path / "ck2")
-        streams.drive({"got": steps(range(3))})
+        streams.drive({"got": steps(range(2))})
         streams.stop("got")
         seven = f"file://{tmp_path}/seven"
         out = run("repartition", first.checkpoint_uri, "--operator", operator,
                   "--partitions", "7", "--to", seven)  # fmt: skip
         assert out.returncode == 0, out.stderr
-        assert f"repartitioned {operator} version 3 from 4 to 7 partitions" in out.stdout
+        assert f"repartitioned {operator} version 2 from 4 to 7 partitions" in out.stdout
         if operator == "sessions":  # the Spark job writes the same databases as the CLI
             by_spark = f"file://{tmp_path}/seven-spark"
             done = repartition_state(spark, first.checkpoint_uri, operator, 7, by_spark)
-            assert (done["version"], done["partitions"]) == (3, 7)
+            assert (done["version"], done["partitions"]) == (2, 7)
             # meta entries included (SST files differ: see docs/rescale.md)
-            assert _contents(by_spark, operator, 3) == _contents(seven, operator, 3)
+            assert _contents(by_spark, operator, 2) == _contents(seven, operator, 2)
 
         rescaled = StateBackend(seven, local_dir=str(tmp_path / "l3"))
         query = _query(spark, tmp_path / "in2", rescaled, 7, operator)
         streams.start("got", query, tmp_path / "ck2")
-        streams.drive({"got": steps(range(3, 8))})
+        streams.drive({"got": steps(range(2, 6))})
     got = streams.rows("got")
     assert len(expected) > 20
     missing = Counter(map(str, expected)) - Counter(map(str, got))
