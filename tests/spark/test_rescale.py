@@ -30,7 +30,7 @@ from tests.spark.test_repartition import _query as repartition_query
 pytestmark = pytest.mark.slow
 
 #: the micro-batches (one file each) run at each count: 4, then 7, then 3
-RUNS = ((4, range(0, 3)), (7, range(3, 6)), (3, range(6, 8)))
+RUNS = ((4, range(0, 2)), (7, range(2, 4)), (3, range(4, 6)))
 MODES = {"sessions_update": "update", "windows_update": "update", "tws": "update"}
 
 
@@ -157,8 +157,8 @@ def test_a_rescale_that_dies_before_its_switch_leaves_the_old_count_exact(
     monkeypatch.undo()
     assert read_metadata(operator) == before
     [left] = operator.list_dirs("_generations")  # a whole copy, never read
-    got += run(4, range(2, 4))  # the old count loads the old state
-    got += run(7, range(4, 8))  # and a new rescale writes another generation
+    got += run(4, range(2, 3))  # the old count loads the old state
+    got += run(7, range(3, 6))  # and a new rescale writes another generation
     assert left not in operator.list_dirs("_generations")
     _same_batches(expected, got)
 
@@ -187,9 +187,9 @@ def test_a_checkpoint_between_batches_is_refused_and_unchanged(spark, tmp_path):
 def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoint(
     spark, tmp_path, tmp_path_factory
 ):
-    """The driver dies after every partition committed batch 3 (version 4) but before
-    Spark recorded the batch in its commit log. The restart at 7 rescales version 4,
-    and Spark replays batch 3, which loads version 3: the generation serves it, and
+    """The driver dies after every partition committed batch 2 (version 3) but before
+    Spark recorded the batch in its commit log. The restart at 7 rescales version 3,
+    and Spark replays batch 2, which loads version 2: the generation serves it, and
     the output is the uninterrupted run's."""
     from pyspark.errors import StreamingQueryException
 
@@ -202,13 +202,13 @@ def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoin
         query = _query(spark, tmp_path / "in2", backend, n, case)
         return run_stream_batches(query, tmp_path / "ck2", _steps(tmp_path / "in2", part))
 
-    got = run(4, range(0, 3))
+    got = run(4, range(0, 2))
 
     def dies_after_the_state_committed(batch, _):
-        batch.collect()  # every partition commits version 4
+        batch.collect()  # every partition commits version 3
         raise Crash
 
-    _steps(tmp_path / "in2", [3])[0]()
+    _steps(tmp_path / "in2", [2])[0]()
     query = (
         _query(spark, tmp_path / "in2", backend, 4, case)
         .writeStream.option("checkpointLocation", str(tmp_path / "ck2"))
@@ -218,9 +218,9 @@ def test_a_batch_spark_replays_after_a_crash_is_served_by_the_rescaled_checkpoin
     with pytest.raises(StreamingQueryException, match="Crash"):
         query.processAllAvailable()
     query.stop()
-    assert all(operator.exists(f"{p}/{changelog_name(4)}") for p in range(4))
-    assert not (tmp_path / "ck2" / "commits" / "3").exists()
-    got += run(7, range(4, 8))  # batch 3 again (a replay), then 4..7
+    assert all(operator.exists(f"{p}/{changelog_name(3)}") for p in range(4))
+    assert not (tmp_path / "ck2" / "commits" / "2").exists()
+    got += run(7, range(3, 6))  # batch 2 again (a replay), then 3..5
     assert read_metadata(operator)["num_partitions"] == 7
     _same_batches(expected, got)
 
