@@ -23,7 +23,9 @@ from tests.spark.test_repartition import SCHEMA, _batches, _query, file_steps
 
 pytestmark = pytest.mark.slow
 
-#: the stream's first batches are the history
+#: the stream's data files (then its two closing ones: 8 micro-batches), of which
+#: the first HISTORY are the history
+DATA_FILES = 6
 HISTORY = 3
 SESSIONS = {"key": ["user", "uid"], "timestamp": "ts", "gap": 3000}
 
@@ -46,7 +48,7 @@ def _diff(expected, got):
 
 
 def test_bootstrapped_then_the_rest_equals_the_run_from_the_start(spark, tmp_path):
-    batches = _batches()
+    batches = _batches(count=DATA_FILES)
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
     query = _query(spark, tmp_path / "in1", whole, 2, "sessions")
     steps = file_steps(batches, tmp_path / "in1", range(8))
@@ -86,7 +88,7 @@ def test_a_temporal_join_bootstrapped_from_the_table_history(spark, tmp_path):
     rest joins as the query that read those table rows as its first batches."""
     from pyspark.sql import functions as F
 
-    batches = _batches()
+    batches = _batches(count=DATA_FILES)
     # the run from the start: the first batches bring the table's rows only
     tables_first = [[r for r in rows if r["kind"] == "t"] for rows in batches[:HISTORY]]
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
@@ -118,7 +120,7 @@ def test_a_temporal_join_bootstrapped_from_the_table_history(spark, tmp_path):
 
 
 def test_the_query_refuses_a_bootstrap_of_another_shape(spark, tmp_path):
-    batches = _batches()
+    batches = _batches(count=DATA_FILES)
     backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l"))
     other = {**SESSIONS, "gap": 5000}
     bootstrap_sessionize(
@@ -130,7 +132,7 @@ def test_the_query_refuses_a_bootstrap_of_another_shape(spark, tmp_path):
 
 
 def test_bad_input_is_refused_naming_it(spark, tmp_path):
-    batches = _batches()
+    batches = _batches(count=DATA_FILES)
     backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l"))
     history = _history(spark, batches)
     with pytest.raises(ValueError, match=r"the input has no column 'nope' \(it has \['amount'"):
@@ -147,7 +149,7 @@ def test_bad_input_is_refused_naming_it(spark, tmp_path):
 
 
 def test_a_bootstrap_while_the_query_runs_is_refused(spark, tmp_path):
-    batches = _batches()
+    batches = _batches(count=DATA_FILES)
     backend = StateBackend(f"file://{tmp_path}/ckpt", local_dir=str(tmp_path / "local"))
     folder = tmp_path / "in"
     query = _query(spark, folder, backend, 2, "sessions")
@@ -188,7 +190,7 @@ def reference(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reference")
     backend = StateBackend(f"file://{tmp}/ckpt", local_dir=str(tmp / "local"))
     bootstrap_sessionize(
-        _history(spark, _batches()), **SESSIONS, backend=backend, name="sessions",
+        _history(spark, _batches(count=DATA_FILES)), **SESSIONS, backend=backend, name="sessions",
         num_partitions=2,
     )  # fmt: skip
     rows = _dumped(backend.checkpoint_uri)
@@ -220,7 +222,7 @@ def _killed_at(spark, tmp_path, uri, step, at):
     try:
         with pytest.raises(_HandedOff):
             bootstrap_sessionize(
-                _history(spark, _batches()), **SESSIONS,
+                _history(spark, _batches(count=DATA_FILES)), **SESSIONS,
                 backend=StateBackend(uri, local_dir=str(tmp_path / "killed-local")),
                 name="sessions", num_partitions=2,
             )  # fmt: skip
@@ -245,9 +247,9 @@ def test_kill_9_leaves_no_state_or_the_bootstrapped_one(spark, tmp_path, referen
     else:  # committed, not applied: the query refuses the operator until a rerun
         query = _query(spark, tmp_path / "in", backend, 2, "sessions")
         with pytest.raises(Exception, match="committed but not applied"):
-            run_stream(query, tmp_path / "ck", file_steps(_batches(), tmp_path / "in", [3]))
+            run_stream(query, tmp_path / "ck", file_steps(_batches(count=DATA_FILES), tmp_path / "in", [3]))
     done = bootstrap_sessionize(  # the rerun
-        _history(spark, _batches()), **SESSIONS, backend=backend, name="sessions",
+        _history(spark, _batches(count=DATA_FILES)), **SESSIONS, backend=backend, name="sessions",
         num_partitions=2,
     )  # fmt: skip
     assert (done["resumed"] is None) == (step == "commit_change")

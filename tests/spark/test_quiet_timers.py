@@ -62,7 +62,7 @@ class Running(Collected):
     def __init__(self, out: Any, checkpoint: Path) -> None:
         self.rows: list[dict] = []
         self.batches = 0
-        self.ids: list[int] = []
+        self.ran: list[int] = []
         self.query = (
             out.writeStream.outputMode("append")
             .trigger(processingTime=TRIGGER)
@@ -71,17 +71,6 @@ class Running(Collected):
             .start()
         )
         wait_for(lambda: self.query.lastProgress is not None, timeout=120)
-
-    def _take(self, batch: Any, batch_id: int) -> None:
-        super()._take(batch, batch_id)
-        self.ids.append(batch_id)
-
-    def idle_batches(self) -> int:
-        """How many micro-batches ran after the last one with input rows (counted
-        in the sink: an idle trigger's progress report names the next batch)."""
-        progress = self.query.recentProgress
-        last = max(p["batchId"] for p in progress if p["numInputRows"])
-        return len({b for b in self.ids if b > last})
 
     def took(self, rows: int) -> None:
         """Wait until the query has read ``rows`` input rows in all."""
