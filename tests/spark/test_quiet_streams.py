@@ -55,7 +55,6 @@ class Collected:
 
     def __init__(self, out: Any, checkpoint: Path, mode: str = "append") -> None:
         self.rows: list[dict] = []
-        self.batches = 0
         #: the id of every micro-batch run (the sink is called once for each,
         #: batches without input included)
         self.ran: list[int] = []
@@ -71,8 +70,12 @@ class Collected:
 
     def _take(self, batch: Any, batch_id: int) -> None:
         self.rows += [r.asDict() for r in batch.collect()]
-        self.batches += 1
         self.ran.append(batch_id)
+
+    @property
+    def batches(self) -> int:
+        """How many micro-batches the query ran."""
+        return len(self.ran)
 
     def idle_batches(self) -> int:
         """How many micro-batches ran after the last one with input rows (the batches
@@ -84,8 +87,13 @@ class Collected:
 
     def idle_triggers(self) -> int:
         """How many triggers in a row ran no batch since the last one that did."""
-        newest = max(self.ran, default=-1)
-        return sum(1 for p in self.query.recentProgress if p["batchId"] > newest)
+        return idle_triggers(self.query, max(self.ran, default=-1))
+
+
+def idle_triggers(query: Any, newest: int) -> int:
+    """How many triggers of ``query`` ran no batch since batch ``newest``: each
+    reports its progress (:data:`PROGRESS_CONFS`) with the id of the batch after it."""
+    return sum(1 for p in query.recentProgress if p["batchId"] > newest)
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 30.0, every: float = 0.1) -> None:
@@ -300,10 +308,9 @@ def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
             )  # fmt: skip
 
     def idle(query: Any) -> None:
-        # the idle period of run_quiet: IDLE_TRIGGERS triggers after the newest
-        # batch (each trigger that ran none reports the id of the batch after it)
-        wait_for(lambda: sum(1 for p in query.recentProgress if p["batchId"] > max(by_batch))
-                 >= IDLE_TRIGGERS, timeout=60.0, every=0.5)  # fmt: skip
+        # the idle period of run_quiet (wait_idle), after the newest batch taken
+        wait_for(lambda: idle_triggers(query, max(by_batch)) >= IDLE_TRIGGERS,
+                 timeout=60.0, every=0.5)  # fmt: skip
 
     def closed():
         return [b for b, runs in by_batch.items() if any("'a'" in r for r in runs[-1])]

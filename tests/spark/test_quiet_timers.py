@@ -61,7 +61,6 @@ class Running(Collected):
 
     def __init__(self, out: Any, checkpoint: Path) -> None:
         self.rows: list[dict] = []
-        self.batches = 0
         self.ran: list[int] = []
         self.query = (
             out.writeStream.outputMode("append")
