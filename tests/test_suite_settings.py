@@ -17,6 +17,7 @@ import tests.models
 from tests.conftest import (
     RAM_TMP_ROOT,
     SUITE_JVM_OPTIONS,
+    SUITE_SPARK_PROPERTIES,
     WORKER_SITE,
     bytecode_cache,
     ram_backed_tmp,
@@ -33,6 +34,16 @@ def test_the_run_passes_its_settings_to_every_process_it_starts():
     if ram_backed_tmp() is not None and os.environ["TMPDIR"].startswith(RAM_TMP_ROOT):
         assert os.path.basename(os.environ["TMPDIR"]).startswith("run-")
     assert SUITE_JVM_OPTIONS.startswith("-XX:")
+
+
+@pytest.mark.slow
+def test_the_suites_spark_interprets_expressions(spark):
+    """The suite's Spark properties reach the sessions' SQL settings (a SparkConf
+    reads Java system properties as its defaults)."""
+    if SUITE_SPARK_PROPERTIES not in os.environ["JDK_JAVA_OPTIONS"]:
+        pytest.skip("the caller set JDK_JAVA_OPTIONS of its own")
+    assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
 
 
 needs_tmpfs = pytest.mark.skipif(
