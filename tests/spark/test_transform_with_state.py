@@ -34,13 +34,13 @@ def rocksdb_provider(spark):
     spark.conf.set(PROVIDER, before)
 
 
-def _run(out, checkpoint, steps, mode="update", endless=False):
+def _run(out, checkpoint, steps, mode="update", endless=False, after=2):
     """Run each step and let the query process it; ``endless`` for Spark's
     ProcessingTime mode, whose query always runs another batch, so that
     ``processAllAvailable`` never returns: wait until the step's file is processed,
-    and after the last step for two more batches (the ones without data that fire
-    timers). An earlier step's later batches run while the next file is awaited:
-    the query is stopped only after the last step's two."""
+    and after the last step for ``after`` more batches (the ones without data that
+    fire timers). An earlier step's later batches run while the next file is
+    awaited: the query is stopped only after the last step's ``after``."""
     rows = []
     query = (
         out.writeStream.outputMode(mode)
@@ -52,7 +52,7 @@ def _run(out, checkpoint, steps, mode="update", endless=False):
         for i, step in enumerate(steps):
             step()
             if endless:
-                _await_file(query, i, after=2 if i == len(steps) - 1 else 0)
+                _await_file(query, i, after=after if i == len(steps) - 1 else 0)
             else:
                 query.processAllAvailable()
     finally:
@@ -106,7 +106,9 @@ BATCHES = [
 
 
 @pytest.mark.parametrize("api", ["pandas", "rows"])
-def test_value_list_map_state_and_initial_state_match_spark(spark, tmp_path, api):
+def test_value_list_map_state_and_initial_state_match_spark(
+    spark, tmp_path, one_shuffle_partition, api
+):
     tracker = P.PandasTracker() if api == "pandas" else P.RowTracker()
     initial = spark.createDataFrame([("a", 100), ("e", 7), ("z", 1)], "id string, start long")
 
@@ -271,7 +273,9 @@ def _failure(make):
         ),
     ],
 )
-def test_bad_schemas_and_misuse_fail_as_in_spark(spark, tmp_path, processor, condition):
+def test_bad_schemas_and_misuse_fail_as_in_spark(
+    spark, tmp_path, one_shuffle_partition, processor, condition
+):
     def run(tag, make):
         src = tmp_path / f"in-{tag}"
         df = json_source(spark, src, SCHEMA)
@@ -373,7 +377,9 @@ TYPED_BATCHES = [
 ]
 
 
-def test_stored_values_of_every_type_are_msgpack_and_the_output_matches_spark(spark, tmp_path):
+def test_stored_values_of_every_type_are_msgpack_and_the_output_matches_spark(
+    spark, tmp_path, one_shuffle_partition
+):
     """The same processor under Spark and ours gives the same output, and each
     stored value, list and map decodes with plain msgpack to the declared types'
     encodings (sessionstore.encoding.state_values): no pickle in the checkpoint."""
