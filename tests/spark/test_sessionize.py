@@ -17,6 +17,7 @@ from tests.spark.streams import (
     json_source,
     run_stream,
     run_stream_batches,
+    spark_confs,
     without_due_batches,
     write_json,
 )
@@ -58,6 +59,14 @@ def input_batches(seed):
 #: :func:`input_batches`: two data files before, one data file and the closing ones
 #: after (some sessions take rows from both sides)
 SPLIT = 2
+
+
+#: Spark's own stateful operators (the session_window runs these tests compare
+#: with) without their batches without data: each runs one whenever its watermark
+#: moves, but the two closing files (the far event moves the watermark past every
+#: session, the event after it runs the batch that evicts them) emit every session
+#: in data batches all the same, and which rows are late is decided in data batches
+SPARK_DATA_BATCHES_ONLY = {"spark.sql.streaming.noDataMicroBatches.enabled": "false"}
 
 
 def rows_of(rows):
@@ -434,7 +443,8 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path, uninterrupted
             .agg(F.count("*").alias("n"), F.sum("amount").alias("spent"))
         )
 
-    theirs = run_stream(*fed(spark, tmp_path / "in", tmp_path / "ck", batches, builtin))
+    with spark_confs(spark, SPARK_DATA_BATCHES_ONLY):
+        theirs = run_stream(*fed(spark, tmp_path / "in", tmp_path / "ck", batches, builtin))
     ours, per_batch = flat(uninterrupted(11)), uninterrupted(11, "update")
 
     def ms(value):
@@ -541,13 +551,16 @@ def test_the_input_watermark_sets_the_grace(spark, tmp_path):
     with without_due_batches(spark):
         mine = fed(spark, tmp_path / "in-ours", tmp_path / "ck-ours", batches, ours)
         no_watermark = fed(spark, tmp_path / "in-plain", tmp_path / "ck-plain", batches, plain)
-    runs = run_together(
-        {  # Spark's, ours and ours without the watermark, side by side
-            "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
-            "mine": mine,
-            "plain": no_watermark,
-        }
-    )
+    with spark_confs(spark, SPARK_DATA_BATCHES_ONLY):
+        runs = run_together(
+            {  # Spark's, ours and ours without the watermark, side by side
+                "theirs": fed(
+                    spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin
+                ),
+                "mine": mine,
+                "plain": no_watermark,
+            }
+        )
     theirs, mine, no_grace = flat(runs["theirs"]), flat(runs["mine"]), flat(runs["plain"])
 
     def ms(value):
