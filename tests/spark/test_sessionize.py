@@ -497,8 +497,8 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path, uninterrupted
 
 def late_events(seed=11, batches=3, per_batch=60):
     """Clicks of 5 users; each batch also carries rows 1-19 s behind the previous
-    batches (within a 20 s watermark delay): those of every batch after the first
-    are late. Then two events that close every session."""
+    batches (within a 20 s watermark delay; the first batch's have no batch before
+    them). Then two events that close every session."""
     rng = random.Random(seed)
     out, t = [], 100_000
     for _ in range(batches):
