@@ -29,15 +29,16 @@ from tests.spark.suite_a_streams import Streams  # noqa: E402
 from tests.spark.test_sessionize import GAP_MS, SCHEMA, generated, rows_of  # noqa: E402
 from tests.standalone.cluster import EXECUTOR_CLASS, MARKER, processes_of  # noqa: E402
 
-KILL_AFTER = 2  # files: two data files before the kill, one and the closing ones after
+KILL_AFTER = 1  # files: a data file before the kill, one and the closing ones after
 
 
 def loss_batches() -> list[list[tuple]]:
-    """Every run's input: the events of ``generated(seed=21)``'s 5 default batches
-    (and one more, the same draws) in 3 data files, then the two closing files. The
-    application's CPU goes by micro-batches (each file's, and a due-only batch after
-    it), under every run's query, not by rows."""
-    return generated(seed=21, batches=3, per_batch=67)
+    """Every run's input: the 200 events of ``generated(seed=21)``'s 5 default
+    batches (the same draws) in 2 data files, then the two closing files: the
+    sessions open after the first file (one per user) close after the kill, some
+    with rows of both files. The application's CPU goes by micro-batches (each
+    file's, and a due-only batch after it), under every run's query, not by rows."""
+    return generated(seed=21, batches=2, per_batch=100)
 
 
 def executors() -> list[int]:
