@@ -29,7 +29,16 @@ from tests.spark.suite_a_streams import Streams  # noqa: E402
 from tests.spark.test_sessionize import GAP_MS, SCHEMA, generated, rows_of  # noqa: E402
 from tests.standalone.cluster import EXECUTOR_CLASS, MARKER, processes_of  # noqa: E402
 
-KILL_AFTER = 2  # batches
+KILL_AFTER = 1  # files: a data file before the kill, one and the closing ones after
+
+
+def loss_batches() -> list[list[tuple]]:
+    """Every run's input: the 200 events of ``generated(seed=21)``'s 5 default
+    batches (the same draws) in 2 data files, then the two closing files: the
+    sessions open after the first file (one per user) close after the kill, some
+    with rows of both files. The application's CPU goes by micro-batches (each
+    file's, and a due-only batch after it), under every run's query, not by rows."""
+    return generated(seed=21, batches=2, per_batch=100)
 
 
 def executors() -> list[int]:
@@ -56,7 +65,7 @@ def main() -> None:
     spark = local_spark(
         "executor-loss", master="local-cluster[2,1,1024]", spark__sessionstore__partitions="2"
     )
-    batches = generated(seed=21)
+    batches = loss_batches()
     killed: list[int] = []
     with Streams() as streams:
         steps = {}

@@ -21,7 +21,8 @@ import pytest
 from tests import background
 from tests.models import offline_sessions
 from tests.object_stores import moto_s3_server, new_bucket
-from tests.spark.test_sessionize import GAP_MS, generated
+from tests.spark.executor_loss_job import loss_batches
+from tests.spark.test_sessionize import GAP_MS
 from tests.standalone.cluster import MARKER
 
 pytestmark = pytest.mark.slow
@@ -92,7 +93,7 @@ def test_killing_an_executor_mid_stream_loses_nothing(where, partitions):
     result = background.result("executor-loss", loss_job)
     assert len(result["killed"]) == 1  # an executor really died mid-stream
     run = result["runs"][where]
-    batches = generated(seed=21)
+    batches = loss_batches()
     events = [(u, None, ts) for rows in batches for u, ts, _ in rows if u != "zz-close"]
     got = sorted(
         (r["user"], r["session_start"], r["session_end"], r["n"])

@@ -17,6 +17,7 @@ from tests.spark.streams import (
     json_source,
     run_stream,
     run_stream_batches,
+    spark_confs,
     without_due_batches,
     write_json,
 )
@@ -43,6 +44,29 @@ def generated(seed=3, batches=5, per_batch=40):
     out.append([("zz-close", far, 0)])
     out.append([("zz-close", far + 1, 0)])
     return out
+
+
+def input_batches(seed):
+    """This module's draw of :func:`generated`: the 200 events of its 5 default
+    batches (and one more, the same draws in the same order) in 3 files, then the
+    two closing files. A sessionstore query's CPU goes by the files it is fed (each
+    a micro-batch, and with due batches a due-only batch after it), not by their
+    rows: the same events of 6 users (about 65 sessions) in fewer micro-batches."""
+    return generated(seed, batches=3, per_batch=67)
+
+
+#: The restart tests stop their query after this many files of
+#: :func:`input_batches`: two data files before, one data file and the closing ones
+#: after (some sessions take rows from both sides)
+SPLIT = 2
+
+
+#: Spark's own stateful operators (the session_window runs these tests compare
+#: with) without their batches without data: each runs one whenever its watermark
+#: moves, but the two closing files (the far event moves the watermark past every
+#: session, the event after it runs the batch that evicts them) emit every session
+#: in data batches all the same, and which rows are late is decided in data batches
+SPARK_DATA_BATCHES_ONLY = {"spark.sql.streaming.noDataMicroBatches.enabled": "false"}
 
 
 def rows_of(rows):
@@ -111,23 +135,22 @@ def as_sessions(rows):
 @pytest.fixture(scope="module")
 def uninterrupted(spark, tmp_path_factory):
     """``uninterrupted(seed, emit="final")``: the rows of each micro-batch of the
-    uninterrupted :func:`query_run` over ``generated(seed)`` in ``emit`` mode,
+    uninterrupted :func:`query_run` over ``input_batches(seed)`` in ``emit`` mode,
     computed once for the module (:class:`tests.spark.shared_runs.SharedRuns`).
 
     The restart tests compare their stopped-and-restarted run with it: seed 11 in
     final mode is the reference of test_restart_from_checkpoint_gives_the_uninterrupted_output,
-    test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output and
-    test_a_query_restarted_on_a_copied_checkpoint_continues_exactly; seed 5 that of
+    test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output,
+    test_a_query_restarted_on_a_copied_checkpoint_continues_exactly,
     test_a_restart_at_the_confs_count_rescales_the_checkpoint and
     test_a_task_failing_after_its_commit_is_retried_without_double_counting. Each of
-    those tests ran this very query before (the same rows one file per micro-batch,
+    those tests runs this very query (the same rows one file per micro-batch,
     the same aggregations, the conf's 2 partitions, due batches, a file:// checkpoint
     of its own); its output rows carry no operator name or path, so one run is every
     test's reference. test_final_sessions_equal_offline_sessionization and
     test_sessions_equal_sparks_own_session_window check the seed-11 runs (final, and
-    update) against the offline model and Spark's session_window: the same query on
-    another draw of :func:`generated`, so the restart tests' reference is itself
-    checked."""
+    update) against the offline model and Spark's session_window, so the restart
+    tests' reference is itself checked."""
     from spark_integration.planning.due_batches import DUE_BATCHES_CONF
     from spark_integration.planning.resolve import PARTITIONS_CONF
 
@@ -139,7 +162,7 @@ def uninterrupted(spark, tmp_path_factory):
         assert spark.conf.get(DUE_BATCHES_CONF, None) is None
         backend = StateBackend(f"file://{folder}/state", local_dir=str(folder / "local"))
         out, checkpoint, steps = query_run(
-            spark, folder / "in", folder, "ref", backend, generated(seed), emit=emit
+            spark, folder / "in", folder, "ref", backend, input_batches(seed), emit=emit
         )
         return run_stream_batches(
             out, checkpoint, steps, "update" if emit == "update" else "append"
@@ -152,7 +175,7 @@ def uninterrupted(spark, tmp_path_factory):
 
 
 def test_final_sessions_equal_offline_sessionization(uninterrupted):
-    batches = generated(seed=11)
+    batches = input_batches(seed=11)
     rows = flat(uninterrupted(11))
     events = [(u, None, ts) for rows_ in batches for u, ts, _ in rows_ if u != "zz-close"]
     got = [s for s in as_sessions(rows) if s[0] != "zz-close"]
@@ -169,15 +192,15 @@ def test_final_sessions_equal_offline_sessionization(uninterrupted):
 def test_restart_from_checkpoint_gives_the_uninterrupted_output(
     spark, tmp_path, emit, uninterrupted
 ):
-    batches = generated(seed=11)
+    batches = input_batches(seed=11)
     reference = uninterrupted(11, emit)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     run = functools.partial(run_query, spark, tmp_path / "part", tmp_path, "restart", emit=emit)
-    # the same stream, stopped after 3 batches and restarted with a new local dir
+    # the same stream, stopped after SPLIT files and restarted with a new local dir
     # (a new executor): the state comes back from the checkpoint
-    first = run(backend, batches[:3])
+    first = run(backend, batches[:SPLIT])
     moved = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local2"))
-    second = run(moved, batches[3:], first=3)
+    second = run(moved, batches[SPLIT:], first=SPLIT)
     if emit == "update":
         # what the first batches emitted is known after the restart: the same rows
         # per micro-batch, deletes included
@@ -197,13 +220,13 @@ def test_a_restart_at_the_confs_count_rescales_the_checkpoint(
     # a restart without num_partitions takes the conf's count and rescales (issue 41)
     from sessionstore.checkpoint.records.generation import state_root
 
-    batches = generated(seed=5)
-    reference = flat(uninterrupted(5))
+    batches = input_batches(seed=11)
+    reference = flat(uninterrupted(11))
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
     run = functools.partial(run_query, spark, tmp_path / "part", tmp_path, "three", backend)
-    first = run(batches[:3], num_partitions=3)
+    first = run(batches[:SPLIT], num_partitions=3)
     with caplog.at_level("WARNING", logger="spark_integration.planning.rescale"):
-        second = run(batches[3:], first=3)
+        second = run(batches[SPLIT:], first=SPLIT)
     assert any("rescaled operator 'three'" in r.message and "from 3 to 2 partitions" in r.message
                for r in caplog.records)  # fmt: skip
     assert as_sessions(first + second) == as_sessions(reference)
@@ -253,19 +276,22 @@ def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
 ):
     """The checkpoint on gs:// (the fake-gcs-server endpoint), the backend built from
     ``spark.sessionstore.*`` set on the session (storage options as text, as
-    spark-submit passes them): stopped after 3 batches, restarted on a new local
+    spark-submit passes them): stopped after SPLIT files, restarted on a new local
     dir, the output is the uninterrupted run's."""
     from sessionstore.checkpoint.storage.filesystem import open_filesystem
 
     uri, options = gs_bucket
-    batches = generated(seed=11)
+    batches = input_batches(seed=11)
     # the reference (its backend given, planned before the conf is set)
     reference = flat(uninterrupted(11))
     conf = {"spark.sessionstore.checkpointUri": uri, "spark.sessionstore.localDir": ""}
     conf.update({f"spark.sessionstore.storage.{k}": str(v) for k, v in options.items()})
     outputs = []
     try:
-        for local, part, first in (("gs-local", batches[:3], 0), ("gs-local2", batches[3:], 3)):
+        for local, part, first in (
+            ("gs-local", batches[:SPLIT], 0),
+            ("gs-local2", batches[SPLIT:], SPLIT),
+        ):
             conf["spark.sessionstore.localDir"] = str(tmp_path / local)
             for key, value in conf.items():
                 spark.conf.set(key, value)
@@ -279,9 +305,10 @@ def test_restart_on_gcs_configured_by_conf_gives_the_uninterrupted_output(
     assert len(reference) > 20
     remote = open_filesystem(uri, options)
     assert remote.list_dirs("gcs") == ["0", "1"]  # event time lives in the changelogs
-    assert remote.exists(f"gcs/0/{changelog_name(7)}")
+    # every file's micro-batch committed a version (due batches add more)
+    assert remote.exists(f"gcs/0/{changelog_name(len(batches))}")
     # sessions that began before the restart and closed after it: state came back
-    first_ts = min(ts for _, ts, _ in batches[3])
+    first_ts = min(ts for _, ts, _ in batches[SPLIT])
     assert any(r["session_start"] < first_ts for r in outputs[1])
 
 
@@ -290,12 +317,14 @@ def test_a_query_restarted_on_a_copied_checkpoint_continues_exactly(spark, tmp_p
     copied to another folder, the copy keeps only snapshot 2 and the changelogs
     after it, and the query restarts there on a new local dir. Its output is the
     uninterrupted run's (the copy used to refuse its own snapshots)."""
-    batches = generated(seed=11)
+    batches = input_batches(seed=11)
     reference = flat(uninterrupted(11))
     backend = StateBackend(
         f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"), snapshot_interval=2
     )
-    with without_due_batches(spark):  # versions 1-3 are the 3 files' batches
+    # versions 1-3 are the 3 data files' batches: the copy restores snapshot 2 and
+    # replays changelog 3; the closing files after the move emit every open session
+    with without_due_batches(spark):
         part = query_run(spark, tmp_path / "part", tmp_path, "moving", backend, batches[:3])
     first = run_stream(*part)
     moved = _copy_from_snapshot_2(tmp_path)
@@ -306,8 +335,9 @@ def test_a_query_restarted_on_a_copied_checkpoint_continues_exactly(spark, tmp_p
         return sorted(sorted(r.items()) for r in out)
 
     assert rows(first + second) == rows(reference)
-    # sessions that began before the move and were emitted after it: state moved
-    first_ts = min(ts for _, ts, _ in batches[3])
+    # sessions that began in the snapshot's files and were emitted after the move:
+    # the snapshot's state moved
+    first_ts = min(ts for _, ts, _ in batches[2])
     assert any(r["session_start"] < first_ts for r in second)
 
 
@@ -378,8 +408,8 @@ def test_timestamp_columns_in_and_out(spark, tmp_path):
 def test_a_task_failing_after_its_commit_is_retried_without_double_counting(
     spark, tmp_path, uninterrupted
 ):
-    batches = generated(seed=5)
-    reference = flat(uninterrupted(5))
+    batches = input_batches(seed=11)
+    reference = flat(uninterrupted(11))
     markers = tmp_path / "markers"
     markers.mkdir()
     for batch_id, partition in ((1, 0), (3, 1)):
@@ -403,7 +433,7 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path, uninterrupted
     the same input (:func:`uninterrupted`)."""
     from pyspark.sql import functions as F
 
-    batches = generated(seed=11)
+    batches = input_batches(seed=11)
 
     def builtin(stream):
         return (
@@ -413,7 +443,8 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path, uninterrupted
             .agg(F.count("*").alias("n"), F.sum("amount").alias("spent"))
         )
 
-    theirs = run_stream(*fed(spark, tmp_path / "in", tmp_path / "ck", batches, builtin))
+    with spark_confs(spark, SPARK_DATA_BATCHES_ONLY):
+        theirs = run_stream(*fed(spark, tmp_path / "in", tmp_path / "ck", batches, builtin))
     ours, per_batch = flat(uninterrupted(11)), uninterrupted(11, "update")
 
     def ms(value):
@@ -464,9 +495,10 @@ def test_sessions_equal_sparks_own_session_window(spark, tmp_path, uninterrupted
     assert sum(map(len, per_batch)) < sum(map(len, batches))
 
 
-def late_events(seed=11, batches=6, per_batch=30):
+def late_events(seed=11, batches=3, per_batch=60):
     """Clicks of 5 users; each batch also carries rows 1-19 s behind the previous
-    batches (within a 20 s watermark delay). Then two events that close every session."""
+    batches (within a 20 s watermark delay; the first batch's have no batch before
+    them). Then two events that close every session."""
     rng = random.Random(seed)
     out, t = [], 100_000
     for _ in range(batches):
@@ -519,13 +551,16 @@ def test_the_input_watermark_sets_the_grace(spark, tmp_path):
     with without_due_batches(spark):
         mine = fed(spark, tmp_path / "in-ours", tmp_path / "ck-ours", batches, ours)
         no_watermark = fed(spark, tmp_path / "in-plain", tmp_path / "ck-plain", batches, plain)
-    runs = run_together(
-        {  # Spark's, ours and ours without the watermark, side by side
-            "theirs": fed(spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin),
-            "mine": mine,
-            "plain": no_watermark,
-        }
-    )
+    with spark_confs(spark, SPARK_DATA_BATCHES_ONLY):
+        runs = run_together(
+            {  # Spark's, ours and ours without the watermark, side by side
+                "theirs": fed(
+                    spark, tmp_path / "in-spark", tmp_path / "ck-spark", batches, builtin
+                ),
+                "mine": mine,
+                "plain": no_watermark,
+            }
+        )
     theirs, mine, no_grace = flat(runs["theirs"]), flat(runs["mine"]), flat(runs["plain"])
 
     def ms(value):

@@ -1,9 +1,9 @@
 """The CLI on a job's local database directories, and reading while a job writes.
 
-Run in the test's process (:func:`tests.tools.cli_runner.run_cli`), but as
-subprocesses where a writer holds or changes the database (a reader is another
-process than the job) and where a dump's memory (its process's peak RSS) is
-measured."""
+Run in the test's process (:func:`tests.tools.cli_runner.run_cli`), but in another
+process where a writer holds or changes the database (a reader is another process
+than the job: :class:`Reader`, one process for a test's calls) and where a dump's
+memory (its process's peak RSS) is measured."""
 
 from __future__ import annotations
 
@@ -17,15 +17,52 @@ import time
 import pytest
 
 from sessionstore import StateDB, StateStoreProvider, StoreSpec
+from tests.packaging import checkout_pythonpath
 from tests.tools.test_cli import run
-from tests.tools.test_cli import spawn as spawn_cli
 
 SPECS = [StoreSpec("sessions", "session", 10**12), StoreSpec("plans", "versioned", 10**12)]
 
 
-def spawn(*args):
-    """The CLI in a subprocess: the job's reader is another process."""
-    return spawn_cli(*args, timeout=300)
+READER = textwrap.dedent(
+    """
+    import json, sys
+    from tests.tools.cli_runner import run_cli
+    for line in sys.stdin:
+        done = run_cli(*json.loads(line))
+        print(json.dumps([done.returncode, done.stdout, done.stderr]), flush=True)
+    """
+)
+
+
+class Reader:
+    """A process of its own that runs CLI calls one by one, each as
+    :func:`tests.tools.cli_runner.run_cli` runs it (its own streams, process-wide
+    state and exit status, every database closed after it): a reader that is
+    another process than the job, without a Python start and import per call.
+    A context manager; :meth:`run` answers as ``subprocess.run`` of the CLI would."""
+
+    def __enter__(self) -> Reader:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", READER],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": checkout_pythonpath()},
+        )  # fmt: skip
+        return self
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``sessionstore ARGS...`` in the reader's process."""
+        self._proc.stdin.write(json.dumps(args) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        assert line, f"the reader process ended (status {self._proc.wait()})"
+        code, out, err = json.loads(line)
+        return subprocess.CompletedProcess(["sessionstore", *args], code, out, err)
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.stdin.close()
+        self._proc.stdout.close()
+        self._proc.wait(timeout=60)
+        assert exc[0] is not None or self._proc.returncode == 0
 
 
 def rows_of(out):
@@ -47,35 +84,35 @@ def test_local_database_while_the_writer_holds_it(tmp_path):
         h["plans"].put(("acme", 1), f"plan{v}", 100 * v)
         h.commit()
     db_dir = local / "op" / "3" / "db"
-    # subprocesses: the reader is another process than the writer holding the lock
+    # another process: the reader is not the writer holding the lock
     before = listing(db_dir)
     try:  # the provider keeps the database open: its RocksDB lock is held
-        expected = [
-            {"partition": 3, "key": "alice", "start": 10 * v, "end": 10 * v + 5, "value": v}
-            for v in range(4)
-        ]
-        for uri in (str(local), str(local / "op"), str(db_dir), f"file://{local}"):
-            assert rows_of(spawn("dump", uri, "--store", "sessions")) == expected, uri
-        got = rows_of(spawn("get", str(local), "--store", "plans", "--key", '["acme", 1]',
-                          "--key-json", "--as-of", "150"))  # fmt: skip
-        assert got == [{"partition": 3, "key": ["acme", 1], "value": "plan1", "valid_from": 100,
-                        "valid_to": 200}]  # fmt: skip
-        out = spawn("ls", str(local))
-        assert out.returncode == 0, out.stderr
-        assert "local databases" in out.stdout
-        assert "stream time 1970-01-01T00:00:00.035Z ~4 keys" in out.stdout
-        # the reader left nothing behind in the job's directory, and the job goes on
-        assert listing(db_dir) == before
-        h = provider.get_store(4)
-        h["sessions"].put("bob", 50, 55, 4)
-        assert h.commit() == 5
-        assert [r["key"] for r in rows_of(spawn("dump", str(local), "--store", "sessions"))] == [
-            "alice", "alice", "alice", "alice", "bob",
-        ]  # fmt: skip
-        out = spawn("dump", str(local), "--store", "sessions", "--version", "2")
-        assert out.returncode == 2 and "is at version 5, not 2" in out.stderr
-        out = spawn("verify", str(local))
-        assert out.returncode == 2 and "works on a checkpoint root" in out.stderr
+        with Reader() as reader:
+            expected = [
+                {"partition": 3, "key": "alice", "start": 10 * v, "end": 10 * v + 5, "value": v}
+                for v in range(4)
+            ]
+            for uri in (str(local), str(local / "op"), str(db_dir), f"file://{local}"):
+                assert rows_of(reader.run("dump", uri, "--store", "sessions")) == expected, uri
+            got = rows_of(reader.run("get", str(local), "--store", "plans", "--key",
+                                     '["acme", 1]', "--key-json", "--as-of", "150"))  # fmt: skip
+            assert got == [{"partition": 3, "key": ["acme", 1], "value": "plan1",
+                            "valid_from": 100, "valid_to": 200}]  # fmt: skip
+            out = reader.run("ls", str(local))
+            assert out.returncode == 0, out.stderr
+            assert "local databases" in out.stdout
+            assert "stream time 1970-01-01T00:00:00.035Z ~4 keys" in out.stdout
+            # the reader left nothing behind in the job's directory, and the job goes on
+            assert listing(db_dir) == before
+            h = provider.get_store(4)
+            h["sessions"].put("bob", 50, 55, 4)
+            assert h.commit() == 5
+            dumped = rows_of(reader.run("dump", str(local), "--store", "sessions"))
+            assert [r["key"] for r in dumped] == ["alice", "alice", "alice", "alice", "bob"]
+            out = reader.run("dump", str(local), "--store", "sessions", "--version", "2")
+            assert out.returncode == 2 and "is at version 5, not 2" in out.stderr
+            out = reader.run("verify", str(local))
+            assert out.returncode == 2 and "works on a checkpoint root" in out.stderr
     finally:
         provider.close()
 
@@ -126,14 +163,16 @@ def test_dump_while_a_writer_keeps_committing(tmp_path):
             time.sleep(0.05)
         time.sleep(0.5)
         seen = {"local": [], "checkpoint": []}
-        # subprocesses: reading while another process (a job) writes
-        for _ in range(3):
-            for name, uri in (("local", str(local)), ("checkpoint", remote)):
-                assert writer.poll() is None, "the writer stopped while we read"
-                values = [r["value"][0] for r in rows_of(spawn("dump", uri, "--store", "sessions"))]
-                # a committed state: versions 1..n, nothing torn, nothing missing
-                assert values == list(range(1, len(values) + 1)), name
-                seen[name].append(len(values))
+        # another process: reading while another process (a job) writes
+        with Reader() as reader:
+            for _ in range(3):
+                for name, uri in (("local", str(local)), ("checkpoint", remote)):
+                    assert writer.poll() is None, "the writer stopped while we read"
+                    dumped = rows_of(reader.run("dump", uri, "--store", "sessions"))
+                    values = [r["value"][0] for r in dumped]
+                    # a committed state: versions 1..n, nothing torn, nothing missing
+                    assert values == list(range(1, len(values) + 1)), name
+                    seen[name].append(len(values))
         assert writer.poll() is None
     finally:
         stop.touch()
@@ -143,7 +182,8 @@ def test_dump_while_a_writer_keeps_committing(tmp_path):
     for name, counts in seen.items():
         assert counts == sorted(counts) and counts[-1] > counts[0] > 0, (name, counts)
         assert counts[-1] <= final
-    values = [r["value"][0] for r in rows_of(spawn("dump", remote, "--store", "sessions"))]
+    # the writer is gone: this process reads the checkpoint it left
+    values = [r["value"][0] for r in rows_of(run("dump", remote, "--store", "sessions"))]
     assert values == list(range(1, final + 1))
 
 
