@@ -54,7 +54,7 @@ def run_quiet(
             for q in queries.values():
                 q.query.processAllAvailable()
         wait_for(lambda: settled(queries))
-        wait_idle(queries.values())
+        wait_idle(q.idle_triggers for q in queries.values())
     finally:
         for q in queries.values():
             q.query.stop()

@@ -66,7 +66,11 @@ class Collected:
                 .foreachBatch(self._take)
                 .start()
             )
-        self.query.processAllAvailable()  # started (one Python source at a time)
+        self._started()
+
+    def _started(self) -> None:
+        """Wait until the query has started (one Python source at a time)."""
+        self.query.processAllAvailable()
 
     def _take(self, batch: Any, batch_id: int) -> None:
         self.rows += [r.asDict() for r in batch.collect()]
@@ -105,13 +109,13 @@ def wait_for(check: Callable[[], bool], timeout: float = 30.0, every: float = 0.
         time.sleep(every)
 
 
-def wait_idle(queries: Iterable[Collected]) -> None:
-    """Wait until each of ``queries`` ran :data:`IDLE_TRIGGERS` triggers in a row
-    without a batch (the idle period: what was due has run). Polled once a trigger:
-    each look reads every progress report the query kept."""
-    wait_for(
-        lambda: all(q.idle_triggers() >= IDLE_TRIGGERS for q in queries), timeout=60.0, every=0.5
-    )
+def wait_idle(idle_counts: Iterable[Callable[[], int]]) -> None:
+    """Wait until each query, through its count of triggers in a row without a batch
+    (:meth:`Collected.idle_triggers`, :func:`idle_triggers`), ran :data:`IDLE_TRIGGERS`
+    of them (the idle period: what was due has run). Polled once a trigger: each
+    look reads every progress report the query kept."""
+    counts = list(idle_counts)
+    wait_for(lambda: all(c() >= IDLE_TRIGGERS for c in counts), timeout=60.0, every=0.5)
 
 
 def run_quiet(spark: Any, tmp_path: Path, builds: dict[str, tuple[Callable, str]],
@@ -135,7 +139,7 @@ def run_quiet(spark: Any, tmp_path: Path, builds: dict[str, tuple[Callable, str]
         for q in queries.values():
             q.query.processAllAvailable()
         wait_for(lambda: expected(queries))
-        wait_idle(queries.values())
+        wait_idle(q.idle_triggers for q in queries.values())
     finally:
         for q in queries.values():
             q.query.stop()
@@ -307,11 +311,6 @@ def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
                 .foreachBatch(take).start()
             )  # fmt: skip
 
-    def idle(query: Any) -> None:
-        # the idle period of run_quiet (wait_idle), after the newest batch taken
-        wait_for(lambda: idle_triggers(query, max(by_batch)) >= IDLE_TRIGGERS,
-                 timeout=60.0, every=0.5)  # fmt: skip
-
     def closed():
         return [b for b, runs in by_batch.items() if any("'a'" in r for r in runs[-1])]
 
@@ -320,7 +319,8 @@ def test_due_batch_after_a_restart_and_its_replay(spark, tmp_path):
     query = start({"processingTime": TRIGGER})
     try:
         wait_for(lambda: closed() != [])
-        idle(query)  # nothing more is due
+        # the idle period of run_quiet, after the newest batch taken: nothing more is due
+        wait_idle([lambda: idle_triggers(query, max(by_batch))])
     finally:
         query.stop()
     (due,) = closed()

@@ -59,16 +59,7 @@ class Running(Collected):
     transformWithState in processing time), where ``processAllAvailable`` never
     returns: waits for progress reports instead."""
 
-    def __init__(self, out: Any, checkpoint: Path) -> None:
-        self.rows: list[dict] = []
-        self.ran: list[int] = []
-        self.query = (
-            out.writeStream.outputMode("append")
-            .trigger(processingTime=TRIGGER)
-            .option("checkpointLocation", str(checkpoint))
-            .foreachBatch(self._take)
-            .start()
-        )
+    def _started(self) -> None:
         wait_for(lambda: self.query.lastProgress is not None, timeout=120)
 
     def took(self, rows: int) -> None:
