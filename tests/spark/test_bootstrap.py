@@ -27,6 +27,13 @@ pytestmark = pytest.mark.slow
 #: the first HISTORY are the history
 DATA_FILES = 6
 HISTORY = 3
+
+
+def _stream() -> list[list[dict]]:
+    """This module's stream: test_repartition's events in DATA_FILES data files and
+    the two closing ones."""
+    return _batches(count=DATA_FILES)
+
 SESSIONS = {"key": ["user", "uid"], "timestamp": "ts", "gap": 3000}
 
 
@@ -48,10 +55,10 @@ def _diff(expected, got):
 
 
 def test_bootstrapped_then_the_rest_equals_the_run_from_the_start(spark, tmp_path):
-    batches = _batches(count=DATA_FILES)
+    batches = _stream()
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
     query = _query(spark, tmp_path / "in1", whole, 2, "sessions")
-    steps = file_steps(batches, tmp_path / "in1", range(8))
+    steps = file_steps(batches, tmp_path / "in1", range(len(batches)))
     expected = run_stream_batches(query, tmp_path / "ck1", steps)
     assert len(expected) == 8 and sum(map(len, expected)) > 20
 
@@ -65,7 +72,7 @@ def test_bootstrapped_then_the_rest_equals_the_run_from_the_start(spark, tmp_pat
         "event_time": max(r["ts"] for r in events), "resumed": None,
     }  # fmt: skip
     query = _query(spark, tmp_path / "in2", backend, 2, "sessions")
-    rest = file_steps(batches, tmp_path / "in2", range(HISTORY, 8))
+    rest = file_steps(batches, tmp_path / "in2", range(HISTORY, len(batches)))
     got = run_stream_batches(query, tmp_path / "ck2", rest)
     # batch by batch: the first batch starts from the history's event time, so it
     # emits what the history closed and what the stream's batch HISTORY emitted
@@ -88,12 +95,12 @@ def test_a_temporal_join_bootstrapped_from_the_table_history(spark, tmp_path):
     rest joins as the query that read those table rows as its first batches."""
     from pyspark.sql import functions as F
 
-    batches = _batches(count=DATA_FILES)
+    batches = _stream()
     # the run from the start: the first batches bring the table's rows only
     tables_first = [[r for r in rows if r["kind"] == "t"] for rows in batches[:HISTORY]]
     whole = StateBackend(f"file://{tmp_path}/whole", local_dir=str(tmp_path / "l1"))
     query = _query(spark, tmp_path / "in1", whole, 2, "join")
-    steps = file_steps(tables_first + batches[HISTORY:], tmp_path / "in1", range(8))
+    steps = file_steps(tables_first + batches[HISTORY:], tmp_path / "in1", range(len(batches)))
     expected = run_stream_batches(query, tmp_path / "ck1", steps)
     assert not any(expected[:HISTORY]) and sum(map(len, expected)) > 20
 
@@ -112,7 +119,7 @@ def test_a_temporal_join_bootstrapped_from_the_table_history(spark, tmp_path):
     assert done["event_time"] == max(r["ts"] for rows in tables_first for r in rows)
     query = _query(spark, tmp_path / "in2", backend, 2, "join")
     got = run_stream_batches(
-        query, tmp_path / "ck2", file_steps(batches, tmp_path / "in2", range(HISTORY, 8))
+        query, tmp_path / "ck2", file_steps(batches, tmp_path / "in2", range(HISTORY, len(batches)))
     )
     assert len(got) == 8 - HISTORY
     for mine, theirs in zip(got, expected[HISTORY:], strict=True):
@@ -120,7 +127,7 @@ def test_a_temporal_join_bootstrapped_from_the_table_history(spark, tmp_path):
 
 
 def test_the_query_refuses_a_bootstrap_of_another_shape(spark, tmp_path):
-    batches = _batches(count=DATA_FILES)
+    batches = _stream()
     backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l"))
     other = {**SESSIONS, "gap": 5000}
     bootstrap_sessionize(
@@ -132,7 +139,7 @@ def test_the_query_refuses_a_bootstrap_of_another_shape(spark, tmp_path):
 
 
 def test_bad_input_is_refused_naming_it(spark, tmp_path):
-    batches = _batches(count=DATA_FILES)
+    batches = _stream()
     backend = StateBackend(f"file://{tmp_path}/boot", local_dir=str(tmp_path / "l"))
     history = _history(spark, batches)
     with pytest.raises(ValueError, match=r"the input has no column 'nope' \(it has \['amount'"):
@@ -149,7 +156,7 @@ def test_bad_input_is_refused_naming_it(spark, tmp_path):
 
 
 def test_a_bootstrap_while_the_query_runs_is_refused(spark, tmp_path):
-    batches = _batches(count=DATA_FILES)
+    batches = _stream()
     backend = StateBackend(f"file://{tmp_path}/ckpt", local_dir=str(tmp_path / "local"))
     folder = tmp_path / "in"
     query = _query(spark, folder, backend, 2, "sessions")
@@ -190,7 +197,7 @@ def reference(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reference")
     backend = StateBackend(f"file://{tmp}/ckpt", local_dir=str(tmp / "local"))
     bootstrap_sessionize(
-        _history(spark, _batches(count=DATA_FILES)), **SESSIONS, backend=backend, name="sessions",
+        _history(spark, _stream()), **SESSIONS, backend=backend, name="sessions",
         num_partitions=2,
     )  # fmt: skip
     rows = _dumped(backend.checkpoint_uri)
@@ -222,7 +229,7 @@ def _killed_at(spark, tmp_path, uri, step, at):
     try:
         with pytest.raises(_HandedOff):
             bootstrap_sessionize(
-                _history(spark, _batches(count=DATA_FILES)), **SESSIONS,
+                _history(spark, _stream()), **SESSIONS,
                 backend=StateBackend(uri, local_dir=str(tmp_path / "killed-local")),
                 name="sessions", num_partitions=2,
             )  # fmt: skip
@@ -247,9 +254,9 @@ def test_kill_9_leaves_no_state_or_the_bootstrapped_one(spark, tmp_path, referen
     else:  # committed, not applied: the query refuses the operator until a rerun
         query = _query(spark, tmp_path / "in", backend, 2, "sessions")
         with pytest.raises(Exception, match="committed but not applied"):
-            run_stream(query, tmp_path / "ck", file_steps(_batches(count=DATA_FILES), tmp_path / "in", [3]))
+            run_stream(query, tmp_path / "ck", file_steps(_stream(), tmp_path / "in", [3]))
     done = bootstrap_sessionize(  # the rerun
-        _history(spark, _batches(count=DATA_FILES)), **SESSIONS, backend=backend, name="sessions",
+        _history(spark, _stream()), **SESSIONS, backend=backend, name="sessions",
         num_partitions=2,
     )  # fmt: skip
     assert (done["resumed"] is None) == (step == "commit_change")
