@@ -138,11 +138,10 @@ def pytest_configure(config):
     bound by it on two cores):
 
     * :data:`SUITE_JVM_OPTIONS` and :data:`SUITE_SPARK_PROPERTIES` for every JVM,
-      through the ``java`` launcher's
-      ``JDK_JAVA_OPTIONS``: the suite's own session and those of the processes
-      tests start (a Connect server, ``local-cluster`` executors, jobs run as a
-      user would), which set no JVM options of their own; a value already set is
-      kept;
+      through the ``java`` launcher's ``JDK_JAVA_OPTIONS``: the suite's own session
+      and those of the processes tests start (a Connect server, ``local-cluster``
+      executors, jobs run as a user would), which set no JVM options of their own;
+      a value already set is kept;
     * :data:`WORKER_SITE` first on ``PYTHONPATH``, which Spark passes to the Python
       processes it starts (see its ``sitecustomize``);
     * ``TMPDIR`` (Python's temporary files, pytest's ``tmp_path`` among them) in

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import textwrap
@@ -34,6 +35,10 @@ READER = textwrap.dedent(
 )
 
 
+#: How long a :class:`Reader` call may take.
+READ_TIMEOUT_S = 300.0
+
+
 class Reader:
     """A process of its own that runs CLI calls one by one, each as
     :func:`tests.tools.cli_runner.run_cli` runs it (its own streams, process-wide
@@ -50,9 +55,14 @@ class Reader:
         return self
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``sessionstore ARGS...`` in the reader's process."""
+        """``sessionstore ARGS...`` in the reader's process; a call that has not
+        answered within :data:`READ_TIMEOUT_S` fails the test (as ``spawn``'s
+        timeout did)."""
         self._proc.stdin.write(json.dumps(args) + "\n")
         self._proc.stdin.flush()
+        # one line per call, nothing read ahead: the pipe is what holds the answer
+        ready, _, _ = select.select([self._proc.stdout], [], [], READ_TIMEOUT_S)
+        assert ready, f"sessionstore {args} did not answer within {READ_TIMEOUT_S:.0f} s"
         line = self._proc.stdout.readline()
         assert line, f"the reader process ended (status {self._proc.wait()})"
         code, out, err = json.loads(line)
@@ -60,8 +70,15 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self._proc.stdin.close()
-        self._proc.stdout.close()
-        self._proc.wait(timeout=60)
+        if exc[0] is not None:
+            self._proc.kill()  # a failed call may be stuck in the reader
+        try:
+            self._proc.wait(timeout=60)
+        finally:
+            if self._proc.poll() is None:  # stuck in a call: leave no process behind
+                self._proc.kill()
+                self._proc.wait()
+            self._proc.stdout.close()
         assert exc[0] is not None or self._proc.returncode == 0
 
 
