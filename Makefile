@@ -17,10 +17,10 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 
 venv: $(STAMP)
 
-# The install runs with --no-compile: pip would byte-compile every module of every package (PySpark's,
-# pandas' and their tests), about 50 s of CPU; a module is compiled, once, when
-# something first imports it (a fresh .venv-3.13 and its fast suite: 3 min 16 s
-# instead of 4 min 9 s, the suite itself no slower)
+# The install runs with --no-compile: pip would byte-compile every module of every
+# package (PySpark's, pandas' and their tests), about 50 s of CPU; a module is
+# compiled, once, when something first imports it (a fresh .venv-3.13 and its fast
+# suite: 3 min 16 s instead of 4 min 9 s, the suite itself no slower).
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON_VERSION)" || { echo "PYTHON=$(PYTHON) does not run: set PYTHON to a Python 3.11-3.13 interpreter" >&2; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
