@@ -249,6 +249,10 @@ class PartitionLoader:
         :attr:`repairs` and counted in the next commit's metrics (``repaired``).
         A broken changelog is not repaired: every older base needs it too.
         """
+        if version == 0 and self.db is None and not self._identity.bootstrapped:
+            if not os.path.lexists(self._local.db):
+                self._create_empty()
+                return
         bases = [*sorted((s for s in snapshots if s <= version), reverse=True), 0]
         bases = list(dict.fromkeys(bases))
         skipped: list[str] = []
@@ -279,6 +283,29 @@ class PartitionLoader:
             return
         assert first is not None
         raise first
+
+    def _create_empty(self) -> None:
+        """Version 0 of a partition with no local copy: the empty state, created in
+        place. Nothing needs downloading, so the rebuild in a scratch folder that
+        :meth:`_restore` makes all or nothing would only create a database there,
+        close it, move it and open it again: two creations of a RocksDB database
+        (each writes and syncs its MANIFEST and OPTIONS), the larger part of a new
+        partition's first task (BENCHMARKS.md, "Partitions per task").
+
+        A crash midway leaves one of two things, and the next load handles each as
+        before: a folder without ``CURRENT`` (RocksDB writes it last, once the
+        database is whole: not a database, so the next load rebuilds in a scratch
+        folder and replaces it), or an empty database without this checkpoint's
+        identity (a foreign copy to that load, replaced by a restore)."""
+        private_dir(self._local.root, base=self._local.base)  # checked right before
+        db = self._open(self._local.db)
+        try:
+            db.put_meta(IDENTITY_KEY, self._identity.record)
+        except BaseException:
+            db.close()
+            raise
+        self.db = db
+        sweep_staging(self._local)  # no other process builds one while we hold it
 
     def _replace_local(self, tmp: str) -> None:
         """Put the whole rebuilt database of ``tmp`` in place of the local copy and
