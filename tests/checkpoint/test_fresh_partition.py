@@ -26,11 +26,15 @@ def _provider(tmp_path: Path) -> StateStoreProvider:
     return StateStoreProvider(f"file://{tmp_path}/remote", "op", 0, SPECS, str(tmp_path / "local"))
 
 
-def _commit_two_versions(p: StateStoreProvider) -> None:
+def _commit_two_versions(p: StateStoreProvider) -> list[str]:
+    """Versions 1 and 2 (``k`` = 0, then 1); how each load got its state."""
+    kinds = []
     for v in range(2):
         h = p.get_store(v)
         h["values"].put("k", v)
         assert h.commit() == v + 1
+        kinds.append(p.last_metrics["load_kind"])
+    return kinds
 
 
 def _values_at_2(tmp_path: Path) -> list:
@@ -54,18 +58,11 @@ def test_a_new_partition_opens_one_database_in_place(tmp_path, monkeypatch):
 
     monkeypatch.setattr(StateDB, "open", classmethod(counting_open))
     p = _provider(tmp_path)
-    h = p.get_store(0)
+    assert _commit_two_versions(p) == ["restore", "warm"]
     local = LocalPartition(tmp_path / "local", "op", 0)
-    assert opened == [local.db]  # not a scratch database moved in and opened again
-    assert [n for n in os.listdir(Path(local.root).parent) if ".restore-" in n] == []
-    h["values"].put("k", 0)
-    assert h.commit() == 1
-    assert p.last_metrics["load_kind"] == "restore"
-    h = p.get_store(1)
-    h["values"].put("k", 1)
-    assert h.commit() == 2
-    assert p.last_metrics["load_kind"] == "warm"
+    # one database opened, in place: not a scratch one moved in and opened again
     assert opened == [local.db]
+    assert [n for n in os.listdir(Path(local.root).parent) if ".restore-" in n] == []
     p.close()
     assert _values_at_2(tmp_path) == [("k", 1)]
 
@@ -114,13 +111,7 @@ def test_a_crash_between_the_creation_and_the_identity_is_replaced_by_the_next_l
     with StateDB.open(local.db) as left:  # what the crash left: empty, not owned
         assert left.get_meta(IDENTITY_KEY) is None
     p = _provider(tmp_path)
-    h = p.get_store(0)
-    h["values"].put("k", 0)
-    assert h.commit() == 1
-    assert p.last_metrics["load_kind"] == "restore"
-    h = p.get_store(1)
-    h["values"].put("k", 1)
-    assert h.commit() == 2
+    assert _commit_two_versions(p) == ["restore", "warm"]
     p.close()
     with StateDB.open(local.db) as db:
         assert db.get_meta(IDENTITY_KEY) is not None
