@@ -154,3 +154,11 @@ def offline_sessions(records, gap: int) -> list[tuple]:
                 count = 1
         out.append((key, start, end, count))
     return sorted(out)
+
+
+def plan_at(changes, user: str, ts: int) -> str | None:
+    """The plan of ``user`` valid at ``ts``: the latest of ``changes`` (``(user,
+    since, plan)``, as the demo's ``plan_changes`` gives them) at or before ``ts``,
+    None before the first (an as-of lookup, as ``temporal_join`` makes)."""
+    valid = [c for c in changes if c[0] == user and c[1] <= ts]
+    return max(valid, key=lambda c: c[1])[2] if valid else None

@@ -7,7 +7,7 @@ import pytest
 
 from sessionstore.tools.demo import click_stream
 from spark_integration.dev.demo import GAP_MS, plan_changes, run
-from tests.models import offline_sessions
+from tests.models import offline_sessions, plan_at
 
 pytestmark = pytest.mark.slow
 
@@ -32,5 +32,4 @@ def test_demo_emits_and_keeps_exactly_the_sessions(spark, tmp_path, capsys):
     changes = plan_changes(click_stream(3_000, 40), 40)
     assert len(enriched) == 3_000
     for row in enriched:
-        valid = [c for c in changes if c[0] == row["user"] and c[1] <= row["ts"]]
-        assert row["plan"] == (max(valid, key=lambda c: c[1])[2] if valid else None)
+        assert row["plan"] == plan_at(changes, row["user"], row["ts"])

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from sessionstore.tools.demo import click_stream
 from spark_integration.dev.demo import GAP_MS, plan_changes
-from tests.models import offline_sessions
+from tests.models import offline_sessions, plan_at
 from tests.object_stores import moto_s3_server, new_bucket
 from tests.packaging import ROOT, build_dist, clean_env, make_venv
 from tests.standalone.cluster import Proc, StandaloneCluster, standalone
@@ -268,12 +268,9 @@ def model_problems(result: dict, clicks: int, users: int) -> list[str]:
     enriched = [json.loads(row) for row in result["enriched"]]
     if len(enriched) != clicks:
         problems.append(f"{len(enriched)} clicks joined with their plan, not {clicks}")
-    valid: dict[str, list[tuple[int, str]]] = {}
-    for user, since, plan in plan_changes(stream, users):
-        valid.setdefault(user, []).append((since, plan))
+    changes = plan_changes(stream, users)
     for row in enriched:
-        plans = [(since, plan) for since, plan in valid.get(row["user"], []) if since <= row["ts"]]
-        want_plan = max(plans)[1] if plans else None
+        want_plan = plan_at(changes, row["user"], row["ts"])
         if row["plan"] != want_plan:
             problems.append(f"click {row} joined plan {row['plan']!r}, not {want_plan!r}")
             break

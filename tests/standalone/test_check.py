@@ -8,7 +8,7 @@ import json
 
 from sessionstore.tools.demo import click_stream
 from spark_integration.dev.demo import GAP_MS, plan_changes
-from tests.models import offline_sessions
+from tests.models import offline_sessions, plan_at
 from tests.standalone.check import model_problems
 
 CLICKS, USERS = 600, 20
@@ -27,11 +27,8 @@ def _model_output():
                for u, s, e, n in sessions[::2]]  # fmt: skip
     in_state = [[u, s, e, [n]] for u, s, e, n in sessions[1::2]]
     changes = plan_changes(stream, USERS)
-    enriched = []
-    for user, ts, page in stream:
-        valid = [c for c in changes if c[0] == user and c[1] <= ts]
-        plan = max(valid, key=lambda c: c[1])[2] if valid else None
-        enriched.append({"user": user, "ts": ts, "page": page, "plan": plan})
+    enriched = [{"user": user, "ts": ts, "page": page, "plan": plan_at(changes, user, ts)}
+                for user, ts, page in stream]  # fmt: skip
     return {"emitted": emitted, "in_state": in_state, "enriched": enriched}
 
 
