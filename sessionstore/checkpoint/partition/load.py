@@ -249,10 +249,10 @@ class PartitionLoader:
         :attr:`repairs` and counted in the next commit's metrics (``repaired``).
         A broken changelog is not repaired: every older base needs it too.
         """
-        if version == 0 and self.db is None and not self._identity.bootstrapped:
-            if not os.path.lexists(self._local.db):
-                self._create_empty()
-                return
+        fresh = version == 0 and self.db is None and not self._identity.bootstrapped
+        if fresh and not os.path.lexists(self._local.db):  # anything there: replaced below
+            self._create_empty()
+            return
         bases = [*sorted((s for s in snapshots if s <= version), reverse=True), 0]
         bases = list(dict.fromkeys(bases))
         skipped: list[str] = []
