@@ -362,16 +362,12 @@ class _Reader(DataSourceReader):
         self.converters = {f.name: _converter(f.dataType, f.name) for f in schema.fields}
 
     def partitions(self) -> list[InputPartition]:
-        s = self.settings
-        if s["partition"] is not None:
-            return [InputPartition(s["partition"])]
-        source = _open(s)
-        return [InputPartition(p) for p in source.partitions(s["operator"])]
+        return _input_partitions(self.settings)
 
     def read(self, partition: InputPartition):
         s = self.settings
         rows = store_rows(
-            _open(s), s["operator"], s["store"], [partition.value],
+            _open(s), s["operator"], s["store"], list(partition.value),
             s["version"], RowFilter(key=s["key"], as_of=s["as_of"]), raw=s["raw"],
         )  # fmt: skip
         names = self.columns
@@ -393,6 +389,20 @@ class _Reader(DataSourceReader):
                 *[row[c] for c in time_columns],
                 convert["value"](row["value"]),
             )
+
+
+def _input_partitions(s: dict[str, Any]) -> list[InputPartition]:
+    """One Spark partition per database of the state: the state partitions it
+    holds (one, or a slab's: sessionstore.checkpoint.partition.identity); the one
+    partition the ``partition`` option names."""
+    if s["partition"] is not None:
+        return [InputPartition([s["partition"]])]
+    source = _open(s)
+    layout = source.layout(s["operator"])
+    if layout is None or layout[0] == layout[1]:
+        return [InputPartition([p]) for p in source.partitions(s["operator"])]
+    slabs, count = layout
+    return [InputPartition(list(range(slab, count, slabs))) for slab in range(slabs)]
 
 
 def _processor_store(source: Any, operator: str) -> str:
@@ -482,15 +492,12 @@ class _ProcessorReader(DataSourceReader):
         self.record = None if settings["timers"] else _declared(settings)
 
     def partitions(self) -> list[InputPartition]:
-        s = self.settings
-        if s["partition"] is not None:
-            return [InputPartition(s["partition"])]
-        return [InputPartition(p) for p in _open(s).partitions(s["operator"])]
+        return _input_partitions(self.settings)
 
     def read(self, partition: InputPartition):
         s, record = self.settings, self.record
         rows = store_rows(
-            _open(s), s["operator"], s["store"], [partition.value], s["version"],
+            _open(s), s["operator"], s["store"], list(partition.value), s["version"],
             RowFilter(key=s["key"]),
         )  # fmt: skip
         if record is None:

@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SPARK_SEED", "KEY_TYPES", "check_key_types", "murmur3_hash", "partition_ids"]
+__all__ = [
+    "SPARK_SEED", "KEY_TYPES", "check_key_types", "murmur3_hash", "partition_ids", "KeyRouter",
+]  # fmt: skip
 
 #: The seed of Spark's ``Murmur3Hash`` in ``HashPartitioning``.
 SPARK_SEED = 42
@@ -177,3 +179,37 @@ def partition_ids(
         raise ValueError(f"num_partitions must be a positive int, got {num_partitions!r}")
     # numpy's % takes the sign of the divisor: Spark's pmod for a positive n
     return murmur3_hash(columns, types).astype(np.int64) % num_partitions
+
+
+class KeyRouter:
+    """The partition of decoded keys (a value, or a tuple of a composite key's
+    values) among ``partitions``, as ``repartition(partitions, *key_columns)`` of
+    Spark types ``key_types`` gives it; each distinct key hashed once."""
+
+    def __init__(self, key_types: Sequence[str], partitions: int) -> None:
+        self._types, self._n = tuple(key_types), partitions
+        self._cache: dict[Any, int] = {}
+
+    def partitions_of(self, keys: Sequence[Any]) -> list[int]:
+        """The partition of each of ``keys``; ``ValueError`` naming a key that does
+        not match the key columns."""
+        cache = self._cache
+        missing = list({k for k in keys if k not in cache})
+        if missing:
+            ids = partition_ids(self._columns(missing), self._types, self._n)
+            cache.update(zip(missing, ids.tolist(), strict=True))
+        return [cache[k] for k in keys]
+
+    def _columns(self, keys: list[Any]) -> list[list[Any]]:
+        width = len(self._types)
+        if width == 1:
+            bad = next((k for k in keys if isinstance(k, tuple)), None)
+            if bad is None:
+                return [keys]
+        else:
+            bad = next((k for k in keys if not isinstance(k, tuple) or len(k) != width), None)
+            if bad is None:
+                return [list(column) for column in zip(*keys, strict=True)]
+        raise ValueError(
+            f"key {bad!r} does not match the {width} key column(s) of types {','.join(self._types)}"
+        )

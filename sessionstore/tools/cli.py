@@ -374,15 +374,27 @@ def ls(uri: str, storage_options: tuple[str, ...]) -> None:
         table.add_column(column)
     for operator in operators:
         records = source.store_records(operator)
+        layout = source.layout(operator)
         for partition in source.partitions(operator):
             info = source.info(operator, partition)
             span = f"{info.loadable[0]}..{info.loadable[-1]}" if info.loadable else "-"
             table.add_row(
-                operator, str(partition), str(info.latest), span,
+                operator, _partition_cell(partition, layout), str(info.latest), span,
                 ",".join(map(str, info.snapshots)) or "-", f"{info.bytes:,}",
                 _stores_cell(records, info.stats),
             )  # fmt: skip
     Console(width=220).print(table)
+
+
+def _partition_cell(database: int, layout: tuple[int, int] | None) -> str:
+    """A database's partition(s) for ``ls``: its number, or where it is a slab of
+    several (``layout``: ``(slabs, partitions)``), the partitions it holds."""
+    if layout is None or layout[0] == layout[1]:
+        return str(database)
+    slabs, count = layout
+    held = range(database, count, slabs)
+    shown = ", ".join(map(str, held[:3]))
+    return f"{shown}, ... ({len(held)} of {count}: every {slabs}th)"
 
 
 def _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of) -> RowFilter:
@@ -689,6 +701,14 @@ def restore(uri, operator, partition, version, target, storage_options, allow_pi
         raise CliError(f"{target} exists and is not empty; restore into a new directory")
     source = _checkpoint_only(_source(uri, storage_options, allow_pickle), "restore")
     operator = _operator(source, operator)
+    layout = source.layout(operator)
+    if layout is not None and layout[0] != layout[1] and 0 <= partition < layout[1]:
+        slabs, count = layout
+        click.echo(
+            f"partition {partition} of {operator} is kept with {count // slabs - 1} others in "
+            f"database {partition % slabs}: restoring that database"
+        )
+        partition %= slabs
     if partition not in source.partitions(operator):
         raise CliError(
             f"operator {operator!r} has no partition {partition} "

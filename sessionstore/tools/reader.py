@@ -28,13 +28,16 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
+from itertools import islice
 from typing import Any
 from urllib.parse import urlparse
 
+from sessionstore.checkpoint.partition.identity import layout_of
 from sessionstore.checkpoint.partition.provider import StateStoreProvider, store_stats
 from sessionstore.checkpoint.records.changelog import read_changelog_header
 from sessionstore.checkpoint.records.generation import state_root
 from sessionstore.checkpoint.records.layout import (
+    KEY_TYPES_FIELD,
     PartitionFiles,
     committed_version,
     local_databases,
@@ -46,6 +49,7 @@ from sessionstore.checkpoint.records.layout import (
 from sessionstore.checkpoint.records.metrics import summarize_batch, task_records
 from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
 from sessionstore.checkpoint.storage.first_contact import reach
+from sessionstore.encoding.spark_hash import KeyRouter
 from sessionstore.engine.write_buffer import WriteBuffer
 from sessionstore.errors import SessionStoreError
 from sessionstore.operators.aggregations import recorded_output, recorded_time_type
@@ -210,7 +214,17 @@ class CheckpointSource(_PickleGuard):
         return self.root if uri == self.uri else open_filesystem(uri, self.storage_options)
 
     def partitions(self, operator: str) -> list[int]:
+        """The databases of ``operator``'s state (its slabs: :meth:`layout`)."""
         return partitions(self._state(operator), operator)
+
+    def layout(self, operator: str) -> tuple[int, int] | None:
+        """``(slabs, partitions)`` of ``operator`` (identity.py: ``partitions``
+        partitions kept in ``slabs`` databases); None when it records no count."""
+        return layout_of(operator_metadata(self.root, operator))
+
+    def key_types(self, operator: str) -> list[str] | None:
+        """The Spark types of ``operator``'s key columns, as recorded."""
+        return operator_metadata(self.root, operator).get(KEY_TYPES_FIELD)
 
     def info(self, operator: str, partition: int) -> PartitionInfo:
         files = PartitionFiles(self._state(operator).child(f"{operator}/{partition}"))
@@ -334,6 +348,11 @@ class LocalSource(_PickleGuard):
                 f"no operator {operator!r} in {self.uri} (operators: {', '.join(self.operators())})"
             )
         return found
+
+    def layout(self, operator: str) -> tuple[int, int] | None:
+        """None: a live database is read as the slab it is (its partition
+        numbers are those of its folder)."""
+        return None
 
     def store_records(self, operator: str) -> dict[str, dict[str, Any]]:
         """The store specs recorded in ``operator``'s first database (read once)."""
@@ -532,6 +551,13 @@ def store_rows(
     source.check_pickle(operator)  # before anything is read
     kind = _kind_of(source.store_records(operator), operator, store)
     row_filter.check(kind, store)  # clear errors before any restore
+    layout = source.layout(operator)
+    if layout is not None and layout[0] != layout[1]:
+        yield from _slab_rows(
+            source, operator, store, kind, layout, partition_ids, version, row_filter, limit,
+            progress, raw,
+        )  # fmt: skip
+        return
     known = source.partitions(operator)
     ids = known if partition_ids is None else partition_ids
     for p in ids:
@@ -553,6 +579,63 @@ def store_rows(
                     return
     if progress is not None:
         progress("partitions", len(ids), len(ids))
+
+
+def _slab_rows(
+    source: CheckpointSource,
+    operator: str,
+    store: str,
+    kind: str,
+    layout: tuple[int, int],
+    partition_ids: list[int] | None,
+    version: int | None,
+    row_filter: RowFilter,
+    limit: int | None,
+    progress: Progress | None,
+    raw: bool,
+) -> Iterator[dict[str, Any]]:
+    """:func:`store_rows` of an operator whose partitions are kept in fewer
+    databases (``layout``: ``(slabs, partitions)``, identity.py): each slab
+    holding a wanted partition is read once, and each row is given its partition,
+    Spark's hash of its key (``repartition(partitions, keys)``, what routed it),
+    and kept if wanted. Rows come slab by slab, the partitions of a slab
+    interleaved."""
+    slabs, count = layout
+    wanted = range(count) if partition_ids is None else partition_ids
+    bad = next((p for p in wanted if type(p) is not int or not 0 <= p < count), None)
+    if bad is not None:
+        raise NotFoundError(
+            f"operator {operator!r} has no partition {bad} (partitions: 0..{count - 1}, "
+            f"kept in {slabs} databases)"
+        )
+    types = source.key_types(operator)
+    if not types:
+        raise SessionStoreError(
+            f"operator {operator!r} keeps {count} partitions in {slabs} databases but "
+            "records no key types to tell them apart"
+        )
+    router, keep = KeyRouter(types, count), set(wanted)
+    chosen = sorted({p % slabs for p in keep})
+    total = 0
+    for done, slab in enumerate(chosen):
+        if progress is not None:
+            progress("partitions", done, len(chosen))
+        with source.open(operator, slab, version, progress) as (_, stores):
+            where = f"{operator}/{slab} store {store!r}"
+            rows = presented_rows(stores[store], kind, where, row_filter, raw)
+            while chunk := list(islice(rows, 4096)):
+                try:
+                    labels = router.partitions_of([row["key"] for row in chunk])
+                except (KeyError, ValueError) as exc:
+                    raise SessionStoreError(f"{where}: no partition for a row: {exc}") from None
+                for label, row in zip(labels, chunk, strict=True):
+                    if label in keep:
+                        yield {"partition": label, **row}
+                        total += 1
+                        if limit is not None and total >= limit:
+                            return
+    if progress is not None:
+        progress("partitions", len(chosen), len(chosen))
 
 
 def processor_declarations(

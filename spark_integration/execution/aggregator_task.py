@@ -168,6 +168,8 @@ class AggregatorTask:
     coordinator: CoordinatorAddress | None = None
     #: the input is a batch DataFrame: emit everything at its end
     bounded: bool = False
+    #: the partition count when ``num_partitions`` slabs hold the partitions
+    key_groups: int | None = None
 
     def store_spec(self) -> StoreSpec:
         """The spec of the operator's store."""
@@ -189,7 +191,8 @@ class AggregatorTask:
         spec = self.store_spec()
         task = (self.backend, self.name, context, [spec], self.num_partitions, batches)
         with state_and_inputs(
-            *task, shared_event_time=True, key_types=self.key_types, coordinator=self.coordinator
+            *task, shared_event_time=True, key_types=self.key_types, coordinator=self.coordinator,
+            key_groups=self.key_groups,
         ) as (handle, provider, inputs, shared):
             agg = self.aggregator(handle[spec.name])
             emitted = run_aggregator(

@@ -76,6 +76,8 @@ class JoinTask:
     out_schema_json: str
     key_types: list[str]
     coordinator: CoordinatorAddress | None = None
+    #: the partition count when ``num_partitions`` slabs hold the partitions
+    key_groups: int | None = None
 
     #: the hidden columns a batch's rows are first sorted by
     order: ClassVar[tuple[str, ...]] = (TS, SIDE)
@@ -110,6 +112,7 @@ class JoinTask:
             shared_event_time=True,
             key_types=self.key_types,
             coordinator=self.coordinator,
+            key_groups=self.key_groups,
         ) as (handle, _, inputs, shared):
             rows = None
             if inputs:

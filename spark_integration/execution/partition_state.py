@@ -62,6 +62,7 @@ class _ProviderRecipe:
     specs: list[StoreSpec]
     num_partitions: int
     key_types: list[str] | None
+    key_groups: int | None = None
 
     def key(self) -> str:
         b = self.backend
@@ -69,7 +70,7 @@ class _ProviderRecipe:
             b.checkpoint_uri, b.resolved_local_dir, b.snapshot_interval, b.retain_versions,
             sorted(b.storage_options.items()), self.name, self.partition, self.num_partitions,
             [spec.describe() for spec in self.specs], b.commit_observer, self.key_types,
-            b.memory_max_mb, b.orphan_grace_s, b.allow_pickle,
+            b.memory_max_mb, b.orphan_grace_s, b.allow_pickle, self.key_groups,
         ))  # fmt: skip
 
     def make(self) -> StateStoreProvider:
@@ -86,6 +87,7 @@ class _ProviderRecipe:
             num_partitions=self.num_partitions,
             commit_observer=b.commit_observer,
             key_types=self.key_types,
+            key_groups=self.key_groups,
             memory_max_mb=b.memory_max_mb,
             orphan_grace_s=b.orphan_grace_s,
             allow_pickle=b.allow_pickle,
@@ -100,6 +102,7 @@ def partition_state(
     specs: list[StoreSpec],
     num_partitions: int,
     key_types: list[str] | None = None,
+    key_groups: int | None = None,
 ) -> Iterator[tuple[StoreHandle, StateStoreProvider]]:
     """The partition's stores at version ``batch_id``; committed as ``batch_id + 1``
     when the block succeeds (the task's metrics record then left in ``context``),
@@ -110,14 +113,16 @@ def partition_state(
     executor on request); snapshot uploads run on the service's background thread
     when the process outlives the task. Stores whose spec names no segment
     interval get the operators' one. ``key_types`` (the key columns' Spark types,
-    from planning) are recorded in the checkpoint for a later repartition.
+    from planning) are recorded in the checkpoint for a later repartition;
+    ``key_groups``, the operator's partition count when ``num_partitions`` slabs
+    hold its partitions (identity.py), is recorded and checked.
     """
     from sessionstore.checkpoint.service.store_service import StoreService
 
     info = context.info
     check_partition(name, info.partition, num_partitions)
     recipe = _ProviderRecipe(
-        backend, name, info.partition, _segmented(specs), num_partitions, key_types
+        backend, name, info.partition, _segmented(specs), num_partitions, key_types, key_groups
     )
     key = recipe.key()
     service = StoreService.instance()
@@ -208,6 +213,7 @@ def state_and_inputs(
     *,
     key_types: list[str] | None = None,
     coordinator: CoordinatorAddress | None = None,
+    key_groups: int | None = None,
 ) -> Iterator[tuple[StoreHandle, StateStoreProvider, list[pa.RecordBatch], int | None]]:
     """:func:`partition_state`, the task's non-empty input batches, and with
     ``shared_event_time`` the operator's event time after the previous batch (see
@@ -234,7 +240,7 @@ def state_and_inputs(
                 coordinator, storage, info.run, info.batch_id - 1, num_partitions
             )
 
-    state = partition_state(backend, name, context, specs, num_partitions, key_types)
+    state = partition_state(backend, name, context, specs, num_partitions, key_types, key_groups)
     ahead = _EnteredAhead(state, then)
     try:
         inputs = [b for b in batches if b.num_rows]

@@ -82,7 +82,10 @@ class AggregateInput:
         the common fields) run by :func:`~spark_integration.planning.placement.state_map`."""
         conf = operator_conf(df, backend, num_partitions, name)
         n = conf.partitions
-        task = self.task(task_class, out_schema, conf.backend, n, name, conf.coordinator, **settings)
+        task = self.task(
+            task_class, out_schema, conf.backend, n, name, conf.coordinator,
+            key_groups=conf.key_groups, **settings,
+        )  # fmt: skip
         selected = with_due_batches(self.selected, conf.backend, name, n, allowed=conf.due_batches)
         return state_map(selected, self.keys, n, task, out_schema, name, conf)
 
@@ -94,6 +97,7 @@ class AggregateInput:
         num_partitions: int,
         name: str,
         coordinator: Any = None,
+        key_groups: int | None = None,
         **settings: Any,
     ) -> AggregatorTask:
         """The task of operator ``name`` that each state partition runs (what
@@ -108,6 +112,7 @@ class AggregateInput:
             key_types=key_types(self.selected, self.keys),
             coordinator=coordinator,
             bounded=self.bounded,
+            key_groups=key_groups,
             **settings,
         )
 

@@ -224,10 +224,11 @@ def bootstrap_sessionize(
             "bootstrap_sessionize needs a batch DataFrame of the history; got a streaming one"
         )
     planned = plan_sessionize(history, key, timestamp, gap, grace, aggregations, emit)
-    backend, n = resolve(history, backend, num_partitions, name)
+    backend, n, k, _ = resolve(history, backend, num_partitions, name)
     task = planned.input.task(
-        SessionizeTask, planned.out_schema, backend, n, name, None, **planned.settings
-    )
+        SessionizeTask, planned.out_schema, backend, n, name, None,
+        key_groups=None if k == n else k, **planned.settings,
+    )  # fmt: skip
     return run_bootstrap(planned.input.selected, planned.input.keys, task, quiet_s)
 
 
@@ -261,8 +262,9 @@ def bootstrap_temporal_join(
     sides, keys, out_schema, settings = plan_temporal_join(
         no_stream, table_history, key, stream_timestamp, table_timestamp, history_retention, how
     )
-    backend, n = resolve(table_history, backend, num_partitions, name)
+    backend, n, k, _ = resolve(table_history, backend, num_partitions, name)
     combined, task = join_task(
-        sides, keys, TemporalJoinTask, out_schema, backend, n, name, None, **settings
-    )
+        sides, keys, TemporalJoinTask, out_schema, backend, n, name, None,
+        key_groups=None if k == n else k, **settings,
+    )  # fmt: skip
     return run_bootstrap(combined, keys, task, quiet_s)

@@ -40,7 +40,7 @@ def join_state_map(
     conf = operator_conf(sides[0][0], backend, num_partitions, name)
     combined, task = join_task(
         sides, keys, task_class, out_schema, conf.backend, conf.partitions, name,
-        conf.coordinator, **settings,
+        conf.coordinator, key_groups=conf.key_groups, **settings,
     )  # fmt: skip
     n = conf.partitions
     combined = with_due_batches(combined, conf.backend, name, n, allowed=conf.due_batches)
@@ -56,6 +56,7 @@ def join_task(
     num_partitions: int,
     name: str,
     coordinator: CoordinatorAddress | None = None,
+    key_groups: int | None = None,
     **settings: Any,
 ) -> tuple[Any, JoinTask]:
     """``(the tagged union of sides, the task each state partition runs)`` for the
@@ -71,6 +72,7 @@ def join_task(
         out_schema_json=out_schema.json(),
         key_types=key_types(combined, keys),
         coordinator=coordinator,  # event time, metrics to the driver
+        key_groups=key_groups,
         **settings,
     )
     return combined, task

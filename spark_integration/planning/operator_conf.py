@@ -19,32 +19,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spark_integration.conf.backend import CONF_PREFIX, StateBackend
+from spark_integration.conf.backend import StateBackend
 from spark_integration.conf.spark_session import default_parallelism
 from spark_integration.coordinator.protocol import CoordinatorAddress
 from spark_integration.execution.metrics import metrics_enabled
 from spark_integration.execution.state_server.config import server_count
 from spark_integration.planning.due_batches import due_batches_allowed
-from spark_integration.planning.resolve import PARTITIONS_PER_CORE, operator_coordinator, resolve
+from spark_integration.planning.resolve import (
+    PARTITIONS_PER_CORE,
+    TASKS_CONF,
+    explicit_tasks,
+    operator_coordinator,
+    resolve,
+)
 
 __all__ = ["OperatorConf", "operator_conf", "TASKS_CONF", "task_count"]
 
-#: Spark conf key: Spark tasks per micro-batch of an operator
-#: (:mod:`spark_integration.planning.placement`).
-TASKS_CONF = CONF_PREFIX + "tasks"
+_READ = object()
 
 
-def task_count(spark: Any, partitions: int) -> int:
+def task_count(spark: Any, partitions: int, tasks: int | None | object = _READ) -> int:
     """Spark tasks per micro-batch for an operator of ``partitions`` state
-    partitions (:data:`TASKS_CONF`; the rule: :mod:`spark_integration.planning.placement`)."""
-    value = spark.conf.get(TASKS_CONF, "auto")
-    text = str(value).strip().lower()
-    if text not in ("auto", ""):
-        tasks = int(text) if text.isdigit() else 0
-        if tasks < 1 or partitions % tasks:
+    partitions (:data:`TASKS_CONF`, unless ``tasks`` gives its setting already read,
+    None for ``auto``; the rule: :mod:`spark_integration.planning.placement`)."""
+    if tasks is _READ:
+        tasks = explicit_tasks(spark, partitions)
+    if tasks is not None:
+        if partitions % tasks:
             raise ValueError(
                 f"{TASKS_CONF} must be 'auto' or a positive divisor of the operator's "
-                f"{partitions} partitions, got {value!r}"
+                f"{partitions} partitions, got {tasks!r}"
             )
         return tasks
     cores = default_parallelism(spark)
@@ -66,7 +70,8 @@ class OperatorConf:
     name: str
     #: the given backend or the conf's, pointed at the operator's state
     backend: StateBackend
-    #: state partitions (the checkpoint's, rescaled to a given count)
+    #: the databases (slabs) the state partitions are kept in: what the tasks, the
+    #: checkpoint's layout and the coordinator count as partitions
     partitions: int
     #: Spark tasks per micro-batch (:data:`TASKS_CONF`)
     tasks: int
@@ -78,6 +83,9 @@ class OperatorConf:
     due_batches: bool
     #: the driver's coordinator for the operator's tasks, or None
     coordinator: CoordinatorAddress | None
+    #: the operator's partition count when :attr:`partitions` slabs hold more (the
+    #: tasks record it in ``_metadata``); None: a partition per slab
+    key_groups: int | None = None
 
 
 def operator_conf(
@@ -88,14 +96,15 @@ def operator_conf(
     the first request to its store, a rescale when the count changes), every
     other setting read once, and its coordinator registered."""
     spark = df.sparkSession
-    backend, n = resolve(df, backend, num_partitions, name)
+    backend, n, k, tasks = resolve(df, backend, num_partitions, name)
     return OperatorConf(
         name=name,
         backend=backend,
         partitions=n,
-        tasks=task_count(spark, n),
+        tasks=task_count(spark, n, tasks),
         servers=server_count(spark),
         observe_metrics=metrics_enabled(spark),
         due_batches=due_batches_allowed(spark),
         coordinator=operator_coordinator(df, backend, name, n),
+        key_groups=None if k == n else k,
     )

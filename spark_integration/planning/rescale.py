@@ -32,7 +32,7 @@ from sessionstore.checkpoint.offline.rescale import (
     source_rows,
     write_targets,
 )
-from sessionstore.checkpoint.partition.identity import recorded_partitions
+from sessionstore.checkpoint.partition.identity import layout_of, recorded_layout
 from sessionstore.checkpoint.records.generation import state_root
 from spark_integration.conf.backend import StateBackend
 
@@ -47,48 +47,62 @@ _WRITTEN = "partition int, rows long"
 _BATCH_ROWS = 8192
 
 
-def located_backend(spark: Any, backend: StateBackend, name: str, partitions: int) -> StateBackend:
+def located_backend(
+    spark: Any, backend: StateBackend, name: str, slabs: int, partitions: int | None = None
+) -> StateBackend:
     """``backend`` pointed at the state root of operator ``name`` (the checkpoint
     root, or the generation a rescale made), after rescaling the operator's
-    checkpoint to ``partitions`` when it records another count. The tasks, the
-    coordinator and the due-batch reader all open the state there."""
+    checkpoint to ``partitions`` partitions in ``slabs`` databases (default: one
+    each) when it records another layout. The tasks, the coordinator and the
+    due-batch reader all open the state there."""
+    partitions = slabs if partitions is None else partitions
     uri, options = backend.checkpoint_uri, backend.storage_options
     if resume_rescale(uri, name, options):  # a rescale died between its switch and fences
         log.warning("sessionstore finished the fences of the rescale of operator %r of %s",
                     name, uri)  # fmt: skip
-    recorded = recorded_partitions(uri, name, options)
-    if recorded is not None and recorded != partitions:
-        rescale(spark, backend, name, partitions)
+    recorded = recorded_layout(uri, name, options)
+    if recorded is not None and recorded != (slabs, partitions):
+        rescale(spark, backend, name, slabs, partitions)
     root = state_root(uri, name, options)
     return backend if root == uri else dataclasses.replace(backend, checkpoint_uri=root)
 
 
-def rescale(spark: Any, backend: StateBackend, name: str, partitions: int) -> dict[str, Any]:
-    """Rescale operator ``name``'s checkpoint to ``partitions`` partitions with a
-    Spark job of ``spark``; logs one line and returns ``{"operator", "version",
-    "from_partitions", "partitions", "rows", "seconds"}``.
+def rescale(
+    spark: Any, backend: StateBackend, name: str, slabs: int, partitions: int | None = None
+) -> dict[str, Any]:
+    """Rescale operator ``name``'s checkpoint to ``partitions`` partitions in
+    ``slabs`` databases (default: one each) with a Spark job of ``spark``; logs
+    one line and returns ``{"operator", "version", "from_partitions",
+    "partitions", "from_slabs", "slabs", "rows", "seconds"}``.
     :class:`~sessionstore.checkpoint.offline.rescale.RescaleError` (before anything is
     switched) when it cannot be done."""
     started = time.perf_counter()
+    partitions = slabs if partitions is None else partitions
     plan = plan_rescale(
-        backend.checkpoint_uri, name, partitions, backend.storage_options, backend.allow_pickle
-    )
+        backend.checkpoint_uri, name, slabs, backend.storage_options, backend.allow_pickle,
+        key_groups=partitions,
+    )  # fmt: skip
+    before = layout_of(plan.copy.metadata) or (plan.copy.source_partitions,) * 2
     rows = copy_state(spark, plan)
     commit_rescale(plan)
     _drop_previous(plan)
     seconds = time.perf_counter() - started
     copy = plan.copy
     log.warning(
-        "sessionstore rescaled operator %r of %s from %d to %d partitions at version %d "
+        "sessionstore rescaled operator %r of %s from %d to %d partitions%s at version %d "
         "(%d rows, a Spark job) in %.1f s",
-        name, backend.checkpoint_uri, copy.source_partitions, copy.partitions, copy.version,
-        rows, seconds,
+        name, backend.checkpoint_uri, before[1], partitions,
+        "" if before[0] == before[1] and slabs == partitions
+        else f" (in {before[0]}, now {slabs} databases)",
+        copy.version, rows, seconds,
     )  # fmt: skip
     return {
         "operator": name,
         "version": copy.version,
-        "from_partitions": copy.source_partitions,
-        "partitions": copy.partitions,
+        "from_partitions": before[1],
+        "partitions": partitions,
+        "from_slabs": copy.source_partitions,
+        "slabs": slabs,
         "rows": rows,
         "seconds": seconds,
     }

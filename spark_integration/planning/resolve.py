@@ -7,11 +7,12 @@ partition count (the checkpoint's, else the conf's or the cluster's cores:
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
+from sessionstore.checkpoint.partition.identity import recorded_layout
 from sessionstore.checkpoint.partition.lineage import warn_unfenced
-from sessionstore.checkpoint.partition.provider import recorded_partitions
 from sessionstore.checkpoint.storage.first_contact import reach
 from sessionstore.process import this_process
 from spark_integration.conf.backend import CONF_PREFIX, StateBackend
@@ -22,7 +23,12 @@ from spark_integration.planning.rescale import located_backend
 
 __all__ = [
     "resolve",
+    "Resolved",
     "partition_count",
+    "slab_count",
+    "explicit_tasks",
+    "TASKS_CONF",
+    "default_slabs",
     "PARTITIONS_CONF",
     "PARTITIONS_PER_CORE",
     "operator_coordinator",
@@ -33,6 +39,10 @@ __all__ = [
 #: The Spark conf key that sets the partition count of operators that get no
 #: ``num_partitions`` (an existing checkpoint of another count is rescaled to it).
 PARTITIONS_CONF = CONF_PREFIX + "partitions"
+#: Spark conf key: Spark tasks per micro-batch of an operator
+#: (:mod:`spark_integration.planning.placement`).
+TASKS_CONF = CONF_PREFIX + "tasks"
+
 #: The default partition count per core of the cluster (Spark's
 #: ``defaultParallelism``). Spark's guidance for stateful queries is 1-2 tasks per
 #: core: each task costs a fixed share of a slot (and one database per partition),
@@ -40,13 +50,25 @@ PARTITIONS_CONF = CONF_PREFIX + "partitions"
 PARTITIONS_PER_CORE = 2
 
 
+class Resolved(NamedTuple):
+    """What :func:`resolve` found for an operator."""
+
+    #: the given backend or the session's conf, pointed at the operator's state
+    backend: StateBackend
+    #: the databases its partitions are kept in (:func:`slab_count`)
+    slabs: int
+    #: its partition count (:func:`partition_count`)
+    partitions: int
+    #: the task count :data:`TASKS_CONF` sets (None: ``auto``)
+    tasks: int | None
+
+
 def resolve(
     df: Any, backend: StateBackend | None, num_partitions: int | None, name: str
-) -> tuple[StateBackend, int]:
-    """``(backend, partition count)`` of operator ``name``: the given backend or the
-    session's conf, pointed at the operator's state (rescaled to the count when its
-    checkpoint records another: :mod:`spark_integration.planning.rescale`), and
-    :func:`partition_count`."""
+) -> Resolved:
+    """The backend, slabs, partition count and task setting of operator ``name``
+    (:class:`Resolved`), the operator's state rescaled when its checkpoint records
+    another layout (:mod:`spark_integration.planning.rescale`)."""
     spark = df.sparkSession
     backend = backend or StateBackend.from_conf(spark)
     warn_tcp_workers(spark)
@@ -54,9 +76,12 @@ def resolve(
     # or fails with one line saying what was tried and what to fix
     storage = reach(backend.checkpoint_uri, backend.storage_options)
     warn_unfenced(storage)  # once per checkpoint location: the risk where nothing fences
-    n = partition_count(spark, backend, name, num_partitions)
-    # a checkpoint of another count is rescaled here, before the first batch
-    return located_backend(spark, backend, name, n), n
+    recorded = recorded_layout(backend.checkpoint_uri, name, backend.storage_options)
+    k = partition_count(spark, backend, name, num_partitions, recorded)
+    tasks = explicit_tasks(spark, k)
+    s = slab_count(spark, k, recorded, tasks)
+    # a checkpoint of another layout is rescaled here, before the first batch
+    return Resolved(located_backend(spark, backend, name, s, k), s, k, tasks)
 
 
 def _positive(value: Any, what: str) -> int:
@@ -70,7 +95,11 @@ def _positive(value: Any, what: str) -> int:
 
 
 def partition_count(
-    spark: Any, backend: StateBackend, name: str, num_partitions: int | None = None
+    spark: Any,
+    backend: StateBackend,
+    name: str,
+    num_partitions: int | None = None,
+    recorded: tuple[int, int] | None | bool = False,
 ) -> int:
     """How many partitions operator ``name`` hash-partitions its input into:
     ``num_partitions``, else the conf's :data:`PARTITIONS_CONF`, else the count
@@ -82,16 +111,77 @@ def partition_count(
     before the first batch (:func:`resolve`, docs/rescale.md). Spark's
     ``spark.sql.shuffle.partitions`` (200 unless set) is not used: at 200 tasks per
     micro-batch their fixed costs dominate (BENCHMARKS.md, "Spark at scale").
+    ``recorded``: the checkpoint's ``(slabs, partitions)`` when the caller read
+    them already (None: no checkpoint).
     """
     if num_partitions is not None:
         return _positive(num_partitions, "num_partitions")
     configured = spark.conf.get(PARTITIONS_CONF, None)
     if configured:
         return _positive(configured, PARTITIONS_CONF)
-    recorded = recorded_partitions(backend.checkpoint_uri, name, backend.storage_options)
-    if recorded is not None:
-        return recorded
+    if recorded is False:
+        recorded = recorded_layout(backend.checkpoint_uri, name, backend.storage_options)
+    if recorded:
+        return recorded[1]
     return PARTITIONS_PER_CORE * default_parallelism(spark)
+
+
+def explicit_tasks(spark: Any, partitions: int) -> int | None:
+    """The task count :data:`TASKS_CONF` sets (None: ``auto``, the default);
+    ``ValueError`` naming the value unless it is a positive divisor of
+    ``partitions``."""
+    value = spark.conf.get(TASKS_CONF, "auto")
+    text = str(value).strip().lower()
+    if text in ("auto", ""):
+        return None
+    tasks = int(text) if text.isdigit() else 0
+    if tasks < 1 or partitions % tasks:
+        raise ValueError(
+            f"{TASKS_CONF} must be 'auto' or a positive divisor of the operator's "
+            f"{partitions} partitions, got {value!r}"
+        )
+    return tasks
+
+
+def default_slabs(partitions: int, cores: int) -> int:
+    """The databases ``partitions`` partitions are kept in on a cluster of
+    ``cores``: each its own up to :data:`PARTITIONS_PER_CORE` per core; above, the
+    most slabs that divide the count between one and two per core (each slab is
+    one database, one changelog per micro-batch and one Spark task's share: what a
+    partition of its own would cost); the count itself when none divides it."""
+    most = PARTITIONS_PER_CORE * cores
+    if partitions <= most:
+        return partitions
+    fits = [d for d in range(max(cores, 1), most + 1) if partitions % d == 0]
+    return max(fits) if fits else partitions
+
+
+def slab_count(
+    spark: Any,
+    partitions: int,
+    recorded: tuple[int, int] | None = None,
+    tasks: int | None = None,
+) -> int:
+    """How many databases (slabs: sessionstore.checkpoint.partition.identity) hold
+    the operator's ``partitions`` partitions, given the checkpoint's ``recorded``
+    ``(slabs, partitions)`` (None: a new checkpoint) and the task count ``tasks``
+    :data:`TASKS_CONF` sets (None: ``auto``).
+
+    :func:`default_slabs` for the cluster's cores (made a multiple of ``tasks``:
+    each task runs the same number of slabs), but a checkpoint of the same
+    partition count keeps its slabs when they are at least as many (and
+    ``tasks`` divides them): a restart on a larger cluster spreads the state over
+    it, one on a smaller cluster runs several slabs per task. A layout other than
+    the recorded one rescales the checkpoint before the first batch
+    (docs/rescale.md).
+    """
+    want = default_slabs(partitions, default_parallelism(spark))
+    if tasks is not None:
+        want = math.lcm(want, tasks)  # both divide the partition count: so does this
+    if recorded is not None and recorded[1] == partitions and recorded[0] >= want:
+        if tasks is None or recorded[0] % tasks == 0:
+            return recorded[0]
+    return want
 
 
 def operator_coordinator(

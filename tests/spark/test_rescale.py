@@ -258,13 +258,13 @@ def test_a_data_source_read_across_a_switch_never_mixes_two_counts(spark, tmp_pa
         return plan
 
     reader, listed = planned_read()
-    assert [p.value for p in listed] == [0, 1, 2, 3]
+    assert [p.value for p in listed] == [[0], [1], [2], [3]]
     expected = sorted(row for p in listed for row in reader.read(p))
     drop_state(switched(7))
     with pytest.raises(CheckpointMismatchError, match=r"ck/op/_metadata was rescaled"):
         list(reader.read(listed[0]))
     reader, listed = planned_read()
-    assert [p.value for p in listed] == list(range(7))
+    assert [p.value for p in listed] == [[p] for p in range(7)]
     rescaled = sorted(row for p in listed for row in reader.read(p))
     assert sorted(r[1:] for r in rescaled) == sorted(r[1:] for r in expected)
     again = switched(3)  # the old query's next version fenced: what a reader reads too

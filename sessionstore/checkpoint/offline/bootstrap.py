@@ -46,6 +46,7 @@ from sessionstore.checkpoint.records.layout import (
     CHECKPOINT_ID_FIELD,
     COMMIT_KEY,
     IDENTITY_KEY,
+    KEY_GROUPS_FIELD,
     KEY_TYPES_FIELD,
     LAST_COMMIT_KEY,
     METADATA,
@@ -72,7 +73,7 @@ __all__ = [
 #: The ``kind`` of a bootstrap's audit record.
 BOOTSTRAP_KIND = "bootstrap"
 #: The ``_metadata`` fields a bootstrap and the query must agree on.
-_SHAPE = ("format", "operator_id", "num_partitions", "stores", KEY_TYPES_FIELD)
+_SHAPE = ("format", "operator_id", "num_partitions", "stores", KEY_TYPES_FIELD, KEY_GROUPS_FIELD)
 
 
 def committed_state(target: ChangeTarget) -> str | None:

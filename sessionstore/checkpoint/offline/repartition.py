@@ -48,6 +48,7 @@ from sessionstore.checkpoint.records.layout import (
     COMMIT_KEY,
     DUE_BATCHES_MARKER,
     IDENTITY_KEY,
+    KEY_GROUPS_FIELD,
     KEY_TYPES_FIELD,
     LAST_COMMIT_KEY,
     VERSION_KEY,
@@ -66,7 +67,7 @@ from sessionstore.checkpoint.records.snapshot import upload_snapshot
 from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
 from sessionstore.encoding.ints import INT64
 from sessionstore.encoding.keys import decode_key
-from sessionstore.encoding.spark_hash import check_key_types, partition_ids
+from sessionstore.encoding.spark_hash import KeyRouter, check_key_types
 from sessionstore.engine.db import META_CF
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.base import DEFAULT_KEY_SERDE, aux_key, stream_time_key
@@ -130,6 +131,9 @@ class RepartitionPlan:
     target_storage_options: dict[str, Any] | None = field(default=None, repr=False)
     #: the user trusts the source's pickled stores (see refuse_pickle)
     allow_pickle: bool = False
+    #: the target's partition count when its ``partitions`` databases are slabs
+    #: holding more (identity.py); None: a partition per database
+    key_groups: int | None = None
 
     def source(self) -> Storage:
         """The source operator's directory."""
@@ -150,6 +154,7 @@ def plan_repartition(
     storage_options: dict[str, Any] | None = None,
     target_storage_options: dict[str, Any] | None = None,
     allow_pickle: bool = False,
+    key_groups: int | None = None,
 ) -> RepartitionPlan:
     """Check a repartition of ``operator`` at ``uri`` to ``partitions`` partitions at
     ``to`` (version ``version``, default the latest every partition has) and return
@@ -160,9 +165,18 @@ def plan_repartition(
     given for one that does, they must agree. ``target_storage_options`` default to
     ``storage_options``. A source with a pickled store is refused unless
     ``allow_pickle`` (:func:`~sessionstore.stores.spec.refuse_pickle`).
+    ``key_groups``: the target's partition count when its ``partitions``
+    databases are slabs holding more (a multiple of ``partitions``; identity.py).
     """
     if type(partitions) is not int or partitions < 1:
         raise RepartitionError(f"the partition count must be a positive int, got {partitions!r}")
+    if key_groups is not None and (
+        type(key_groups) is not int or key_groups < 1 or key_groups % partitions
+    ):
+        raise RepartitionError(
+            f"the partition count {key_groups!r} must be a positive multiple of the "
+            f"{partitions} slabs"
+        )
     if version is not None and (type(version) is not int or version < 1):
         raise RepartitionError(f"version must be a positive int, got {version!r}")
     root = open_filesystem(uri, storage_options)
@@ -201,6 +215,7 @@ def plan_repartition(
     return RepartitionPlan(
         uri, operator, version, count, to, partitions, types, metadata,
         storage_options, target_storage_options, allow_pickle,
+        None if key_groups == partitions else key_groups,
     )  # fmt: skip
 
 
@@ -245,37 +260,23 @@ def _version(operator: Storage, count: int, version: int | None, where: str) -> 
 
 # ------------------------------------------------------------------ routing
 class _Router:
-    """Target partition of encoded keys, each key hashed once (a key has many rows)."""
+    """Target partition of encoded keys, each key decoded and hashed once (a key
+    has many rows)."""
 
     def __init__(self, key_types: tuple[str, ...], partitions: int) -> None:
-        self._types, self._n = key_types, partitions
+        self._keys = KeyRouter(key_types, partitions)
         self._cache: dict[bytes, int] = {}
 
     def targets(self, encoded: list[bytes], where: str) -> list[int]:
         cache = self._cache
         missing = list({kb for kb in encoded if kb not in cache})
         if missing:
-            keys = [decode_key(kb) for kb in missing]
             try:
-                ids = partition_ids(self._columns(keys), self._types, self._n)
+                ids = self._keys.partitions_of([decode_key(kb) for kb in missing])
             except ValueError as exc:
                 raise RepartitionError(f"{where}: {exc}") from None
-            cache.update(zip(missing, ids.tolist(), strict=True))
+            cache.update(zip(missing, ids, strict=True))
         return [cache[kb] for kb in encoded]
-
-    def _columns(self, keys: list[Any]) -> list[list[Any]]:
-        width = len(self._types)
-        if width == 1:
-            bad = next((k for k in keys if isinstance(k, tuple)), None)
-            if bad is None:
-                return [keys]
-        else:
-            bad = next((k for k in keys if not isinstance(k, tuple) or len(k) != width), None)
-            if bad is None:
-                return [list(column) for column in zip(*keys, strict=True)]
-        raise ValueError(
-            f"key {bad!r} does not match the {width} key column(s) of types {','.join(self._types)}"
-        )
 
 
 def routed_rows(
@@ -480,11 +481,13 @@ def finish_repartition(plan: RepartitionPlan) -> tuple[int | None, str]:
     shared = carry_event_time(plan)
     checkpoint_id = uuid.uuid4().hex
     metadata = {
-        **plan.metadata,
+        **{k: v for k, v in plan.metadata.items() if k != KEY_GROUPS_FIELD},
         "num_partitions": plan.partitions,
         KEY_TYPES_FIELD: list(plan.key_types),
         CHECKPOINT_ID_FIELD: checkpoint_id,
     }
+    if plan.key_groups is not None:
+        metadata[KEY_GROUPS_FIELD] = plan.key_groups
     if plan.source().exists(DUE_BATCHES_MARKER):  # the query's sources stay as they were
         plan.target().write_atomic(DUE_BATCHES_MARKER, plan.source().read(DUE_BATCHES_MARKER))
     write_metadata(plan.target(), metadata)

@@ -132,9 +132,11 @@ def plan_rescale(
     partitions: int,
     storage_options: dict[str, Any] | None = None,
     allow_pickle: bool = False,
+    key_groups: int | None = None,
 ) -> RescalePlan:
     """Check a rescale of ``operator``'s checkpoint at ``uri`` to ``partitions``
-    and return its plan. Reads only; :class:`RescaleError` says why it cannot be
+    databases (``key_groups`` partitions in them when given: identity.py) and
+    return its plan. Reads only; :class:`RescaleError` says why it cannot be
     done: an offline change is half applied, a partition is at another version
     than the others (a query is running, or stopped in the middle of a batch), the
     key columns' types are not recorded, a store is pickled without opt-in, or the
@@ -156,6 +158,7 @@ def plan_rescale(
         copy = plan_repartition(
             root, operator, partitions, generation_root(uri, operator, generation),
             version=source.version, storage_options=storage_options, allow_pickle=allow_pickle,
+            key_groups=key_groups,
         )  # fmt: skip
         base = plan_replay_base(copy)
     except (ChangeError, RepartitionError, FileNotFoundError) as exc:

@@ -21,6 +21,20 @@ long the process that holds it lives (invariant 9 of DESIGN.md).
 
 ``_metadata`` also records the stores and the partition count: a restart with
 other stores or another count is refused (:class:`CheckpointMismatchError`).
+
+**Partitions and slabs.** A key's partition is ``pmod(hash(key), K)``, Spark's
+own hash (``repartition(K, keys)``). The partitions are kept in ``S``
+databases, *slabs*, with ``S`` dividing ``K``: slab ``s`` holds the partitions
+``s, s + S, s + 2S, ...``, so the slab of a key is ``pmod(hash(key), S)``. A
+checkpoint of ``K`` partitions in ``S`` slabs is therefore, file for file, the
+checkpoint of ``S`` partitions: every slab has its own versions, changelogs,
+snapshots, lineage and fences, and everything that reads or writes a
+checkpoint's partitions reads or writes its slabs. ``_metadata`` records ``S`` as
+``num_partitions`` and, when it differs, ``K`` as ``key_groups`` (absent: one
+partition per slab, ``K = S``, as every checkpoint with one database per
+partition). What ``K`` adds is the name of a row's partition for the tools
+(``sessionstore dump --partition``, the data source) and the count a rescale
+keeps; a restart with another ``K`` or on a larger cluster rescales.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ from sessionstore.checkpoint.records.layout import (
     CHANGE_FIELD,
     CHECKPOINT_ID_FIELD,
     IDENTITY_KEY,
+    KEY_GROUPS_FIELD,
     KEY_TYPES_FIELD,
     METADATA,
     LocalPartition,
@@ -61,6 +76,8 @@ __all__ = [
     "CheckpointPartition",
     "check_partition_count",
     "recorded_partitions",
+    "recorded_layout",
+    "layout_of",
     "with_recorded_intervals",
 ]
 
@@ -88,9 +105,20 @@ def check_partition_count(where: str, recorded: int | None, wanted: int | None) 
 def recorded_partitions(
     checkpoint_uri: str, operator_id: str, storage_options: dict[str, Any] | None = None
 ) -> int | None:
-    """The partition count recorded in operator ``operator_id``'s ``_metadata`` under
-    ``checkpoint_uri``: None when the operator has no checkpoint yet, or one whose
-    first writer did not give a count. One read of one small object."""
+    """The count of databases (slabs, see the module doc) recorded in operator
+    ``operator_id``'s ``_metadata`` under ``checkpoint_uri``: None when the
+    operator has no checkpoint yet, or one whose first writer did not give a
+    count. One read of one small object."""
+    layout = recorded_layout(checkpoint_uri, operator_id, storage_options)
+    return None if layout is None else layout[0]
+
+
+def recorded_layout(
+    checkpoint_uri: str, operator_id: str, storage_options: dict[str, Any] | None = None
+) -> tuple[int, int] | None:
+    """``(slabs, partitions)`` recorded in operator ``operator_id``'s ``_metadata``
+    under ``checkpoint_uri`` (:func:`layout_of`); None as
+    :func:`recorded_partitions`. One read of one small object."""
     check_store_name(operator_id)
     try:
         recorded = read_metadata(
@@ -98,8 +126,25 @@ def recorded_partitions(
         )
     except FileNotFoundError:
         return None
-    count = recorded.get("num_partitions")
-    return count if type(count) is int else None
+    return layout_of(recorded)
+
+
+def layout_of(metadata: dict[str, Any]) -> tuple[int, int] | None:
+    """``(slabs, partitions)`` of an operator's ``_metadata``: its
+    ``num_partitions``, and its ``key_groups`` or, absent, the same count (one
+    partition per database); None when it records no count.
+    :class:`CheckpointMismatchError` when ``key_groups`` is not a positive multiple
+    of ``num_partitions``."""
+    slabs = metadata.get("num_partitions")
+    if type(slabs) is not int:
+        return None
+    partitions = metadata.get(KEY_GROUPS_FIELD, slabs)
+    if type(partitions) is not int or partitions < 1 or slabs < 1 or partitions % slabs:
+        raise CheckpointMismatchError(
+            f"_metadata records {partitions!r} partitions in {slabs!r} slabs: the partition "
+            "count must be a positive multiple of the slab count"
+        )
+    return slabs, partitions
 
 
 def with_recorded_intervals(
@@ -180,8 +225,11 @@ class CheckpointIdentity:
         key_types: list[str] | None,
         allow_pickle: bool = False,
         partition: int | None = None,
+        key_groups: int | None = None,
     ) -> None:
         self._operator, self._remote, self._files = operator, remote, files
+        #: the partition count when it differs from the slab count (module doc)
+        self._key_groups = key_groups
         self._partition = partition
         self._operator_id = operator_id
         self._allow_pickle = allow_pickle
@@ -227,6 +275,8 @@ class CheckpointIdentity:
         }
         if self._key_types is not None:
             wanted[KEY_TYPES_FIELD] = self._key_types
+        if self._key_groups is not None and self._key_groups != num_partitions:
+            wanted[KEY_GROUPS_FIELD] = self._key_groups
         bootstrap = None if recorded is None else recorded.get(BOOTSTRAP_FIELD)
         self.bootstrapped = bootstrap is not None
         self.initial_event_time = None if bootstrap is None else bootstrap.get("event_time")
@@ -284,6 +334,13 @@ class CheckpointIdentity:
         another partition than the one its bootstrapped state is in."""
         old_n = recorded.get("num_partitions")
         check_partition_count(where, old_n, num_partitions)
+        layout = layout_of(recorded)
+        if None not in (layout, self._key_groups) and layout[1] != self._key_groups:
+            raise CheckpointMismatchError(
+                f"{where} was written with {layout[1]} partitions (in {layout[0]} slabs), but "
+                f"this query has {self._key_groups}; a rescale changes the count "
+                "(docs/rescale.md)"
+            )
         recorded_types = recorded.get(KEY_TYPES_FIELD)
         if self.bootstrapped and None not in (recorded_types, self._key_types):
             if recorded_types != self._key_types:
@@ -296,6 +353,8 @@ class CheckpointIdentity:
         missing = {}
         if old_n is None and num_partitions is not None:
             missing["num_partitions"] = num_partitions
+            if self._key_groups not in (None, num_partitions):
+                missing[KEY_GROUPS_FIELD] = self._key_groups
         if recorded.get(KEY_TYPES_FIELD) is None and self._key_types is not None:
             missing[KEY_TYPES_FIELD] = self._key_types  # checkpoints from before they were
         if missing:

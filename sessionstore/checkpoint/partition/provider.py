@@ -100,6 +100,7 @@ class StateStoreProvider:
         commit_observer: CommitObserver | None = None,
         key_types: list[str] | None = None,
         memory_max_mb: int | None = None,
+        key_groups: int | None = None,
         orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
         allow_pickle: bool = False,
     ) -> None:
@@ -130,7 +131,7 @@ class StateStoreProvider:
         self._files = PartitionFiles(self._remote)
         identity = self._identity = CheckpointIdentity(
             self._operator, self._remote, self._files, operator_id, key_types, allow_pickle,
-            partition_id,
+            partition_id, key_groups,
         )  # fmt: skip
         self.store_specs = identity.check(list(store_specs), num_partitions)
         local = LocalPartition(local_dir, operator_id, partition_id)

@@ -10,8 +10,11 @@ Remote, under the checkpoint URI (object storage)::
                                      checkpoint's identity, see identity.py),
                                      key_types (Spark types of the key columns
                                      the operator partitions by, see
-                                     repartition.py), change (an offline change
-                                     committed, not yet applied: change.py)
+                                     repartition.py), key_groups (the partition
+                                     count, when num_partitions slabs hold the
+                                     partitions: identity.py), change (an
+                                     offline change committed, not yet applied:
+                                     change.py)
         event_time/<batch>/<partition>   int64: a partition's event time after a batch,
                                      for a partition with no changelog of that
                                      version to carry it (a repartitioned copy's
@@ -104,6 +107,7 @@ __all__ = [
     "METADATA",
     "CHECKPOINT_ID_FIELD",
     "KEY_TYPES_FIELD",
+    "KEY_GROUPS_FIELD",
     "BOOTSTRAP_FIELD",
     "EVENT_TIME_DIR",
     "INITIAL_STATE_DIR",
@@ -147,6 +151,10 @@ CHECKPOINT_ID_FIELD = "checkpoint_id"
 #: The field of an operator's ``_metadata`` that holds the Spark types of the key
 #: columns its input is hash-partitioned by, in order (``["string", "long"]``).
 KEY_TYPES_FIELD = "key_types"
+#: The field of an operator's ``_metadata`` that holds its partition count when its
+#: partitions are kept in fewer databases (``num_partitions`` of them, each a
+#: *slab*: see identity.py). Absent: each partition is a database of its own.
+KEY_GROUPS_FIELD = "key_groups"
 #: The ``_metadata`` field of an offline change committed but not yet applied
 #: (change.py): every provider refuses the operator while it is there.
 CHANGE_FIELD = "change"

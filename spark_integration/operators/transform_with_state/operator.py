@@ -205,6 +205,7 @@ def _transform(
         initial=initial,
         key_types=key_types(df, keys),
         coordinator=conf.coordinator,
+        key_groups=conf.key_groups,
         pandas=pandas_conf(df.sparkSession) if api == "pandas" else None,
         event_time_column=event_time_column,
     )

@@ -97,6 +97,8 @@ class ProcessorTask:
     #: (executors cannot parse DDL): what the stored values are encoded from, and
     #: how many fields a map state's user key has
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the partition count when ``num_partitions`` slabs hold the partitions
+    key_groups: int | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
         info = context.info
@@ -104,7 +106,7 @@ class ProcessorTask:
         with state_and_inputs(
             self.backend, self.name, context, self.store_specs(), self.num_partitions, batches,
             shared_event_time=event_time, key_types=self.key_types,
-            coordinator=self.coordinator,
+            coordinator=self.coordinator, key_groups=self.key_groups,
         ) as (stores, provider, inputs, shared):  # fmt: skip
             store = stores[STORE]
             table = pa.Table.from_batches(inputs) if inputs else None
