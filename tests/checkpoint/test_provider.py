@@ -488,3 +488,32 @@ def test_a_partition_that_believed_a_losing_id_converges_on_the_recorded_one(tmp
     q = provider(location, local, progress=lambda *a: restores.append(a))
     assert state(q, 2) == expected(2) and restores == []
     q.close()
+
+
+def test_partitions_kept_in_slabs_are_recorded_and_another_count_refused(tmp_path):
+    """An operator of 12 partitions in 4 databases records both; a provider of
+    another partition count, or of the 4 databases as 4 partitions, is refused by
+    name; a ``_metadata`` whose counts cannot hold together is refused as such."""
+    from sessionstore.checkpoint.partition.identity import layout_of, recorded_layout
+    from sessionstore.checkpoint.records.layout import read_metadata, write_metadata
+
+    uri = f"file://{tmp_path}/ck"
+
+    def open_(local, **kw):
+        StateStoreProvider(uri, "op", 1, SPECS, str(tmp_path / local), **kw).close()
+
+    open_("a", num_partitions=4, key_groups=12)
+    assert recorded_layout(uri, "op") == (4, 12)
+    open_("b", num_partitions=4, key_groups=12)  # the same layout: accepted
+    with pytest.raises(CheckpointMismatchError, match=r"written with 12 partitions \(in 4 slabs\), "
+                       r"but this query has 24"):  # fmt: skip
+        open_("c", num_partitions=4, key_groups=24)
+    with pytest.raises(CheckpointMismatchError, match=r"written with 12 partitions \(in 4 slabs\), "
+                       r"but this query has 4"):  # fmt: skip
+        open_("d", num_partitions=4, key_groups=4)
+    assert layout_of({"num_partitions": 4}) == (4, 4)  # a database per partition
+    operator = open_filesystem(uri).child("op")
+    write_metadata(operator, {**read_metadata(operator), "key_groups": 10})
+    with pytest.raises(CheckpointMismatchError, match=r"records 10 partitions in 4 slabs: the "
+                       "partition count must be a positive multiple"):  # fmt: skip
+        recorded_layout(uri, "op")

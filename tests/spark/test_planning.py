@@ -247,3 +247,32 @@ def test_every_operator_refuses_a_date_key_when_planned(spark, tmp_path):
     for name, plan in plans.items():
         with pytest.raises(ValueError, match=f"key column 'day' of the {sides.get(name, '')}input"):
             plan()
+
+
+def test_partitions_beyond_two_per_core_share_the_fewest_databases_that_divide_them():
+    from spark_integration.planning.resolve import default_slabs
+
+    assert [default_slabs(k, 2) for k in (1, 2, 3, 4)] == [1, 2, 3, 4]  # one each
+    assert [default_slabs(k, 2) for k in (8, 200, 720, 1000, 9)] == [4, 4, 4, 4, 3]
+    assert default_slabs(7, 2) == 7  # no divisor between 2 and 4: a database each
+    assert default_slabs(720, 64) == 120 and default_slabs(200, 64) == 100
+
+
+def test_a_checkpoint_keeps_its_databases_unless_the_cluster_or_the_tasks_want_more():
+    import pytest
+
+    from spark_integration.planning.resolve import TASKS_CONF, explicit_tasks, slab_count
+
+    two, big = fake_session(cores=2), fake_session(cores=64)
+    assert slab_count(two, 200) == 4  # a new checkpoint
+    assert slab_count(two, 200, (4, 200)) == 4
+    assert slab_count(big, 200, (4, 200)) == 100  # a larger cluster: spread
+    assert slab_count(two, 200, (100, 200)) == 100  # a smaller one: 50 per task
+    assert slab_count(two, 300, (4, 200)) == 4  # another count: rescaled, 4 again
+    assert slab_count(two, 6, (6, 6)) == 6  # a database per partition stays so
+    assert slab_count(two, 200, (4, 200), tasks=8) == 8  # 8 tasks: 8 databases
+    assert slab_count(two, 200, (40, 200), tasks=8) == 40  # 5 per task already
+    assert slab_count(two, 200, (10, 200), tasks=4) == 4  # 4 tasks cannot share 10
+    assert explicit_tasks(fake_session({TASKS_CONF: "auto"}), 200) is None
+    with pytest.raises(ValueError, match=r"spark.sessionstore.tasks must be .* divisor of .* 200"):
+        explicit_tasks(fake_session({TASKS_CONF: "7"}), 200)

@@ -85,6 +85,9 @@ def test_restarts_that_spread_and_relabel_the_partitions_write_the_uninterrupted
     assert run_cli("dump", backend.checkpoint_uri, "--store", "sessions", "--partition",
                    "24").returncode == 2  # fmt: skip
 
+    listing = run_cli("ls", backend.checkpoint_uri)
+    assert listing.returncode == 0 and "1, 5, 9, ... (6 of 24: every 4th)" in listing.stdout
+
     # the data source: a Spark partition per database, rows labelled the same
     register(spark)
     read = spark.read.format("sessionstore").option("path", backend.checkpoint_uri)
