@@ -11,11 +11,13 @@ interleaved rounds (best of --rounds):
    and changelog checkpointing (``spark.sql.shuffle.partitions=P``);
 3. ``sessionize`` with a count, ``num_partitions=P``, its checkpoint on each store
    of --stores: ``file`` (a local folder) and ``s3`` (a moto S3 server on 127.0.0.1,
-   which shares the machine's cores), with the defaults: state servers, and fewer
-   Spark tasks than partitions where P is over 2 per core;
-4. with --compare, on the first store: ``tasks``, one Spark task per partition (state
-   servers on), and ``workers``, one task per partition with the state in the Python
-   workers (``spark.sessionstore.stateServers=off``: how it ran before both).
+   which shares the machine's cores), with the defaults: state servers, and the
+   partitions beyond 2 per core kept in fewer databases (slabs: the
+   ``databases`` column) run by fewer Spark tasks;
+4. with --compare, on the first store: ``tasks``, one Spark task and one database
+   per partition (state servers on), and ``workers``, that with the state in the
+   Python workers (``spark.sessionstore.stateServers=off``: how it ran before
+   both).
 
 The warm-up runs the floor and one ``sessionize`` untimed (the JVM's first query,
 and the state servers' start, once per executor).
@@ -332,8 +334,11 @@ def main(argv: list[str] | None = None) -> str:
                     if (label, p) not in best or elapsed < best[(label, p)]["time"]:
                         best[(label, p)] = result
         from spark_integration.planning.placement import task_count
+        from spark_integration.planning.resolve import slab_count
 
-        tasks_of = {p: task_count(spark, p) for p in counts}
+        spark.conf.set(TASKS_CONF, "auto")
+        slabs_of = {p: slab_count(spark, p) for p in counts}  # a new checkpoint's
+        tasks_of = {p: task_count(spark, slabs_of[p]) for p in counts}
         spark.stop()
 
     rows = []
@@ -349,8 +354,10 @@ def main(argv: list[str] | None = None) -> str:
             loads = r.get("loads")
             first = smallest.get(label)
             requests = r["requests"]
+            databases = p if "1 task/partition" in label else slabs_of[p]
             rows.append([
-                str(p), label, f"{r['time']:.1f} s",
+                str(p), str(databases) if label.startswith("sessionize") else "", label,
+                f"{r['time']:.1f} s",
                 "" if base is None else f"{base / r['time']:.2f}x",
                 "" if floor_time is None else f"{r['time'] / floor_time:.2f}x",
                 "" if first is None or not label.startswith("sessionize")
@@ -358,7 +365,8 @@ def main(argv: list[str] | None = None) -> str:
                 "" if not label.startswith("sessionize") else
                 "n/a" if requests is None else f"{requests / (p * args.batches):.2f}",
                 "" if not label.startswith("sessionize") else
-                "n/a" if requests is None else f"{requests / (tasks * args.batches):.1f}",
+                "n/a" if requests is None else f"{requests / (tasks * args.batches):.1f}"
+                if "1 task/partition" not in label else "",
                 "" if loads is None else f"{loads.get('warm', 0):.1f}",
                 "" if loads is None else f"{loads.get('handover', 0):.1f}",
                 f"{r['rss'] / 2**20:.0f} MB ({r['workers']})",
@@ -367,7 +375,7 @@ def main(argv: list[str] | None = None) -> str:
         f"Spark at scale, {args.events:,} events, {args.keys:,} Zipf keys, {args.batches} "
         f"micro-batches, local[2], best of {args.rounds} ({machine()})",
         [
-            "partitions", "pipeline", "time", "vs built-in", "vs floor",
+            "partitions", "databases", "pipeline", "time", "vs built-in", "vs floor",
             f"vs {counts[0]} partitions", "requests/partition", "requests/task",
             "warm/batch", "reopened/batch", "worker peak RSS (workers)",
         ],

@@ -31,6 +31,7 @@ __all__ = [
     "default_slabs",
     "PARTITIONS_CONF",
     "PARTITIONS_PER_CORE",
+    "DEFAULT_PARTITIONS",
     "operator_coordinator",
     "warn_tcp_workers",
 ]
@@ -43,11 +44,21 @@ PARTITIONS_CONF = CONF_PREFIX + "partitions"
 #: (:mod:`spark_integration.planning.placement`).
 TASKS_CONF = CONF_PREFIX + "tasks"
 
-#: The default partition count per core of the cluster (Spark's
-#: ``defaultParallelism``). Spark's guidance for stateful queries is 1-2 tasks per
-#: core: each task costs a fixed share of a slot (and one database per partition),
-#: while a second task per core evens out skewed keys and a straggler.
+#: The databases (slabs) per core of the cluster (Spark's ``defaultParallelism``)
+#: an operator's partitions are kept in (:func:`default_slabs`). Spark's guidance
+#: for stateful queries is 1-2 tasks per core: each task costs a fixed share of a
+#: slot and each database a write and a changelog per micro-batch, while a second
+#: per core evens out skewed keys and a straggler.
 PARTITIONS_PER_CORE = 2
+
+#: The partition count of a new checkpoint that is told none. Partitions beyond
+#: the cluster's slots share databases (:func:`default_slabs`) and cost nothing
+#: more (BENCHMARKS.md, "Partitions per task"), so the default is high enough for
+#: a query started on a laptop to spread over a cluster of hundreds of cores
+#: without a rescale of its partitions, and highly divisible, so that every
+#: cluster size finds a database count that divides it (1-6, 8-10, 12, 15, 16, 18,
+#: 20, 24, 30, 36, 40, 45, 48, 60, 72, 80, 90, 120, 144, 180, 240, 360, 720).
+DEFAULT_PARTITIONS = 720
 
 
 class Resolved(NamedTuple):
@@ -104,8 +115,7 @@ def partition_count(
     """How many partitions operator ``name`` hash-partitions its input into:
     ``num_partitions``, else the conf's :data:`PARTITIONS_CONF`, else the count
     recorded in the operator's checkpoint (one small read on the driver), else
-    :data:`PARTITIONS_PER_CORE` times the cluster's cores
-    (``spark.sparkContext.defaultParallelism``).
+    :data:`DEFAULT_PARTITIONS`.
 
     A count that differs from an existing checkpoint's rescales the checkpoint
     before the first batch (:func:`resolve`, docs/rescale.md). Spark's
@@ -123,7 +133,7 @@ def partition_count(
         recorded = recorded_layout(backend.checkpoint_uri, name, backend.storage_options)
     if recorded:
         return recorded[1]
-    return PARTITIONS_PER_CORE * default_parallelism(spark)
+    return DEFAULT_PARTITIONS
 
 
 def explicit_tasks(spark: Any, partitions: int) -> int | None:

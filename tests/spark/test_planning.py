@@ -69,7 +69,7 @@ def checkpoint_with(tmp_path, partitions):
     return backend
 
 
-def test_a_new_checkpoint_gets_two_partitions_per_core_unless_told(tmp_path):
+def test_a_new_checkpoint_gets_720_partitions_unless_told(tmp_path):
     import pytest
 
     from spark_integration import StateBackend
@@ -78,8 +78,8 @@ def test_a_new_checkpoint_gets_two_partitions_per_core_unless_told(tmp_path):
     backend = StateBackend(f"file://{tmp_path}/ck")
     # Spark's spark.sql.shuffle.partitions (200 by default) plays no part
     shuffle = {"spark.sql.shuffle.partitions": "200"}
-    assert partition_count(fake_session(shuffle, cores=2), backend, "op") == 4
-    assert partition_count(fake_session(shuffle, cores=16), backend, "op") == 32
+    assert partition_count(fake_session(shuffle, cores=2), backend, "op") == 720
+    assert partition_count(fake_session(shuffle, cores=16), backend, "op") == 720
     assert partition_count(fake_session({PARTITIONS_CONF: "6"}, cores=16), backend, "op") == 6
     assert partition_count(fake_session({PARTITIONS_CONF: "6"}), backend, "op", 5) == 5
     with pytest.raises(
@@ -101,7 +101,7 @@ def test_an_existing_checkpoint_keeps_its_recorded_partition_count(tmp_path):
     assert partition_count(fake_session({PARTITIONS_CONF: "7"}), backend, "op") == 7
     assert partition_count(fake_session({PARTITIONS_CONF: "7"}), backend, "op", 5) == 5
     # another operator of the same checkpoint is new
-    assert partition_count(fake_session(cores=8), backend, "other") == 16
+    assert partition_count(fake_session(cores=8), backend, "other") == 720
 
 
 def test_a_store_that_cannot_fence_is_named_once_at_planning(s3_bucket, tmp_path, monkeypatch):
