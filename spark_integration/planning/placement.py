@@ -1,7 +1,9 @@
 """Where an operator's state partitions run: Spark tasks, shards and state servers.
 
-An operator's state is split into ``P`` partitions (its checkpoint's partition
-count: one RocksDB database, one changelog per micro-batch each). Spark charges a
+An operator's state is kept in ``P`` databases (one changelog per micro-batch
+each): its partitions, or where they outnumber 2 per core the slabs that hold
+them (planning passes the databases as ``P``:
+:mod:`sessionstore.checkpoint.partition.identity`, "Partitions and slabs"). Spark charges a
 fixed cost for every task of every micro-batch, whatever it does (about 27 ms of a
 slot; BENCHMARKS.md, "Spark at scale"): with a Spark task per state partition, a
 query with no state work at all runs 16 times slower at 200 partitions than at 4.
