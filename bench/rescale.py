@@ -3,8 +3,9 @@ against the offline ``sessionstore repartition`` (one process), on one checkpoin
 
 The sessionize-style checkpoint of bench/repartition.py (--sessions sessions over
 --keys string keys at --from partitions, version 1 as a snapshot) is rescaled to
---to partitions, once offline into another location, and once as a restarted
-query does it, in place (``spark_integration.planning.rescale.rescale``, the
+--to partitions, once offline into another location (a database per
+partition), and once as a restarted query does it (into the databases a new
+checkpoint of --to partitions gets on this machine), in place (``spark_integration.planning.rescale.rescale``, the
 function planning calls: the copy into a new generation, the switch, the
 deletion of the old state), on ``local[2]``. The Spark session's start is not
 timed. Both results are checked to hold every row.
@@ -37,25 +38,32 @@ def main() -> None:
 
         from spark_integration import StateBackend
         from spark_integration.conf.local_spark import local_spark
+        from spark_integration.conf.spark_session import default_parallelism
         from spark_integration.planning.rescale import rescale
+        from spark_integration.planning.resolve import default_slabs
 
         spark = local_spark("bench-rescale", partitions=args.target)
         try:
             backend = StateBackend(uri, local_dir=f"{tmp}/local2")
-            auto = rescale(spark, backend, "sessions", args.target)
+            # as planning rescales a query restarted at --to partitions here: into
+            # the databases a new checkpoint of that count gets on this machine
+            slabs = default_slabs(args.target, default_parallelism(spark))
+            auto = rescale(spark, backend, "sessions", slabs, args.target)
         finally:
             spark.stop()
     assert cli["rows"] == auto["rows"], (cli, auto)
     auto_s = auto["seconds"]
     rows = [
-        ["sessionstore repartition (offline, CLI)", f"{cli_s:.1f}", f"{cli['rows'] / cli_s:,.0f}"],
-        ["rescale on restart (Spark local[2])", f"{auto_s:.1f}", f"{auto['rows'] / auto_s:,.0f}"],
-    ]
+        ["sessionstore repartition (offline, CLI)", str(args.target), f"{cli_s:.1f}",
+         f"{cli['rows'] / cli_s:,.0f}"],
+        ["rescale on restart (Spark local[2])", str(auto["slabs"]), f"{auto_s:.1f}",
+         f"{auto['rows'] / auto_s:,.0f}"],
+    ]  # fmt: skip
     print(
         f"{args.sessions:,} sessions, {args.keys:,} keys, {args.source} -> {args.target} "
         f"partitions ({machine()}; building the checkpoint took {built:.1f} s)"
     )
-    print_table("rescale", ["path", "seconds", "rows/s"], rows)
+    print_table("rescale", ["path", "databases written", "seconds", "rows/s"], rows)
 
 
 if __name__ == "__main__":

@@ -394,7 +394,7 @@ def _partition_cell(database: int, layout: tuple[int, int] | None) -> str:
     slabs, count = layout
     held = range(database, count, slabs)
     shown = ", ".join(map(str, held[:3]))
-    return f"{shown}, ... ({len(held)} of {count}: every {slabs}th)"
+    return f"{shown}, ... ({len(held)} of {count}, step {slabs})"
 
 
 def _row_filter(key, key_json, key_from, key_to, from_ts, to_ts, as_of) -> RowFilter:

@@ -182,6 +182,7 @@ class CheckpointSource(_PickleGuard):
         self.root = reach(uri, storage_options, waiting)
         self._records: dict[str, dict[str, dict[str, Any]]] = {}
         self._roots: dict[str, str] = {}
+        self._state_records: dict[tuple[str, str], dict[str, Any]] = {}
         #: read stores recorded with the pickle serde (see refuse_pickle)
         self.allow_pickle, self.pickle_option = allow_pickle, pickle_option
 
@@ -218,13 +219,22 @@ class CheckpointSource(_PickleGuard):
         return partitions(self._state(operator), operator)
 
     def layout(self, operator: str) -> tuple[int, int] | None:
-        """``(slabs, partitions)`` of ``operator`` (identity.py: ``partitions``
-        partitions kept in ``slabs`` databases); None when it records no count."""
-        return layout_of(operator_metadata(self.root, operator))
+        """``(slabs, partitions)`` of ``operator``'s state as read (the one
+        :meth:`state_uri` names: identity.py, ``partitions`` partitions kept in
+        ``slabs`` databases); None when it records no count."""
+        return layout_of(self._state_metadata(operator))
 
     def key_types(self, operator: str) -> list[str] | None:
-        """The Spark types of ``operator``'s key columns, as recorded."""
-        return operator_metadata(self.root, operator).get(KEY_TYPES_FIELD)
+        """The Spark types of ``operator``'s key columns, as its state records them."""
+        return self._state_metadata(operator).get(KEY_TYPES_FIELD)
+
+    def _state_metadata(self, operator: str) -> dict[str, Any]:
+        """The ``_metadata`` of the state :meth:`state_uri` names (read once per
+        state): what a read planned in one process and done in others reads by."""
+        key = (operator, self.state_uri(operator))
+        if key not in self._state_records:
+            self._state_records[key] = operator_metadata(self._state(operator), operator)
+        return self._state_records[key]
 
     def info(self, operator: str, partition: int) -> PartitionInfo:
         files = PartitionFiles(self._state(operator).child(f"{operator}/{partition}"))

@@ -293,8 +293,9 @@ def _print_results(clicks, users, n_files, emitted, enriched, elapsed) -> None:
 
 
 def _print_state(backend, out_dir: str) -> list:
-    """Print and return the sessions in state of each partition, read back from the
-    checkpoint as a new executor would."""
+    """Print and return the sessions in state of each database (a slab of the
+    operator's partitions: docs/configuration.md), read back from the checkpoint
+    as a new executor would."""
     print("\nState, read back from the checkpoint as a new executor would:")
     spec = StoreSpec("sessions", "session", GAP_MS + 3_600_000 + 1)
     in_state = []
@@ -312,7 +313,7 @@ def _print_state(backend, out_dir: str) -> list:
         stored = list(store.fetch_range(None, None))
         in_state.append(stored)
         print(
-            f"  partition {partition}: version {version} (versions {provider.list_versions()}), "
+            f"  database {partition}: version {version} (versions {provider.list_versions()}), "
             f"{len(stored):,} sessions in state (open, or closed and still retained), "
             f"segments {store.segment_ids()}, stream time {store.observed_stream_time}"
         )

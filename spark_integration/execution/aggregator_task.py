@@ -168,7 +168,8 @@ class AggregatorTask:
     coordinator: CoordinatorAddress | None = None
     #: the input is a batch DataFrame: emit everything at its end
     bounded: bool = False
-    #: the partition count when ``num_partitions`` slabs hold the partitions
+    #: the operator's partition count, held in ``num_partitions`` slabs (None: not
+    #: checked)
     key_groups: int | None = None
 
     def store_spec(self) -> StoreSpec:

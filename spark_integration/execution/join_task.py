@@ -76,7 +76,8 @@ class JoinTask:
     out_schema_json: str
     key_types: list[str]
     coordinator: CoordinatorAddress | None = None
-    #: the partition count when ``num_partitions`` slabs hold the partitions
+    #: the operator's partition count, held in ``num_partitions`` slabs (None: not
+    #: checked)
     key_groups: int | None = None
 
     #: the hidden columns a batch's rows are first sorted by

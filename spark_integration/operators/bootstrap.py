@@ -227,7 +227,7 @@ def bootstrap_sessionize(
     backend, n, k, _ = resolve(history, backend, num_partitions, name)
     task = planned.input.task(
         SessionizeTask, planned.out_schema, backend, n, name, None,
-        key_groups=None if k == n else k, **planned.settings,
+        key_groups=k, **planned.settings,
     )  # fmt: skip
     return run_bootstrap(planned.input.selected, planned.input.keys, task, quiet_s)
 
@@ -265,6 +265,6 @@ def bootstrap_temporal_join(
     backend, n, k, _ = resolve(table_history, backend, num_partitions, name)
     combined, task = join_task(
         sides, keys, TemporalJoinTask, out_schema, backend, n, name, None,
-        key_groups=None if k == n else k, **settings,
+        key_groups=k, **settings,
     )  # fmt: skip
     return run_bootstrap(combined, keys, task, quiet_s)

@@ -83,8 +83,9 @@ class OperatorConf:
     due_batches: bool
     #: the driver's coordinator for the operator's tasks, or None
     coordinator: CoordinatorAddress | None
-    #: the operator's partition count when :attr:`partitions` slabs hold more (the
-    #: tasks record it in ``_metadata``); None: a partition per slab
+    #: the operator's partition count, held in :attr:`partitions` slabs (the tasks
+    #: check it against ``_metadata``, which records it where it differs); None:
+    #: not checked
     key_groups: int | None = None
 
 
@@ -106,5 +107,5 @@ def operator_conf(
         observe_metrics=metrics_enabled(spark),
         due_batches=due_batches_allowed(spark),
         coordinator=operator_coordinator(df, backend, name, n),
-        key_groups=None if k == n else k,
+        key_groups=k,
     )

@@ -7,10 +7,12 @@ partition count (the checkpoint's, else the conf's or the cluster's cores:
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from typing import Any, NamedTuple
 
+from sessionstore.checkpoint.offline.rescale import RescaleError
 from sessionstore.checkpoint.partition.identity import recorded_layout
 from sessionstore.checkpoint.partition.lineage import warn_unfenced
 from sessionstore.checkpoint.storage.first_contact import reach
@@ -36,6 +38,8 @@ __all__ = [
     "warn_tcp_workers",
 ]
 
+
+log = logging.getLogger(__name__)
 
 #: The Spark conf key that sets the partition count of operators that get no
 #: ``num_partitions`` (an existing checkpoint of another count is rescaled to it).
@@ -92,7 +96,21 @@ def resolve(
     tasks = explicit_tasks(spark, k)
     s = slab_count(spark, k, recorded, tasks)
     # a checkpoint of another layout is rescaled here, before the first batch
-    return Resolved(located_backend(spark, backend, name, s, k), s, k, tasks)
+    try:
+        located = located_backend(spark, backend, name, s, k)
+    except RescaleError as exc:
+        if tasks is not None or recorded is None or recorded[1] != k:
+            raise  # the count or the task count asked for needs it
+        # a spread over a larger cluster, which the checkpoint cannot take now (not
+        # at one whole batch, nothing committed yet, another rescale's claim):
+        # nothing was switched, so the query runs in its databases as they are
+        log.warning(
+            "sessionstore kept operator %r of %s in its %d databases (this cluster would "
+            "spread it over %d): %s", name, backend.checkpoint_uri, recorded[0], s, exc,
+        )  # fmt: skip
+        s = recorded[0]
+        located = located_backend(spark, backend, name, s, k)
+    return Resolved(located, s, k, tasks)
 
 
 def _positive(value: Any, what: str) -> int:
@@ -136,6 +154,11 @@ def partition_count(
     return DEFAULT_PARTITIONS
 
 
+#: How many times its databases a cluster must want before a checkpoint of the
+#: same partition count is spread over more on restart (:func:`slab_count`).
+GROW_FACTOR = 2
+
+
 def explicit_tasks(spark: Any, partitions: int) -> int | None:
     """The task count :data:`TASKS_CONF` sets (None: ``auto``, the default);
     ``ValueError`` naming the value unless it is a positive divisor of
@@ -177,21 +200,27 @@ def slab_count(
     ``(slabs, partitions)`` (None: a new checkpoint) and the task count ``tasks``
     :data:`TASKS_CONF` sets (None: ``auto``).
 
-    :func:`default_slabs` for the cluster's cores (made a multiple of ``tasks``:
-    each task runs the same number of slabs), but a checkpoint of the same
-    partition count keeps its slabs when they are at least as many (and
-    ``tasks`` divides them): a restart on a larger cluster spreads the state over
-    it, one on a smaller cluster runs several slabs per task. A layout other than
+    A new checkpoint, or one of another partition count: :func:`default_slabs`
+    for the cluster's cores (made a multiple of ``tasks``: each task runs as many
+    slabs). A checkpoint of the same count keeps its slabs: with ``tasks``, made a
+    multiple of it where it is not; else spread over the cluster's count where
+    that is at least :data:`GROW_FACTOR` times as many (a restart on a larger
+    cluster; on a smaller one each task runs several slabs). A layout other than
     the recorded one rescales the checkpoint before the first batch
-    (docs/rescale.md).
+    (docs/rescale.md); a spread the checkpoint cannot take then (it is not at one
+    whole batch) is left for a later start (:func:`resolve`).
     """
     want = default_slabs(partitions, default_parallelism(spark))
-    if tasks is not None:
-        want = math.lcm(want, tasks)  # both divide the partition count: so does this
-    if recorded is not None and recorded[1] == partitions and recorded[0] >= want:
-        if tasks is None or recorded[0] % tasks == 0:
-            return recorded[0]
-    return want
+    if recorded is None or recorded[1] != partitions:
+        # a new checkpoint, or another count (rescaled): both divide the count, and
+        # so does their least common multiple
+        return want if tasks is None else math.lcm(want, tasks)
+    kept = recorded[0]
+    if tasks is not None:  # as many databases per task: more where they must be
+        return kept if kept % tasks == 0 else math.lcm(kept, tasks)
+    # more databases only where the cluster wants at least twice as many: a
+    # rescale copies the whole state, and the cores a query starts with vary
+    return want if want >= GROW_FACTOR * kept else kept
 
 
 def operator_coordinator(

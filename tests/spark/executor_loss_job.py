@@ -96,14 +96,15 @@ def main() -> None:
     # local-cluster workers keep executor work dirs under <SPARK_HOME>/work/<app id>
     spark_home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
     app_dir = os.path.join(spark_home, "work", spark.sparkContext.applicationId)
+    from sessionstore.checkpoint.partition.identity import recorded_partitions
     from spark_integration.coordinator.server import driver_coordinator
 
     coordinator = driver_coordinator()
-    default = int(spark.conf.get("spark.sessionstore.partitions"))
-    stats = {
+    stats = {  # the operator as the coordinator knows it: by its databases
         run: coordinator.operator(
             coordinator.register(
-                spec["uri"], "loss", spec["partitions"] or default, spec["options"]
+                spec["uri"], "loss", recorded_partitions(spec["uri"], "loss", spec["options"]),
+                spec["options"],
             )
         ).stats
         for run, spec in runs.items()

@@ -55,8 +55,9 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     assert not planning.warn_tcp_workers(session("4.3.0", {}))  # once per process
 
 
-def checkpoint_with(tmp_path, partitions):
-    """A file:// backend whose operator "op" was created with ``partitions``."""
+def checkpoint_with(tmp_path, partitions, key_groups=None):
+    """A file:// backend whose operator "op" was created with ``partitions``
+    databases (holding ``key_groups`` partitions when given)."""
     from sessionstore.checkpoint import StateStoreProvider
     from sessionstore.stores.spec import StoreSpec
     from spark_integration import StateBackend
@@ -64,8 +65,9 @@ def checkpoint_with(tmp_path, partitions):
     backend = StateBackend(f"file://{tmp_path}/ck", local_dir=str(tmp_path / "local"))
     spec = StoreSpec("sessions", "session", 1_000)
     StateStoreProvider(
-        backend.checkpoint_uri, "op", 0, [spec], str(tmp_path / "local"), num_partitions=partitions
-    ).close()
+        backend.checkpoint_uri, "op", 0, [spec], str(tmp_path / "local"),
+        num_partitions=partitions, key_groups=key_groups,
+    ).close()  # fmt: skip
     return backend
 
 
@@ -172,7 +174,7 @@ def test_an_operator_reads_its_conf_once_into_one_frozen_snapshot(tmp_path):
     snapshot = operator_conf(SimpleNamespace(sparkSession=session), backend, None, "op")
     assert snapshot == OperatorConf(
         name="op", backend=backend, partitions=4, tasks=2, servers=0, observe_metrics=True,
-        due_batches=False, coordinator=None,
+        due_batches=False, coordinator=None, key_groups=4,
     )  # fmt: skip
     ours = [key for key in reads if key.startswith("spark.sessionstore.")]
     assert sorted(ours) == sorted(set(ours))
@@ -272,7 +274,38 @@ def test_a_checkpoint_keeps_its_databases_unless_the_cluster_or_the_tasks_want_m
     assert slab_count(two, 6, (6, 6)) == 6  # a database per partition stays so
     assert slab_count(two, 200, (4, 200), tasks=8) == 8  # 8 tasks: 8 databases
     assert slab_count(two, 200, (40, 200), tasks=8) == 40  # 5 per task already
-    assert slab_count(two, 200, (10, 200), tasks=4) == 4  # 4 tasks cannot share 10
+    assert slab_count(two, 200, (10, 200), tasks=4) == 20  # 4 tasks share 20, never fewer
+    # 3 cores want 5 databases: not twice the 4 there are, so no copy of the state
+    assert slab_count(fake_session(cores=3), 200, (4, 200)) == 4
     assert explicit_tasks(fake_session({TASKS_CONF: "auto"}), 200) is None
     with pytest.raises(ValueError, match=r"spark.sessionstore.tasks must be .* divisor of .* 200"):
         explicit_tasks(fake_session({TASKS_CONF: "7"}), 200)
+
+
+
+def test_a_spread_the_checkpoint_cannot_take_now_leaves_its_databases(tmp_path, caplog):
+    """720 partitions in 4 databases, nothing committed yet (a first run that
+    stopped early), planned on 64 cores: the spread over 120 databases cannot be
+    done, so the query keeps the 4, saying so; asked for by a task count, it fails."""
+    import logging
+    from types import SimpleNamespace
+
+    import pytest
+
+    from sessionstore.checkpoint.offline.rescale import RescaleError
+    from spark_integration.planning.resolve import TASKS_CONF, resolve
+
+    backend = checkpoint_with(tmp_path, 4, key_groups=720)
+    session = fake_session(cores=64)
+    session.version = "4.0.1"
+    with caplog.at_level(logging.WARNING, "spark_integration.planning.resolve"):
+        resolved = resolve(SimpleNamespace(sparkSession=session), backend, None, "op")
+    assert (resolved.slabs, resolved.partitions, resolved.tasks) == (4, 720, None)
+    [line] = caplog.messages
+    assert "kept operator 'op' of" in line
+    assert "in its 4 databases (this cluster would spread it over 120)" in line
+    assert "no committed version" in line
+    session = fake_session({TASKS_CONF: "8"}, cores=2)
+    session.version = "4.0.1"
+    with pytest.raises(RescaleError, match="cannot rescale .* to 720 partitions in 8 databases"):
+        resolve(SimpleNamespace(sparkSession=session), backend, None, "op")

@@ -86,7 +86,7 @@ def test_restarts_that_spread_and_relabel_the_partitions_write_the_uninterrupted
                    "24").returncode == 2  # fmt: skip
 
     listing = run_cli("ls", backend.checkpoint_uri)
-    assert listing.returncode == 0 and "1, 5, 9, ... (6 of 24: every 4th)" in listing.stdout
+    assert listing.returncode == 0 and "1, 5, 9, ... (6 of 24, step 4)" in listing.stdout
 
     # the data source: a Spark partition per database, rows labelled the same
     register(spark)
@@ -98,3 +98,32 @@ def test_restarts_that_spread_and_relabel_the_partitions_write_the_uninterrupted
     assert labelled == {(r["key"], r["partition"]) for r in rows}
     one = read.option("store", "sessions").option("partition", str(wanted)).load().collect()
     assert {r["partition_id"] for r in one} == {wanted} and len(one) == len(dumped)
+
+
+def test_a_checkpoint_with_a_database_per_partition_continues_as_it_is(
+    spark, tmp_path, tmp_path_factory, caplog
+):
+    """8 partitions written with a database each (8 tasks asked: the layout every
+    checkpoint had before partitions shared databases, no ``key_groups``), then
+    restarted where a new checkpoint of 8 partitions would get 4 databases: it
+    continues in its 8, with no rescale, exactly."""
+    expected = _uninterrupted(spark, tmp_path_factory, CASE)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    operator = open_filesystem(backend.checkpoint_uri).child(CASE)
+    got, layouts = [], []
+    for tasks, part in (("8", range(0, 3)), (None, range(3, 6))):
+        if tasks is not None:
+            spark.conf.set(TASKS_CONF, tasks)
+        try:
+            with caplog.at_level(logging.WARNING, "spark_integration.planning.rescale"):
+                caplog.clear()
+                query = _query(spark, tmp_path / "in", backend, 8, CASE)
+                assert caplog.messages == []
+        finally:
+            spark.conf.unset(TASKS_CONF)
+        got += run_stream_batches(query, tmp_path / "ck", _steps(tmp_path / "in", part))
+        recorded = read_metadata(operator)
+        layouts.append((recorded["num_partitions"], recorded.get("key_groups")))
+    _same_batches(expected, got)
+    assert layouts == [(8, None), (8, None)]
+    assert not operator.exists("_generations")

@@ -60,6 +60,7 @@ from sessionstore.checkpoint.offline.replayable import (
     plan_replay_base,
     write_replayable,
 )
+from sessionstore.checkpoint.partition.identity import CheckpointMismatchError, layout_of
 from sessionstore.checkpoint.records.generation import (
     GENERATION_FIELD,
     GENERATION_FORMAT,
@@ -142,7 +143,11 @@ def plan_rescale(
     key columns' types are not recorded, a store is pickled without opt-in, or the
     format is not this release's."""
     where = f"{uri}/{operator}"
-    what = f"cannot rescale {where} to {partitions} partitions on restart"
+    shape = (
+        f"{partitions} partitions" if key_groups in (None, partitions)
+        else f"{key_groups} partitions in {partitions} databases"
+    )  # fmt: skip
+    what = f"cannot rescale {where} to {shape} on restart"
     try:
         metadata = read_metadata(open_filesystem(uri, storage_options).child(operator))
         root = state_root(uri, operator, storage_options, metadata)
@@ -353,15 +358,17 @@ def _claim(root: Storage, plan: RescalePlan) -> RescalePlan:
     if winner == plan.generation:
         return plan
     won = generation_root(plan.uri, plan.operator, winner)
-    partitions = None
+    layout = None
     if is_generation_name(winner):  # never read a path a claim's writer chose
         try:
-            partitions = read_metadata(
-                open_filesystem(won, plan.storage_options).child(plan.operator)
-            ).get("num_partitions")
-        except FileNotFoundError:
+            layout = layout_of(
+                read_metadata(open_filesystem(won, plan.storage_options).child(plan.operator))
+            )
+        except (FileNotFoundError, CheckpointMismatchError):
             pass
-    if partitions == plan.copy.partitions:  # None for a foreign or empty claim
+    wanted = (plan.copy.partitions, plan.copy.key_groups or plan.copy.partitions)
+    partitions = None if layout is None else layout[1]
+    if layout == wanted:  # None for a foreign or empty claim
         return dataclasses.replace(
             plan, generation=winner, copy=dataclasses.replace(plan.copy, target_uri=won)
         )

@@ -97,7 +97,8 @@ class ProcessorTask:
     #: (executors cannot parse DDL): what the stored values are encoded from, and
     #: how many fields a map state's user key has
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: the partition count when ``num_partitions`` slabs hold the partitions
+    #: the operator's partition count, held in ``num_partitions`` slabs (None: not
+    #: checked)
     key_groups: int | None = None
 
     def run(self, batches: Iterator[pa.RecordBatch], context: TaskContext) -> Iterator[Any]:
