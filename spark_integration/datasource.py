@@ -190,7 +190,7 @@ def _open(s: dict[str, Any]) -> Any:
     found it: pickled stores only with ``allowPickle``."""
     source = open_source(s["uri"], s["storage"], s["allow_pickle"], PICKLE_OPTION)
     if s["state_uri"] is not None:
-        source.pin(s["operator"], s["state_uri"])
+        source.pin(s["operator"], s["state_uri"], s["layout"], s["key_types"])
     return source
 
 
@@ -231,6 +231,9 @@ class SessionStoreDataSource(DataSource):
             # the state's root, read once: every task reads the state this planning
             # listed, never the generation of a rescale that switches meanwhile
             "state_uri": source.state_uri(operator) if not source.local else None,
+            # and how its rows are named: the layout and key types that state records
+            "layout": source.layout(operator) if not source.local else None,
+            "key_types": source.key_types(operator) if not source.local else None,
             "operator": operator,
             "store": store,
             "state_var": opts.get("statevarname"),

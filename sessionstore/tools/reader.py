@@ -37,6 +37,7 @@ from sessionstore.checkpoint.partition.provider import StateStoreProvider, store
 from sessionstore.checkpoint.records.changelog import read_changelog_header
 from sessionstore.checkpoint.records.generation import state_root
 from sessionstore.checkpoint.records.layout import (
+    KEY_GROUPS_FIELD,
     KEY_TYPES_FIELD,
     PartitionFiles,
     committed_version,
@@ -204,11 +205,24 @@ class CheckpointSource(_PickleGuard):
             self._roots[operator] = state_root(self.uri, operator, self.storage_options, metadata)
         return self._roots[operator]
 
-    def pin(self, operator: str, state_uri: str) -> None:
+    def pin(
+        self,
+        operator: str,
+        state_uri: str,
+        layout: tuple[int, int] | None = None,
+        key_types: list[str] | None = None,
+    ) -> None:
         """Read ``operator``'s state at ``state_uri`` (what :meth:`state_uri` gave
-        earlier), whatever its ``_metadata`` names now: a read planned in one
-        process and done in others reads the state it listed."""
+        earlier), whatever its ``_metadata`` names now, and with a ``layout``
+        (:meth:`layout`) its rows named by it and ``key_types``: a read planned in
+        one process and done in others reads the state it listed, as it listed it
+        (the root's ``_metadata`` is a rescale's switch once one switched)."""
         self._roots[operator] = state_uri
+        if layout is not None:
+            slabs, count = layout
+            self._state_records[(operator, state_uri)] = {
+                "num_partitions": slabs, KEY_GROUPS_FIELD: count, KEY_TYPES_FIELD: key_types,
+            }
 
     def _state(self, operator: str) -> Storage:
         uri = self.state_uri(operator)

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from sessionstore.checkpoint.offline.rescale import (
+    RescaleError,
     RescalePlan,
     commit_rescale,
     drop_state,
@@ -36,7 +37,7 @@ from sessionstore.checkpoint.partition.identity import layout_of, recorded_layou
 from sessionstore.checkpoint.records.generation import state_root
 from spark_integration.conf.backend import StateBackend
 
-__all__ = ["located_backend", "rescale", "copy_state"]
+__all__ = ["located_backend", "locate", "finish_interrupted", "rescale", "copy_state"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,16 @@ _WRITTEN = "partition int, rows long"
 _BATCH_ROWS = 8192
 
 
+def finish_interrupted(backend: StateBackend, name: str) -> None:
+    """Finish the fences and cleanup of a rescale of operator ``name`` that died
+    between its switch and its fences (one read when there is nothing to finish);
+    before anything reads the operator's layout."""
+    uri, options = backend.checkpoint_uri, backend.storage_options
+    if resume_rescale(uri, name, options):
+        log.warning("sessionstore finished the fences of the rescale of operator %r of %s",
+                    name, uri)  # fmt: skip
+
+
 def located_backend(
     spark: Any, backend: StateBackend, name: str, slabs: int, partitions: int | None = None
 ) -> StateBackend:
@@ -55,16 +66,46 @@ def located_backend(
     checkpoint to ``partitions`` partitions in ``slabs`` databases (default: one
     each) when it records another layout. The tasks, the coordinator and the
     due-batch reader all open the state there."""
-    partitions = slabs if partitions is None else partitions
+    finish_interrupted(backend, name)
+    return locate(spark, backend, name, slabs, slabs if partitions is None else partitions)[0]
+
+
+def locate(
+    spark: Any,
+    backend: StateBackend,
+    name: str,
+    slabs: int,
+    partitions: int,
+    may_defer: bool = False,
+) -> tuple[StateBackend, int]:
+    """:func:`located_backend` once :func:`finish_interrupted` ran, with the
+    databases the state is in: ``slabs``, or with ``may_defer`` the recorded ones
+    when the rescale is only a spread of the same partitions over more databases
+    and the checkpoint cannot take it now (its plan is refused: not at one whole
+    batch, nothing committed, another rescale's claim), which is logged once.
+    Nothing is written then; a refusal later in a rescale (another driver, a
+    commit racing its switch) is raised as ever."""
     uri, options = backend.checkpoint_uri, backend.storage_options
-    if resume_rescale(uri, name, options):  # a rescale died between its switch and fences
-        log.warning("sessionstore finished the fences of the rescale of operator %r of %s",
-                    name, uri)  # fmt: skip
     recorded = recorded_layout(uri, name, options)
     if recorded is not None and recorded != (slabs, partitions):
-        rescale(spark, backend, name, slabs, partitions)
+        started = time.perf_counter()
+        try:
+            plan = plan_rescale(
+                uri, name, slabs, options, backend.allow_pickle, key_groups=partitions
+            )  # fmt: skip
+        except RescaleError as exc:
+            if not (may_defer and recorded[1] == partitions and slabs > recorded[0]):
+                raise
+            log.warning(
+                "sessionstore kept operator %r of %s in its %d databases (this cluster "
+                "would spread it over %d): %s", name, uri, recorded[0], slabs, exc,
+            )  # fmt: skip
+            slabs = recorded[0]
+        else:
+            _run(spark, backend, name, plan, started)
     root = state_root(uri, name, options)
-    return backend if root == uri else dataclasses.replace(backend, checkpoint_uri=root)
+    located = backend if root == uri else dataclasses.replace(backend, checkpoint_uri=root)
+    return located, slabs
 
 
 def rescale(
@@ -82,6 +123,16 @@ def rescale(
         backend.checkpoint_uri, name, slabs, backend.storage_options, backend.allow_pickle,
         key_groups=partitions,
     )  # fmt: skip
+    return _run(spark, backend, name, plan, started)
+
+
+def _run(
+    spark: Any, backend: StateBackend, name: str, plan: RescalePlan, started: float
+) -> dict[str, Any]:
+    """Copy, switch and clean up the planned rescale (:func:`rescale`), logging one
+    line."""
+    slabs = plan.copy.partitions
+    partitions = plan.copy.key_groups or slabs
     before = layout_of(plan.copy.metadata) or (plan.copy.source_partitions,) * 2
     rows = copy_state(spark, plan)
     commit_rescale(plan)

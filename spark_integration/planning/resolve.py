@@ -7,12 +7,10 @@ partition count (the checkpoint's, else the conf's or the cluster's cores:
 
 from __future__ import annotations
 
-import logging
 import math
 import warnings
 from typing import Any, NamedTuple
 
-from sessionstore.checkpoint.offline.rescale import RescaleError
 from sessionstore.checkpoint.partition.identity import recorded_layout
 from sessionstore.checkpoint.partition.lineage import warn_unfenced
 from sessionstore.checkpoint.storage.first_contact import reach
@@ -21,7 +19,7 @@ from spark_integration.conf.backend import CONF_PREFIX, StateBackend
 from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
 from spark_integration.conf.spark_session import conf_value, default_parallelism
 from spark_integration.coordinator.protocol import CoordinatorAddress
-from spark_integration.planning.rescale import located_backend
+from spark_integration.planning.rescale import finish_interrupted, locate
 
 __all__ = [
     "resolve",
@@ -38,8 +36,6 @@ __all__ = [
     "warn_tcp_workers",
 ]
 
-
-log = logging.getLogger(__name__)
 
 #: The Spark conf key that sets the partition count of operators that get no
 #: ``num_partitions`` (an existing checkpoint of another count is rescaled to it).
@@ -91,25 +87,15 @@ def resolve(
     # or fails with one line saying what was tried and what to fix
     storage = reach(backend.checkpoint_uri, backend.storage_options)
     warn_unfenced(storage)  # once per checkpoint location: the risk where nothing fences
+    finish_interrupted(backend, name)  # so that the layout read next is the one that holds
     recorded = recorded_layout(backend.checkpoint_uri, name, backend.storage_options)
     k = partition_count(spark, backend, name, num_partitions, recorded)
     tasks = explicit_tasks(spark, k)
-    s = slab_count(spark, k, recorded, tasks)
-    # a checkpoint of another layout is rescaled here, before the first batch
-    try:
-        located = located_backend(spark, backend, name, s, k)
-    except RescaleError as exc:
-        if tasks is not None or recorded is None or recorded[1] != k:
-            raise  # the count or the task count asked for needs it
-        # a spread over a larger cluster, which the checkpoint cannot take now (not
-        # at one whole batch, nothing committed yet, another rescale's claim):
-        # nothing was switched, so the query runs in its databases as they are
-        log.warning(
-            "sessionstore kept operator %r of %s in its %d databases (this cluster would "
-            "spread it over %d): %s", name, backend.checkpoint_uri, recorded[0], s, exc,
-        )  # fmt: skip
-        s = recorded[0]
-        located = located_backend(spark, backend, name, s, k)
+    # a checkpoint of another layout is rescaled here, before the first batch; a
+    # spread the cluster alone asks for waits while the checkpoint cannot take it
+    located, s = locate(
+        spark, backend, name, slab_count(spark, k, recorded, tasks), k, may_defer=tasks is None
+    )  # fmt: skip
     return Resolved(located, s, k, tasks)
 
 
@@ -202,13 +188,15 @@ def slab_count(
 
     A new checkpoint, or one of another partition count: :func:`default_slabs`
     for the cluster's cores (made a multiple of ``tasks``: each task runs as many
-    slabs). A checkpoint of the same count keeps its slabs: with ``tasks``, made a
-    multiple of it where it is not; else spread over the cluster's count where
+    slabs). A checkpoint of the same count keeps its slabs: with ``tasks``, the
+    fewest more that are a multiple of it where they are not; else spread over the
+    cluster's count where
     that is at least :data:`GROW_FACTOR` times as many (a restart on a larger
     cluster; on a smaller one each task runs several slabs). A layout other than
     the recorded one rescales the checkpoint before the first batch
     (docs/rescale.md); a spread the checkpoint cannot take then (it is not at one
-    whole batch) is left for a later start (:func:`resolve`).
+    whole batch) is left for a later start
+    (:func:`~spark_integration.planning.rescale.locate`).
     """
     want = default_slabs(partitions, default_parallelism(spark))
     if recorded is None or recorded[1] != partitions:
@@ -216,8 +204,8 @@ def slab_count(
         # so does their least common multiple
         return want if tasks is None else math.lcm(want, tasks)
     kept = recorded[0]
-    if tasks is not None:  # as many databases per task: more where they must be
-        return kept if kept % tasks == 0 else math.lcm(kept, tasks)
+    if tasks is not None:  # as many databases per task: the fewest more where they must be
+        return min(d for d in range(kept, partitions + 1) if partitions % d == 0 == d % tasks)
     # more databases only where the cluster wants at least twice as many: a
     # rescale copies the whole state, and the cores a query starts with vary
     return want if want >= GROW_FACTOR * kept else kept

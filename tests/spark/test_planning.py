@@ -275,12 +275,12 @@ def test_a_checkpoint_keeps_its_databases_unless_the_cluster_or_the_tasks_want_m
     assert slab_count(two, 200, (4, 200), tasks=8) == 8  # 8 tasks: 8 databases
     assert slab_count(two, 200, (40, 200), tasks=8) == 40  # 5 per task already
     assert slab_count(two, 200, (10, 200), tasks=4) == 20  # 4 tasks share 20, never fewer
+    assert slab_count(two, 720, (45, 720), tasks=8) == 48  # the fewest more: 48, not 360
     # 3 cores want 5 databases: not twice the 4 there are, so no copy of the state
     assert slab_count(fake_session(cores=3), 200, (4, 200)) == 4
     assert explicit_tasks(fake_session({TASKS_CONF: "auto"}), 200) is None
     with pytest.raises(ValueError, match=r"spark.sessionstore.tasks must be .* divisor of .* 200"):
         explicit_tasks(fake_session({TASKS_CONF: "7"}), 200)
-
 
 
 def test_a_spread_the_checkpoint_cannot_take_now_leaves_its_databases(tmp_path, caplog):
@@ -298,7 +298,7 @@ def test_a_spread_the_checkpoint_cannot_take_now_leaves_its_databases(tmp_path, 
     backend = checkpoint_with(tmp_path, 4, key_groups=720)
     session = fake_session(cores=64)
     session.version = "4.0.1"
-    with caplog.at_level(logging.WARNING, "spark_integration.planning.resolve"):
+    with caplog.at_level(logging.WARNING, "spark_integration.planning.rescale"):
         resolved = resolve(SimpleNamespace(sparkSession=session), backend, None, "op")
     assert (resolved.slabs, resolved.partitions, resolved.tasks) == (4, 720, None)
     [line] = caplog.messages

@@ -239,6 +239,7 @@ def test_a_data_source_read_across_a_switch_never_mixes_two_counts(spark, tmp_pa
         drop_state,
         plan_rescale,
     )
+    from sessionstore.checkpoint.partition.load import VersionNotFoundError
     from sessionstore.checkpoint.partition.provider import CheckpointMismatchError
     from spark_integration.datasource import SessionStoreDataSource
     from tests.checkpoint.test_repartition import write_source
@@ -251,8 +252,8 @@ def test_a_data_source_read_across_a_switch_never_mixes_two_counts(spark, tmp_pa
         reader = source.reader(StructType.fromDDL(source.schema()))
         return reader, reader.partitions()
 
-    def switched(n):
-        plan = plan_rescale(uri, "op", n)
+    def switched(n, key_groups=None):
+        plan = plan_rescale(uri, "op", n, key_groups=key_groups)
         copy_rescale(plan)
         commit_rescale(plan)  # the state before is deleted only after
         return plan
@@ -271,4 +272,20 @@ def test_a_data_source_read_across_a_switch_never_mixes_two_counts(spark, tmp_pa
     with pytest.raises(
         FencedError, match=rf"is a fence, not a changelog: .* \(generation {again.generation}\)"
     ):
+        list(reader.read(listed[0]))
+    # 12 partitions in 4 databases: a Spark partition per database, rows as before
+    drop_state(switched(4, key_groups=12))
+    reader, listed = planned_read()
+    assert [p.value for p in listed] == [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
+    slabbed = sorted(row for p in listed for row in reader.read(p))
+    assert sorted(r[1:] for r in slabbed) == sorted(r[1:] for r in expected)
+    assert {r[0] for r in slabbed} <= set(range(12))
+    # read as listed after another switch (to 2 databases): the state listed is
+    # fenced, so the read fails rather than name its rows by the switch's layout
+    moved = switched(2, key_groups=12)
+    for p in listed:
+        with pytest.raises(FencedError, match=rf"\(generation {moved.generation}\)"):
+            list(reader.read(p))
+    drop_state(moved)  # and once it is deleted, missing
+    with pytest.raises(VersionNotFoundError):
         list(reader.read(listed[0]))

@@ -367,14 +367,14 @@ def _claim(root: Storage, plan: RescalePlan) -> RescalePlan:
         except (FileNotFoundError, CheckpointMismatchError):
             pass
     wanted = (plan.copy.partitions, plan.copy.key_groups or plan.copy.partitions)
-    partitions = None if layout is None else layout[1]
     if layout == wanted:  # None for a foreign or empty claim
         return dataclasses.replace(
             plan, generation=winner, copy=dataclasses.replace(plan.copy, target_uri=won)
         )
+    shape = "another layout" if layout is None else f"{layout[1]} partitions in {layout[0]} databases"
     raise RescaleError(
         f"{plan.uri}/{plan.operator}: another rescale of version {plan.source.version} "
-        f"(generation {winner}) claimed the switch first, to {partitions} partitions; "
+        f"(generation {winner}) claimed the switch first, to {shape}; "
         f"nothing was switched (if no other rescale runs, that one crashed: delete {name} "
         "and restart)"
     )
