@@ -577,32 +577,47 @@ def store_rows(
     row_filter.check(kind, store)  # clear errors before any restore
     layout = source.layout(operator)
     if layout is not None and layout[0] != layout[1]:
-        yield from _slab_rows(
-            source, operator, store, kind, layout, partition_ids, version, row_filter, limit,
-            progress, raw,
+        rows = _slab_rows(
+            source, operator, store, kind, layout, partition_ids, version, row_filter, progress,
+            raw,
         )  # fmt: skip
-        return
-    known = source.partitions(operator)
-    ids = known if partition_ids is None else partition_ids
-    for p in ids:
-        if p not in known:
-            raise NotFoundError(
-                f"operator {operator!r} has no partition {p} (partitions: {sorted(known)})"
-            )
-    count = 0
-    for done, partition in enumerate(ids):
+    else:
+        known = source.partitions(operator)
+        ids = known if partition_ids is None else partition_ids
+        for p in ids:
+            if p not in known:
+                raise NotFoundError(
+                    f"operator {operator!r} has no partition {p} (partitions: {sorted(known)})"
+                )
+        opened = _databases(source, operator, store, kind, ids, version, row_filter, raw, progress)
+        rows = ({"partition": p, **row} for p, _, each in opened for row in each)
+    try:
+        yield from rows if limit is None else islice(rows, limit)
+    finally:
+        rows.close()  # the database being read, at once (a limit stops in the middle)
+
+
+def _databases(
+    source: CheckpointSource | LocalSource,
+    operator: str,
+    store: str,
+    kind: str,
+    databases: list[int],
+    version: int | None,
+    row_filter: RowFilter,
+    raw: bool,
+    progress: Progress | None,
+) -> Iterator[tuple[int, str, Iterator[dict[str, Any]]]]:
+    """``(database, where, its rows of store)`` for each of ``databases`` in turn,
+    each open until the next is asked for, with the progress of the whole."""
+    for done, database in enumerate(databases):
         if progress is not None:
-            progress("partitions", done, len(ids))
-        with source.open(operator, partition, version, progress) as (_, stores):
-            where = f"{operator}/{partition} store {store!r}"
-            rows = presented_rows(stores[store], kind, where, row_filter, raw)
-            for row in rows:
-                yield {"partition": partition, **row}
-                count += 1
-                if limit is not None and count >= limit:
-                    return
+            progress("partitions", done, len(databases))
+        with source.open(operator, database, version, progress) as (_, stores):
+            where = f"{operator}/{database} store {store!r}"
+            yield database, where, presented_rows(stores[store], kind, where, row_filter, raw)
     if progress is not None:
-        progress("partitions", len(ids), len(ids))
+        progress("partitions", len(databases), len(databases))
 
 
 def _slab_rows(
@@ -614,7 +629,6 @@ def _slab_rows(
     partition_ids: list[int] | None,
     version: int | None,
     row_filter: RowFilter,
-    limit: int | None,
     progress: Progress | None,
     raw: bool,
 ) -> Iterator[dict[str, Any]]:
@@ -640,26 +654,18 @@ def _slab_rows(
         )
     router, keep = KeyRouter(types, count), set(wanted)
     chosen = sorted({p % slabs for p in keep})
-    total = 0
-    for done, slab in enumerate(chosen):
-        if progress is not None:
-            progress("partitions", done, len(chosen))
-        with source.open(operator, slab, version, progress) as (_, stores):
-            where = f"{operator}/{slab} store {store!r}"
-            rows = presented_rows(stores[store], kind, where, row_filter, raw)
-            while chunk := list(islice(rows, 4096)):
-                try:
-                    labels = router.partitions_of([row["key"] for row in chunk])
-                except (KeyError, ValueError) as exc:
-                    raise SessionStoreError(f"{where}: no partition for a row: {exc}") from None
-                for label, row in zip(labels, chunk, strict=True):
-                    if label in keep:
-                        yield {"partition": label, **row}
-                        total += 1
-                        if limit is not None and total >= limit:
-                            return
-    if progress is not None:
-        progress("partitions", len(chosen), len(chosen))
+    opened = _databases(source, operator, store, kind, chosen, version, row_filter, raw, progress)
+    for _, where, rows in opened:
+        while chunk := list(islice(rows, 4096)):
+            try:
+                labels = router.partitions_of([row["key"] for row in chunk])
+            except (KeyError, ValueError) as exc:
+                raise SessionStoreError(f"{where}: no partition for a row: {exc}") from None
+            yield from (
+                {"partition": label, **row}
+                for label, row in zip(labels, chunk, strict=True)
+                if label in keep
+            )
 
 
 def processor_declarations(

@@ -30,18 +30,13 @@ CASE = "sessions_final"
 RUNS = ((16, None, range(0, 2)), (16, "8", range(2, 4)), (24, None, range(4, 6)))
 
 
-def test_restarts_that_spread_and_relabel_the_partitions_write_the_uninterrupted_output(
-    spark, tmp_path, tmp_path_factory, caplog
-):
-    from pyspark.sql import functions as F
-
-    from spark_integration.datasource import register
-
-    expected = _uninterrupted(spark, tmp_path_factory, CASE)
-    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+def restarts(spark, tmp_path, backend, runs, caplog):
+    """Run the query of ``CASE`` once per ``(partitions, tasks, the files'
+    micro-batches)`` of ``runs``, restarting on one checkpoint; ``(output batches,
+    the layout recorded after each run, the rescale log lines)``."""
     operator = open_filesystem(backend.checkpoint_uri).child(CASE)
     got, layouts, lines = [], [], []
-    for partitions, tasks, part in RUNS:
+    for partitions, tasks, part in runs:
         if tasks is not None:
             spark.conf.set(TASKS_CONF, tasks)
         try:
@@ -54,6 +49,19 @@ def test_restarts_that_spread_and_relabel_the_partitions_write_the_uninterrupted
         got += run_stream_batches(query, tmp_path / "ck", _steps(tmp_path / "in", part))
         recorded = read_metadata(operator)
         layouts.append((recorded["num_partitions"], recorded.get("key_groups")))
+    return got, layouts, lines
+
+
+def test_restarts_that_spread_and_relabel_the_partitions_write_the_uninterrupted_output(
+    spark, tmp_path, tmp_path_factory, caplog
+):
+    from pyspark.sql import functions as F
+
+    from spark_integration.datasource import register
+
+    expected = _uninterrupted(spark, tmp_path_factory, CASE)
+    backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
+    got, layouts, lines = restarts(spark, tmp_path, backend, RUNS, caplog)
     _same_batches(expected, got)
     assert layouts == [(4, 16), (8, 16), (4, 24)]
     assert len(lines) == 2, lines
@@ -109,21 +117,8 @@ def test_a_checkpoint_with_a_database_per_partition_continues_as_it_is(
     continues in its 8, with no rescale, exactly."""
     expected = _uninterrupted(spark, tmp_path_factory, CASE)
     backend = StateBackend(f"file://{tmp_path}/state", local_dir=str(tmp_path / "local"))
-    operator = open_filesystem(backend.checkpoint_uri).child(CASE)
-    got, layouts = [], []
-    for tasks, part in (("8", range(0, 3)), (None, range(3, 6))):
-        if tasks is not None:
-            spark.conf.set(TASKS_CONF, tasks)
-        try:
-            with caplog.at_level(logging.WARNING, "spark_integration.planning.rescale"):
-                caplog.clear()
-                query = _query(spark, tmp_path / "in", backend, 8, CASE)
-                assert caplog.messages == []
-        finally:
-            spark.conf.unset(TASKS_CONF)
-        got += run_stream_batches(query, tmp_path / "ck", _steps(tmp_path / "in", part))
-        recorded = read_metadata(operator)
-        layouts.append((recorded["num_partitions"], recorded.get("key_groups")))
+    runs = ((8, "8", range(0, 3)), (8, None, range(3, 6)))
+    got, layouts, lines = restarts(spark, tmp_path, backend, runs, caplog)
     _same_batches(expected, got)
-    assert layouts == [(8, None), (8, None)]
-    assert not operator.exists("_generations")
+    assert layouts == [(8, None), (8, None)] and lines == []
+    assert not open_filesystem(backend.checkpoint_uri).child(CASE).exists("_generations")
