@@ -184,21 +184,20 @@ def partition_ids(
 class KeyRouter:
     """The partition of decoded keys (a value, or a tuple of a composite key's
     values) among ``partitions``, as ``repartition(partitions, *key_columns)`` of
-    Spark types ``key_types`` gives it; each distinct key hashed once."""
+    Spark types ``key_types`` gives it. Nothing is kept between calls, so a reader
+    streaming a store keeps flat memory: call it per chunk of rows (a key's rows
+    are adjacent in a store, so each distinct key of a chunk is hashed once)."""
 
     def __init__(self, key_types: Sequence[str], partitions: int) -> None:
         self._types, self._n = tuple(key_types), partitions
-        self._cache: dict[Any, int] = {}
 
     def partitions_of(self, keys: Sequence[Any]) -> list[int]:
         """The partition of each of ``keys``; ``ValueError`` naming a key that does
         not match the key columns."""
-        cache = self._cache
-        missing = list({k for k in keys if k not in cache})
-        if missing:
-            ids = partition_ids(self._columns(missing), self._types, self._n)
-            cache.update(zip(missing, ids.tolist(), strict=True))
-        return [cache[k] for k in keys]
+        distinct = list(dict.fromkeys(keys))
+        ids = partition_ids(self._columns(distinct), self._types, self._n).tolist()
+        found = dict(zip(distinct, ids, strict=True))
+        return [found[k] for k in keys]
 
     def _columns(self, keys: list[Any]) -> list[list[Any]]:
         width = len(self._types)
