@@ -44,12 +44,7 @@ def task_count(spark: Any, partitions: int, tasks: int | None | object = _READ) 
     None for ``auto``; the rule: :mod:`spark_integration.planning.placement`)."""
     if tasks is _READ:
         tasks = explicit_tasks(spark, partitions)
-    if tasks is not None:
-        if partitions % tasks:
-            raise ValueError(
-                f"{TASKS_CONF} must be 'auto' or a positive divisor of the operator's "
-                f"{partitions} partitions, got {tasks!r}"
-            )
+    if tasks is not None:  # checked when read; planning makes the databases a multiple
         return tasks
     cores = default_parallelism(spark)
     if partitions <= cores:
