@@ -77,6 +77,7 @@ def locate(
     slabs: int,
     partitions: int,
     may_defer: bool = False,
+    recorded: tuple[int, int] | None | bool = False,
 ) -> tuple[StateBackend, int]:
     """:func:`located_backend` once :func:`finish_interrupted` ran, with the
     databases the state is in: ``slabs``, or with ``may_defer`` the recorded ones
@@ -84,9 +85,12 @@ def locate(
     and the checkpoint cannot take it now (its plan is refused: not at one whole
     batch, nothing committed, another rescale's claim), which is logged once.
     Nothing is written then; a refusal later in a rescale (another driver, a
-    commit racing its switch) is raised as ever."""
+    commit racing its switch) is raised as ever. ``recorded``: the layout the
+    caller read after :func:`finish_interrupted` (None: no checkpoint); read here
+    when not given."""
     uri, options = backend.checkpoint_uri, backend.storage_options
-    recorded = recorded_layout(uri, name, options)
+    if recorded is False:
+        recorded = recorded_layout(uri, name, options)
     if recorded is not None and recorded != (slabs, partitions):
         started = time.perf_counter()
         try:

@@ -94,7 +94,8 @@ def resolve(
     # a checkpoint of another layout is rescaled here, before the first batch; a
     # spread the cluster alone asks for waits while the checkpoint cannot take it
     located, s = locate(
-        spark, backend, name, slab_count(spark, k, recorded, tasks), k, may_defer=tasks is None
+        spark, backend, name, slab_count(spark, k, recorded, tasks), k,
+        may_defer=tasks is None, recorded=recorded,
     )  # fmt: skip
     return Resolved(located, s, k, tasks)
 
