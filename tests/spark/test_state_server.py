@@ -122,6 +122,16 @@ def _run(task, partition: int, count: int, rows=(1, 2, 3), batch: int = 7, parti
     return out, context.metrics
 
 
+def _listening(address: str) -> bool:
+    """Whether a server listens at ``address`` (a connection it will not read)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(address)
+            return True
+        except OSError:
+            return False
+
+
 def _pid_of(out) -> int:
     return pa.Table.from_batches([out[-1]]).column("pid")[0].as_py()
 
@@ -217,7 +227,7 @@ def test_an_operator_starts_only_the_servers_its_partitions_map_to(daemon):
     servers.add(first)
 
     def listening():
-        return [client._listening(protocol.server_address(sleeper.pid, 4, s)) for s in range(4)]
+        return [_listening(protocol.server_address(sleeper.pid, 4, s)) for s in range(4)]
 
     deadline = time.monotonic() + 30
     while listening() != [True, True, False, False] and time.monotonic() < deadline:
@@ -228,6 +238,44 @@ def test_an_operator_starts_only_the_servers_its_partitions_map_to(daemon):
     servers.update(_pid_of(_run(EchoTask(), partition=p, count=4)[0]) for p in (0, 2))
     servers.add(later)
     assert listening() == [True, True, True, True] and later != first
+
+
+def test_workers_that_find_no_server_at_once_start_one_process_per_slot(daemon, monkeypatch):
+    """Four tasks of a fresh operator (four slots) start at the same moment, as an
+    executor's first micro-batch does: the worker that binds a slot's name starts
+    its server, every other waits in that server's backlog. Four processes in all,
+    not one per task and slot (each costs an interpreter and its imports)."""
+    _, servers = daemon
+    real, starts = client.subprocess.Popen, []
+
+    def counting(args, **kwargs):
+        starts.append(args[3])  # the socket name
+        return real(args, **kwargs)
+
+    monkeypatch.setattr(client.subprocess, "Popen", counting)
+    gate = threading.Barrier(4)
+    pids: dict[int, int] = {}
+
+    def task(partition):
+        gate.wait()
+        pids[partition] = _pid_of(_run(EchoTask(), partition=partition, count=4)[0])
+
+    threads = [threading.Thread(target=task, args=(p,)) for p in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    servers.update(pids.values())
+    assert sorted(pids) == [0, 1, 2, 3] and len(set(pids.values())) == 4
+    assert sorted(starts) == sorted(
+        protocol.server_address(client.daemon_pid(), 4, s)[1:] for s in range(4)
+    )
+
+
+def test_a_server_refuses_a_listening_socket_bound_to_another_name():
+    other = server.bind(f"\0sessionstore-state-test-{os.getpid()}-other")
+    with other, pytest.raises(SystemExit, match="is not a socket bound to 'wanted'"):
+        server.main(["wanted", str(os.getpid()), "--listen-fd", str(os.dup(other.fileno()))])
 
 
 def test_servers_end_with_their_daemon(daemon):

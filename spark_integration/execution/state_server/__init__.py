@@ -23,8 +23,13 @@ server ``p mod count``, where its database stays open from batch to batch:
   path, its own session), and with it the other missing servers of the slots its
   operator's partitions map to (no more: each is a process and its imports). A
   server listens on an abstract Unix socket named after its user, the executor's
-  Python daemon (the worker's parent), ``count`` and its slot:
-  binding the name is the lock, so two workers that start one at once get one;
+  Python daemon (the worker's parent), ``count`` and its slot. Binding the name is
+  the lock: the worker that binds it starts the server and hands it the listening
+  socket, so the tasks of a first micro-batch that all find no server start one
+  process per slot between them, and wait in its backlog while it imports its
+  modules (a server that bound its own name would leave the other tasks to start
+  one each and see it exit: up to 8 per slot on an 8-core executor, each a process
+  and its imports);
 * a server runs one task at a time. Two slots in a row of a micro-batch's tasks map
   to different servers, and with twice as many servers as slots the tasks that run
   at the same time rarely share one (a shared one makes the second task wait);

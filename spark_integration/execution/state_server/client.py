@@ -36,6 +36,7 @@ from spark_integration.execution.state_server.protocol import (
     OUTPUT,
     REQUEST,
     StateServerLost,
+    bind,
     error_of,
     metrics_of,
     read_frame,
@@ -147,6 +148,7 @@ def _accepted(
     address = server_address(parent, count, slot)
     deadline = time.monotonic() + START_TIMEOUT_S
     started: subprocess.Popen | None = None
+    others_started = False
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -168,45 +170,51 @@ def _accepted(
             raise TimeoutError(
                 f"state server {address[1:]!r} did not start within {START_TIMEOUT_S:.0f} s"
             )
-        if started is None:
+        if not others_started:
             # start every missing server the operator uses at once: the first
             # micro-batch's tasks then wait for one start-up (about 0.5 s), not one
             # each; a slot none of its partitions maps to is left to an operator
-            # that needs it (each server costs a process and its imports)
+            # that needs it (each server costs a process and its imports). A slot
+            # whose name another worker holds is that worker's to start.
+            others_started = True
             for other in range(used):
-                if other != slot and not _listening(server_address(parent, count, other)):
+                if other != slot:
                     _start(server_address(parent, count, other), parent)
-        if started is None or started.poll() == 0:  # 0: another had the name; it may end
-            started = _start(address, parent)
-        elif started.returncode is not None:
-            raise OSError(f"state server exited with {started.returncode}")
+        if started is None or started.poll() is not None:
+            if started is not None and started.returncode != 0:
+                raise OSError(f"state server exited with {started.returncode}")
+            # None: the name is held, by a server starting or ending (connect again)
+            started = _start(address, parent) or started
         time.sleep(0.01)
 
 
-def _listening(address: str) -> bool:
-    """Whether a server listens at ``address`` (a connection it will not read)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(address)
-            return True
-        except OSError:
-            return False
-
-
-def _start(address: str, parent: int) -> subprocess.Popen:
+def _start(address: str, parent: int) -> subprocess.Popen | None:
     """Start the server for ``address``, ending with process ``parent``, with this
-    worker's interpreter and imports."""
+    worker's interpreter and imports; None if a process holds the name already.
+
+    The worker binds the name and hands the listening socket to the server: the
+    name is the lock, taken before anything starts, so workers that find no server
+    at once start one process between them, and the tasks that connect while the
+    server imports its modules wait in the socket's backlog instead of polling."""
+    listener = bind(address)
+    if listener is None:
+        return None
     env = dict(os.environ)
     # bytecode-cached PySpark where the worker's is a pip install's archive:
     # unpickling a task imports it (cloudpickle's by-value functions)
     env["PYTHONPATH"] = os.pathsep.join(p for p in without_installed_archives(sys.path) if p)
-    return subprocess.Popen(
-        [sys.executable, "-m", SERVER_MODULE, address[1:], str(parent)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,  # a daemon worker's stdout is the JVM's channel
-        start_new_session=True,  # not killed with the worker's process group
-    )
+    fd = listener.fileno()
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", SERVER_MODULE, address[1:], str(parent), "--listen-fd", str(fd)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # a daemon worker's stdout is the JVM's channel
+            start_new_session=True,  # not killed with the worker's process group
+            pass_fds=(fd,),
+        )
+    finally:
+        listener.close()  # the server's now: the name goes when the server ends
 
 
 def _exchange(

@@ -102,6 +102,20 @@ def server_address(parent: int, count: int, slot: int) -> str:
     return f"\0sessionstore-state-{os.geteuid()}-{parent}-{count}-{slot}"
 
 
+def bind(address: str) -> socket.socket | None:
+    """A socket listening on ``address``; None if a process holds the name already
+    (the name is the lock: the worker that binds it starts the server, handing it
+    the socket, and every other worker connects to it)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address)
+    except OSError:
+        listener.close()
+        return None
+    listener.listen(64)
+    return listener
+
+
 def read_exact(conn: socket.socket, n: int) -> bytes:
     """Exactly ``n`` bytes from ``conn``; ``EOFError`` if it closes first."""
     buffer = bytearray(n)

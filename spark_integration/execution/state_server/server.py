@@ -36,6 +36,7 @@ from spark_integration.execution.state_server.protocol import (
     METRICS,
     REQUEST,
     SocketReader,
+    bind,
     error_payload,
     read_exact,
     send_frame,
@@ -94,18 +95,6 @@ def serve_one(conn: socket.socket) -> None:
     send_frame(conn, END)
 
 
-def bind(address: str) -> socket.socket | None:
-    """Listen on ``address``; None if another server has it (the name is the lock)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(address)
-    except OSError:
-        listener.close()
-        return None
-    listener.listen(64)
-    return listener
-
-
 def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXIT_S) -> None:
     """Serve tasks on ``listener`` one at a time until process ``watch_pid`` ends
     (the executor's Python daemon) or no task came for ``idle_exit_s``."""
@@ -143,15 +132,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="spark_integration.execution.state_server")
     parser.add_argument("name", help="the abstract socket name, without its NUL")
     parser.add_argument("watch", type=int, help="pid whose end ends this server")
+    parser.add_argument(
+        "--listen-fd", type=int, default=None,
+        help="a socket already listening on NAME, bound by the worker that started "
+        "this server; without it the server binds NAME itself",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.WARNING,
         format=f"sessionstore state server {os.getpid()}: %(levelname)s %(message)s",
     )
-    listener = bind("\0" + args.name)
-    if listener is None:
-        return 0  # another worker started it first
+    if args.listen_fd is None:
+        listener = bind("\0" + args.name)
+        if listener is None:
+            return 0  # another process holds the name
+    else:
+        listener = socket.socket(fileno=args.listen_fd)
+        if listener.getsockname() != os.fsencode("\0" + args.name):
+            raise SystemExit(f"--listen-fd {args.listen_fd} is not a socket bound to {args.name!r}")
     # without memory.maxMB, an executor's servers share what its workers had: a
     # server gets the default over SERVERS_PER_SLOT (a given maxMB is per server)
     memory_budget(DEFAULT_SERVER_MEMORY_MB)
