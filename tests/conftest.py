@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -141,7 +142,8 @@ def pytest_configure(config):
       through the ``java`` launcher's ``JDK_JAVA_OPTIONS``: the suite's own session
       and those of the processes tests start (a Connect server, ``local-cluster``
       executors, jobs run as a user would), which set no JVM options of their own;
-      a value already set is kept;
+      with the run's class-data archive (:func:`suite_jvm_options`); a value
+      already set is kept;
     * :data:`WORKER_SITE` first on ``PYTHONPATH``, which Spark passes to the Python
       processes it starts (see its ``sitecustomize``);
     * ``TMPDIR`` (Python's temporary files, pytest's ``tmp_path`` among them) in
@@ -149,7 +151,8 @@ def pytest_configure(config):
     * with that folder, a bytecode cache in it where the environment turned
       bytecode off (:func:`bytecode_cache`).
     """
-    os.environ.setdefault("JDK_JAVA_OPTIONS", f"{SUITE_JVM_OPTIONS} {SUITE_SPARK_PROPERTIES}")
+    if "JDK_JAVA_OPTIONS" not in os.environ:
+        os.environ["JDK_JAVA_OPTIONS"] = suite_jvm_options(config)
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(WORKER_SITE) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(WORKER_SITE), *filter(None, paths)])
@@ -158,6 +161,29 @@ def pytest_configure(config):
         os.environ["TMPDIR"] = _RUN_FOLDER[-1]
         tempfile.tempdir = None  # gettempdir() reads TMPDIR again
         bytecode_cache(_RUN_FOLDER[-1], os.environ)
+
+
+def suite_jvm_options(config) -> str:
+    """:data:`SUITE_JVM_OPTIONS` and :data:`SUITE_SPARK_PROPERTIES`, with the
+    virtualenv's class-data archive of Spark's classes (:mod:`tests.jvm_archive`).
+    Where there is none yet it is made now, in the background, unless the run
+    leaves the slow tests out: the fast suite starts three JVMs, whose faster
+    starts repay less than the archive costs to make (about 35 CPU-s); it uses one
+    a whole run made."""
+    from tests import jvm_archive
+
+    options = f"{SUITE_JVM_OPTIONS} {SUITE_SPARK_PROPERTIES}"
+    archive = jvm_archive.archive_path(options)
+    fast = "not slow" in (config.getoption("markexpr", "") or "")
+    if not archive.is_file() and not fast and not os.environ.get("PYTEST_XDIST_WORKER"):
+        builder = jvm_archive.start_build(archive, options, dict(os.environ))
+        _ARCHIVE_BUILDS.append(builder)
+        os.environ[jvm_archive.BUILDER_ENV] = str(builder.pid)
+    return f"{options} {jvm_archive.options_with(archive)}"
+
+
+#: The class-data archive build this process started (:func:`suite_jvm_options`).
+_ARCHIVE_BUILDS: list = []
 
 
 def bytecode_cache(folder: str, environ: MutableMapping[str, str]) -> None:
@@ -175,6 +201,9 @@ def bytecode_cache(folder: str, environ: MutableMapping[str, str]) -> None:
         environ["PYTHONPYCACHEPREFIX"] = os.path.join(folder, "pycache")
         del environ["PYTHONDONTWRITEBYTECODE"]
 
+
+#: How long the run's end waits for a class-data archive build still running.
+WAIT_FOR_ARCHIVE_S = 120
 
 #: The run's folder in RAM, when this process made it (not in pytest-xdist's
 #: workers, which inherit ``TMPDIR``).
@@ -211,7 +240,9 @@ def _alive(pid: int) -> bool:
 def spark():
     """A local[2] SparkSession whose Python workers use this interpreter."""
     from spark_integration.conf.local_spark import local_spark
+    from tests.jvm_archive import wait_for_build
 
+    wait_for_build()  # a JVM started before the archive is whole goes without
     # one retry per task; 2 partitions per operator, as the tests were written for
     # (the default would be 2 per core: spark_integration.planning.resolve.partition_count)
     session = local_spark(
@@ -285,10 +316,17 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """End whatever a background job still runs (a session cut short); then, after
+    """End whatever a background job still runs (a session cut short), let the
+    class-data archive's build end (:func:`suite_jvm_options`); then, after
     a passing run, remove the run's folder in RAM (:func:`run_folder`)."""
     from tests.background import stop_all
 
     stop_all()
+    for builder in _ARCHIVE_BUILDS:  # a short run: the archive is for the next one
+        try:
+            builder.wait(WAIT_FOR_ARCHIVE_S)
+        except subprocess.TimeoutExpired:
+            builder.kill()
+            builder.wait()
     if _RUN_FOLDER and exitstatus == 0:
         shutil.rmtree(_RUN_FOLDER.pop(), ignore_errors=True)

@@ -139,3 +139,30 @@ def test_children_cache_bytecode_in_the_given_folder_only_where_it_was_turned_of
     on = dict(base)
     bytecode_cache(str(tmp_path), on)
     assert on == base
+
+
+@pytest.mark.slow
+def test_the_suites_jvms_can_map_the_class_data_archive(spark):
+    """The archive the run made (tests.jvm_archive) is one the suite's JVM maps:
+    ``-Xshare:on`` makes a JVM that cannot (another JVM build, another class path)
+    fail at start instead of running without it."""
+    from tests import jvm_archive
+
+    options = os.environ["JDK_JAVA_OPTIONS"]
+    if SUITE_SPARK_PROPERTIES not in options:
+        pytest.skip("the caller set JDK_JAVA_OPTIONS of its own")
+    archive = jvm_archive.archive_path(f"{SUITE_JVM_OPTIONS} {SUITE_SPARK_PROPERTIES}")
+    if not archive.is_file():
+        pytest.skip("no archive: the fast suite makes none")
+    assert jvm_archive.options_with(archive) in options
+    jvm = spark.sparkContext._jvm.java.lang.System
+    java = os.path.join(jvm.getProperty("java.home"), "bin", "java")
+    env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}
+    args = [java, *SUITE_JVM_OPTIONS.split(), "-Xshare:on", f"-XX:SharedArchiveFile={archive}",
+            "-cp", jvm.getProperty("java.class.path"), "-version"]  # fmt: skip
+    mapped = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert mapped.returncode == 0, mapped.stderr
+    # and one whose class path differs cannot, so the check above can fail
+    args[args.index("-cp") + 1] = str(archive.parent)
+    other = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert other.returncode != 0

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests import background
+from tests.jvm_archive import wait_for_build
 from tests.packaging import checkout_pythonpath
 from tests.spark.connect_cases import CASES, run_case
 from tests.standalone.cluster import MARKER, end_processes, free_port, spark_home
@@ -71,6 +72,7 @@ def connect_server(workdir: Path, timeout: float = 180.0, tag: str | None = None
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     workdir.mkdir(parents=True, exist_ok=True)
+    wait_for_build()  # the JVM maps the run's class-data archive (tests.jvm_archive)
     log = workdir / "connect-server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
