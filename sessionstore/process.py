@@ -43,6 +43,8 @@ SLOTS = {
     "helper_thread": "spark_integration.execution.partition_state",
     # the boto3 S3 client of each storage options (conditional creates on S3)
     "s3_clients": "sessionstore.checkpoint.storage.conditional_create",
+    # the SparkContext's conf, by SparkContext (read once, through Py4J)
+    "context_conf": "spark_integration.conf.spark_session",
     # a Spark Connect session's cluster core count, by session id (asked once)
     "parallelism": "spark_integration.conf.spark_session",
 }

@@ -30,6 +30,7 @@ difference lives here:
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from sessionstore.process import this_process
@@ -70,17 +71,30 @@ def is_connect(spark: Any) -> bool:
 def driver_conf(spark: Any) -> dict[str, str]:
     """The driver's settings: the SparkContext's conf (``spark-submit --conf``, the
     builder) in a classic session; under Connect the session conf, which starts as
-    the server's ``SparkConf``."""
+    the server's ``SparkConf``. A copy: the caller may change it."""
     if is_connect(spark):
         return dict(spark.conf.getAll)
-    return dict(spark.sparkContext.getConf().getAll())
+    return dict(_context_conf(spark))
 
 
 def conf_value(spark: Any, key: str, default: str | None = None) -> str | None:
     """One key of :func:`driver_conf`, or ``default``."""
     if is_connect(spark):
         return spark.conf.get(key, default)
-    return spark.sparkContext.getConf().get(key, default)
+    return _context_conf(spark).get(key, default)
+
+
+def _context_conf(spark: Any) -> dict[str, str]:
+    """The SparkContext's conf, read once per SparkContext (it does not change
+    while the context runs: ``getConf`` hands out copies). Each read through Py4J
+    costs about three JVM calls per key, a few hundred per operator planned when
+    every reader made its own copy."""
+    context = spark.sparkContext
+    known = this_process().get_or_make("context_conf", weakref.WeakKeyDictionary)
+    conf = known.get(context)
+    if conf is None:
+        conf = known[context] = dict(context.getConf().getAll())
+    return conf
 
 
 def master(spark: Any) -> str:

@@ -67,7 +67,7 @@ from sessionstore.checkpoint.records.metrics import TASK_FIELDS
 from sessionstore.checkpoint.service.request_server import NO_REPLY, RequestServer
 from sessionstore.checkpoint.storage.filesystem import Storage, open_filesystem
 from sessionstore.process import this_process
-from spark_integration.conf.spark_session import can_coordinate
+from spark_integration.conf.spark_session import can_coordinate, conf_value
 from spark_integration.coordinator.protocol import (
     ANSWER_TIMEOUT_S,
     MAX_REQUEST_BYTES,
@@ -469,16 +469,18 @@ def coordinator_for(
     Connect); then tasks read the durable records."""
     if not can_coordinate(spark):
         return None
-    conf = spark.sparkContext.getConf()
-    enabled = spark.conf.get(ENABLED_CONF, conf.get(ENABLED_CONF, "true"))
+    def conf(key: str, default: str) -> str:
+        return str(conf_value(spark, key, default))
+
+    enabled = spark.conf.get(ENABLED_CONF, conf(ENABLED_CONF, "true"))
     if str(enabled).strip().lower() in ("false", "0", "no"):
         return None
-    master = conf.get("spark.master", "")
-    host = conf.get("spark.driver.host", "127.0.0.1")
-    bind = conf.get("spark.driver.bindAddress", host)
+    master = conf("spark.master", "")
+    host = conf("spark.driver.host", "127.0.0.1")
+    bind = conf("spark.driver.bindAddress", host)
     if master.startswith("local[") or master == "local":
         host = bind = "127.0.0.1"  # tasks run in this machine's processes
-    port = spark.conf.get(PORT_CONF, conf.get(PORT_CONF, "0"))  # checked when started
+    port = spark.conf.get(PORT_CONF, conf(PORT_CONF, "0"))  # checked when started
 
     def start() -> Coordinator:
         return Coordinator(bind, _port(port), advertise=host)

@@ -20,7 +20,7 @@ def fake_session(
     context = dict(context_conf or {})
     return SimpleNamespace(
         conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default)),
-        sparkContext=SimpleNamespace(
+        sparkContext=FakeContext(
             defaultParallelism=cores,
             master=master,
             getConf=lambda: SimpleNamespace(
@@ -28,6 +28,15 @@ def fake_session(
             ),
         ),
     )
+
+
+class FakeContext(SimpleNamespace):
+    """A SparkContext stand-in: a SparkContext can be weakly referred to (the
+    driver keeps its conf by context, spark_integration.conf.spark_session)."""
+
+    __slots__ = ("__weakref__",)
+    __eq__ = object.__eq__  # one context is one key, as a SparkContext is
+    __hash__ = object.__hash__
 
 
 def run_task(monkeypatch: Any, module: Any, task: Any, info: Any, columns: dict[str, Any],

@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from spark_integration.conf.backend import StateBackend
+from tests.spark.fakes import FakeContext
 
 
 def fake_spark(conf: dict[str, str]) -> SimpleNamespace:
     return SimpleNamespace(
         conf=SimpleNamespace(get=lambda key, default=None: conf.get(key, default), getAll=conf),
-        sparkContext=SimpleNamespace(getConf=lambda: SimpleNamespace(getAll=lambda: [])),
+        sparkContext=FakeContext(getConf=lambda: SimpleNamespace(getAll=lambda: [])),
     )
 
 

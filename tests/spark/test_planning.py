@@ -3,7 +3,7 @@ only to plan, never a query)."""
 
 from __future__ import annotations
 
-from tests.spark.fakes import fake_session
+from tests.spark.fakes import FakeContext, fake_session
 
 
 def test_input_checks_name_the_missing_column_and_the_bad_time_type():
@@ -39,9 +39,9 @@ def test_tcp_python_workers_get_one_warning_on_spark_41_and_later(monkeypatch):
     from spark_integration.conf.local_spark import UNIX_SOCKET_CONF
 
     def session(version, conf):
-        spark_conf = SimpleNamespace(get=lambda key, default=None: conf.get(key, default))
+        spark_conf = SimpleNamespace(getAll=lambda: list(conf.items()))
         return SimpleNamespace(
-            version=version, sparkContext=SimpleNamespace(getConf=lambda: spark_conf)
+            version=version, sparkContext=FakeContext(getConf=lambda: spark_conf)
         )
 
     this_process().forget(planning.TCP_WARNING)
@@ -309,3 +309,30 @@ def test_a_spread_the_checkpoint_cannot_take_now_leaves_its_databases(tmp_path, 
     session.version = "4.0.1"
     with pytest.raises(RescaleError, match="cannot rescale .* to 720 partitions in 8 databases"):
         resolve(SimpleNamespace(sparkSession=session), backend, None, "op")
+
+
+def test_the_context_conf_is_read_once_per_spark_context():
+    """Each read of a SparkContext's conf through Py4J costs JVM calls per key: the
+    driver reads it once per context (it cannot change while the context runs),
+    hands out copies, and a new context is read afresh."""
+    from types import SimpleNamespace
+
+    from spark_integration.conf.spark_session import conf_value, driver_conf
+
+    reads = []
+
+    def session(conf):
+        def get_conf():
+            reads.append(conf)
+            return SimpleNamespace(getAll=lambda: list(conf.items()))
+
+        return SimpleNamespace(conf=None, sparkContext=FakeContext(getConf=get_conf))
+
+    first = session({"spark.master": "local[2]", "k": "1"})
+    assert conf_value(first, "k") == "1" and conf_value(first, "absent", "d") == "d"
+    copy = driver_conf(first)
+    copy["k"] = "changed"
+    assert driver_conf(first) == {"spark.master": "local[2]", "k": "1"}
+    assert len(reads) == 1
+    second = session({"k": "2"})
+    assert conf_value(second, "k") == "2" and len(reads) == 2
