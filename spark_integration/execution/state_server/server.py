@@ -36,14 +36,13 @@ from spark_integration.execution.state_server.protocol import (
     METRICS,
     REQUEST,
     SocketReader,
-    bind,
     error_payload,
     read_exact,
     send_frame,
     send_output,
 )
 
-__all__ = ["serve_one", "bind", "serve", "main"]
+__all__ = ["serve_one", "serve", "main"]
 
 log = logging.getLogger(__name__)
 #: refused workers of another user: one warning a minute at most, with the count
@@ -133,9 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", help="the abstract socket name, without its NUL")
     parser.add_argument("watch", type=int, help="pid whose end ends this server")
     parser.add_argument(
-        "--listen-fd", type=int, default=None,
-        help="a socket already listening on NAME, bound by the worker that started "
-        "this server; without it the server binds NAME itself",
+        "--listen-fd", type=int, required=True,
+        help="a socket listening on NAME, bound by the worker that started this server",
     )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -143,14 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING,
         format=f"sessionstore state server {os.getpid()}: %(levelname)s %(message)s",
     )
-    if args.listen_fd is None:
-        listener = bind("\0" + args.name)
-        if listener is None:
-            return 0  # another process holds the name
-    else:
-        listener = socket.socket(fileno=args.listen_fd)
-        if listener.getsockname() != os.fsencode("\0" + args.name):
-            raise SystemExit(f"--listen-fd {args.listen_fd} is not a socket bound to {args.name!r}")
+    listener = socket.socket(fileno=args.listen_fd)
+    if listener.getsockname() != os.fsencode("\0" + args.name):
+        raise SystemExit(f"--listen-fd {args.listen_fd} is not a socket bound to {args.name!r}")
     # without memory.maxMB, an executor's servers share what its workers had: a
     # server gets the default over SERVERS_PER_SLOT (a given maxMB is per server)
     memory_budget(DEFAULT_SERVER_MEMORY_MB)
