@@ -175,7 +175,7 @@ def suite_jvm_options(config) -> str:
     options = f"{SUITE_JVM_OPTIONS} {SUITE_SPARK_PROPERTIES}"
     archive = jvm_archive.archive_path(options)
     fast = "not slow" in (config.getoption("markexpr", "") or "")
-    if not archive.is_file() and not fast and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not archive.is_file() and not fast:
         builder = jvm_archive.start_build(archive, options, dict(os.environ))
         _ARCHIVE_BUILDS.append(builder)
         os.environ[jvm_archive.BUILDER_ENV] = str(builder.pid)

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.pids import running
+
 #: The environment variable holding the pid of the run's archive build, while it runs.
 BUILDER_ENV = "SESSIONSTORE_TEST_JVM_ARCHIVE_BUILDER"
 #: JVM options that keep an archive the JVM cannot use out of its output (a
@@ -78,17 +80,8 @@ def wait_for_build(environ: dict[str, str] | None = None, limit: float = WAIT_S)
     ``limit`` seconds: a JVM started before it ends would go without it."""
     pid = (environ if environ is not None else os.environ).get(BUILDER_ENV, "")
     deadline = time.monotonic() + limit
-    while pid.isdigit() and _running(int(pid)) and time.monotonic() < deadline:
+    while pid.isdigit() and running(int(pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _which(name: str) -> str | None:
@@ -147,9 +140,9 @@ def main(argv: list[str]) -> int:
                 return run.returncode
             jvm = json.loads(re.findall(r'\{"jvm": \d+\}', run.stdout)[-1])["jvm"]
             deadline = time.monotonic() + 60
-            while _running(jvm) and time.monotonic() < deadline:
+            while running(jvm) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        if _running(jvm) or not partial.is_file() or partial.stat().st_size == 0:
+        if running(jvm) or not partial.is_file() or partial.stat().st_size == 0:
             return 1
         os.replace(partial, path)
         return 0

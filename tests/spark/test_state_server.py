@@ -28,6 +28,7 @@ from spark_integration.conf.pyspark_archives import without_installed_archives
 from spark_integration.execution import state_server as ss
 from spark_integration.execution.context import TaskContext, TaskInfo
 from spark_integration.execution.state_server import client, protocol, server
+from tests import pids
 from tests.foreign_user import AsNobody, needs_root
 from tests.spark.fakes import fake_session
 
@@ -100,17 +101,9 @@ def daemon(monkeypatch):
     sleeper.kill()
     sleeper.wait()
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in servers) and time.monotonic() < deadline:
+    while any(pids.running(pid) for pid in servers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in servers if _alive(pid)], "state servers outlived their daemon"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not [pid for pid in servers if pids.running(pid)], "state servers outlived their daemon"
 
 
 def _run(task, partition: int, count: int, rows=(1, 2, 3), batch: int = 7, partitions=None):
@@ -254,35 +247,35 @@ def test_workers_that_find_no_server_at_once_start_one_process_per_slot(daemon, 
 
     monkeypatch.setattr(client.subprocess, "Popen", counting)
     gate = threading.Barrier(4)
-    pids: dict[int, int] = {}
+    server_pids: dict[int, int] = {}
 
     def task(partition):
         gate.wait()
-        pids[partition] = _pid_of(_run(EchoTask(), partition=partition, count=4)[0])
+        server_pids[partition] = _pid_of(_run(EchoTask(), partition=partition, count=4)[0])
 
     threads = [threading.Thread(target=task, args=(p,)) for p in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
-    servers.update(pids.values())
-    assert sorted(pids) == [0, 1, 2, 3] and len(set(pids.values())) == 4
+    servers.update(server_pids.values())
+    assert sorted(server_pids) == [0, 1, 2, 3] and len(set(server_pids.values())) == 4
     assert sorted(starts) == sorted(
         protocol.server_address(client.daemon_pid(), 4, s)[1:] for s in range(4)
     )
 
 
 def test_a_server_refuses_a_listening_socket_bound_to_another_name():
-    other = server.bind(f"\0sessionstore-state-test-{os.getpid()}-other")
+    other = protocol.bind(f"\0sessionstore-state-test-{os.getpid()}-other")
     with other, pytest.raises(SystemExit, match="is not a socket bound to 'wanted'"):
         server.main(["wanted", str(os.getpid()), "--listen-fd", str(os.dup(other.fileno()))])
 
 
 def test_servers_end_with_their_daemon(daemon):
     sleeper, servers = daemon
-    pids = {_pid_of(_run(EchoTask(), partition=p, count=2)[0]) for p in (0, 1)}
-    assert len(pids) == 2
-    servers.update(pids)
+    server_pids = {_pid_of(_run(EchoTask(), partition=p, count=2)[0]) for p in (0, 1)}
+    assert len(server_pids) == 2
+    servers.update(server_pids)
     sleeper.kill()  # the fixture checks that both servers end within 10 s
 
 
@@ -302,9 +295,9 @@ def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
 
 def test_an_idle_server_closes_its_listener_and_returns():
     address = f"\0sessionstore-state-test-{os.getpid()}-idle"
-    listener = server.bind(address)
+    listener = protocol.bind(address)
     assert listener is not None
-    assert server.bind(address) is None  # the name is the lock
+    assert protocol.bind(address) is None  # the name is the lock
     thread = threading.Thread(target=server.serve, args=(listener, os.getpid(), 0.2))
     thread.start()
     thread.join(10)
@@ -458,8 +451,8 @@ def test_the_partitions_of_a_spark_task_go_to_their_servers_one_request_each(dae
     ran = [t[0] for t in tables if "pid" in t[0]]
     assert [(r["partition"], r["batch"]) for r in ran] == [(0, 7), (2, 7), (1, 7)]
     servers.update(r["pid"] for r in ran)
-    pids = [r["pid"] for r in ran]
-    assert pids[0] == pids[1] != pids[2]
+    ran_in = [r["pid"] for r in ran]
+    assert ran_in[0] == ran_in[1] != ran_in[2]
 
 
 # ------------------------------------------------------------- trust (issue 28)
