@@ -7,6 +7,7 @@ servers the tests start end with it."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import struct
@@ -263,6 +264,27 @@ def test_workers_that_find_no_server_at_once_start_one_process_per_slot(daemon, 
     assert sorted(starts) == sorted(
         protocol.server_address(client.daemon_pid(), 4, s)[1:] for s in range(4)
     )
+
+
+def test_a_task_waiting_on_a_server_that_dies_while_starting_gets_another(daemon):
+    """A task finds the slot's name bound (a worker started the server, which is
+    still importing) and waits in its backlog; the server dies before it accepts:
+    the name goes with it, and the task binds it, starts a server of its own and
+    runs there."""
+    sleeper, servers = daemon
+    dying = protocol.bind(protocol.server_address(sleeper.pid, 1, 0))
+    assert dying is not None
+    ran: list = []
+    thread = threading.Thread(target=lambda: ran.append(_run(EchoTask(), partition=0, count=1)))
+    thread.start()
+    readable, _, _ = select.select([dying], [], [], 30)  # the task is in the backlog
+    assert readable == [dying]
+    dying.close()
+    thread.join(60)
+    (out, metrics), = ran
+    pid = _pid_of(out)
+    servers.add(pid)
+    assert pid != os.getpid() and metrics == {"rows": 3, "partition": 0}
 
 
 def test_a_server_refuses_a_listening_socket_bound_to_another_name():

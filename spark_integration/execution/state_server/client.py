@@ -160,8 +160,12 @@ def _accepted(
             if kind == ACCEPTED and data.isdigit():
                 return conn, int(data)
             raise StateServerLost(f"unexpected first frame {kind!r} from {address[1:]!r}")
-        except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, EOFError):
-            # no server (or one that was ending, idle, and never saw this task)
+        except (
+            ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError,
+            EOFError,
+        ):  # fmt: skip
+            # no server, or one that ended before it accepted this task (idle, or
+            # dead while it started): the task never ran, so it goes to a new one
             conn.close()
         except BaseException:
             conn.close()
