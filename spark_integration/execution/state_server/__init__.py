@@ -53,8 +53,9 @@ Failures: a server that dies mid-task ends the connection, the task
 fails with an error that names the server, Spark retries it, and the retry starts
 a new server, which loads the partition from its local database or the checkpoint
 like any new process (the commit protocol is the one a worker follows, so nothing
-committed is lost). A task that the server had not accepted yet (it was ending, idle) connects
-again. Linux only (abstract sockets, ``pidfd``); elsewhere, or with
+committed is lost). A task that the server had not accepted yet (it was ending,
+idle, or died while it started) connects again, starting a new server if the name
+is free. Linux only (abstract sockets, ``pidfd``); elsewhere, or with
 :data:`SERVERS_CONF` ``off``, tasks hold state in their own worker.
 
 Modules: :mod:`.config` (the conf key, server count, time limits),
