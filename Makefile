@@ -35,9 +35,10 @@ demo: $(STAMP)
 # (`--dist loadfile`: a module's fixtures, a started stream among them, stay in one
 # process). Most of a Spark test's time is spent waiting (on a trigger, a task's
 # Python worker, a server's start), so more processes than cores keep both busy;
-# TEST_WORKERS=0 runs it in this process.
+# TEST_WORKERS=0 runs it in this process. Modules go out longest first, in the
+# conftest's order (tests/schedule.py), not pytest-xdist's by number of tests.
 TEST_WORKERS ?= 3
-PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(STAMP)
 	$(PYTEST)

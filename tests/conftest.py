@@ -285,14 +285,24 @@ def _parallel(config) -> bool:
 def pytest_collection_modifyitems(config, items):
     """The tests that read a background job's result (``tests.background``) go last,
     in their order: their jobs get the whole run to finish. Under pytest-xdist
-    (``make test`` runs ``--dist loadfile``) their modules go first instead: a
-    worker runs such a job in place, and the longest files started first keep the
-    workers' ends together."""
+    (``make test`` runs ``--dist loadfile --no-loadscope-reorder``, which deals
+    modules out in this order) their modules go first instead, as a worker runs
+    such a job in place, and the other modules follow longest first
+    (:mod:`tests.schedule`), so the workers' ends come together."""
+    from tests.schedule import module_rank, module_seconds
+
     def reads_a_job(item) -> bool:
         return hasattr(getattr(item, "module", None), "background_jobs")
 
     if _parallel(config):
-        items.sort(key=lambda item: not reads_a_job(item))
+        seconds = module_seconds()
+        root = Path(__file__).resolve().parents[1]
+
+        def rank(item) -> tuple[bool, float]:
+            module = Path(str(item.path)).resolve().relative_to(root).as_posix()
+            return not reads_a_job(item), module_rank(module, seconds)
+
+        items.sort(key=rank)  # stable: a module's tests keep their order
     else:
         items.sort(key=reads_a_job)
 

@@ -168,3 +168,46 @@ def test_the_suites_jvms_can_map_the_class_data_archive(spark):
     args[args.index("-cp") + 1] = str(archive.parent)
     other = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
     assert other.returncode != 0
+
+
+def test_modules_go_out_unrecorded_first_then_longest_first(tmp_path):
+    """tests.schedule: a module the file does not name first (it may be long),
+    then the recorded ones by their seconds; JUnit reports give each module the
+    mean of the runs that ran it, a class's tests counting for its module."""
+    from tests.schedule import junit_module_seconds, module_rank, module_seconds, write_seconds
+
+    root = tmp_path / "root"
+    (root / "tests" / "spark").mkdir(parents=True)
+    for name in ("tests/test_a.py", "tests/spark/test_b.py"):
+        (root / name).write_text("")
+
+    def report(name, cases):
+        body = "".join(
+            f'<testcase classname="{c}" name="t{i}" time="{t}"/>' for i, (c, t) in enumerate(cases)
+        )
+        (tmp_path / name).write_text(f"<testsuites><testsuite>{body}</testsuite></testsuites>")
+        return tmp_path / name
+
+    first = report("1.xml", [("tests.test_a", 1.5), ("tests.test_a.TestX", 2.5),
+                             ("tests.spark.test_b", 10.0), ("gone.module", 99.0)])  # fmt: skip
+    second = report("2.xml", [("tests.spark.test_b", 20.0)])
+    seconds = junit_module_seconds([first, second], root)
+    assert seconds == {"tests/test_a.py": 4.0, "tests/spark/test_b.py": 15.0}
+    write_seconds(seconds, tmp_path / "s.json")
+    recorded = module_seconds(tmp_path / "s.json")
+    assert recorded == {"tests/spark/test_b.py": 15.0, "tests/test_a.py": 4.0}
+    assert module_seconds(tmp_path / "missing.json") == {}
+    modules = ["tests/test_a.py", "tests/new.py", "tests/spark/test_b.py"]
+    order = sorted(modules, key=lambda m: module_rank(m, recorded))
+    assert order == ["tests/new.py", "tests/spark/test_b.py", "tests/test_a.py"]
+
+
+def test_the_recorded_seconds_name_only_modules_that_exist():
+    """A module renamed or removed since tests/module_seconds.json was written is
+    reported, so the file is written again (tests.schedule's doc says how)."""
+    from tests.schedule import ROOT, module_seconds
+
+    recorded = module_seconds()
+    assert len(recorded) > 100
+    missing = sorted(m for m in recorded if not (ROOT / m).is_file())
+    assert not missing, f"tests/module_seconds.json names modules that are gone: {missing}"
