@@ -216,24 +216,15 @@ def run_folder(ram: str) -> str:
     (pytest alone keeps its last three runs' ``tmp_path``s). A failed run's stay for
     a look until the next run starts, which removes every run folder whose process
     has ended."""
+    from tests.pids import running
+
     for name in os.listdir(ram):
         pid = name.split("-")[1] if name.startswith("run-") else ""
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not running(int(pid)):
             shutil.rmtree(os.path.join(ram, name), ignore_errors=True)
     path = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=ram)
     os.chmod(path, 0o711)  # passable, as the folder above it (see ram_backed_tmp)
     return path
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @pytest.fixture(scope="session")
@@ -296,11 +287,10 @@ def pytest_collection_modifyitems(config, items):
 
     if _parallel(config):
         seconds = module_seconds()
-        root = Path(__file__).resolve().parents[1]
 
         def rank(item) -> tuple[bool, float]:
-            module = Path(str(item.path)).resolve().relative_to(root).as_posix()
-            return not reads_a_job(item), module_rank(module, seconds)
+            # the node id starts with the module's path from the root (the checkout)
+            return not reads_a_job(item), module_rank(item.nodeid.split("::")[0], seconds)
 
         items.sort(key=rank)  # stable: a module's tests keep their order
     else:

@@ -1,4 +1,5 @@
-"""Whether a process runs, for tests that wait on processes they did not start."""
+"""Whether a process runs: for tests that wait on processes they did not start,
+and the conftest's check of which runs' folders are left over."""
 
 from __future__ import annotations
 

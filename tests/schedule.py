@@ -25,7 +25,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["SECONDS_FILE", "module_seconds", "module_rank", "junit_module_seconds"]
+__all__ = [
+    "SECONDS_FILE", "module_seconds", "module_rank", "junit_module_seconds", "write_seconds",
+]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A module's path (from the checkout's root) -> its seconds in a whole run.

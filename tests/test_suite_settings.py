@@ -211,3 +211,30 @@ def test_the_recorded_seconds_name_only_modules_that_exist():
     assert len(recorded) > 100
     missing = sorted(m for m in recorded if not (ROOT / m).is_file())
     assert not missing, f"tests/module_seconds.json names modules that are gone: {missing}"
+
+
+def test_the_conftest_deals_recorded_modules_out_longest_first():
+    """What a pytest-xdist worker collects (the order ``make test`` deals modules
+    out in, with ``--no-loadscope-reorder``): the longer recorded module first, the
+    order they were given in elsewhere."""
+    from tests.schedule import ROOT, module_seconds
+
+    short, long = "tests/test_public_api.py", "tests/checkpoint/test_gc.py"
+    recorded = module_seconds()
+    assert recorded[long] > recorded[short]
+
+    def collected(**env):
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+             "-p", "no:xdist", short, long],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+            # not the caller's PYTEST_ADDOPTS: a --junitxml there would be overwritten
+            env={k: v for k, v in {**os.environ, "PYTEST_ADDOPTS": None, **env}.items()
+                 if v is not None},  # fmt: skip
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        ids = [line.split("::")[0] for line in run.stdout.splitlines() if "::" in line]
+        return list(dict.fromkeys(ids))
+
+    assert collected(PYTEST_XDIST_WORKER="gw0") == [long, short]
+    assert collected(PYTEST_XDIST_WORKER=None) == [short, long]
