@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from spark_integration.execution.long_lived import freeze_long_lived
+
 __all__ = [
     "TaskInfo",
     "TaskContext",
@@ -103,7 +105,11 @@ class SparkTask:
     task: ContextTask
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
-        yield from self.task.run(batches, spark_task_context())
+        context = spark_task_context()
+        if context.outlives_task:
+            # a reused worker collects garbage after each task; see long_lived
+            freeze_long_lived()
+        yield from self.task.run(batches, context)
 
 
 def check_partition(name: str | None, partition: int, count: int, unit: str = "partitions") -> None:

@@ -20,6 +20,7 @@ import pyarrow as pa
 from sessionstore.checkpoint.service.request_server import RefusalLog, same_user
 from sessionstore.engine.memory import memory_budget
 from spark_integration.execution.context import TaskContext, TaskInfo
+from spark_integration.execution.long_lived import freeze_long_lived
 from spark_integration.execution.state_server.config import (
     DEFAULT_SERVER_MEMORY_MB,
     IDLE_EXIT_S,
@@ -78,7 +79,9 @@ def serve_one(conn: socket.socket) -> None:
     except Exception as error:
         send_frame(conn, ERROR, error_payload(error))
         return
-    # this process outlives its tasks: snapshot uploads run after the commit
+    # this process outlives its tasks: snapshot uploads run after the commit, and
+    # what the first task imported stays out of later collections
+    freeze_long_lived()
     context = TaskContext(info, outlives_task=True)
     outputs = task.run(iter(inputs), context)
     try:
