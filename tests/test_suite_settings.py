@@ -4,6 +4,7 @@ children cache bytecode only in the run's folder."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -238,3 +239,24 @@ def test_the_conftest_deals_recorded_modules_out_longest_first():
 
     assert collected(PYTEST_XDIST_WORKER="gw0") == [long, short]
     assert collected(PYTEST_XDIST_WORKER=None) == [short, long]
+
+
+def test_a_spark_python_process_forgets_the_installed_pyspark_archives():
+    """A process started as Spark starts its Python processes (the pip-installed
+    PySpark's archives first on ``PYTHONPATH``, after the suite's site folder) has
+    neither archive on its path nor an importer of one cached, so that
+    ``importlib.invalidate_caches()`` reads no archive's directory again."""
+    import pyspark
+
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    archives = sorted(str(p) for p in lib.glob("*.zip"))
+    assert len(archives) == 2  # pyspark.zip and py4j's
+    site = str(Path(pyspark.__file__).parent.parent)
+    code = (
+        f"import json, sys; ours = {archives!r}; print(json.dumps([[p for p in sys.path"
+        " if p in ours], sorted(p for p in sys.path_importer_cache if p in ours)]))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(WORKER_SITE), *archives, site])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [[], []]  # [on the path, importers cached]
