@@ -106,10 +106,10 @@ class SparkTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[Any]:
         context = spark_task_context()
-        if context.outlives_task:
-            # a reused worker collects garbage after each task; see long_lived
-            freeze_long_lived()
         yield from self.task.run(batches, context)
+        if context.outlives_task:
+            # the reused worker collects every object it holds next: see long_lived
+            freeze_long_lived()
 
 
 def check_partition(name: str | None, partition: int, count: int, unit: str = "partitions") -> None:

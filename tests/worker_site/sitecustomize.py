@@ -21,11 +21,13 @@ task's files folder to the path, re-reads every cached archive's directory
 (``pyspark.zip``: about 11 ms each time).
 """
 
+import os
 import sys
 
 from spark_integration.conf.pyspark_archives import without_installed_archives
 
 kept = without_installed_archives(sys.path)
-for dropped in set(sys.path) - set(kept):
-    sys.path_importer_cache.pop(dropped, None)
+dropped = {os.path.abspath(p) for p in set(sys.path) - set(kept)}
+for cached in [p for p in sys.path_importer_cache if p and os.path.abspath(p) in dropped]:
+    del sys.path_importer_cache[cached]  # under the PYTHONPATH spelling or site's
 sys.path[:] = kept

@@ -79,9 +79,7 @@ def serve_one(conn: socket.socket) -> None:
     except Exception as error:
         send_frame(conn, ERROR, error_payload(error))
         return
-    # this process outlives its tasks: snapshot uploads run after the commit, and
-    # what the first task imported stays out of later collections
-    freeze_long_lived()
+    # this process outlives its tasks: snapshot uploads run after the commit
     context = TaskContext(info, outlives_task=True)
     outputs = task.run(iter(inputs), context)
     try:
@@ -125,6 +123,9 @@ def serve(listener: socket.socket, watch_pid: int, idle_exit_s: float = IDLE_EXI
                 serve_one(conn)
             except Exception:  # the worker fails its task; keep serving the others
                 log.warning("sessionstore state server: a task failed", exc_info=True)
+        # the worker has its answer and the task's objects are gone: what it
+        # imported stays out of later collections (long_lived)
+        freeze_long_lived()
         last = time.monotonic()
 
 
