@@ -80,7 +80,7 @@ def test_a_process_freezes_when_it_holds_new_modules_and_at_most_max_freezes_tim
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     before, first, same, imported, as_many, at_cap, past_cap = result["counts"]
-    assert before == 0 and first > 5_000  # everything the process held
+    assert first > before + 5_000  # everything the process held
     assert same == first  # no new module: the new lists stay collectable
     assert imported >= first + 1000  # a new module: what exists now is frozen
     assert as_many <= imported  # a module swapped for another: no freeze (of the lists)
