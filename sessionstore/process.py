@@ -47,7 +47,7 @@ SLOTS = {
     "context_conf": "spark_integration.conf.spark_session",
     # a Spark Connect session's cluster core count, by session id (asked once)
     "parallelism": "spark_integration.conf.spark_session",
-    # how many modules the process had imported when it last froze its objects
+    # the most modules the process held at a freeze of its objects, and its freezes
     "frozen_imports": "spark_integration.execution.long_lived",
 }
 

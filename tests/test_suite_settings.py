@@ -257,6 +257,8 @@ def test_a_spark_python_process_forgets_the_installed_pyspark_archives():
         " if p in ours], sorted(p for p in sys.path_importer_cache if p in ours)]))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(WORKER_SITE), *archives, site])}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [[], []]  # [on the path, importers cached]
