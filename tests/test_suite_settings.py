@@ -243,14 +243,17 @@ def test_the_conftest_deals_recorded_modules_out_longest_first():
 
 def test_a_spark_python_process_forgets_the_installed_pyspark_archives():
     """A process started as Spark starts its Python processes (the pip-installed
-    PySpark's archives first on ``PYTHONPATH``, after the suite's site folder) has
+    PySpark's archives and spark-core jar first on ``PYTHONPATH``, after the suite's
+    site folder) has
     neither archive on its path nor an importer of one cached, so that
     ``importlib.invalidate_caches()`` reads no archive's directory again."""
     import pyspark
 
     lib = Path(pyspark.__file__).parent / "python" / "lib"
-    archives = sorted(str(p) for p in lib.glob("*.zip"))
-    assert str(lib / "pyspark.zip") in archives  # and py4j's
+    jars = Path(pyspark.__file__).parent / "jars"
+    archives = sorted(str(p) for p in [*lib.glob("*.zip"), *jars.glob("spark-core*.jar")])
+    assert str(lib / "pyspark.zip") in archives  # and py4j's, and the spark-core jar
+    assert any(p.endswith(".jar") for p in archives)
     site = str(Path(pyspark.__file__).parent.parent)
     code = (
         f"import json, sys; ours = {archives!r}; print(json.dumps([[p for p in sys.path"

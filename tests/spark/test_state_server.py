@@ -632,15 +632,20 @@ def test_a_server_imports_an_installed_pyspark_not_its_archive(tmp_path, monkeyp
     """Python keeps no bytecode for modules imported from an archive: a server
     importing pyspark from the pip package's own pyspark.zip (what Spark puts first
     for its workers in local mode) compiled about 190 modules at every start. The
-    archives of the installed package go; a Spark distribution's elsewhere (a
+    archives of the installed package go, and its spark-core jar (a directory of
+    6,000 entries read at every start); a Spark distribution's elsewhere (a
     cluster's SPARK_HOME, maybe another release) stay, and all stay where the
     installed copy lacks py4j."""
     site = tmp_path / "site-packages"
     _package(site, "pyspark")
     lib = site / "pyspark" / "python" / "lib"
     lib.mkdir(parents=True)
-    archives = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    archives = [
+        str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip"),
+        str(site / "pyspark" / "jars" / "spark-core_2.13-4.3.0.jar"),  # Spark adds it too
+    ]  # fmt: skip
     home = str(tmp_path / "spark-home" / "python" / "lib" / "pyspark.zip")
+    home_jar = str(tmp_path / "spark-home" / "jars" / "spark-core_2.13-4.3.0.jar")
     # "" (the working folder, in sys.path) is an entry like any other
     assert without_installed_archives([*archives, "", "/tree", str(site)]) == [
         *archives, "", "/tree", str(site),
@@ -649,7 +654,12 @@ def test_a_server_imports_an_installed_pyspark_not_its_archive(tmp_path, monkeyp
     assert without_installed_archives([*archives, "", "/tree", str(site)]) == [
         "", "/tree", str(site),
     ]  # fmt: skip
-    assert without_installed_archives([home, *archives, str(site)]) == [home, str(site)]
+    assert without_installed_archives([home, *archives, home_jar, str(site)]) == [
+        home, home_jar, str(site),
+    ]  # fmt: skip
+    # a jar elsewhere in the installed package is not one of its jars
+    other = str(site / "pyspark" / "python" / "lib" / "extra.jar")
+    assert without_installed_archives([other, str(site)]) == [other, str(site)]
     assert without_installed_archives(archives) == archives  # the site is not on the path
     # what a server is started with
     started = []
