@@ -242,6 +242,12 @@ class Database:
         try:
             if exists:
                 families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
+            else:
+                # RocksDB rewrites and re-reads its OPTIONS file for every family
+                # created (about 4 ms of CPU each; BENCHMARKS.md, "Figures quoted in
+                # code"): the metadata family every new database gets comes with the
+                # open's own write instead
+                families = {META_CF: opts}
             rdict = Rdict(path, opts, column_families=families)
         except Exception as exc:  # rocksdict raises a bare Exception for IO errors
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
