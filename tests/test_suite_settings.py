@@ -40,11 +40,13 @@ def test_the_run_passes_its_settings_to_every_process_it_starts():
 @pytest.mark.slow
 def test_the_suites_spark_interprets_expressions(spark):
     """The suite's Spark properties reach the sessions' SQL settings (a SparkConf
-    reads Java system properties as its defaults)."""
+    reads Java system properties as its defaults): the expression interpreter, and
+    a 100 ms wait of a query that found no new data."""
     if SUITE_SPARK_PROPERTIES not in os.environ["JDK_JAVA_OPTIONS"]:
         pytest.skip("the caller set JDK_JAVA_OPTIONS of its own")
     assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
+    assert spark.conf.get("spark.sql.streaming.pollingDelay") == "100ms"
 
 
 needs_tmpfs = pytest.mark.skipif(
