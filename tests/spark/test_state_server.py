@@ -657,9 +657,16 @@ def test_a_server_imports_an_installed_pyspark_not_its_archive(tmp_path, monkeyp
     assert without_installed_archives([home, *archives, home_jar, str(site)]) == [
         home, home_jar, str(site),
     ]  # fmt: skip
-    # a jar elsewhere in the installed package is not one of its jars
-    other = str(site / "pyspark" / "python" / "lib" / "extra.jar")
-    assert without_installed_archives([other, str(site)]) == [other, str(site)]
+    # only Spark's spark-core jar goes: others beside it may be a user's, with
+    # Python in them, and a folder whose name only ends in "pyspark" is not the
+    # installed package's
+    others = [
+        str(site / "pyspark" / "jars" / "udfs.jar"),
+        str(site / "pyspark" / "python" / "lib" / "extra.jar"),
+        str(site / "mypyspark" / "jars" / "spark-core_2.13-4.3.0.jar"),
+        str(site / "mypyspark" / "python" / "lib" / "pyspark.zip"),
+    ]
+    assert without_installed_archives([*others, str(site)]) == [*others, str(site)]
     assert without_installed_archives(archives) == archives  # the site is not on the path
     # what a server is started with
     started = []
