@@ -212,6 +212,11 @@ def main(argv: list[str] | None = None) -> str:
         help="comma-separated partition counts at which the floor and the built-in path "
         "run (default: every count; they take minutes at 1,000 partitions)",
     )  # fmt: skip
+    ap.add_argument(
+        "--due-batches", choices=["on", "off"], default="off",
+        help="the operators' due source (spark.sessionstore.dueBatches.enabled: on by "
+        "default in the product; off here, as BENCHMARKS.md's tables but one ran)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     compare = [c for c in args.compare.split(",") if c]
     if not set(compare) <= {"tasks", "workers"}:
@@ -232,6 +237,7 @@ def main(argv: list[str] | None = None) -> str:
     from spark_integration import StateBackend, sessionize
     from spark_integration.conf.local_spark import local_spark
     from spark_integration.execution.state_server import SERVERS_CONF
+    from spark_integration.planning.due_batches import DUE_BATCHES_CONF
     from spark_integration.planning.placement import TASKS_CONF
 
     spark = local_spark(
@@ -240,6 +246,7 @@ def main(argv: list[str] | None = None) -> str:
     )  # fmt: skip
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", BUILTIN_PROVIDER)
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    spark.conf.set(DUE_BATCHES_CONF, "true" if args.due_batches == "on" else "false")
     best: dict[tuple[str, int], dict[str, Any]] = {}
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(scratch_dir("bench-scale-"))
