@@ -6,6 +6,7 @@ servers the tests start end with it."""
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -313,6 +314,34 @@ def test_a_malformed_request_is_dropped_and_the_server_serves_on(daemon):
             conn.sendall(garbage)
     again, _ = _run(EchoTask(), partition=0, count=1)
     assert _pid_of(again) == pid
+
+
+class FrozenProbe:
+    """Reports the server it runs in and how many objects that process has frozen
+    out of its garbage collections (``gc.freeze``)."""
+
+    def run(self, batches, context):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict(
+            {"pid": [os.getpid()], "frozen": [gc.get_freeze_count()]}
+        )
+
+
+def test_a_server_freezes_what_its_first_task_imported_once_the_task_is_answered(daemon):
+    """A server is a long-lived process: after the connection of a task that
+    imported modules it freezes them out of later collections (long_lived), so the
+    next task finds them frozen, and a task that imports nothing new freezes no more."""
+    _, servers = daemon
+    runs = [pa.Table.from_batches(_run(FrozenProbe(), partition=0, count=1)[0][-1:])
+            for _ in range(3)]  # fmt: skip
+    pids = {t.column("pid")[0].as_py() for t in runs}
+    servers.update(pids)
+    assert len(pids) == 1  # one warm server
+    first, second, third = (t.column("frozen")[0].as_py() for t in runs)
+    assert first == 0  # the task runs before the freeze that follows its answer
+    assert second > 20_000  # the server's modules (pyarrow, the store, the task's)
+    assert third <= second  # nothing new imported: no second freeze
 
 
 def test_an_idle_server_closes_its_listener_and_returns():
