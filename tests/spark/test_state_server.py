@@ -339,8 +339,10 @@ def test_a_server_freezes_what_its_first_task_imported_once_the_task_is_answered
     servers.update(pids)
     assert len(pids) == 1  # one warm server
     first, second, third = (t.column("frozen")[0].as_py() for t in runs)
-    assert first == 0  # the task runs before the freeze that follows its answer
-    assert second > 20_000  # the server's modules (pyarrow, the store, the task's)
+    # the first task runs before the freeze that follows its answer (Python 3.12
+    # starts with a few hundred objects frozen already); the next finds the
+    # server's modules frozen (pyarrow, the store, the task's)
+    assert second > first + 20_000
     assert third <= second  # nothing new imported: no second freeze
 
 
