@@ -16,6 +16,7 @@ import pytest
 
 import tests.models
 from tests.conftest import (
+    FILESYSTEM_CHECKPOINT_FILES,
     RAM_TMP_ROOT,
     SUITE_JVM_OPTIONS,
     SUITE_SPARK_PROPERTIES,
@@ -47,6 +48,40 @@ def test_the_suites_spark_interprets_expressions(spark):
     assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
     assert spark.conf.get("spark.sql.streaming.pollingDelay") == "100ms"
+    manager = spark.conf.get("spark.sql.streaming.checkpointFileManagerClass")
+    assert manager == FILESYSTEM_CHECKPOINT_FILES
+
+
+@pytest.mark.slow
+def test_the_suites_spark_writes_its_checkpoint_files_through_the_filesystem_api(
+    spark, tmp_path
+):
+    """The checkpoint file manager Spark makes for a query's checkpoint (from the
+    session's Hadoop settings, as a query does) is the one the suite names
+    (tests/conftest.py), and a query restarted on its checkpoint resumes after
+    the batch its first run committed through it."""
+    if SUITE_SPARK_PROPERTIES not in os.environ["JDK_JAVA_OPTIONS"]:
+        pytest.skip("the caller set JDK_JAVA_OPTIONS of its own")
+    from tests.spark.streams import json_source, write_json
+
+    checkpoint = tmp_path / "checkpoint"
+    jvm = spark.sparkContext._jvm
+    manager = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+    made = manager.create(
+        jvm.org.apache.hadoop.fs.Path(str(checkpoint)),
+        spark._jsparkSession.sessionState().newHadoopConf(),
+    )
+    assert made.getClass().getName() == FILESYSTEM_CHECKPOINT_FILES
+    for run in range(2):  # a batch a run, each on a file written before it
+        write_json(tmp_path / "in", run, [{"n": run}])
+        query = (
+            json_source(spark, tmp_path / "in", "n long").writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+        )  # fmt: skip
+        query.awaitTermination(120)
+        assert query.exception() is None
+        assert query.lastProgress["batchId"] == run
+        assert query.lastProgress["numInputRows"] == 1
 
 
 needs_tmpfs = pytest.mark.skipif(
