@@ -53,9 +53,7 @@ def test_the_suites_spark_interprets_expressions(spark):
 
 
 @pytest.mark.slow
-def test_the_suites_spark_writes_its_checkpoint_files_through_the_filesystem_api(
-    spark, tmp_path
-):
+def test_the_suites_spark_writes_its_checkpoint_files_through_the_filesystem_api(spark, tmp_path):
     """The checkpoint file manager Spark makes for a query's checkpoint (from the
     session's Hadoop settings, as a query does) is the one the suite names
     (tests/conftest.py), and a query restarted on its checkpoint resumes after
