@@ -24,7 +24,7 @@ import os
 import re
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, Self
 
@@ -139,6 +139,20 @@ _ARENA_BLOCK = 64 * 1024
 _OS_ERROR = re.compile(r"\(os error \d+\)|^IO error")
 
 
+def _checked_families(families: Iterable[str]) -> list[str]:
+    """``families`` (for :meth:`Database.open`) as a list without repeats;
+    ``ValueError`` naming the first that cannot name a family of ours."""
+    if isinstance(families, (str, bytes)):
+        raise ValueError(f"families must be an iterable of names, not one name: {families!r}")
+    checked: list[str] = []
+    for name in families:
+        if not isinstance(name, str) or not name or name in ("default", META_CF):
+            raise ValueError(f"families: {name!r} cannot name a column family of a store")
+        if name not in checked:
+            checked.append(name)
+    return checked
+
+
 def _path_problem(path: str) -> str | None:
     """Why a database cannot be created or written at ``path``, or None if the path
     looks usable (run after RocksDB refused it, to say why in the user's terms)."""
@@ -175,6 +189,10 @@ class Database:
         self._families: set[str] = {n for n in Rdict.list_cf(path) if n != "default"}
         self._cf_objects: dict[str, Rdict] = {}
         self._cf_handles: dict[str, Any] = {}
+        #: Families the open created (:meth:`open`'s ``families``) that no
+        #: :meth:`create_column_family` has asked for yet: recorded as created
+        #: when one does, as if created then.
+        self._unrecorded: set[str] = set()
         self._buffer = WriteBuffer()
         self._depth = 0
         self._participants: dict[int, Participant] = {}
@@ -215,8 +233,16 @@ class Database:
         write_buffer_mb: int = 16,
         compression: str = "lz4",
         create_if_missing: bool = True,
+        families: Iterable[str] = (),
     ) -> Self:
         """Open (or create) the database at ``path`` with every column family it has.
+
+        ``families``: column families a *new* database gets in the open itself
+        (ignored where the database exists). RocksDB rewrites and re-reads its
+        options file at every family created, and once for all that an open
+        creates, so a caller that knows the families it will create passes them
+        here; each is recorded as created (in the batch's changelog) only when
+        :meth:`create_column_family` asks for it, as if created then.
 
         Every family, those found here and those created later, gets the same
         options: bloom filters and the process's shared block cache and write-buffer
@@ -232,6 +258,7 @@ class Database:
         check_memory_max_mb(memory_max_mb)
         if not path:  # RocksDB would put its files in the working directory
             raise StateDBPathError(path, "the path is empty")
+        wanted = _checked_families(families)
         opts = _make_options(
             memory_max_mb, bloom_bits_per_key, write_buffer_mb, compression, create_if_missing
         )
@@ -247,7 +274,7 @@ class Database:
                 # created (about 4 ms of CPU each; BENCHMARKS.md, "Figures quoted in
                 # code"): the metadata family every new database gets comes with the
                 # open's own write instead
-                families = {META_CF: opts}
+                families = {META_CF: opts, **dict.fromkeys(wanted, opts)}
             rdict = Rdict(path, opts, column_families=families)
         except Exception as exc:  # rocksdict raises a bare Exception for IO errors
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -259,7 +286,10 @@ class Database:
             if problem is not None:
                 raise StateDBPathError(path, problem) from exc
             raise
-        return cls(path, rdict, opts)
+        db = cls(path, rdict, opts)
+        if not exists:
+            db._unrecorded.update(wanted)
+        return db
 
     @classmethod
     def open_secondary(cls, path: str | os.PathLike[str], secondary_dir: str) -> Self:
@@ -328,6 +358,9 @@ class Database:
     def create_column_family(self, name: str) -> None:
         """Create ``name`` now (RocksDB cannot create families transactionally)."""
         if name in self._families:
+            if name in self._unrecorded:  # the open created it: recorded from now on
+                self._unrecorded.discard(name)
+                self._buffer.created.append(name)
             return
         if self.read_only:
             raise SessionStoreError(
@@ -362,6 +395,7 @@ class Database:
         self._cf_objects.pop(name, None)
         self._cf_handles.pop(name, None)
         self._families.discard(name)
+        self._unrecorded.discard(name)
         if name in self._buffer.created:  # gone before any changelog needed it
             self._buffer.created.remove(name)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,71 @@ def test_a_new_database_gets_its_metadata_family_in_the_open_itself(tmp_path):
     db.close()
     options = sorted(int(p.name.split("-")[1]) for p in path.glob("OPTIONS-*"))
     assert len(options) == 2 and options[0] < options[1]  # RocksDB keeps the last two
+
+
+def test_a_new_database_gets_the_families_it_is_opened_with_in_the_open_itself(tmp_path):
+    """The families a new database is opened with come with the open's one options
+    write (each created after the open writes one more); an existing database
+    ignores them."""
+    from sessionstore.engine.db import Database
+
+    def newest_options(folder):
+        return max(p.name for p in folder.glob("OPTIONS-*"))
+
+    Database.open(tmp_path / "bare").close()
+    path = tmp_path / "db"
+    db = Database.open(path, families=["s.kv", "s.timers", "s.kv"])
+    assert db.column_families() == [META_CF, "s.kv", "s.timers"]
+    db.close()
+    assert newest_options(path) == newest_options(tmp_path / "bare")  # no write of its own
+    one_by_one = Database.open(tmp_path / "other")
+    for name in ("s.kv", "s.timers"):
+        one_by_one.create_column_family(name)
+    one_by_one.close()
+    assert newest_options(tmp_path / "other") > newest_options(path)
+    db = Database.open(path, families=["s.ttl"])  # exists: as it is
+    assert db.column_families() == [META_CF, "s.kv", "s.timers"]
+    db.close()
+
+
+def test_a_family_the_open_created_is_recorded_when_first_asked_for(tmp_path):
+    """A batch that asks for a family the open created records its creation (what
+    the batch's changelog carries) as it would have created it then, once; one
+    never asked for is never recorded; a replay of the batches onto an empty
+    database builds the same families and rows."""
+    opened = StateDB.open(tmp_path / "opened", families=["s.kv", "s.ttl"])
+    created = StateDB.open(tmp_path / "created")
+    replica = StateDB.open(tmp_path / "replica")
+    try:
+        for step in range(2):
+            prepared = []
+            for db in (opened, created):
+                db.begin()
+                db.create_column_family("s.kv")
+                db.put("s.kv", b"k%d" % step, b"v")
+                prepared.append(db.prepare())
+            assert prepared[0].created == prepared[1].created == (["s.kv"] if not step else [])
+            opened.apply(prepared[0])
+            created.apply(prepared[1])
+            replica.apply(prepared[0])
+        for db in (created, replica):
+            assert db.column_families() == [META_CF, "s.kv"]
+            assert [k for k, _ in db.scan("s.kv")] == [b"k0", b"k1"]
+        assert opened.column_families() == [META_CF, "s.kv", "s.ttl"]  # s.ttl: unasked
+    finally:
+        for db in (opened, created, replica):
+            db.close()
+
+
+@pytest.mark.parametrize("families", ["s.kv", ["default"], ["meta"], [""], [7]])
+def test_families_that_cannot_name_a_store_family_are_refused_before_the_open(tmp_path, families):
+    from sessionstore.engine.db import Database
+
+    with pytest.raises(
+        ValueError, match=re.escape(repr(families if isinstance(families, str) else families[0]))
+    ):
+        Database.open(tmp_path / "db", families=families)
+    assert not (tmp_path / "db").exists()
 
 
 def test_batch_is_atomic_and_rollback_discards(tmp_path):

@@ -321,7 +321,9 @@ def _build_partition(
         if prepare is not None:  # rows as a reader sees them, in the read-only batch
             prepare(partition, handle.stores)
         handle.abort()  # opening stores may write into the batch: read what is committed
-        out = StateDB.open(database_in(out_dir))
+        # every family of the source, created in the open (one options write)
+        families = [f for f in handle.db.column_families() if f != META_CF]
+        out = StateDB.open(database_in(out_dir), families=families)
         try:
             _copy_rows(target, handle.db, out, change, where)
             with out.batch():

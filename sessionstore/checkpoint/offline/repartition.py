@@ -348,7 +348,10 @@ class TargetWriter:
         self.flush_rows = flush_rows
         self.rows = 0
         self._dir = os.path.join(workdir, f"target-{partition}")
-        self._db: StateDB | None = StateDB.open(database_in(self._dir))
+        #: opened at the first flush, with the families its rows need (one write
+        #: of RocksDB's options file for them all, not one each)
+        self._db: StateDB | None = None
+        self._opened = False
         self._pending: dict[str, dict[bytes, bytes]] = {}
         self._buffered = 0
         self._meta: dict[bytes, bytes] = {}
@@ -395,9 +398,16 @@ class TargetWriter:
                 f"{key!r} ({seen!r:.80} vs {value!r:.80}); it cannot be merged"
             )
 
+    def _open(self) -> StateDB:
+        if self._db is None:
+            if self._opened:
+                raise RepartitionError(f"target partition {self.partition} is closed")
+            self._db = StateDB.open(database_in(self._dir), families=list(self._pending))
+            self._opened = True
+        return self._db
+
     def _flush(self) -> None:
-        db = self._db
-        assert db is not None
+        db = self._open()
         known = set(db.column_families())
         for family in self._pending:
             if family not in known:
@@ -417,9 +427,8 @@ class TargetWriter:
         """Write the merged meta entries, the version and, given, the id of the
         commit whose state this is: the database is then the target's state at
         ``plan.version`` (returned, open until :meth:`upload` or :meth:`close`)."""
-        db = self._db
-        assert db is not None
         self._flush()
+        db = self._open()
         with db.batch():
             for key, value in sorted(self._meta.items()):
                 if key not in self._absent:
