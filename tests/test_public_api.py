@@ -3,6 +3,7 @@ importing are exported, and importing it loads no pyspark."""
 
 from __future__ import annotations
 
+import pickle
 import re
 import subprocess
 import sys
@@ -75,6 +76,27 @@ def test_importing_the_package_loads_no_pyspark():
     assert out.stdout.strip() == "False"
 
 
+def test_a_process_that_unpickles_a_backend_loads_no_state_provider():
+    """Spark runs a due source's reader and a Python data source's planning in
+    processes of their own, which unpickle the operator's ``StateBackend`` and read
+    the checkpoint's records, never its state: neither loads the state provider
+    and its stores (about half of such a process's imports of ours)."""
+    from spark_integration import StateBackend
+
+    code = (
+        "import pickle, sys\n"
+        "backend = pickle.loads(sys.stdin.buffer.read())\n"
+        "import spark_integration.planning.due_batches\n"
+        "loaded = [m for m in sys.modules if m.startswith('sessionstore.stores')\n"
+        "          or m == 'sessionstore.checkpoint.partition.provider']\n"
+        "print(backend.retain_versions, loaded)\n"
+    )
+    data = pickle.dumps(StateBackend("file:///tmp/state", retain_versions=5))
+    out = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().strip() == "5 []"
+
+
 def test_a_package_imported_alone_still_reaches_its_subpackages():
     """``import sessionstore`` used to import its subpackages, and code written
     against it reaches them as attributes (``sessionstore.checkpoint.StoreSpec``);
@@ -99,7 +121,9 @@ def test_a_package_imported_alone_still_reaches_its_subpackages():
     ]
 
 
-@pytest.mark.parametrize("package", ["sessionstore", "sessionstore.checkpoint", "spark_integration"])
+@pytest.mark.parametrize(
+    "package", ["sessionstore", "sessionstore.checkpoint", "spark_integration"]
+)
 def test_a_lazy_package_tells_type_checkers_the_names_it_exports(package):
     """What a lazy ``__init__`` imports for type checkers (``if TYPE_CHECKING:``)
     is exactly its map of public names, from the same modules: the two lists

@@ -5,10 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessionstore.checkpoint.partition.orphans import DEFAULT_ORPHAN_GRACE_S, check_orphan_grace
-from sessionstore.checkpoint.partition.provider import MIN_RETAIN_VERSIONS, CommitObserver
 from sessionstore.checkpoint.storage.filesystem import redact
 from sessionstore.checkpoint.storage.private_dir import user_root
 from sessionstore.checkpoint.storage.retry import (
@@ -18,6 +17,9 @@ from sessionstore.checkpoint.storage.retry import (
 )
 from sessionstore.engine.memory import check_memory_max_mb
 from spark_integration.conf.spark_session import driver_conf
+
+if TYPE_CHECKING:  # the provider and its stores load where state is served, not here
+    from sessionstore.checkpoint.partition.provider import CommitObserver
 
 __all__ = ["StateBackend", "CONF_PREFIX", "CONF_KEYS", "STORAGE_PREFIX"]
 
@@ -84,6 +86,10 @@ class StateBackend:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        # a process that only unpickles a backend (a due source's reader, a planner)
+        # never runs this, and never imports the provider for it
+        from sessionstore.checkpoint.partition.provider import MIN_RETAIN_VERSIONS
+
         if self.retain_versions < MIN_RETAIN_VERSIONS:  # refused on the driver, not in tasks
             raise ValueError(
                 f"retain_versions must be at least {MIN_RETAIN_VERSIONS}, "
