@@ -144,13 +144,14 @@ def _checked_families(families: Iterable[str]) -> list[str]:
     ``ValueError`` naming the first that cannot name a family of ours."""
     if isinstance(families, (str, bytes)):
         raise ValueError(f"families must be an iterable of names, not one name: {families!r}")
-    checked: list[str] = []
-    for name in families:
+    try:
+        names = list(families)
+    except TypeError:
+        raise ValueError(f"families must be an iterable of names, got {families!r}") from None
+    for name in names:
         if not isinstance(name, str) or not name or name in ("default", META_CF):
             raise ValueError(f"families: {name!r} cannot name a column family of a store")
-        if name not in checked:
-            checked.append(name)
-    return checked
+    return list(dict.fromkeys(names))
 
 
 def _path_problem(path: str) -> str | None:
@@ -189,9 +190,9 @@ class Database:
         self._families: set[str] = {n for n in Rdict.list_cf(path) if n != "default"}
         self._cf_objects: dict[str, Rdict] = {}
         self._cf_handles: dict[str, Any] = {}
-        #: Families the open created (:meth:`open`'s ``families``) that no
-        #: :meth:`create_column_family` has asked for yet: recorded as created
-        #: when one does, as if created then.
+        #: Families the open created (:meth:`open`'s ``families``) that nothing has
+        #: asked for yet: absent to everything but :meth:`_make_family`, which
+        #: takes one over when it is first created or written, as if created then.
         self._unrecorded: set[str] = set()
         self._buffer = WriteBuffer()
         self._depth = 0
@@ -241,8 +242,12 @@ class Database:
         (ignored where the database exists). RocksDB rewrites and re-reads its
         options file at every family created, and once for all that an open
         creates, so a caller that knows the families it will create passes them
-        here; each is recorded as created (in the batch's changelog) only when
-        :meth:`create_column_family` asks for it, as if created then.
+        here. Until :meth:`create_column_family` asks for one (or a replayed
+        batch creates or writes it) the database acts as if it lacked it (not in
+        :meth:`column_families`; a drop ignores it), and the ask records its
+        creation in the batch, as if it were created then: changelogs are those
+        of a database that created it then. One never asked for stays in the
+        database's files, empty (a later open lists it).
 
         Every family, those found here and those created later, gets the same
         options: bloom filters and the process's shared block cache and write-buffer
@@ -262,20 +267,20 @@ class Database:
         opts = _make_options(
             memory_max_mb, bloom_bits_per_key, write_buffer_mb, compression, create_if_missing
         )
-        families: dict[str, Options] = {}
+        descriptors: dict[str, Options] = {}
         exists = os.path.exists(os.path.join(path, "CURRENT"))
         if not exists and not create_if_missing:
             raise FileNotFoundError(f"no state database at {path!r}")
         try:
             if exists:
-                families = {n: opts for n in Rdict.list_cf(path) if n != "default"}
+                descriptors = {n: opts for n in Rdict.list_cf(path) if n != "default"}
             else:
                 # RocksDB rewrites and re-reads its OPTIONS file for every family
                 # created (about 4 ms of CPU each; BENCHMARKS.md, "Figures quoted in
                 # code"): the metadata family every new database gets comes with the
                 # open's own write instead
-                families = {META_CF: opts, **dict.fromkeys(wanted, opts)}
-            rdict = Rdict(path, opts, column_families=families)
+                descriptors = {META_CF: opts, **dict.fromkeys(wanted, opts)}
+            rdict = Rdict(path, opts, column_families=descriptors)
         except Exception as exc:  # rocksdict raises a bare Exception for IO errors
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if "lock" in detail.lower():
@@ -289,6 +294,7 @@ class Database:
         db = cls(path, rdict, opts)
         if not exists:
             db._unrecorded.update(wanted)
+            db._families.difference_update(wanted)
         return db
 
     @classmethod
@@ -358,9 +364,6 @@ class Database:
     def create_column_family(self, name: str) -> None:
         """Create ``name`` now (RocksDB cannot create families transactionally)."""
         if name in self._families:
-            if name in self._unrecorded:  # the open created it: recorded from now on
-                self._unrecorded.discard(name)
-                self._buffer.created.append(name)
             return
         if self.read_only:
             raise SessionStoreError(
@@ -368,9 +371,16 @@ class Database:
             )
         if name in self._buffer.dropped:
             raise SessionStoreError(f"column family {name!r} is being dropped in this batch")
-        self._db().create_column_family(name, self._options)
-        self._families.add(name)
+        self._make_family(name)
         self._buffer.created.append(name)
+
+    def _make_family(self, name: str) -> None:
+        """Create ``name`` in RocksDB, or take over the one the open created."""
+        if name in self._unrecorded:
+            self._unrecorded.discard(name)
+        else:
+            self._db().create_column_family(name, self._options)
+        self._families.add(name)
 
     def drop_column_family(self, name: str) -> None:
         """Drop ``name``: at once outside a batch, after the batch's write inside one."""
@@ -395,7 +405,6 @@ class Database:
         self._cf_objects.pop(name, None)
         self._cf_handles.pop(name, None)
         self._families.discard(name)
-        self._unrecorded.discard(name)
         if name in self._buffer.created:  # gone before any changelog needed it
             self._buffer.created.remove(name)
 
@@ -493,8 +502,7 @@ class Database:
                             "attempt created before the commit it continues)",
                             self.path, cf,
                         )  # fmt: skip
-                    self._db().create_column_family(cf, self._options)
-                    self._families.add(cf)
+                    self._make_family(cf)
         self._apply(buf)
 
     def rollback(self) -> None:
@@ -543,8 +551,7 @@ class Database:
             return
         for cf in buf.created:
             if cf not in self._families and cf not in buf.dropped:
-                self._db().create_column_family(cf, self._options)
-                self._families.add(cf)
+                self._make_family(cf)
         if buf.families:
             wb = WriteBatch(raw_mode=True)
             put, delete = wb.put, wb.delete

@@ -267,6 +267,34 @@ def test_operator_times_merge_by_their_rules(source, tmp_path):
     db.close()
 
 
+def test_a_target_opens_its_database_at_its_first_flush_with_its_rows_families(source, tmp_path):
+    """A target's database is created at its first flush with the families of the
+    rows it holds (in the open, one options write); a family first seen at a later
+    flush is created then; a closed writer takes nothing more, also before any
+    flush."""
+    plan = rp.plan_repartition(source, "op", 2, str(tmp_path / "dst"))
+    writer = rp.TargetWriter(plan, 0, str(tmp_path / "w"), flush_rows=2)
+    writer.add("sessions.1", b"a", b"1")
+    assert not (tmp_path / "w").exists()  # nothing opened before the first flush
+    writer.add("sessions.2", b"b", b"2")  # the second row flushes both families
+    db = writer.seal()
+    assert db.column_families() == ["meta", "sessions.1", "sessions.2"]
+    writer.add("sessions.3", b"c", b"3")
+    writer.seal()
+    assert db.column_families() == ["meta", "sessions.1", "sessions.2", "sessions.3"]
+    assert [db.get(f"sessions.{i}", k) for i, k in ((1, b"a"), (2, b"b"), (3, b"c"))] == [
+        b"1",
+        b"2",
+        b"3",
+    ]
+    writer.close()
+    unused = rp.TargetWriter(plan, 1, str(tmp_path / "w"))
+    unused.close()
+    with pytest.raises(RepartitionError, match="writer is closed"):
+        unused.seal()
+    assert not (tmp_path / "w" / "target-1").exists()
+
+
 def test_the_due_batches_marker_moves_with_the_checkpoint(source, tmp_path):
     """A query that read a due source (spark_integration/planning/due_batches.py)
     must read one after a rescale, or Spark refuses its restart: the marker is

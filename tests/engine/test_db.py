@@ -54,8 +54,12 @@ def test_a_new_database_gets_the_families_it_is_opened_with_in_the_open_itself(t
     Database.open(tmp_path / "bare").close()
     path = tmp_path / "db"
     db = Database.open(path, families=["s.kv", "s.timers", "s.kv"])
+    assert db.column_families() == [META_CF]  # none asked for yet
+    for name in ("s.kv", "s.timers"):
+        db.create_column_family(name)
     assert db.column_families() == [META_CF, "s.kv", "s.timers"]
     db.close()
+    assert sorted(Rdict.list_cf(str(path))) == ["default", META_CF, "s.kv", "s.timers"]
     assert newest_options(path) == newest_options(tmp_path / "bare")  # no write of its own
     one_by_one = Database.open(tmp_path / "other")
     for name in ("s.kv", "s.timers"):
@@ -90,19 +94,72 @@ def test_a_family_the_open_created_is_recorded_when_first_asked_for(tmp_path):
         for db in (created, replica):
             assert db.column_families() == [META_CF, "s.kv"]
             assert [k for k, _ in db.scan("s.kv")] == [b"k0", b"k1"]
-        assert opened.column_families() == [META_CF, "s.kv", "s.ttl"]  # s.ttl: unasked
+        assert opened.column_families() == [META_CF, "s.kv"]  # s.ttl: never asked for
     finally:
         for db in (opened, created, replica):
             db.close()
+    with StateDB.open(tmp_path / "opened", families=["s.ttl", "s.x"]) as again:
+        # it exists now (in the files, empty): nothing to create or record, and a
+        # database that exists creates none of the families it is opened with
+        assert again.column_families() == [META_CF, "s.kv", "s.ttl"]
+        again.begin()
+        again.create_column_family("s.ttl")
+        assert again.prepare().created == []
 
 
-@pytest.mark.parametrize("families", ["s.kv", ["default"], ["meta"], [""], [7]])
+def _twins(tmp_path, name):
+    """A new database opened with family ``name`` and one opened without it."""
+    return (
+        StateDB.open(tmp_path / "with", families=[name]),
+        StateDB.open(tmp_path / "without"),
+    )
+
+
+def test_a_family_the_open_created_acts_absent_until_a_replay_creates_it(tmp_path):
+    """A replayed batch that creates and writes a family the open created takes it
+    over as a database without it creates it: asked for afterwards, it is not
+    recorded as created again."""
+    source = StateDB.open(tmp_path / "source")
+    source.begin()
+    source.create_column_family("s.1")
+    source.put("s.1", b"k", b"v")
+    replayed = source.prepare()
+    source.rollback()
+    source.close()
+    for db in _twins(tmp_path, "s.1"):
+        with db:
+            assert db.column_families() == [META_CF]
+            db.apply(replayed)
+            assert db.column_families() == [META_CF, "s.1"]
+            db.begin()
+            db.create_column_family("s.1")
+            assert db.prepare().created == []
+            assert db.get("s.1", b"k") == b"v"
+
+
+def test_a_drop_of_a_family_the_open_created_is_ignored_as_for_a_missing_one(tmp_path):
+    """Dropped then asked for in one batch, a family the open created ends as a
+    family a database without it creates in that batch: there, recorded as
+    created and not as dropped."""
+    results = []
+    for db in _twins(tmp_path, "s.1"):
+        with db:
+            db.begin()
+            db.drop_column_family("s.1")
+            db.create_column_family("s.1")
+            db.put("s.1", b"k", b"v")
+            buf = db.prepare()
+            db.apply(buf)
+            results.append((buf.created, buf.dropped, db.column_families(), db.get("s.1", b"k")))
+    assert results[0] == results[1] == (["s.1"], [], [META_CF, "s.1"], b"v")
+
+
+@pytest.mark.parametrize("families", ["s.kv", ["default"], ["meta"], [""], [7], None])
 def test_families_that_cannot_name_a_store_family_are_refused_before_the_open(tmp_path, families):
     from sessionstore.engine.db import Database
 
-    with pytest.raises(
-        ValueError, match=re.escape(repr(families if isinstance(families, str) else families[0]))
-    ):
+    named = families[0] if isinstance(families, list) else families
+    with pytest.raises(ValueError, match=re.escape(repr(named))):
         Database.open(tmp_path / "db", families=families)
     assert not (tmp_path / "db").exists()
 

@@ -321,8 +321,12 @@ def _build_partition(
         if prepare is not None:  # rows as a reader sees them, in the read-only batch
             prepare(partition, handle.stores)
         handle.abort()  # opening stores may write into the batch: read what is committed
-        # every family of the source, created in the open (one options write)
+        # every family of the source, each checked for its store before anything
+        # is created, then created in the open (one options write for all)
         families = [f for f in handle.db.column_families() if f != META_CF]
+        records = {r["name"]: r for r in target.metadata["stores"]}
+        for family in families:
+            record_of_family(family, records, where, ChangeError)
         out = StateDB.open(database_in(out_dir), families=families)
         try:
             _copy_rows(target, handle.db, out, change, where)

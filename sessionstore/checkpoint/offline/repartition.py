@@ -351,7 +351,7 @@ class TargetWriter:
         #: opened at the first flush, with the families its rows need (one write
         #: of RocksDB's options file for them all, not one each)
         self._db: StateDB | None = None
-        self._opened = False
+        self._closed = False
         self._pending: dict[str, dict[bytes, bytes]] = {}
         self._buffered = 0
         self._meta: dict[bytes, bytes] = {}
@@ -399,11 +399,10 @@ class TargetWriter:
             )
 
     def _open(self) -> StateDB:
+        if self._closed:
+            raise RepartitionError(f"target partition {self.partition}'s writer is closed")
         if self._db is None:
-            if self._opened:
-                raise RepartitionError(f"target partition {self.partition} is closed")
             self._db = StateDB.open(database_in(self._dir), families=list(self._pending))
-            self._opened = True
         return self._db
 
     def _flush(self) -> None:
@@ -453,7 +452,8 @@ class TargetWriter:
         return {"partition": self.partition, "rows": self.rows}
 
     def close(self) -> None:
-        """Close the database (idempotent)."""
+        """Close the database (idempotent); the writer takes nothing more."""
+        self._closed = True
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -517,7 +517,8 @@ def repartition_checkpoint(
 ) -> dict[str, Any]:
     """Repartition in this process (``sessionstore repartition``): see
     :func:`plan_repartition` for the arguments. Source partitions are read one at
-    a time; every target partition's database stays open until the end.
+    a time; every target partition's database, opened at its first flush, stays
+    open until the end.
 
     Returns ``{"operator", "version", "from_partitions", "partitions", "rows",
     "event_time", "checkpoint_id"}``."""
@@ -532,8 +533,9 @@ def repartition_checkpoint(
 
 def copy_partitions(plan: RepartitionPlan, progress: Progress | None = None) -> int:
     """Write every target partition of ``plan`` in this process (source partitions
-    read one at a time; every target's database open until the end) and return
-    the rows written; :func:`finish_repartition` completes the copy."""
+    read one at a time; every target's database open from its first flush to the
+    end) and return the rows written; :func:`finish_repartition` completes the
+    copy."""
     report = progress or (lambda label, done, total: None)
     with tempfile.TemporaryDirectory(prefix="sessionstore-repartition-") as workdir:
         writers: list[TargetWriter] = []
