@@ -280,14 +280,19 @@ class _StagedManifest:
         return getattr(self._partition, name)
 
 
-def _copy_rows(
-    target: ChangeTarget, source: Any, out: StateDB, change: FamilyChange, where: str
-) -> None:
+def _family_records(target: ChangeTarget, source: Any, where: str) -> dict[str, dict]:
+    """Each family of ``source`` but ``meta`` -> the record of its store, in the
+    source's order; :class:`ChangeError` for a family of no store of ``target``."""
     records = {r["name"]: r for r in target.metadata["stores"]}
-    for family in source.column_families():
-        if family == META_CF:
-            continue
-        record = record_of_family(family, records, where, ChangeError)
+    return {
+        family: record_of_family(family, records, where, ChangeError)
+        for family in source.column_families()
+        if family != META_CF
+    }
+
+
+def _copy_rows(source: Any, out: StateDB, change: FamilyChange, families: dict[str, dict]) -> None:
+    for family, record in families.items():
         suffix = family.partition(".")[2]
         out.create_column_family(family)
         rows = source.scan(family)
@@ -323,13 +328,10 @@ def _build_partition(
         handle.abort()  # opening stores may write into the batch: read what is committed
         # every family of the source, each checked for its store before anything
         # is created, then created in the open (one options write for all)
-        families = [f for f in handle.db.column_families() if f != META_CF]
-        records = {r["name"]: r for r in target.metadata["stores"]}
-        for family in families:
-            record_of_family(family, records, where, ChangeError)
+        families = _family_records(target, handle.db, where)
         out = StateDB.open(database_in(out_dir), families=families)
         try:
-            _copy_rows(target, handle.db, out, change, where)
+            _copy_rows(handle.db, out, change, families)
             with out.batch():
                 for key, value in handle.db.scan(META_CF):
                     if key not in _LOCAL_META:

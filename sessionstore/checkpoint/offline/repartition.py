@@ -405,16 +405,17 @@ class TargetWriter:
             self._db = StateDB.open(database_in(self._dir), families=list(self._pending))
         return self._db
 
-    def _flush(self) -> None:
+    def _flush(self) -> StateDB:
+        """Write the pending rows (opening the database at the first flush); the
+        database."""
         db = self._open()
-        known = set(db.column_families())
         for family in self._pending:
-            if family not in known:
-                db.create_column_family(family)
+            db.create_column_family(family)  # nothing to do where it exists
         with db.batch():
             for family, entries in self._pending.items():
                 db.bulk_writer(family).update(entries)
         self._pending, self._buffered = {}, 0
+        return db
 
     def finish(self) -> dict[str, Any]:
         """Write the merged meta entries and version, upload the snapshot and
@@ -426,8 +427,7 @@ class TargetWriter:
         """Write the merged meta entries, the version and, given, the id of the
         commit whose state this is: the database is then the target's state at
         ``plan.version`` (returned, open until :meth:`upload` or :meth:`close`)."""
-        self._flush()
-        db = self._open()
+        db = self._flush()
         with db.batch():
             for key, value in sorted(self._meta.items()):
                 if key not in self._absent:
