@@ -225,7 +225,7 @@ def decode_keys(encoded: list[bytes]) -> list[Any]:
     arr = pa.array(encoded, pa.binary())
     plain = pc.and_(
         pc.and_(pc.starts_with(arr, pattern=b"\x02"), pc.ends_with(arr, pattern=b"\x00\x01")),
-        pc.equal(pc.count_substring(arr, pattern=b"\x00"), 1),
+        pc.equal(pc.count_substring(arr, pattern=b"\x00"), pa.scalar(1, pa.int32())),
     )
     if not pc.all(plain).as_py():
         return list(map(decode_key, encoded))
@@ -248,7 +248,11 @@ def encode_str_keys(strings: Any) -> list[bytes] | None:
         raw = strings.cast(pa.binary())  # a large_string column's too, below 2 GiB in all
     except pa.ArrowInvalid:
         return None
-    return pc.binary_join_element_wise(b"\x02", raw, b"\x00\x01", b"").to_pylist()
+    # typed scalars: a Python literal's type is inferred, which imports pandas
+    # (sessionstore.arrow_pandas)
+    binary = pa.binary()
+    prefix, suffix, joiner = (pa.scalar(b, binary) for b in (b"\x02", b"\x00\x01", b""))
+    return pc.binary_join_element_wise(prefix, raw, suffix, joiner).to_pylist()
 
 
 def encoded_length(data: bytes) -> int:

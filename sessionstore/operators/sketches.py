@@ -33,6 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessionstore.arrow_pandas import numpy_of
+
 __all__ = [
     "FOLD_EVERY", "EXACT_UP_TO", "hll_lg_k", "kll_k", "hll_slot", "hll_add", "hll_extend",
     "hll_merge", "hll_estimate", "hll_estimates", "kll_slot", "kll_add", "kll_extend",
@@ -288,10 +290,10 @@ def _distinct_counts(lists: list[list]) -> np.ndarray | None:
     except (pa.ArrowException, OverflowError, UnicodeError):
         return None  # an int beyond int64, a str that is not UTF-8
     encoded = pc.dictionary_encode(arr)
-    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    codes = numpy_of(encoded.indices).astype(np.int64)
     groups = np.repeat(np.arange(len(lists), dtype=np.int64), [len(v) for v in lists])
     if kind is str:  # an empty str is not hashed
-        empty = pc.equal(encoded.dictionary, "").to_numpy(zero_copy_only=False)
+        empty = numpy_of(pc.equal(encoded.dictionary, pa.scalar("", pa.string())))
         keep = ~empty[codes]
         codes, groups = codes[keep], groups[keep]
     size = len(encoded.dictionary)

@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessionstore.arrow_pandas import numpy_of
 from sessionstore.encoding.session_key import TIME_SIGN, TIMES_LEN
 from sessionstore.errors import SessionStoreError
 
@@ -124,7 +125,8 @@ class ClosingSessions:
         order = pc.sort_indices(
             pa.table({"e": ends, "s": starts, "k": pa.array(kbs, pa.binary())}),
             sort_keys=[("e", "ascending"), ("s", "ascending"), ("k", "ascending")],
-        ).to_numpy()
+        )
+        order = numpy_of(order)
         ends, starts = ends[order], starts[order]
         picked = order.tolist()
         kbs = [kbs[i] for i in picked]

@@ -16,6 +16,9 @@ from sessionstore.operators.sessions.model import ClosedSessions
 
 __all__ = ["OperatorOutput", "arrow_schema", "record_batch"]
 
+#: Arrow timestamps are in microseconds; event times are epoch milliseconds.
+_MICROS_PER_MS = pa.scalar(1000, pa.int64())
+
 
 @dataclass
 class OperatorOutput:
@@ -77,7 +80,9 @@ class OperatorOutput:
 
     def _times(self, ms: Any) -> Any:
         # Arrow timestamps are in microseconds
-        return pc.multiply_checked(ms, 1000) if self.time_is_timestamp else ms
+        # a typed factor: a Python int's type is inferred, which imports pandas
+        # (sessionstore.arrow_pandas)
+        return pc.multiply_checked(ms, _MICROS_PER_MS) if self.time_is_timestamp else ms
 
     def from_table(self, table: pa.Table, extra: dict[str, Any] | None = None) -> pa.Table:
         """A columnar path's output (key columns, ``start``, ``end``, ``value``

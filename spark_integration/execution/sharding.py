@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from sessionstore.arrow_pandas import numpy_of
 from sessionstore.checkpoint.storage.flush_group import flush_group
 from spark_integration.conf.names import SHARD
 from spark_integration.execution.context import ContextTask, TaskContext, check_partition
@@ -52,7 +53,7 @@ def _split(batches: Iterator[pa.RecordBatch]) -> dict[int, list[pa.RecordBatch]]
     table = _table(batches)
     if table is None:
         return {}
-    return _grouped(table.drop_columns([SHARD]), table.column(SHARD).to_numpy())
+    return _grouped(table.drop_columns([SHARD]), numpy_of(table.column(SHARD)))
 
 
 def _by_slot(batches: Iterator[pa.RecordBatch], count: int) -> dict[int, list[pa.RecordBatch]]:
@@ -61,7 +62,7 @@ def _by_slot(batches: Iterator[pa.RecordBatch], count: int) -> dict[int, list[pa
     table = _table(batches)
     if table is None:
         return {}
-    return _grouped(table, table.column(SHARD).to_numpy() % count)
+    return _grouped(table, numpy_of(table.column(SHARD)) % count)
 
 
 @dataclass

@@ -411,6 +411,8 @@ def test_in_spark_partitions_stay_warm_in_their_servers_and_a_killed_server_lose
             pid = int(owner.read_text())
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 assert b"spark_integration.execution.state_server" in f.read()  # held by a server
+            with open(f"/proc/{pid}/maps") as f:  # pandas on demand (sessionstore.arrow_pandas)
+                assert "/pandas/_libs/" not in f.read(), f"state server {pid} imported pandas"
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 

@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessionstore.arrow_pandas import numpy_of
+
 __all__ = ["columns_of", "epoch_millis", "epoch_millis_array", "updates_to_arrow"]
 
 _UNIT_TO_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
@@ -20,18 +22,18 @@ def epoch_millis_array(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, 
     null rows hold 0. Sub-millisecond times are floored, exactly."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    valid = numpy_of(column.is_valid())
     if pa.types.is_timestamp(column.type):
-        ints = pc.cast(column, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        ints = numpy_of(pc.cast(column, pa.int64()).fill_null(0))
         unit = column.type.unit
         if unit == "s":
-            ints = pc.multiply_checked(pa.array(ints), 1000).to_numpy(zero_copy_only=False)
+            ints = numpy_of(pc.multiply_checked(pa.array(ints), pa.scalar(1000, pa.int64())))
         elif unit != "ms":
             ints = np.floor_divide(ints, _UNIT_TO_MS[unit])
         return ints.astype(np.int64, copy=False), valid
     if pa.types.is_integer(column.type):
         # a safe cast: uint64 times beyond int64 raise ArrowInvalid
-        ints = pc.cast(column, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        ints = numpy_of(pc.cast(column, pa.int64()).fill_null(0))
         return ints, valid
     raise TypeError(
         f"timestamp column must be an integer (epoch ms) or timestamp type, got {column.type}"

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessionstore.arrow_pandas import numpy_of
 from sessionstore.operators.aggregate_functions import FOLDED, MOMENTS, bind
 from sessionstore.operators.batch_paths.arrow_io import epoch_millis_array
 from sessionstore.operators.batch_paths.vectorised import SUM_LIMIT, columnar_functions
@@ -146,7 +147,7 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[AggregateColum
             slots.append(AggregateColumn(fn, arr, None, bound=bind(spec)))
             continue
         if fn == "count":  # of a column: its validity is all it reads
-            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            valid = numpy_of(arr.is_valid())
             slots.append(AggregateColumn(fn, arr, None, np.zeros(n), valid))
             continue
         if fn in _NUMERIC or fn in _BY:
@@ -165,7 +166,7 @@ def _slots(aggregation: Any, table: pa.Table, value: Any) -> list[AggregateColum
             if not pa.types.is_integer(arr.type) or arr.null_count:
                 return None
             try:
-                ints = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False)
+                ints = numpy_of(pc.cast(arr, pa.int64()))
             except pa.ArrowInvalid:
                 return None  # uint64 beyond int64
             if fn == "sum" and n and int(np.abs(ints).max()) * n >= SUM_LIMIT:
@@ -179,20 +180,20 @@ def _numbers(arr: pa.Array, integral_ok: bool) -> tuple[np.ndarray, np.ndarray] 
     or None when it is not numeric or holds a non-finite double (whose order and
     arithmetic the record path defines)."""
     t = arr.type
-    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    valid = numpy_of(arr.is_valid())
     if pa.types.is_integer(t):
         if integral_ok:
             try:
-                ints = pc.cast(arr, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+                ints = numpy_of(pc.cast(arr, pa.int64()).fill_null(0))
             except pa.ArrowInvalid:
                 return None
             return ints, valid
-        doubles = pc.cast(arr, pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        doubles = numpy_of(pc.cast(arr, pa.float64()).fill_null(0.0))
         if np.abs(doubles).max(initial=0.0) >= 2**53:
             return None  # not exact as a double
         return doubles, valid
     if pa.types.is_floating(t):
-        doubles = pc.cast(arr, pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        doubles = numpy_of(pc.cast(arr, pa.float64()).fill_null(0.0))
         if not np.isfinite(doubles).all():
             return None
         return doubles, valid
@@ -208,12 +209,12 @@ def _group_codes(
     radix = 1
     for name in key_names:
         col = _array(table, name)
-        valid = valid & col.is_valid().to_numpy(zero_copy_only=False)
+        valid = valid & numpy_of(col.is_valid())
         encoded = pc.dictionary_encode(col)
         size = max(len(encoded.dictionary), 1)
         if radix * size >= 2**62:
             return None
-        c = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        c = numpy_of(encoded.indices.fill_null(0)).astype(np.int64)
         codes = c if codes is None else codes * size + c
         radix *= size
     return codes, valid

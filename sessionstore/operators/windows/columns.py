@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sessionstore.operators.batch_paths.columnar import (
     GroupAggregates,
@@ -174,4 +173,4 @@ def _emitted_table(table, key_names, emitted, out_type) -> pa.Table:
 
 
 def _with_kind(table: pa.Table) -> pa.Table:
-    return table.append_column("kind", pc.cast(pa.array(["final"] * table.num_rows), pa.string()))
+    return table.append_column("kind", pa.array(["final"] * table.num_rows, pa.string()))

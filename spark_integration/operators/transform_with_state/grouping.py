@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sessionstore.arrow_pandas import numpy_of
 from spark_integration.execution.inputs import deterministic_order
 
 __all__ = ["KeyGroups", "grouped_rows", "group_bounds", "key_runs"]
@@ -79,12 +80,12 @@ def _dense_rank(column: pa.Array) -> tuple[np.ndarray, int, pa.Array, np.ndarray
     dictionary = encoded.dictionary
     n = len(dictionary)
     rank = np.empty(n + 1, dtype=np.int64)
-    rank[pc.array_sort_indices(dictionary).to_numpy()] = np.arange(1, n + 1, dtype=np.int64)
+    rank[numpy_of(pc.array_sort_indices(dictionary))] = np.arange(1, n + 1, dtype=np.int64)
     rank[n] = 0
     indices = encoded.indices
     if indices.null_count:
         indices = pc.fill_null(indices, n)
-    index = indices.to_numpy()
+    index = numpy_of(indices)
     return rank[index], n + 1, dictionary, index
 
 
@@ -176,7 +177,7 @@ def key_runs(table: pa.Table, keys: list[str]) -> list[tuple[int, int]]:
         for k in keys:
             column = table.column(k)
             differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
-            changed |= differs.to_numpy(zero_copy_only=False)
+            changed |= numpy_of(differs)
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError):
         cols = [table.column(k).to_pylist() for k in keys]
         return group_bounds(cols[0] if len(keys) == 1 else list(zip(*cols, strict=True)))
