@@ -10,12 +10,18 @@ as present, exactly as if pyarrow had imported it itself:
 
 * pyarrow records its check once (``pyarrow.lib._pandas_api``, its lazy pandas
   shim): the first check runs here, with ``import pandas`` failing, and records
-  "absent". Until pandas is imported no pandas object can exist, so no conversion
-  can tell the difference;
-* an import hook waits for pandas' first import (by anyone: a
-  ``transform_with_state_in_pandas`` task, a user's function, PySpark) and, the
-  moment pandas is loaded, asks the shim for pandas by its raising path, which
-  imports pyarrow's pandas layer and records "present", as a first check would.
+  "absent". Until pandas is imported no pandas object can exist, so a conversion
+  of Python or Arrow values gives what it gives where pandas is not installed:
+  the same, but for nanosecond timestamps and durations, which become
+  ``datetime`` and ``timedelta`` (or raise where that loses nanoseconds) instead
+  of pandas' ``Timestamp`` and ``Timedelta`` (Spark's times are microseconds);
+* an import hook waits for pandas' import (by anyone: a
+  ``transform_with_state_in_pandas`` task, a user's function, PySpark), found by
+  whichever finder would have found it, and, the moment pandas' module has run,
+  asks the shim for pandas by its raising path, which imports pyarrow's pandas
+  layer and records "present", as a first check would. The hook stays until
+  then (a mere ``importlib.util.find_spec("pandas")`` leaves it waiting), and
+  pandas' ``__loader__`` and ``__spec__.loader`` are its own loader again after.
 
 Where the shim is not there (another pyarrow) or pandas is already imported,
 nothing changes.
@@ -30,7 +36,6 @@ nulls, whole or sliced, in chunks or not) from their buffers, and defers to
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import sys
 from types import ModuleType
 from typing import Any
@@ -69,8 +74,9 @@ def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if boolean:
         if n == 0:
             return np.zeros(0, dtype=bool)
-        bits = np.frombuffer(data, dtype=np.uint8)
-        return np.unpackbits(bits, count=offset + n, bitorder="little")[offset:].view(bool)
+        first, skip = divmod(offset, 8)  # unpack the slice's bytes only
+        bits = np.frombuffer(data, dtype=np.uint8, offset=first)
+        return np.unpackbits(bits, count=skip + n, bitorder="little")[skip:].view(bool)
     if n == 0:
         out = np.zeros(0, dtype=dtype)
     else:
@@ -81,8 +87,9 @@ def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def pandas_on_demand() -> bool:
     """Have pyarrow import pandas only once this process imports it (see the module
-    doc); True if it took effect, False where pandas is imported already, pyarrow
-    has no lazy shim or has checked for pandas already."""
+    doc); True if it took effect, False where pandas is imported already (by
+    anyone, pyarrow's own check among them), pyarrow has no lazy shim, or the
+    hook waits already."""
     if _PANDAS in sys.modules or any(isinstance(f, _PandasWatch) for f in sys.meta_path):
         return False
     import pyarrow.lib
@@ -114,41 +121,55 @@ class _PandasAbsent(importlib.abc.MetaPathFinder):
 
 
 class _PandasWatch(importlib.abc.MetaPathFinder):
-    """Finds pandas as the path finder would, with a loader that tells pyarrow's
-    shim once pandas is loaded; steps aside after its first use."""
+    """Finds pandas with the finders after it, and gives its spec a loader that
+    tells pyarrow's shim once pandas' module has run; asked for any other module,
+    or where no finder has pandas, it finds nothing."""
 
     def __init__(self, shim: Any) -> None:
         self._shim = shim
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != _PANDAS:
+        if fullname != _PANDAS or self not in sys.meta_path:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec  # not found here: the other finders take it
-        spec.loader = _ThenTellArrow(spec.loader, self._shim)
+        later = sys.meta_path[sys.meta_path.index(self) + 1 :]
+        for finder in later:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None  # nowhere: the import fails as it would have
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec  # a namespace package or an old loader: left as found
+        spec.loader = _ThenTellArrow(spec.loader, self._shim, self)
         return spec
 
 
 class _ThenTellArrow(importlib.abc.Loader):
-    """``loader``, and after it ran pandas' module, pyarrow's raising check."""
+    """``loader``; after it ran pandas' module, the module and its spec get
+    ``loader`` back, the hook goes and pyarrow's shim is asked by its raising path."""
 
-    def __init__(self, loader: Any, shim: Any) -> None:
-        self._loader, self._shim = loader, shim
+    def __init__(self, loader: Any, shim: Any, watch: _PandasWatch) -> None:
+        self._loader, self._shim, self._watch = loader, shim, watch
 
     def create_module(self, spec: Any) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        if self._watch in sys.meta_path:
+            sys.meta_path.remove(self._watch)
         # the module is whole and in sys.modules: pyarrow imports it (and its own
         # pandas layer) by the path a first check takes, and records "present"
         try:
             _ = self._shim.pd
-        except ImportError:
+        except Exception:  # noqa: BLE001 - pandas is imported: its import must not fail
             pass  # a pandas pyarrow does not support: as its own check would find
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # copies and pickles look for these before __init__
+            raise AttributeError(name)
         return getattr(self._loader, name)  # resources, get_data, is_package...

@@ -144,3 +144,53 @@ def test_numpy_of_gives_what_to_numpy_gives_without_importing_pandas():
     assert out["pandas_after_null_free"] is False
     assert out["cases"] > 700
     assert out["numpy_of"] == out["to_numpy"]  # json's NaN is one object: nulls compare
+
+
+def test_a_probe_for_pandas_or_another_finder_leaves_pyarrow_told_at_the_import():
+    """A ``find_spec`` probe before the import (PySpark's ``have_package`` does one)
+    leaves the hook waiting; pandas found by a finder after the path finder still
+    tells pyarrow; pandas' module keeps its own loader."""
+    probe = _run(
+        """
+        import importlib.machinery, importlib.util, pickle
+        import pyarrow as pa
+        from sessionstore.arrow_pandas import pandas_on_demand
+
+        pandas_on_demand()
+        out["probed"] = importlib.util.find_spec("pandas") is not None
+        """,
+        CONVERSIONS,
+        """
+        out["loader"] = isinstance(pd.__loader__, importlib.machinery.SourceFileLoader)
+        out["spec_loader"] = pd.__spec__.loader is pd.__loader__
+        out["spec_pickles"] = len(pickle.dumps(pd.__spec__)) > 0
+        """,
+    )
+    elsewhere = _run(
+        """
+        import importlib.machinery
+        import pyarrow as pa
+        from sessionstore.arrow_pandas import pandas_on_demand
+
+        class Elsewhere:  # a finder before the path finder (a zipapp's, a pex's)
+            asked = 0
+
+            def find_spec(self, name, path=None, target=None):
+                if name == "pandas":
+                    Elsewhere.asked += 1
+                    return importlib.machinery.PathFinder.find_spec(name, path)
+
+        pandas_on_demand()
+        path_finder = sys.meta_path.index(importlib.machinery.PathFinder)
+        sys.meta_path.insert(path_finder, Elsewhere())
+        """,
+        CONVERSIONS,
+        """
+        out["asked"] = Elsewhere.asked
+        """,
+    )
+    plain = _run("import pyarrow as pa\n", CONVERSIONS)
+    assert probe["probed"] is True
+    assert probe["after"] == plain["after"] == elsewhere["after"]
+    assert probe["loader"] and probe["spec_loader"] and probe["spec_pickles"]
+    assert elsewhere["asked"] == 1
