@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a socket listening on NAME, bound by the worker that started this server",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    pandas_on_demand()  # a task that needs pandas imports it (0.47 CPU-s saved)
+    pandas_on_demand()  # pandas only for a task that imports it (sessionstore.arrow_pandas)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.WARNING,
