@@ -114,6 +114,14 @@ def _make_options(
     # moves between Python workers; one thread makes that open markedly cheaper
     # (measured: BENCHMARKS.md, "Figures quoted in code").
     opts.set_max_file_opening_threads(1)
+    # RocksDB's info log: every open moves the last one aside (LOG.old.<time>) and
+    # writes the options of every family into a new one, about 12 KB a family, and
+    # RocksDB keeps 1,000 of them, each growing without bound. Spark reopens a
+    # partition's database whenever the partition moves to another Python worker,
+    # so its directory would grow by a log per move. The newest few, capped in size,
+    # as Flink's RocksDB backend keeps them
+    opts.set_keep_log_file_num(INFO_LOGS_KEPT)
+    opts.set_max_log_file_size(INFO_LOG_BYTES)
     try:
         opts.set_compression_type(_COMPRESSION[compression])
     except KeyError:
@@ -134,6 +142,10 @@ def _make_options(
 
 
 _ARENA_BLOCK = 64 * 1024
+#: RocksDB info logs (``LOG``, ``LOG.old.*``) a database keeps, and the size at
+#: which the current one is rolled over: at most 32 MiB of logs a database.
+INFO_LOGS_KEPT = 4
+INFO_LOG_BYTES = 8 * 1024 * 1024
 
 # How rocksdict words an operating-system error: "... (os error 17)", "IO error: ..."
 _OS_ERROR = re.compile(r"\(os error \d+\)|^IO error")

@@ -15,7 +15,7 @@ import pytest
 from rocksdict import Options, Rdict
 
 from sessionstore import StateDB, StateDBLockedError, StateDBPathError, StoreSpecMismatchError
-from sessionstore.engine.db import META_CF
+from sessionstore.engine.db import INFO_LOG_BYTES, INFO_LOGS_KEPT, META_CF
 from sessionstore.errors import SessionStoreError
 
 
@@ -311,6 +311,24 @@ def test_reopen_restores_families_stores_and_stream_time(tmp_path):
         v = db.versioned_store("prices", 50_000)
         assert v.observed_stream_time == 30_000
         assert v.get("p", 2_000).value == 1.5
+
+
+def test_reopens_keep_only_the_newest_info_logs(tmp_path):
+    """Every open moves RocksDB's last info log aside; a partition reopened at each
+    move keeps the newest few, not one per open (RocksDB's default is 1,000)."""
+    with StateDB.open(tmp_path) as db:
+        db.session_store("clicks", 100_000, segment_interval_ms=10_000).put("u", 0, 5, 1)
+    for _ in range(INFO_LOGS_KEPT + 6):
+        StateDB.open(tmp_path).close()
+    logs = sorted(name for name in os.listdir(tmp_path) if name.startswith("LOG"))
+    assert logs[0] == "LOG" and len(logs) == INFO_LOGS_KEPT, logs
+    assert all(n.startswith("LOG.old.") for n in logs[1:]), logs
+    options = max(n for n in os.listdir(tmp_path) if n.startswith("OPTIONS-"))
+    text = (tmp_path / options).read_text()
+    assert f"keep_log_file_num={INFO_LOGS_KEPT}" in text
+    assert f"max_log_file_size={INFO_LOG_BYTES}" in text
+    with StateDB.open(tmp_path) as db:  # what was committed is still there
+        assert [w.end for w, _ in db.session_store("clicks", 100_000).fetch("u")] == [5]
 
 
 def test_expired_segments_are_dropped_column_families(db):
