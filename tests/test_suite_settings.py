@@ -53,6 +53,21 @@ def test_the_suites_spark_interprets_expressions(spark):
 
 
 @pytest.mark.slow
+def test_the_suites_session_jvm_has_a_young_generation_of_half_its_heap(spark):
+    """SUITE_JVM_OPTIONS reach the session's JVM: the serial collector, with a
+    young generation of half the initial heap (the JVM's default is a third, its
+    eden then under 30% of the heap)."""
+    if SUITE_SPARK_PROPERTIES not in os.environ["JDK_JAVA_OPTIONS"]:
+        pytest.skip("the caller set JDK_JAVA_OPTIONS of its own")
+    management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    arguments = list(management.getRuntimeMXBean().getInputArguments())
+    assert all(option in arguments for option in SUITE_JVM_OPTIONS.split()), arguments
+    heap = management.getMemoryMXBean().getHeapMemoryUsage().getInit()
+    pools = {p.getName(): p.getUsage().getInit() for p in management.getMemoryPoolMXBeans()}
+    assert pools["Eden Space"] > 0.35 * heap, (pools, heap)
+
+
+@pytest.mark.slow
 def test_the_suites_spark_writes_its_checkpoint_files_through_the_filesystem_api(spark, tmp_path):
     """The checkpoint file manager Spark makes for a query's checkpoint (from the
     session's Hadoop settings, as a query does) is the one the suite names
