@@ -4,6 +4,7 @@ children cache bytecode only in the run's folder."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import stat
@@ -36,6 +37,7 @@ def test_the_run_passes_its_settings_to_every_process_it_starts():
     if ram_backed_tmp() is not None and os.environ["TMPDIR"].startswith(RAM_TMP_ROOT):
         assert os.path.basename(os.environ["TMPDIR"]).startswith("run-")
     assert SUITE_JVM_OPTIONS.startswith("-XX:")
+    assert gc.get_freeze_count() > 10_000  # what collection made (pytest_collection_finish)
 
 
 @pytest.mark.slow
