@@ -122,11 +122,10 @@ class ClosingSessions:
             )
         ends = np.asarray(ends, dtype=np.int64)
         starts = np.asarray(starts, dtype=np.int64)
-        order = pc.sort_indices(
+        order = numpy_of(pc.sort_indices(
             pa.table({"e": ends, "s": starts, "k": pa.array(kbs, pa.binary())}),
             sort_keys=[("e", "ascending"), ("s", "ascending"), ("k", "ascending")],
-        )
-        order = numpy_of(order)
+        ))  # fmt: skip
         ends, starts = ends[order], starts[order]
         picked = order.tolist()
         kbs = [kbs[i] for i in picked]

@@ -79,7 +79,6 @@ class OperatorOutput:
         return record_batch(arrow_schema(self.schema_json), columns)
 
     def _times(self, ms: Any) -> Any:
-        # Arrow timestamps are in microseconds
         # a typed factor: a Python int's type is inferred, which imports pandas
         # (sessionstore.arrow_pandas)
         return pc.multiply_checked(ms, _MICROS_PER_MS) if self.time_is_timestamp else ms

@@ -331,6 +331,20 @@ def test_reopens_keep_only_the_newest_info_logs(tmp_path):
         assert [w.end for w, _ in db.session_store("clicks", 100_000).fetch("u")] == [5]
 
 
+def test_a_reader_keeps_its_own_info_logs_and_leaves_the_writers(tmp_path):
+    """A secondary instance (the CLI's reader of a live database) logs in its own
+    folder, keeps the newest few there, and deletes none of the writer's."""
+    path, reader_dir = tmp_path / "db", tmp_path / "reader"
+    for _ in range(INFO_LOGS_KEPT + 2):
+        StateDB.open(path).close()
+    with StateDB.open(path):  # the writer, live
+        writers = sorted(n for n in os.listdir(path) if n.startswith("LOG"))
+        for _ in range(INFO_LOGS_KEPT + 4):
+            StateDB.open_secondary(path, str(reader_dir)).close()
+        assert sorted(n for n in os.listdir(path) if n.startswith("LOG")) == writers
+    assert len([n for n in os.listdir(reader_dir) if n.startswith("LOG")]) == INFO_LOGS_KEPT
+
+
 def test_expired_segments_are_dropped_column_families(db):
     s = db.session_store("s", retention_ms=100, segment_interval_ms=50)
     for end in (0, 60, 110, 160):

@@ -15,6 +15,9 @@ from sessionstore.arrow_pandas import numpy_of
 __all__ = ["columns_of", "epoch_millis", "epoch_millis_array", "updates_to_arrow"]
 
 _UNIT_TO_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
+#: Seconds to milliseconds, typed: a Python int's type is inferred, which imports
+#: pandas (sessionstore.arrow_pandas).
+_MS_PER_S = pa.scalar(1000, pa.int64())
 
 
 def epoch_millis_array(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -27,7 +30,7 @@ def epoch_millis_array(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, 
         ints = numpy_of(pc.cast(column, pa.int64()).fill_null(0))
         unit = column.type.unit
         if unit == "s":
-            ints = numpy_of(pc.multiply_checked(pa.array(ints), pa.scalar(1000, pa.int64())))
+            ints = numpy_of(pc.multiply_checked(pa.array(ints), _MS_PER_S))
         elif unit != "ms":
             ints = np.floor_divide(ints, _UNIT_TO_MS[unit])
         return ints.astype(np.int64, copy=False), valid
