@@ -39,7 +39,7 @@ def _run(*parts: str) -> dict:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return json.loads(done.stdout.splitlines()[-1])  # after what the code printed
 
 
 def test_pyarrow_converts_without_pandas_until_pandas_is_imported_then_as_with_it(plain):
@@ -199,3 +199,29 @@ def test_a_probe_for_pandas_or_another_finder_leaves_pyarrow_told_at_the_import(
     assert probe["after"] == plain["after"] == elsewhere["after"]
     assert probe["loader"] and probe["spec_loader"] and probe["spec_pickles"]
     assert elsewhere["asked"] == 1
+
+
+def test_the_cli_writes_parquet_without_importing_pandas(tmp_path):
+    """``sessionstore dump --format parquet`` converts its rows with pyarrow in a
+    process that never imports pandas; the file holds the store's rows."""
+    db = tmp_path / "db"
+    parquet = tmp_path / "out.parquet"
+    out = _run(
+        f"""
+        from sessionstore import StateDB
+        with StateDB.open({str(db)!r}) as db:
+            db.session_store("s", 10**6).put_many((f"u{{i}}", i, i + 5, i) for i in range(3))
+        from sessionstore.tools.cli import main
+        try:
+            main(["dump", {str(db)!r}, "--store", "s", "--format", "parquet",
+                  "--output", {str(parquet)!r}])
+        except SystemExit as exc:
+            out["exit"] = exc.code
+        out["pandas"] = "pandas" in sys.modules
+        import pyarrow.parquet as pq
+        out["rows"] = pq.read_table({str(parquet)!r}).select(["key", "start"]).to_pylist()
+        """
+    )
+    assert out.get("exit") in (None, 0)
+    assert out["pandas"] is False
+    assert out["rows"] == [{"key": f"u{i}", "start": i} for i in range(3)]

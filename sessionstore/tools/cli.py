@@ -55,6 +55,7 @@ from typing import Any
 
 import click
 
+from sessionstore.arrow_pandas import pandas_on_demand
 from sessionstore.checkpoint.offline.verify import verify_checkpoint
 from sessionstore.checkpoint.records.layout import LocalPartition
 from sessionstore.checkpoint.storage.filesystem import is_secret_option
@@ -966,6 +967,7 @@ def stats(uri, operator, last, fmt, storage_options, allow_pickle):
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: errors become one line and exit status 2."""
+    pandas_on_demand()  # pandas only where a command imports it (sessionstore.arrow_pandas)
     try:
         cli.main(args=argv, prog_name="sessionstore", standalone_mode=False)
     except click.exceptions.Exit as exc:
