@@ -333,6 +333,18 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=reads_a_job)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with one worker kept free of the suite's Spark session
+    (:class:`tests.schedule.SessionSparkScheduling`); other modes as pytest-xdist
+    deals them."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.schedule import SessionSparkScheduling
+
+    return SessionSparkScheduling(config, log)
+
+
 def pytest_collection_finish(session):
     """Move what collection made (modules, test items, their fixtures' definitions)
     out of the cyclic collector's reach, then start the out-of-process jobs the

@@ -14,6 +14,14 @@ Regenerate the file from the JUnit XML of one or more whole runs (their mean)::
 
     make test PYTEST_ADDOPTS=--junitxml=run.xml
     .venv/bin/python -m tests.schedule run.xml
+
+With three workers or more, one of them never starts the suite's Spark session
+(:class:`SessionSparkScheduling`): the modules that use it (:func:`uses_session_spark`)
+go to the others, Spark's first, and that worker takes the rest. A session JVM,
+its Python workers and its state servers cost CPU of their own to start and warm
+up; on two saturated cores that is time (a whole ``make test``, three workers:
+1,371 CPU-s with three sessions; see BENCHMARKS.md), while the third worker's
+tests still fill the time the Spark tests spend waiting.
 """
 
 from __future__ import annotations
@@ -24,9 +32,13 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
+
+from xdist.scheduler import LoadFileScheduling
 
 __all__ = [
     "SECONDS_FILE", "module_seconds", "module_rank", "junit_module_seconds", "write_seconds",
+    "SESSION_SPARK_MODULES", "uses_session_spark", "SessionSparkScheduling",
 ]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +83,67 @@ def _module_path(classname: str, root: Path) -> str | None:
         if (root / candidate).is_file():
             return candidate.as_posix()
     return None
+
+
+#: The modules (paths from the root; a folder ends with ``/``) whose tests use the
+#: suite's Spark session, the ``spark`` fixture. ``tests/test_suite_settings.py``
+#: checks that no other module does.
+SESSION_SPARK_MODULES = ("tests/spark/", "tests/test_suite_settings.py")
+
+
+def uses_session_spark(module: str) -> bool:
+    """Whether ``module`` (a path from the root) is one of :data:`SESSION_SPARK_MODULES`."""
+    return any(
+        module.startswith(m) if m.endswith("/") else module == m for m in SESSION_SPARK_MODULES
+    )
+
+
+class SessionSparkScheduling(LoadFileScheduling):
+    """``--dist loadfile`` in the queue's order, where with three workers or more the
+    last one (``gw<n-1>``) is kept free of the suite's Spark session: the other
+    workers take the modules that use it first, the free worker takes the others,
+    and a worker takes a Spark module only when no other worker can (the free one,
+    once the others are gone)."""
+
+    def __init__(self, config: Any, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._free: Any = None
+
+    def schedule(self) -> None:
+        if self.collection is None and len(self.nodes) >= 3:
+            self._free = max(self.nodes, key=_worker_number)
+        super().schedule()
+
+    def _next_scope(self, node: Any) -> str | None:
+        """The first module in the queue ``node`` takes, or None."""
+        if self._free is None:
+            return next(iter(self.workqueue), None)
+        others = [n for n in self.assigned_work if n is not node and not n.shutting_down]
+        spark_elsewhere = node is self._free and bool(others)
+        spark = [s for s in self.workqueue if uses_session_spark(s)]
+        rest = [s for s in self.workqueue if not uses_session_spark(s)]
+        first = rest if node is self._free else spark
+        last = [] if spark_elsewhere else (spark if node is self._free else rest)
+        return next(iter(first + last), None)
+
+    def _assign_work_unit(self, node: Any) -> None:
+        scope = self._next_scope(node)
+        if scope is None:
+            return
+        self.workqueue.move_to_end(scope, last=False)
+        super()._assign_work_unit(node)
+
+    def _reschedule(self, node: Any) -> None:
+        if not node.shutting_down and self.workqueue and self._next_scope(node) is None:
+            node.shutdown()  # after the tests it was given: nothing it may take is left
+            return
+        super()._reschedule(node)
+
+
+def _worker_number(node: Any) -> int:
+    """``n`` of a pytest-xdist worker named ``gw<n>``."""
+    name = str(node.gateway.id)
+    return int(name[2:]) if name[2:].isdigit() else -1
 
 
 def write_seconds(seconds: dict[str, float], path: Path = SECONDS_FILE) -> None:

@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import types
 import uuid
 from pathlib import Path
 
@@ -253,6 +254,105 @@ def test_modules_go_out_unrecorded_first_then_longest_first(tmp_path):
     modules = ["tests/test_a.py", "tests/new.py", "tests/spark/test_b.py"]
     order = sorted(modules, key=lambda m: module_rank(m, recorded))
     assert order == ["tests/new.py", "tests/spark/test_b.py", "tests/test_a.py"]
+
+
+class _Worker:
+    """A pytest-xdist worker as its scheduler sees it: the tests it is sent, in order."""
+
+    def __init__(self, number: int) -> None:
+        self.gateway = types.SimpleNamespace(id=f"gw{number}")
+        self.shutting_down = False
+        self.sent: list[int] = []
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent.extend(indexes)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def _deal(workers: int, collection: list[str], leaving: int = 0) -> dict[str, list[str]]:
+    """The tests each of ``workers`` workers runs when
+    :class:`tests.schedule.SessionSparkScheduling` deals ``collection``, the workers
+    running one test each in turns; the first ``leaving`` workers end after their
+    first test (a crashed worker's other tests go back to the queue)."""
+    from tests.schedule import SessionSparkScheduling
+
+    config = types.SimpleNamespace(
+        getvalue=lambda name: [f"{workers}*popen"],
+        option=types.SimpleNamespace(loadscopereorder=False),  # make test's order
+    )
+    sched = SessionSparkScheduling(config)
+    nodes = [_Worker(n) for n in range(workers)]
+    for node in nodes:
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    ran: dict = {node: [] for node in nodes}
+
+    def run_next(node) -> None:
+        index = node.sent[len(ran[node])]
+        ran[node].append(collection[index])
+        sched.mark_test_complete(node, index)
+
+    for node in nodes[:leaving]:
+        run_next(node)
+        sched.remove_node(node)
+    while sched.has_pending:
+        for node in nodes[leaving:]:
+            if len(ran[node]) < len(node.sent):
+                run_next(node)
+    return {node.gateway.id: ran[node] for node in nodes}
+
+
+def test_one_worker_of_three_never_starts_the_suites_spark_session():
+    """With three workers, the last takes no module that uses the suite's Spark
+    session while another worker can; the others take those first, then the rest;
+    every test goes out once. Fewer workers deal in the queue's order; a worker left
+    alone takes what is left, Spark modules included."""
+    from tests.schedule import uses_session_spark
+
+    modules = ["tests/spark/test_a.py", "tests/test_b.py", "tests/spark/test_c.py",
+               "tests/test_suite_settings.py", "tests/tools/test_d.py", "tests/test_e.py"]  # fmt: skip
+    collection = [f"{m}::test_{i}" for m in modules for i in range(3)]
+
+    def modules_of(ids):
+        return list(dict.fromkeys(i.split("::")[0] for i in ids))
+
+    dealt = _deal(3, collection)
+    assert sorted(i for ids in dealt.values() for i in ids) == sorted(collection)
+    assert not any(uses_session_spark(m) for m in modules_of(dealt["gw2"]))
+    for worker in ("gw0", "gw1"):
+        spark = [uses_session_spark(m) for m in modules_of(dealt[worker])]
+        assert spark == sorted(spark, reverse=True), (worker, dealt[worker])
+    assert uses_session_spark("tests/spark/sub/test_x.py")
+    assert not uses_session_spark("tests/sparkish/test_x.py")
+
+    two = _deal(2, collection)
+    assert sorted(i for ids in two.values() for i in ids) == sorted(collection)
+    assert [modules_of(two[w])[0] for w in ("gw0", "gw1")] == modules[:2]  # the queue's order
+    alone = _deal(3, collection, leaving=2)
+    assert sorted(i for ids in alone.values() for i in ids) == sorted(collection)
+    assert any(uses_session_spark(m) for m in modules_of(alone["gw2"]))
+
+
+def test_only_the_named_modules_use_the_suites_spark_session():
+    """A module outside tests.schedule.SESSION_SPARK_MODULES with a function taking
+    the ``spark`` fixture (a test or a fixture of its own) would start a session in
+    the worker kept free of one."""
+    import ast
+
+    from tests.schedule import ROOT, uses_session_spark
+
+    users = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+                a.arg == "spark" for a in node.args.args + node.args.kwonlyargs
+            ):
+                users.add(path.relative_to(ROOT).as_posix())
+    assert {"tests/test_suite_settings.py", "tests/spark/test_sessionize.py"} <= users
+    assert sorted(m for m in users if not uses_session_spark(m)) == []
 
 
 def test_the_recorded_seconds_name_only_modules_that_exist():
