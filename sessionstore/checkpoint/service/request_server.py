@@ -151,8 +151,12 @@ class RequestServer:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving, close the listener and every connection."""
         self._stopping = True
+        if self._thread is None:  # never served: nothing else holds them
+            self._listener.close()
+            self._close_wake()
+            return
         self._send_wake()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     def wake(self) -> None:
@@ -183,6 +187,15 @@ class RequestServer:
                 for client in list(self._clients.values()):
                     self._drop(client)
                 self._listener.close()
+            self._close_wake()
+
+    def _close_wake(self) -> None:
+        """Close the selector and the wake-up pair: a server started and stopped
+        for each operator or query would otherwise keep two descriptors each. A
+        wake-up sent after this meets a closed socket (``OSError``, ignored)."""
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _serve_once(self) -> bool:
         """One round of the loop; False once the listener is gone."""
