@@ -36,7 +36,9 @@ demo: $(STAMP)
 # process). Most of a Spark test's time is spent waiting (on a trigger, a task's
 # Python worker, a server's start), so more processes than cores keep both busy;
 # TEST_WORKERS=0 runs it in this process. Modules go out longest first, in the
-# conftest's order (tests/schedule.py), not pytest-xdist's by number of tests.
+# conftest's order (tests/schedule.py), not pytest-xdist's by number of tests; with
+# 3 workers or more, one never starts a Spark session (the others take the modules
+# that use one: tests/schedule.py says why).
 TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
