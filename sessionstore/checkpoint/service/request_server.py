@@ -131,6 +131,9 @@ class RequestServer:
         self.request_timeout_s, self.answer_timeout_s = request_timeout_s, answer_timeout_s
         self.max_clients, self.retry_s = max_clients, retry_s
         self._wake_r, self._wake_w = socket.socketpair()
+        #: held by a wake-up's send and by the pair's close: a send racing the close
+        #: could otherwise write into whatever file took the closed descriptor's number
+        self._wake_lock = threading.Lock()
         for sock in (listener, self._wake_r, self._wake_w):
             sock.setblocking(False)
         self._selector = selectors.DefaultSelector()
@@ -165,10 +168,11 @@ class RequestServer:
             self._send_wake()
 
     def _send_wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:  # full: a wake-up is pending already
-            pass
+        with self._wake_lock:
+            try:
+                self._wake_w.send(b"\0")
+            except OSError:  # full: a wake-up is pending already; or closed
+                pass
 
     # ------------------------------------------------------------------ loop
     def _run(self) -> None:
@@ -194,8 +198,9 @@ class RequestServer:
         for each operator or query would otherwise keep two descriptors each. A
         wake-up sent after this meets a closed socket (``OSError``, ignored)."""
         self._selector.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        with self._wake_lock:
+            self._wake_r.close()
+            self._wake_w.close()
 
     def _serve_once(self) -> bool:
         """One round of the loop; False once the listener is gone."""
