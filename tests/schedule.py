@@ -22,8 +22,9 @@ its Python workers and its state servers cost CPU of their own to start and warm
 up, and on two saturated cores CPU is time; the free worker's tests still fill
 the time the Spark tests spend waiting, which two workers alone leave idle. A
 whole ``make test`` from a fresh clone: three sessions, 1,371 CPU-s in 739 s;
-two sessions and a free worker, 1,304 CPU-s in 695 s; two workers, 1,263 CPU-s
-in 766 s (1.71 cores busy after the install, against 1.93 and 1.95).
+two sessions and a free worker, 1,278-1,304 CPU-s in 682-695 s (three runs); two
+workers, 1,263 CPU-s in 766 s (1.71 cores busy after the install, against 1.93
+and 1.95).
 """
 
 from __future__ import annotations
