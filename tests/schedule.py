@@ -121,13 +121,12 @@ class SessionSparkScheduling(LoadFileScheduling):
         """The first module in the queue ``node`` takes, or None."""
         if self._free is None:
             return next(iter(self.workqueue), None)
-        others = [n for n in self.assigned_work if n is not node and not n.shutting_down]
-        spark_elsewhere = node is self._free and bool(others)
         spark = [s for s in self.workqueue if uses_session_spark(s)]
         rest = [s for s in self.workqueue if not uses_session_spark(s)]
-        first = rest if node is self._free else spark
-        last = [] if spark_elsewhere else (spark if node is self._free else rest)
-        return next(iter(first + last), None)
+        if node is not self._free:
+            return next(iter(spark + rest), None)
+        alone = all(n is node or n.shutting_down for n in self.assigned_work)
+        return next(iter(rest + spark if alone else rest), None)
 
     def _assign_work_unit(self, node: Any) -> None:
         scope = self._next_scope(node)
