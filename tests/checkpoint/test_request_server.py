@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import uuid
 
 import pytest
@@ -66,34 +65,3 @@ def test_a_stopped_server_keeps_no_descriptor_open(served):
     assert listener.fileno() == -1
     assert opened & _open_files() == set()
     server.wake()
-
-
-def _wake_until(server: RequestServer, done: threading.Event) -> None:
-    while not done.is_set():
-        server.wake()
-
-
-def test_wake_ups_racing_the_stop_write_nowhere_else():
-    """Threads waking the server while it stops, and pipes opened right after (they
-    may take the closed descriptors' numbers): no pipe receives a byte. A wake-up's
-    send and the pair's close exclude each other; a send after the close fails
-    (ignored) instead of writing to the descriptor's next owner."""
-    for _ in range(20):
-        server = _server(_listener()[0])
-        server.start()
-        server.waiting = True  # every wake() sends
-        done = threading.Event()
-        wakers = [threading.Thread(target=_wake_until, args=(server, done)) for _ in range(3)]
-        for waker in wakers:
-            waker.start()
-        server.stop()
-        pipes = [os.pipe() for _ in range(4)]  # the freed numbers go to these
-        done.set()
-        for waker in wakers:
-            waker.join()
-        for read_end, write_end in pipes:
-            os.set_blocking(read_end, False)
-            with pytest.raises(BlockingIOError):  # empty
-                os.read(read_end, 1)
-            os.close(read_end)
-            os.close(write_end)
