@@ -44,8 +44,7 @@ def _server(listener: socket.socket) -> RequestServer:
 @pytest.mark.parametrize("served", [True, False])
 def test_a_stopped_server_keeps_no_descriptor_open(served):
     """The listener and the wake-up pair (and the selector) are closed once ``stop``
-    returns, whether the server ever served or not (a server per operator, stopped
-    with it, would otherwise keep three descriptors); a wake-up after the stop is
+    returns, whether the server ever served or not; a wake-up after the stop is
     ignored."""
     before = _open_files()
     listener, address = _listener()

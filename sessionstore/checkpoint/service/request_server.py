@@ -194,9 +194,10 @@ class RequestServer:
             self._close_wake()
 
     def _close_wake(self) -> None:
-        """Close the selector and the wake-up pair: a server started and stopped
-        for each operator or query would otherwise keep two descriptors each. A
-        wake-up sent after this meets a closed socket (``OSError``, ignored)."""
+        """Close the selector and the wake-up pair, with the rest of what ``stop``
+        closes (the product's servers live as long as their process; a process that
+        stops many, as the suite does, would otherwise keep three descriptors for
+        each). A wake-up sent after this meets a closed socket (``OSError``, ignored)."""
         self._selector.close()
         with self._wake_lock:
             self._wake_r.close()
