@@ -345,9 +345,19 @@ def pytest_xdist_make_scheduler(config, log):
     return SessionSparkScheduling(config, log)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session):
+    """Under pytest-xdist, a worker other than the first collects after the first
+    one, from what it compiled (:mod:`tests.first_collector`)."""
+    from tests.first_collector import before_collection
+
+    before_collection()
+
+
 def pytest_collection_finish(session):
-    """Move what collection made (modules, test items, their fixtures' definitions)
-    out of the cyclic collector's reach, then start the out-of-process jobs the
+    """Under pytest-xdist, the first worker leaves the flag the others wait for
+    (:mod:`tests.first_collector`). Move what collection made (modules, test items,
+    their fixtures' definitions) out of the cyclic collector's reach, then start the out-of-process jobs the
     selected tests read (``tests.background``), in the order of their tests,
     beside the tests that come before them.
 
@@ -361,7 +371,9 @@ def pytest_collection_finish(session):
     import gc
 
     from tests.background import start
+    from tests.first_collector import after_collection
 
+    after_collection()
     gc.collect()
     gc.freeze()
     if session.config.option.collectonly or _parallel(session.config):
@@ -380,8 +392,10 @@ def pytest_sessionfinish(session, exitstatus):
     class-data archive's build end (:func:`suite_jvm_options`); then, after
     a passing run, remove the run's folder in RAM (:func:`run_folder`)."""
     from tests.background import stop_all
+    from tests.first_collector import at_session_end
 
     stop_all()
+    at_session_end()
     for builder in _ARCHIVE_BUILDS:  # a short run: the archive is for the next one
         try:
             builder.wait(WAIT_FOR_ARCHIVE_S)

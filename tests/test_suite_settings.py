@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import types
 import uuid
 from pathlib import Path
@@ -420,3 +421,28 @@ def test_a_spark_python_process_forgets_the_installed_pyspark_archives():
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [[], []]  # [on the path, importers cached]
+
+
+def test_workers_collect_after_the_first_one_and_only_it_leaves_the_flag(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from tests import first_collector as fc
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = {"PYTEST_XDIST_TESTRUNUID": "run1", "PYTEST_XDIST_WORKER": "gw0"}
+    other = {**first, "PYTEST_XDIST_WORKER": "gw2"}
+    assert fc.flag_path({}) is None and fc.flag_path({"PYTEST_XDIST_TESTRUNUID": "x"}) is None
+    flag = fc.flag_path(first)
+    assert flag == fc.flag_path(other) == tmp_path / "sessionstore-collected-run1"
+    assert fc.flag_path({**first, "PYTEST_XDIST_TESTRUNUID": "run2"}) != flag
+    assert fc.is_first(first) and not fc.is_first(other) and not fc.is_first({})
+    started = time.monotonic()
+    assert not fc.wait_for_first(flag, timeout=0.3)  # no first worker: bounded
+    assert time.monotonic() - started >= 0.3
+    marker = threading.Timer(0.3, fc.mark_collected, [flag])
+    marker.start()
+    started = time.monotonic()
+    assert fc.wait_for_first(flag, timeout=30)
+    assert 0.25 <= time.monotonic() - started < 10
+    marker.join()
