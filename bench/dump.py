@@ -102,7 +102,10 @@ def child_cpu(argv: list[str], tree: str) -> tuple[float, float | None]:
     path, and the seconds of its loop over the rows where it reports them (a floor)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     env = dict(os.environ, PYTHONPATH=tree)
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    # run in the tree: `python -m` and `-c` put the working directory first on the path
+    done = subprocess.run(
+        argv, env=env, cwd=tree, capture_output=True, text=True, timeout=1800
+    )  # fmt: skip
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"{argv} failed:\n{done.stderr[-3000:]}")
