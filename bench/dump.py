@@ -17,9 +17,10 @@ and imports included:
 
 The per-row cost of a dump is its CPU time less that of ``dump --limit 1`` (of
 the same tree), over the rows; that of a floor the CPU time of its loop over the
-rows (the child measures it with ``time.process_time``). One untimed warm-up of every case first (the page cache, the
-interpreter's byte code), then --rounds rounds, each running every case once, the
-order rotating from round to round (the VM drifts); best and median of the rounds.
+rows (the child measures it with ``time.process_time``). One untimed warm-up of
+every case first (the page cache; the modules' byte code, kept in a scratch
+folder), then --rounds rounds, each running every case once, the order rotating
+from round to round (the VM drifts); best and median of the rounds.
 ``--compare TREE`` also times the dumps of another source tree (a git worktree:
 the children run with ``PYTHONPATH`` set to it) in the same rounds.
 
@@ -97,11 +98,14 @@ def build(db_dir: str, sessions: int) -> None:
                 )
 
 
-def child_cpu(argv: list[str], tree: str) -> tuple[float, float | None]:
+def child_cpu(argv: list[str], tree: str, pycache: str) -> tuple[float, float | None]:
     """CPU seconds (user + system) of running ``argv`` with ``tree`` first on the
-    path, and the seconds of its loop over the rows where it reports them (a floor)."""
+    path, and the seconds of its loop over the rows where it reports them (a floor).
+    Byte code is kept in ``pycache``: every tree's modules are compiled once, in the
+    warm-up, as an installed package's are, and no tree gets files written into it."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    env = dict(os.environ, PYTHONPATH=tree)
+    env = dict(os.environ, PYTHONPATH=tree, PYTHONPYCACHEPREFIX=pycache)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     # run in the tree: `python -m` and `-c` put the working directory first on the path
     done = subprocess.run(
         argv, env=env, cwd=tree, capture_output=True, text=True, timeout=1800
@@ -144,15 +148,15 @@ def main(argv: list[str] | None = None) -> str:
         db_dir = os.path.join(tmp, "db")
         build(db_dir, args.sessions)
         timed = cases(db_dir, tmp, trees)
-        names = list(timed)
+        names, pycache = list(timed), os.path.join(tmp, "pycache")
         for name in names:  # warm-up, untimed
-            child_cpu(*timed[name])
+            child_cpu(*timed[name], pycache)
         seconds: dict[str, list[float]] = {name: [] for name in names}
         loops: dict[str, list[float]] = {name: [] for name in names}
         for r in range(args.rounds):
             shift = r % len(names)
             for name in names[shift:] + names[:shift]:
-                cpu, loop = child_cpu(*timed[name])
+                cpu, loop = child_cpu(*timed[name], pycache)
                 seconds[name].append(cpu)
                 if loop is not None:
                     loops[name].append(loop)
