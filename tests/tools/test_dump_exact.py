@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import datetime
 import decimal
+import functools
 import io
 import json
 from itertools import islice
@@ -234,6 +235,13 @@ def reference_rows(uri, operator, store, partition=None, row_filter=None, limit=
     return rows
 
 
+@functools.cache
+def cached_reference_rows(uri, operator, store, options):
+    """:func:`reference_rows` read once for the formats of a case (``options``: its
+    keyword arguments as sorted pairs)."""
+    return reference_rows(uri, operator, store, **dict(options))
+
+
 def jsonable(value):
     if isinstance(value, bytes):
         return value.decode("utf-8", "backslashreplace")
@@ -382,7 +390,7 @@ def test_dump_writes_what_a_row_at_a_time_writes(sources, where, operator, store
     target = sources["tmp"] / f"out-{abs(hash((store, *options, fmt)))}.{fmt}"
     done = run_cli("dump", uri, "--operator", operator, "--store", store, "--format", fmt,
                    "--output", str(target), *options)  # fmt: skip
-    rows = reference_rows(uri, operator, store, **reference)
+    rows = cached_reference_rows(uri, operator, store, tuple(sorted(reference.items())))
     kind = store_kind(open_source(uri), operator, store)
     times = () if fmt == "jsonl" else store_class(kind).time_columns
     expected = target.with_suffix(f".expected.{fmt}")
