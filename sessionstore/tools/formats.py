@@ -279,10 +279,10 @@ def _write_parquet(
             while pending >= group:
                 rows, flat = _split(flat, group)
                 if writer is None:
-                    first = _split(stored, group)[0]
-                    writer = pq.ParquetWriter(output, _parquet_schema(first, rows, times))
-                    stored = []
+                    schema = _parquet_schema(_split(stored, group)[0], rows, times)
+                    writer, stored = pq.ParquetWriter(output, schema), []
                 _write_group(writer, rows)
+                del rows  # the group's objects go before the next group's come
                 pending -= group
         if pending:
             if writer is None:
@@ -338,14 +338,15 @@ def _parquet_schema(stored: list[RowChunk], flat: list[RowChunk], times: tuple[s
 
 def _write_group(writer: Any, chunks: list[RowChunk]) -> None:
     """One row group of the rows of ``chunks``: each field's values of every row
-    (None where a row lacks it), as ``Table.from_pylist`` gathers them."""
+    (None where a row lacks it), as ``Table.from_pylist`` gathers and converts
+    them, field by field (each field's values are let go once in Arrow)."""
     import pyarrow as pa
 
-    columns = []
-    for name in writer.schema.names:
+    arrays = []
+    for field in writer.schema:
         values: list[Any] = []
         for chunk in chunks:
-            column = chunk.column(name)
+            column = chunk.column(field.name)
             values.extend([None] * chunk.size if column is None else column)
-        columns.append(values)
-    writer.write_table(pa.Table.from_arrays(columns, schema=writer.schema))
+        arrays.append(pa.array(values, type=field.type))
+    writer.write_table(pa.Table.from_arrays(arrays, schema=writer.schema))
