@@ -633,3 +633,25 @@ def test_read_columns_gives_the_rows_before_a_value_that_does_not_decode(tmp_pat
             next(chunks)
     assert list(RowChunk.of_columns(first).rows()) == want
     assert str(got.value) == str(wanted.value)
+
+
+def test_a_subclass_that_shapes_its_rows_itself_is_read_a_row_at_a_time(tmp_path):
+    from sessionstore.stores.session import SessionStore
+
+    class Tagged(SessionStore):  # rows of its own shape, no columns beside them
+        def _row(self, window, value, to_ts):
+            return {"key": window.key, "tag": "t", "value": value}
+
+    class Filtered(SessionStore):  # a read of its own
+        def read_rows(self, **bounds):
+            return (r for r in super().read_rows(**bounds) if r["start"] % 2)
+
+    with StateDB.open(tmp_path / "db") as db:
+        for cls in (Tagged, Filtered):
+            store = cls(db, cls.__name__, 10**9)
+            for i in range(10):
+                store.put(f"k{i}", i, i + 1, i)
+            assert store.read_columns() is None
+            want = list(store.read_rows())
+            assert [r for c in RowFilter().chunks(store, 3) for r in c.rows()] == want
+        assert db.session_store("plain", 10**9).read_columns() is not None
