@@ -611,11 +611,11 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
         lo = check_timestamp("earliest_end", lo)
         latest_start = check_timestamp("latest_start", latest_start)
         bounds = key_range(self.encode_key, key_from, key_to)
-        min_end = None if bounds is None else max(lo, self.min_visible_end())
         closing = self._closing_entries()
         if bounds is None:
             return
         kb_lo, kb_hi = bounds
+        min_end = max(lo, self.min_visible_end())
         segments = self._segments
         streams = [
             self._passing(cf, kb_lo, kb_hi, min_end, latest_start, size)
@@ -656,8 +656,8 @@ class SessionStore(SegmentedDBStore, SessionStoreBase):
                 yield pairs, raws, starts, ends
 
     def _decoded(
-        self, pairs: list[tuple[bytes, bytes]], raws: pa.Array, starts: np.ndarray,
-        ends: np.ndarray, to_ts: int,
+        self, pairs: list[tuple[bytes, bytes]], raws: Any, starts: np.ndarray, ends: np.ndarray,
+        to_ts: int,
     ) -> Iterator[dict[str, list[Any]]]:  # fmt: skip
         """The columns of the passing raw rows ``pairs`` (also ``raws``, their row
         keys: :func:`_row_keys`; times ``starts``, ``ends``), shaped by
@@ -747,8 +747,9 @@ def _passing_one_by_one(
         raise error from None
 
 
-#: What :meth:`SessionStore.read_columns` stands in for: a class whose rows these
-#: read and shape (a ``_row`` with a ``_columns`` of the same class) reads columns.
+#: The methods :meth:`SessionStoreBase.read_rows` reads rows through: a class that
+#: takes them all from this module, and has a ``_columns`` beside its ``_row``, gets
+#: the same rows from :meth:`SessionStore.read_columns`.
 _ROW_PATH = ("read_rows", "find_sessions_in_range", "_range_rows", "_filtered", "_range_results")
 
 
@@ -782,8 +783,8 @@ def _closing_rows(
 
 
 def _timed(rows: Iterator[tuple[bytes, bytes]], size: int) -> Iterator[_RawChunk]:
-    """``rows`` in chunks of ``size``, each with its row keys in Arrow and their
-    starts and ends."""
+    """``rows`` in chunks of ``size``, each with its row keys (:func:`_row_keys`) and
+    their starts and ends."""
     while pairs := list(islice(rows, size)):
         raws = _row_keys(pairs)
         yield pairs, raws, *times_of_many(raws)
