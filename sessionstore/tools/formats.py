@@ -93,7 +93,7 @@ def _json_line(row: dict[str, Any]) -> str:
 
 def _json_lines(chunk: RowChunk) -> str:
     """The rows of ``chunk`` as JSON lines, each ``"\\n"``-terminated: each
-    column's values as JSON text, then a line per row from one template."""
+    column's values turned into JSON text, then the lines joined from them."""
     if not chunk.names:
         return "{}\n" * chunk.size
     if any(type(name) is not str for name in chunk.names):  # a row encodes them
