@@ -69,6 +69,7 @@ bench: $(STAMP)
 	$(PY) bench/spark_scale.py
 	$(PY) bench/processors.py
 	$(PY) bench/processors.py --events 1200000 --apis rows
+	$(PY) bench/dump.py
 
 # The demo's job on a standalone cluster against the same job in local[2].
 bench-cluster: dist

@@ -213,26 +213,28 @@ def decode_key(data: bytes) -> Any:
     return key
 
 
-def decode_keys(encoded: list[bytes]) -> list[Any]:
-    """:func:`decode_key` of each of ``encoded``. When all are strings whose only
-    zero byte is the terminator's (the fast path of :func:`decode_key`), they are
-    decoded together in Arrow: a close emits a key per session."""
+def decode_keys(encoded: Any) -> list[Any]:
+    """:func:`decode_key` of each of ``encoded`` (bytes, or a pyarrow binary array
+    of them). When all are strings whose only zero byte is the terminator's (the
+    fast path of :func:`decode_key`), they are decoded together in Arrow: a close
+    emits a key per session, a dump reads thousands at a time."""
+    arrow = hasattr(encoded, "to_pylist")
     if len(encoded) < 64:  # fewer keys than pay for Arrow's per-call overhead
-        return list(map(decode_key, encoded))
+        return list(map(decode_key, encoded.to_pylist() if arrow else encoded))
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    arr = pa.array(encoded, pa.binary())
+    arr = encoded if arrow else pa.array(encoded, pa.binary())
     plain = pc.and_(
         pc.and_(pc.starts_with(arr, pattern=b"\x02"), pc.ends_with(arr, pattern=b"\x00\x01")),
         pc.equal(pc.count_substring(arr, pattern=b"\x00"), pa.scalar(1, pa.int32())),
     )
-    if not pc.all(plain).as_py():
-        return list(map(decode_key, encoded))
-    try:
-        return pc.binary_slice(arr, 1, -2).cast(pa.string()).to_pylist()
-    except pa.ArrowInvalid:  # not UTF-8: decode_key says where
-        return list(map(decode_key, encoded))
+    if pc.all(plain).as_py():
+        try:
+            return pc.binary_slice(arr, 1, -2).cast(pa.string()).to_pylist()
+        except pa.ArrowInvalid:  # not UTF-8: decode_key says where
+            pass
+    return list(map(decode_key, encoded.to_pylist() if arrow else encoded))
 
 
 def encode_str_keys(strings: Any) -> list[bytes] | None:

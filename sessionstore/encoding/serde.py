@@ -63,6 +63,32 @@ class MsgpackSerde:
         self.loads: Callable[[bytes], Any] = partial(
             msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=ext_hook
         )
+        self._stock_loads = self.loads
+
+    def loads_many(self, datas: list[bytes]) -> list[Any]:
+        """:attr:`loads` of each of ``datas``, decoded as one stream (a reader
+        decodes thousands at a time: half the cost of a call each). The same
+        values, and where one of ``datas`` is not exactly one value, the error
+        :attr:`loads` raises for it."""
+        if self.loads is not self._stock_loads or len(datas) < 16:
+            return list(map(self.loads, datas))
+        # limits as loose as loads' own for any value that fits in the stream
+        stream = msgpack.Unpacker(
+            raw=False, strict_map_key=False, ext_hook=ext_hook, max_buffer_size=2**31 - 1
+        )
+        stream.feed(b"".join(datas))
+        values, unpack, tell, end = [], stream.unpack, stream.tell, 0
+        try:
+            for data in datas:
+                end += len(data)
+                values.append(unpack())
+                if tell() != end:  # a value took more or fewer bytes than its own
+                    break
+            else:
+                return values
+        except Exception:  # loads says which value fails, and how
+            pass
+        return list(map(self.loads, datas))
 
 
 class BytesSerde:

@@ -55,6 +55,16 @@ class MessageStore(SessionStore):
             return None
         return {"key": window.key, "timestamp": window.end, "offset": window.start, "value": value}
 
+    def _columns(
+        self, keys: list, starts: list[int], ends: list[int], values: list, to_ts: int
+    ) -> dict[str, list[Any]]:
+        if ends and max(ends) > to_ts:
+            kept = [i for i, end in enumerate(ends) if end <= to_ts]
+            keys, starts, ends, values = (
+                [c[i] for i in kept] for c in (keys, starts, ends, values)
+            )
+        return {"key": keys, "timestamp": ends, "offset": starts, "value": values}
+
     def messages(self, key: Any, from_ts: int, to_ts: int) -> Iterator[tuple[int, int, Any]]:
         """``(timestamp, offset, value)`` of ``key`` with ``from_ts <= timestamp <= to_ts``."""
         for window, value in self.find_sessions(key, from_ts, TS_MAX):

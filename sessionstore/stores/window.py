@@ -94,6 +94,11 @@ class WindowStore(SessionStore):
         # windows show their exclusive end
         return {"key": window.key, "start": window.start, "end": window.end + 1, "value": value}
 
+    def _columns(
+        self, keys: list, starts: list[int], ends: list[int], values: list, to_ts: int
+    ) -> dict[str, list[Any]]:
+        return {"key": keys, "start": starts, "end": [end + 1 for end in ends], "value": values}
+
     def _windows(self, rows, from_start: int):
         # find_sessions also returns windows that start earlier but end after from_start
         for window, value in rows:

@@ -68,18 +68,18 @@ from sessionstore.checkpoint.storage.retry import (
 )
 from sessionstore.errors import SessionStoreError
 from sessionstore.stores.registry import store_class
+from sessionstore.tools.formats import write_chunks
 from sessionstore.tools.processor_rows import timer_rows, variable_rows
 from sessionstore.tools.reader import (
-    Aggregates,
     CheckpointSource,
-    Instant,
     LocalSource,
     RowFilter,
     open_source,
+    store_chunks,
     store_kind,
-    store_rows,
     variable_declaration,
 )
+from sessionstore.tools.row_chunks import RowChunk, chunks_of, rows_of
 
 __all__ = ["main", "cli"]
 
@@ -165,19 +165,6 @@ def _time(option: str, text: str | None) -> int | None:
     return int(parsed.timestamp() * 1000)
 
 
-#: ``json.dumps(value, default=str)``, one encoder for every row (``dumps`` with an
-#: argument builds a new one per call: a tenth of a dump's time)
-_JSON = json.JSONEncoder(default=str)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
 def _iso(ms: int | None) -> str:
     if ms is None:
         return "-"
@@ -199,11 +186,14 @@ def _time_columns(source: CheckpointSource | LocalSource, operator: str, store: 
     return store_class(store_kind(source, operator, store)).time_columns
 
 
-def _readable_times(rows: Iterator[dict], columns: tuple[str, ...]) -> Iterator[dict]:
+def _readable_times(chunks: Iterator[RowChunk], columns: tuple[str, ...]) -> Iterator[RowChunk]:
     """Rows with the event times in ``columns`` as ISO-8601 UTC text (table and csv
     are read by people; jsonl and parquet keep the integers)."""
-    for row in rows:
-        yield {k: _iso(v) if k in columns and v is not None else v for k, v in row.items()}
+    for chunk in chunks:
+        for name, values in zip(chunk.names, chunk.columns, strict=True):
+            if name in columns:
+                chunk = chunk.replace(name, [v if v is None else _iso(v) for v in values])
+        yield chunk
 
 
 def storage_option(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -326,16 +316,16 @@ def _progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], None] 
         yield update
 
 
-def _counted(rows: Iterator[dict], progress: Callable | None) -> Iterator[dict]:
-    """Rows, reporting their running count to ``progress`` every 1,000 rows."""
+def _counted(chunks: Iterator[RowChunk], progress: Callable | None) -> Iterator[RowChunk]:
+    """Chunks of rows, reporting the running count of rows to ``progress``."""
     if progress is None:
-        yield from rows
+        yield from chunks
         return
     n = 0
-    for n, row in enumerate(rows, 1):
-        if n % 1000 == 0:
-            progress("rows", n, 0)
-        yield row
+    for chunk in chunks:
+        n += chunk.size
+        progress("rows", n, 0)
+        yield chunk
     progress("rows", n, 0)
 
 
@@ -461,27 +451,30 @@ def dump(
     source = _source(uri, storage_options, allow_pickle)
     operator = _operator(source, operator)
     with _progress() as progress:
-        rows = store_rows(
+        chunks = store_chunks(
             source, operator, store_name, None if partition is None else [partition], version,
             row_filter, limit, progress, raw,
         )  # fmt: skip
         if state_var is not None or timers:
-            rows = _processor_rows(source, operator, store_name, version, rows, state_var,
-                                   not no_flatten)  # fmt: skip
-        rows = _counted(rows, progress)
-        first = next(rows, None)  # errors surface before an output file is created
-        rows = _chain(first, rows)
+            rows = _processor_rows(source, operator, store_name, version, rows_of(chunks),
+                                   state_var, not no_flatten)  # fmt: skip
+            chunks = chunks_of(rows)
+        chunks = _counted(chunks, progress)
+        first = next(chunks, None)  # errors surface before an output file is created
+        chunks = _chain(first, chunks)
         times = () if fmt == "jsonl" else _time_columns(source, operator, store_name)
         if fmt in ("table", "csv") and not epoch_ms:
-            rows = _readable_times(rows, times)
+            chunks = _readable_times(chunks, times)
         out = (
             open(output, "w", encoding="utf-8", newline="") if output and fmt != "parquet" else None
         )
         try:
-            _write_rows(rows, fmt, out, output, times)
+            written = write_chunks(chunks, fmt, out, output, times)
         finally:
             if out is not None:
                 out.close()
+    if fmt == "parquet":
+        click.echo(f"wrote {written:,} rows to {output}")
 
 
 def _processor_rows(
@@ -496,127 +489,10 @@ def _processor_rows(
     return variable_rows(rows, variable, declared["kind"], declared["ttl"], flatten)
 
 
-def _chain(first: dict | None, rest: Iterator[dict]) -> Iterator[dict]:
+def _chain(first: RowChunk | None, rest: Iterator[RowChunk]) -> Iterator[RowChunk]:
     if first is not None:
         yield first
         yield from rest
-
-
-def _columns(row: dict[str, Any]) -> dict[str, Any]:
-    """A row with its :class:`Aggregates` value spread into one column per aggregate
-    (named ``value.<name>`` where the name is taken by another column)."""
-    value = row.get("value")
-    if not isinstance(value, Aggregates):
-        return row
-    out = {k: v for k, v in row.items() if k != "value"}
-    for name, result in value.items():
-        out[f"value.{name}" if name in row else name] = result
-    return out
-
-
-def _flat(row: dict[str, Any]) -> dict[str, Any]:
-    """A row for csv and parquet: keys, values and aggregates as text (JSON unless a
-    string); the other columns (partition, times, offsets) are integers."""
-    columns = _columns(row)
-    text = {k for k in columns if k not in row} | {"key", "value"}  # aggregates, key, value
-    return {k: _as_text(v) if k in text and v is not None else v for k, v in columns.items()}
-
-
-def _write_rows(
-    rows: Iterator[dict], fmt: str, out, output: str | None, times: tuple[str, ...] = ()
-) -> None:
-    """``rows`` in ``fmt`` to ``out`` (or the file ``output``, Parquet); ``times``:
-    the columns that are event times (timestamps in Parquet where marked so)."""
-    if fmt == "jsonl":
-        encode, write = _JSON.encode, (out or sys.stdout).write
-        for row in rows:
-            write(encode({k: _jsonable(v) for k, v in row.items()}) + "\n")
-        return
-    if fmt == "csv":
-        import csv
-
-        writer = None
-        for row in rows:
-            flat = _flat(row)
-            if writer is None:
-                writer = csv.DictWriter(out or sys.stdout, fieldnames=list(flat))
-                writer.writeheader()
-            writer.writerow(flat)
-        return
-    if fmt == "parquet":
-        _write_parquet(rows, output, times)
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    materialised = [_columns(row) for row in rows]  # widths need every row: use --limit
-    table = Table()
-    for column in materialised[0] if materialised else ["partition", "key", "value"]:
-        table.add_column(column)
-    for row in materialised:
-        table.add_row(*(str(_jsonable(v)) for v in row.values()))
-    Console(width=200, file=out).print(table)
-
-
-def _write_parquet(
-    rows: Iterator[dict], output: str, times: tuple[str, ...] = (), chunk: int = 65536
-) -> None:
-    """Row groups of ``chunk`` rows, so memory stays flat for any store size;
-    ``times``: the event-time columns (see :func:`_write_chunk`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    writer, total, buffer = None, 0, []
-    try:
-        for row in rows:
-            buffer.append(row)
-            total += 1
-            if len(buffer) >= chunk:
-                writer = _write_chunk(writer, buffer, output, times)
-        if buffer:
-            writer = _write_chunk(writer, buffer, output, times)
-        elif writer is None:
-            empty = pa.schema([("partition", pa.int64()), ("key", pa.string()),
-                               ("value", pa.string())])  # fmt: skip
-            pq.write_table(empty.empty_table(), output)
-    finally:
-        if writer is not None:
-            writer.close()
-    click.echo(f"wrote {total:,} rows to {output}")
-
-
-def _write_chunk(writer: Any, buffer: list[dict], output: str, times: tuple[str, ...]) -> Any:
-    """Append ``buffer`` (rows) as a row group (opening the writer on the first one).
-    The event-time columns ``times`` are timestamps when the reader marked a time
-    of the first chunk as an :class:`Instant` (the store's operator records that its
-    times are timestamps), so a column whose first values are all null (a
-    version's open ``valid_to``) gets the type of its siblings."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    flat = [_flat(row) for row in buffer]
-    if writer is None:
-        # the row's own columns are integers, except the key (and a processor
-        # store's state variable name), and event times of an operator whose input
-        # time was a timestamp, which are timestamps (UTC, milliseconds); everything
-        # else is text
-        ints = {n for n in buffer[0] if n not in ("key", "value", "state")}
-        stamped = any(isinstance(r.get(n), Instant) for r in buffer for n in times)
-        instants = set(times) & ints if stamped else set()
-        instant = pa.timestamp("ms", tz="UTC")
-        fields = [
-            (n, instant if n in instants else pa.int64() if n in ints else pa.string())
-            for n in flat[0]
-        ]
-        writer = pq.ParquetWriter(output, pa.schema(fields))
-    writer.write_table(pa.Table.from_pylist(flat, schema=writer.schema))
-    buffer.clear()
-    return writer
-
-
-def _as_text(value: Any) -> str:
-    """Keys and values as text for flat formats: strings as they are, others JSON."""
-    return value if isinstance(value, str) else _JSON.encode(_jsonable(value))
 
 
 @cli.command()
@@ -642,16 +518,16 @@ def get(
     operator = _operator(source, operator)
     row_filter = RowFilter(key=_key(key, key_json), as_of=_time("--as-of", as_of))
     with _progress() as progress:
-        rows = store_rows(
+        chunks = store_chunks(
             source, operator, store_name, None, version, row_filter, None, progress, raw,
         )  # fmt: skip
-        first = next(rows, None)
+        first = next(chunks, None)
         if first is None:
             raise CliError(f"key {key!r} not found in store {store_name!r}")
-        rows = _chain(first, rows)
+        chunks = _chain(first, chunks)
         if fmt in ("table", "csv") and not epoch_ms:
-            rows = _readable_times(rows, _time_columns(source, operator, store_name))
-        _write_rows(rows, fmt, None, None)
+            chunks = _readable_times(chunks, _time_columns(source, operator, store_name))
+        write_chunks(chunks, fmt, None, None)
 
 
 def _checkpoint_only(source: CheckpointSource | LocalSource, command: str) -> CheckpointSource:

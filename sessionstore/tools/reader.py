@@ -28,7 +28,6 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
-from itertools import islice
 from typing import Any
 from urllib.parse import urlparse
 
@@ -58,6 +57,7 @@ from sessionstore.stores.registry import kinds_with, store_class
 from sessionstore.stores.spec import StoreSpec, refuse_pickle
 from sessionstore.stores.state_db import StateDB
 from sessionstore.tools.processor_rows import has_ttl
+from sessionstore.tools.row_chunks import CHUNK_ROWS, RowChunk, chunks_of, limited, rows_of
 
 #: How a CLI user opts in to reading pickled stores (the data source names its own).
 PICKLE_OPTION = "--allow-pickle"
@@ -70,7 +70,9 @@ __all__ = [
     "LocalSource",
     "open_source",
     "store_rows",
+    "store_chunks",
     "presented_rows",
+    "presented_chunks",
     "processor_declarations",
     "variable_declaration",
     "operators",
@@ -106,6 +108,16 @@ def _instants(rows: Iterator[dict[str, Any]], columns: tuple[str, ...]) -> Itera
             if row.get(c) is not None:
                 row[c] = Instant(row[c])
         yield row
+
+
+def _instant_chunks(chunks: Iterator[RowChunk], columns: tuple[str, ...]) -> Iterator[RowChunk]:
+    """:func:`_instants` of chunks of rows."""
+    for chunk in chunks:
+        for c in columns:
+            values = chunk.column(c)
+            if values is not None:
+                chunk = chunk.replace(c, [v if v is None else Instant(v) for v in values])
+        yield chunk
 
 
 # ----------------------------------------------------------- checkpoint metadata
@@ -521,6 +533,16 @@ class RowFilter:
         (sessions, windows, messages, versions or values)."""
         return store.read_rows(**asdict(self))
 
+    def chunks(self, store: Any, size: int = CHUNK_ROWS) -> Iterator[RowChunk]:
+        """:meth:`rows` in chunks of at most ``size`` rows: read as columns where
+        the store can (``read_columns``: the session-layout stores), else
+        gathered from its rows."""
+        read = getattr(store, "read_columns", None)
+        columns = None if read is None else read(**asdict(self), size=size)
+        if columns is None:
+            return chunks_of(self.rows(store), size)
+        return map(RowChunk.of_columns, columns)
+
 
 def _finished(
     rows: Iterator[dict[str, Any]], finish: Callable, where: str
@@ -554,6 +576,24 @@ def presented_rows(
     return rows
 
 
+def presented_chunks(
+    store: Any,
+    kind: str,
+    where: str,
+    row_filter: RowFilter = RowFilter(),
+    raw: bool = False,
+    size: int = CHUNK_ROWS,
+) -> Iterator[RowChunk]:
+    """:func:`presented_rows` in chunks of at most ``size`` rows (the same rows)."""
+    chunks = row_filter.chunks(store, size)
+    finish = None if raw else recorded_output(store)
+    if finish is not None:  # a plan finishes row by row
+        chunks = chunks_of(_finished(rows_of(chunks), finish, where), size)
+    if recorded_time_type(store) == "timestamp":
+        chunks = _instant_chunks(chunks, store_class(kind).time_columns)
+    return chunks
+
+
 def store_rows(
     source: CheckpointSource | LocalSource,
     operator: str,
@@ -572,14 +612,40 @@ def store_rows(
     :class:`Aggregates` (and count windows add ``window`` and ``count`` before it);
     ``raw`` keeps the stored value (the accumulator). Event times are epoch
     milliseconds, as :class:`Instant` where the operator shows them as timestamps."""
+    chunks = store_chunks(
+        source, operator, store, partition_ids, version, row_filter, limit, progress, raw
+    )  # fmt: skip
+    try:
+        for chunk in chunks:
+            yield from chunk.rows()
+    finally:
+        chunks.close()  # the database being read, at once
+
+
+def store_chunks(
+    source: CheckpointSource | LocalSource,
+    operator: str,
+    store: str,
+    partition_ids: list[int] | None = None,
+    version: int | None = None,
+    row_filter: RowFilter = RowFilter(),
+    limit: int | None = None,
+    progress: Progress | None = None,
+    raw: bool = False,
+    size: int = CHUNK_ROWS,
+) -> Iterator[RowChunk]:
+    """:func:`store_rows` in chunks of at most ``size`` rows (the same rows, in the
+    same order, with the same errors): what a dump of millions of rows reads."""
     source.check_pickle(operator)  # before anything is read
     kind = _kind_of(source.store_records(operator), operator, store)
     row_filter.check(kind, store)  # clear errors before any restore
+    if limit is not None and 0 < limit < size:
+        size = limit  # a few rows: read no more than them
     layout = source.layout(operator)
     if layout is not None and layout[0] != layout[1]:
-        rows = _slab_rows(
+        chunks = _slab_chunks(
             source, operator, store, kind, layout, partition_ids, version, row_filter, progress,
-            raw,
+            raw, size,
         )  # fmt: skip
     else:
         known = source.partitions(operator)
@@ -589,12 +655,17 @@ def store_rows(
                 raise NotFoundError(
                     f"operator {operator!r} has no partition {p} (partitions: {sorted(known)})"
                 )
-        opened = _databases(source, operator, store, kind, ids, version, row_filter, raw, progress)
-        rows = ({"partition": p, **row} for p, _, each in opened for row in each)
+        opened = _databases(
+            source, operator, store, kind, ids, version, row_filter, raw, progress, size
+        )  # fmt: skip
+        chunks = (
+            chunk.with_first("partition", [p] * chunk.size) for p, _, each in opened
+            for chunk in each
+        )  # fmt: skip
     try:
-        yield from rows if limit is None else islice(rows, limit)
+        yield from chunks if limit is None else limited(chunks, limit)
     finally:
-        rows.close()  # the database being read, at once (a limit stops in the middle)
+        chunks.close()  # the database being read, at once (a limit stops in the middle)
 
 
 def _databases(
@@ -607,20 +678,24 @@ def _databases(
     row_filter: RowFilter,
     raw: bool,
     progress: Progress | None,
-) -> Iterator[tuple[int, str, Iterator[dict[str, Any]]]]:
-    """``(database, where, its rows of store)`` for each of ``databases`` in turn,
-    each open until the next is asked for, with the progress of the whole."""
+    size: int,
+) -> Iterator[tuple[int, str, Iterator[RowChunk]]]:
+    """``(database, where, its rows of store in chunks of at most size)`` for each
+    of ``databases`` in turn, each open until the next is asked for, with the
+    progress of the whole."""
     for done, database in enumerate(databases):
         if progress is not None:
             progress("partitions", done, len(databases))
         with source.open(operator, database, version, progress) as (_, stores):
             where = f"{operator}/{database} store {store!r}"
-            yield database, where, presented_rows(stores[store], kind, where, row_filter, raw)
+            yield database, where, presented_chunks(
+                stores[store], kind, where, row_filter, raw, size
+            )  # fmt: skip
     if progress is not None:
         progress("partitions", len(databases), len(databases))
 
 
-def _slab_rows(
+def _slab_chunks(
     source: CheckpointSource,
     operator: str,
     store: str,
@@ -631,8 +706,9 @@ def _slab_rows(
     row_filter: RowFilter,
     progress: Progress | None,
     raw: bool,
-) -> Iterator[dict[str, Any]]:
-    """:func:`store_rows` of an operator whose partitions are kept in fewer
+    size: int,
+) -> Iterator[RowChunk]:
+    """:func:`store_chunks` of an operator whose partitions are kept in fewer
     databases (``layout``: ``(slabs, partitions)``, identity.py): each slab
     holding a wanted partition is read once, and each row is given its partition,
     Spark's hash of its key (``repartition(partitions, keys)``, what routed it),
@@ -654,18 +730,51 @@ def _slab_rows(
         )
     router, keep = KeyRouter(types, count), set(wanted)
     chosen = sorted({p % slabs for p in keep})
-    opened = _databases(source, operator, store, kind, chosen, version, row_filter, raw, progress)
-    for _, where, rows in opened:
-        while chunk := list(islice(rows, 4096)):
+    opened = _databases(
+        source, operator, store, kind, chosen, version, row_filter, raw, progress, size
+    )  # fmt: skip
+    for _, where, chunks in opened:
+        for block in _blocks(chunks, _ROUTED_ROWS):
             try:
-                labels = router.partitions_of([row["key"] for row in chunk])
+                labels = router.partitions_of([k for chunk in block for k in _keys(chunk)])
             except (KeyError, ValueError) as exc:
                 raise SessionStoreError(f"{where}: no partition for a row: {exc}") from None
-            yield from (
-                {"partition": label, **row}
-                for label, row in zip(labels, chunk, strict=True)
-                if label in keep
-            )
+            at = 0
+            for chunk in block:
+                mine, at = labels[at : at + chunk.size], at + chunk.size
+                kept = [i for i, label in enumerate(mine) if label in keep]
+                if kept:
+                    picked = chunk if len(kept) == chunk.size else chunk.take(kept)
+                    yield picked.with_first("partition", [mine[i] for i in kept])
+
+
+#: Rows routed together in a slab (one call of the router): a routing error stops
+#: a read at the start of such a block.
+_ROUTED_ROWS = 4096
+
+
+def _keys(chunk: RowChunk) -> list[Any]:
+    keys = chunk.column("key")
+    if keys is None:
+        raise KeyError("key")
+    return keys
+
+
+def _blocks(chunks: Iterator[RowChunk], rows: int) -> Iterator[list[RowChunk]]:
+    """``chunks`` cut and gathered into lists of chunks of ``rows`` rows together
+    (the last one fewer)."""
+    block, count = [], 0
+    for chunk in chunks:
+        start = 0
+        while start < chunk.size:
+            part = chunk.slice(start, start + rows - count)
+            block.append(part)
+            start, count = start + part.size, count + part.size
+            if count == rows:
+                yield block
+                block, count = [], 0
+    if block:
+        yield block
 
 
 def processor_declarations(
