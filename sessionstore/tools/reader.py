@@ -56,8 +56,9 @@ from sessionstore.operators.aggregations import recorded_output, recorded_time_t
 from sessionstore.stores.registry import kinds_with, store_class
 from sessionstore.stores.spec import StoreSpec, refuse_pickle
 from sessionstore.stores.state_db import StateDB
+from sessionstore.tools import row_chunks
 from sessionstore.tools.processor_rows import has_ttl
-from sessionstore.tools.row_chunks import CHUNK_ROWS, RowChunk, chunks_of, limited, rows_of
+from sessionstore.tools.row_chunks import RowChunk, chunks_of, limited, rows_of
 
 #: How a CLI user opts in to reading pickled stores (the data source names its own).
 PICKLE_OPTION = "--allow-pickle"
@@ -533,10 +534,12 @@ class RowFilter:
         (sessions, windows, messages, versions or values)."""
         return store.read_rows(**asdict(self))
 
-    def chunks(self, store: Any, size: int = CHUNK_ROWS) -> Iterator[RowChunk]:
-        """:meth:`rows` in chunks of at most ``size`` rows: read as columns where
+    def chunks(self, store: Any, size: int | None = None) -> Iterator[RowChunk]:
+        """:meth:`rows` in chunks of at most ``size`` rows (None:
+        :data:`~sessionstore.tools.row_chunks.CHUNK_ROWS`): read as columns where
         the store can (``read_columns``: the session-layout stores), else
         gathered from its rows."""
+        size = size or row_chunks.CHUNK_ROWS
         read = getattr(store, "read_columns", None)
         columns = None if read is None else read(**asdict(self), size=size)
         if columns is None:
@@ -582,9 +585,11 @@ def presented_chunks(
     where: str,
     row_filter: RowFilter = RowFilter(),
     raw: bool = False,
-    size: int = CHUNK_ROWS,
+    size: int | None = None,
 ) -> Iterator[RowChunk]:
-    """:func:`presented_rows` in chunks of at most ``size`` rows (the same rows)."""
+    """:func:`presented_rows` in chunks of at most ``size`` rows (None:
+    :data:`~sessionstore.tools.row_chunks.CHUNK_ROWS`; the same rows)."""
+    size = size or row_chunks.CHUNK_ROWS
     chunks = row_filter.chunks(store, size)
     finish = None if raw else recorded_output(store)
     if finish is not None:  # a plan finishes row by row
@@ -632,10 +637,12 @@ def store_chunks(
     limit: int | None = None,
     progress: Progress | None = None,
     raw: bool = False,
-    size: int = CHUNK_ROWS,
+    size: int | None = None,
 ) -> Iterator[RowChunk]:
-    """:func:`store_rows` in chunks of at most ``size`` rows (the same rows, in the
-    same order, with the same errors): what a dump of millions of rows reads."""
+    """:func:`store_rows` in chunks of at most ``size`` rows (None:
+    :data:`~sessionstore.tools.row_chunks.CHUNK_ROWS`; the same rows, in the same
+    order, with the same errors): what a dump of millions of rows reads."""
+    size = size or row_chunks.CHUNK_ROWS
     source.check_pickle(operator)  # before anything is read
     kind = _kind_of(source.store_records(operator), operator, store)
     row_filter.check(kind, store)  # clear errors before any restore

@@ -19,7 +19,8 @@ from typing import Any
 __all__ = ["CHUNK_ROWS", "RowChunk", "chunks_of", "rows_of", "limited"]
 
 #: Rows per chunk: enough that per-chunk work vanishes, few enough that a chunk's
-#: rows take little memory.
+#: rows take little memory. Read when a read or a write starts (a size left
+#: unsaid), so that a test can cross chunk boundaries with a few hundred rows.
 CHUNK_ROWS = 4096
 
 
@@ -77,10 +78,11 @@ class RowChunk:
         return RowChunk(self.names, tuple(c[start:stop] for c in self.columns), stop - start)
 
 
-def chunks_of(rows: Iterable[dict[str, Any]], size: int = CHUNK_ROWS) -> Iterator[RowChunk]:
-    """``rows`` as chunks of at most ``size`` consecutive rows of one shape. Where
-    ``rows`` raises, the rows before the error come first (as a chunk), then the
-    error: what a row-by-row consumer would have seen."""
+def chunks_of(rows: Iterable[dict[str, Any]], size: int | None = None) -> Iterator[RowChunk]:
+    """``rows`` as chunks of at most ``size`` (None: :data:`CHUNK_ROWS`) consecutive
+    rows of one shape. Where ``rows`` raises, the rows before the error come first
+    (as a chunk), then the error: what a row-by-row consumer would have seen."""
+    size = size or CHUNK_ROWS
     names: tuple[str, ...] | None = None
     buffered: list[dict[str, Any]] = []
     try:
