@@ -8,10 +8,20 @@ is the straightforward path, written for the test: each database's rows read one
 at a time as the store shapes them (``presented_rows``), given their partition,
 filtered and cut as the options say, and rendered a row at a time:
 ``json.dumps(row, default=str)`` per line, a ``csv.DictWriter`` row per row, a
-rich table, Parquet row groups of 65,536 rows from ``Table.from_pylist``. The
-stores hold more rows than a chunk (4,096) and a mix of keys and values; the
-property tests below put arbitrary values and chunk sizes through the formats and
-arbitrary sessions through ``read_columns``.
+rich table, Parquet row groups of 65,536 rows from ``Table.from_pylist``.
+
+The chunked path is what can go wrong at a chunk's edges: a row lost or doubled
+at a boundary, a limit inside a chunk, a last chunk that is not full, a chunk of
+few rows decoded without Arrow. The CLI reads the chunk size
+(``row_chunks.CHUNK_ROWS``) when a read starts, so the cases here run with
+chunks of :data:`SMALL_CHUNK_ROWS` rows over stores of a few hundred rows, which
+cross every such edge several times for a fraction of the rows (and CPU) a
+4,096-row chunk would need; slabs are routed in blocks of :data:`SMALL_ROUTED_ROWS`
+rows for the same reason. One case dumps a store of more than two 4,096-row chunks
+at the default size, the size a dump reads with. The stores mix keys and values,
+an odd value every few rows; the property tests below put arbitrary values and
+chunks of a few rows through the formats and arbitrary sessions through
+``read_columns``.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from sessionstore.operators import SessionWindowAggregator, SessionWindows
 from sessionstore.operators.aggregations import record_time_type
 from sessionstore.operators.processors import BatchTimes, ProcessorHandle, ProcessorRunner
 from sessionstore.stores.registry import store_class
+from sessionstore.tools import reader, row_chunks
 from sessionstore.tools.formats import write_chunks
 from sessionstore.tools.processor_rows import timer_rows, variable_rows
 from sessionstore.tools.reader import (
@@ -46,8 +57,28 @@ from sessionstore.tools.reader import (
     store_kind,
     variable_declaration,
 )
-from sessionstore.tools.row_chunks import CHUNK_ROWS, RowChunk, chunks_of
+from sessionstore.tools.row_chunks import RowChunk, chunks_of
 from tests.tools.cli_runner import run_cli
+
+#: The product's chunk size, which one case dumps with.
+DEFAULT_CHUNK_ROWS = row_chunks.CHUNK_ROWS
+#: Rows per chunk in this module: at least the rows from which read_columns decodes
+#: a chunk's keys in Arrow (64), so that full chunks take Arrow and short ones not.
+SMALL_CHUNK_ROWS = 100
+#: Rows per routing block of a slab in this module: not a multiple of a chunk, so
+#: that blocks cut chunks and gather them.
+SMALL_ROUTED_ROWS = 150
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_chunks():
+    """Every dump here reads and writes chunks of :data:`SMALL_CHUNK_ROWS` rows and
+    routes a slab's rows in blocks of :data:`SMALL_ROUTED_ROWS`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(row_chunks, "CHUNK_ROWS", SMALL_CHUNK_ROWS)
+        patch.setattr(reader, "_ROUTED_ROWS", SMALL_ROUTED_ROWS)
+        yield
+
 
 #: Values that are not a plain dict of numbers: what each format must render as a
 #: row at a time would (msgpack gives lists for tuples, keeps bytes, ints as keys).
@@ -78,9 +109,12 @@ ODD_KEYS = ['a"b', "%s%%", "ü☃", "", "zero\x00byte", "\\"]
 
 
 def session_value(i):
-    return ODD_VALUES[i // 150 % len(ODD_VALUES)] if i % 150 == 0 else {
-        "clicks": i % 97, "page": f"/p{i % 13}"
-    }  # fmt: skip
+    """Every 7th value odd, in runs of 250 rows with runs of plain values between:
+    a chunk mixes many kinds of value, or holds dicts of one shape (written a
+    column per key)."""
+    if i % 7 == 0 and i // 250 % 2 == 0:
+        return ODD_VALUES[i // 7 % len(ODD_VALUES)]
+    return {"clicks": i % 97, "page": f"/p{i % 13}"}
 
 
 class _Writer:
@@ -99,27 +133,39 @@ class _Writer:
         return iter([])
 
 
-def write_local(local):
-    """Two databases of operator ``op``, with a store of every kind."""
+def write_sessions(sessions, count):
+    """``count`` sessions of ``user<i // 3>``, then one per odd key."""
+    sessions.put_many(
+        (f"user{i // 3:05d}", i, i + 10 + i % 7, session_value(i)) for i in range(count)
+    )
+    for n, key in enumerate(ODD_KEYS):
+        sessions.put(key, n, n + 1, {"clicks": n, "page": key})
+
+
+def write_segmented(local):
+    """Two databases of operator ``op`` with a session store of many segments, on
+    their own (a reader opens every family of a database: the dumps of the other
+    stores need not open these)."""
     with StateDB.open(local / "op" / "0" / "db") as db:
         with db.batch():
-            sessions = db.session_store("sessions", 10**12)
-            sessions.put_many(
-                (f"user{i // 3:05d}", i, i + 10 + i % 7, session_value(i)) for i in range(9_000)
-            )
-            for n, key in enumerate(ODD_KEYS):
-                sessions.put(key, n, n + 1, {"clicks": n, "page": key})
-            segmented = db.session_store("segmented", 10**6, segment_interval_ms=100)
-            segmented.put_many(
-                (f"k{i % 50:02d}", i, i + 5, session_value(i)) for i in range(6_000)
-            )
+            segmented = db.session_store("segmented", 10**6, segment_interval_ms=50)
+            segmented.put_many((f"k{i % 50:02d}", i, i + 5, session_value(i)) for i in range(600))
             # sessions kept to close at the next advance, merged into the segments' rows
             closing = segmented.closing_sessions()
-            kept = [(f"k{i % 60:02d}", 10 * i + 3, 10 * i + 7) for i in range(300)]
+            kept = [(f"k{i % 60:02d}", 10 * i + 3, 10 * i + 7) for i in range(60)]
             closing.add_many(
                 [encode_key(k) for k, _, _ in kept], [s for _, s, _ in kept],
                 [e for _, _, e in kept], [segmented.value_serde.dumps([k, s]) for k, s, _ in kept],
             )  # fmt: skip
+    with StateDB.open(local / "op" / "1" / "db") as db:
+        db.session_store("segmented", 10**6, segment_interval_ms=50)
+
+
+def write_local(local):
+    """Two databases of operator ``op``, with a store of every kind."""
+    with StateDB.open(local / "op" / "0" / "db") as db:
+        with db.batch():
+            write_sessions(db.session_store("sessions", 10**12), 330)
             windows = db.window_store("windows", 10**9, 10)
             for i in range(500):
                 windows.put_window(f"w{i % 7}", 10 * i, session_value(i))
@@ -140,13 +186,15 @@ def write_local(local):
         with db.batch():
             batch = [((k,), None, lambda k=k: iter(range(len(k) + 1))) for k in ("a", "bb", "c")]
             runner.run_batch(batch, BatchTimes(100, -1))
+        # in table files, which a reader opens in half the time it replays them from
+        # the log (database 1's rows stay in the log: a reader reads both)
+        db.flush_memtables()
     with StateDB.open(local / "op" / "1" / "db") as db:
         with db.batch():
             sessions = db.session_store("sessions", 10**12)
-            for i in range(100):
+            for i in range(SMALL_CHUNK_ROWS):  # exactly a chunk, of keys of four types
                 key = [i, ("t", i), b"b%d" % i, f"v{i}"][i % 4]
                 sessions.put(key, i, i + 3, session_value(i))
-            db.session_store("segmented", 10**6, segment_interval_ms=100)
             db.window_store("windows", 10**9, 10)
             db.message_store("messages", 10**9)
             db.kv_store("kv").put(("t", 1), [1])
@@ -156,7 +204,7 @@ def write_local(local):
 
 def write_slabs(uri, local):
     """Operator ``slab``: 6 partitions kept in 2 databases, keys of type string."""
-    for slab, count in ((0, 5_000), (1, 200)):
+    for slab, count in ((0, 400), (1, 200)):
         provider = StateStoreProvider(
             uri, "slab", slab, [StoreSpec("sessions", "session", 10**9)], str(local),
             num_partitions=2, key_groups=6, key_types=["string"],
@@ -179,8 +227,8 @@ def write_aggregates(uri, local):
         aggregations={"clicks": "count", "entry": ("first", "page"), "exit": ("last", "page"),
                       "value": ("max", "n")},
     )  # fmt: skip
-    for i in range(12_000):
-        op.process(f"u{i % 2500:04d}", {"page": f"/p{i % 11}", "n": i % 5}, i // 3 * 60)
+    for i in range(360):
+        op.process(f"u{i % 80:04d}", {"page": f"/p{i % 11}", "n": i % 5}, i // 3 * 60)
     handle.commit()
     provider.close()
 
@@ -189,13 +237,17 @@ def write_aggregates(uri, local):
 def sources(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("exact")
     write_local(tmp / "local")
+    write_segmented(tmp / "segmented")
     write_slabs(f"file://{tmp}/slabs", tmp / "slab-local")
     write_aggregates(f"file://{tmp}/agg", tmp / "agg-local")
-    with StateDB.open(tmp / "local" / "op" / "0" / "db") as db:  # the merge path is taken
-        assert db.session_store("segmented", 10**6, 100).closing_sessions().all()
-        assert len(db.session_store("segmented", 10**6, 100).segment_ids()) > 10
+    with StateDB.open(tmp / "large" / "op" / "0" / "db") as db, db.batch():  # the default size's
+        write_sessions(db.session_store("sessions", 10**12), 9_000)
+    with StateDB.open(tmp / "segmented" / "op" / "0" / "db") as db:  # the merge path is taken
+        assert db.session_store("segmented", 10**6, 50).closing_sessions().all()
+        assert len(db.session_store("segmented", 10**6, 50).segment_ids()) > 10
     return {"local": str(tmp / "local"), "slabs": f"file://{tmp}/slabs",
-            "agg": f"file://{tmp}/agg", "tmp": tmp}  # fmt: skip
+            "agg": f"file://{tmp}/agg", "large": str(tmp / "large"),
+            "segmented": str(tmp / "segmented"), "tmp": tmp}  # fmt: skip
 
 
 # ----------------------------------------------------------------- reference
@@ -203,7 +255,7 @@ def reference_rows(uri, operator, store, partition=None, row_filter=None, limit=
                    raw=False, state_var=None, timers=False, flatten=True):  # fmt: skip
     """The rows of a dump, read one at a time from each database."""
     row_filter = row_filter or RowFilter()
-    source = open_source(uri)
+    source = cached_source(uri)
     kind = store_kind(source, operator, store)
     layout = source.layout(operator)
     rows = []
@@ -240,6 +292,18 @@ def cached_reference_rows(uri, operator, store, options):
     """:func:`reference_rows` read once for the formats of a case (``options``: its
     keyword arguments as sorted pairs)."""
     return reference_rows(uri, operator, store, **dict(options))
+
+
+@functools.cache
+def cached_source(uri):
+    """:func:`open_source`, opened once per source (it reads its store records once)."""
+    return open_source(uri)
+
+
+@functools.cache
+def cached_store_kind(uri, operator, store):
+    """:func:`store_kind`, read once per store."""
+    return store_kind(cached_source(uri), operator, store)
 
 
 def jsonable(value):
@@ -339,21 +403,21 @@ def render_parquet(rows, path, times):
 #: (source, operator, store, CLI options, reference options, formats)
 CASES = [
     ("local", "op", "sessions", [], {}, "jsonl csv parquet"),
-    ("local", "op", "sessions", ["--limit", "5000"], {"limit": 5000}, "jsonl csv parquet"),
+    ("local", "op", "sessions", ["--limit", "250"], {"limit": 250}, "jsonl csv parquet"),
     ("local", "op", "sessions", ["--limit", "3"], {"limit": 3}, "jsonl csv table parquet"),
     ("local", "op", "sessions", ["--partition", "1"], {"partition": 1}, "jsonl csv table parquet"),
-    ("local", "op", "sessions", ["--key-from", "user00100", "--key-to", "user02000"],
-     {"row_filter": RowFilter(key_from="user00100", key_to="user02000")}, "jsonl csv"),
-    ("local", "op", "sessions", ["--from-ts", "100", "--to-ts", "1970-01-01T00:00:03Z"],
-     {"row_filter": RowFilter(from_ts=100, to_ts=3000)}, "jsonl parquet"),
+    ("local", "op", "sessions", ["--key-from", "user00010", "--key-to", "user00080"],
+     {"row_filter": RowFilter(key_from="user00010", key_to="user00080")}, "jsonl csv"),
+    ("local", "op", "sessions", ["--from-ts", "30", "--to-ts", "1970-01-01T00:00:00.250Z"],
+     {"row_filter": RowFilter(from_ts=30, to_ts=250)}, "jsonl parquet"),
     ("local", "op", "sessions", ["--key", "user00042"], {"row_filter": RowFilter(key="user00042")},
      "jsonl csv table"),
     ("local", "op", "sessions", ["--key", "nobody"], {"row_filter": RowFilter(key="nobody")},
      "jsonl csv table parquet"),
-    ("local", "op", "sessions", ["--limit", "400", "--epoch-ms"], {"limit": 400}, "csv table"),
-    ("local", "op", "segmented", [], {}, "jsonl csv parquet"),
-    ("local", "op", "segmented", ["--from-ts", "2500", "--key-to", "k30"],
-     {"row_filter": RowFilter(from_ts=2500, key_to="k30")}, "jsonl"),
+    ("local", "op", "sessions", ["--limit", "70", "--epoch-ms"], {"limit": 70}, "csv table"),
+    ("segmented", "op", "segmented", [], {}, "jsonl csv parquet"),
+    ("segmented", "op", "segmented", ["--from-ts", "250", "--key-to", "k30"],
+     {"row_filter": RowFilter(from_ts=250, key_to="k30")}, "jsonl"),
     ("local", "op", "windows", [], {}, "jsonl csv parquet"),
     ("local", "op", "windows", ["--to-ts", "2000"], {"row_filter": RowFilter(to_ts=2000)}, "jsonl"),
     ("local", "op", "messages", [], {}, "jsonl csv parquet"),
@@ -374,8 +438,8 @@ CASES = [
     ("agg", "agg", "sessions", ["--raw"], {"raw": True}, "jsonl csv parquet"),
     ("agg", "agg", "sessions", ["--limit", "20"], {"limit": 20}, "table"),
     ("slabs", "slab", "sessions", [], {}, "jsonl csv parquet"),
-    ("slabs", "slab", "sessions", ["--partition", "3", "--limit", "1000"],
-     {"partition": 3, "limit": 1000}, "jsonl parquet"),
+    ("slabs", "slab", "sessions", ["--partition", "3", "--limit", "90"],
+     {"partition": 3, "limit": 90}, "jsonl parquet"),
 ]  # fmt: skip
 
 
@@ -386,19 +450,35 @@ CASES = [
 )
 def test_dump_writes_what_a_row_at_a_time_writes(sources, where, operator, store, options,
                                                   reference, fmt):  # fmt: skip
+    check_dump(sources, where, operator, store, options, reference, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_dump_in_chunks_of_the_default_size_writes_what_a_row_at_a_time_writes(sources, fmt):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(row_chunks, "CHUNK_ROWS", DEFAULT_CHUNK_ROWS)
+        rows = check_dump(sources, "large", "op", "sessions", [], {}, fmt)
+    assert DEFAULT_CHUNK_ROWS == 4096
+    assert len(rows) > 2 * DEFAULT_CHUNK_ROWS and len(rows) % DEFAULT_CHUNK_ROWS
+
+
+def check_dump(sources, where, operator, store, options, reference, fmt):
+    """``sessionstore dump`` of ``store`` with ``options`` writes in ``fmt`` what
+    :func:`render` writes of the rows :func:`reference_rows` reads with
+    ``reference``; returns those rows."""
     uri = sources[where]
-    target = sources["tmp"] / f"out-{abs(hash((store, *options, fmt)))}.{fmt}"
+    target = sources["tmp"] / f"out-{abs(hash((where, store, *options, fmt)))}.{fmt}"
     done = run_cli("dump", uri, "--operator", operator, "--store", store, "--format", fmt,
                    "--output", str(target), *options)  # fmt: skip
     rows = cached_reference_rows(uri, operator, store, tuple(sorted(reference.items())))
-    kind = store_kind(open_source(uri), operator, store)
+    kind = cached_store_kind(uri, operator, store)
     times = () if fmt == "jsonl" else store_class(kind).time_columns
     expected = target.with_suffix(f".expected.{fmt}")
     try:
         text = render(rows, fmt, times, "--epoch-ms" in options, str(expected))
     except Exception as exc:  # a row Parquet cannot hold: the dump says what the writer said
         assert (done.returncode, done.stderr) == (2, f"sessionstore: {exc}\n")
-        return
+        return rows
     assert done.returncode == 0, done.stderr
     if fmt == "parquet":
         assert target.read_bytes() == expected.read_bytes()
@@ -406,6 +486,7 @@ def test_dump_writes_what_a_row_at_a_time_writes(sources, where, operator, store
     else:
         assert target.read_bytes() == text.encode("utf-8")
     assert rows or "nobody" in options  # every other case shows rows
+    return rows
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "table"])
@@ -413,17 +494,26 @@ def test_dump_writes_what_a_row_at_a_time_writes(sources, where, operator, store
 def test_get_writes_what_a_row_at_a_time_writes(sources, fmt, key):
     done = run_cli("get", sources["local"], "--store", "sessions", "--key", key, "--format", fmt)
     assert done.returncode == 0, done.stderr
-    rows = reference_rows(sources["local"], "op", "sessions", row_filter=RowFilter(key=key))
+    rows = cached_reference_rows(sources["local"], "op", "sessions",
+                                 (("row_filter", RowFilter(key=key)),))  # fmt: skip
     expected = render(rows, fmt, ("start", "end"))
     assert done.stdout == expected.replace("\r\n", "\n").replace("\r", "\n")  # as a pipe reads it
 
 
 def test_the_stores_hold_more_rows_than_a_chunk(sources):
-    rows = reference_rows(sources["local"], "op", "sessions", partition=0)
-    assert len(rows) > 2 * CHUNK_ROWS
-    assert len(reference_rows(sources["slabs"], "slab", "sessions")) > CHUNK_ROWS
-    shown = reference_rows(sources["agg"], "agg", "sessions")
-    assert len(shown) > CHUNK_ROWS and isinstance(shown[0]["value"], Aggregates)
+    size = row_chunks.CHUNK_ROWS  # what the dumps here read and write with
+    assert size == SMALL_CHUNK_ROWS
+    rows = cached_reference_rows(sources["local"], "op", "sessions", ())
+    first = [row for row in rows if row["partition"] == 0]
+    assert len(first) > 2 * size and len(first) % size  # the last chunk not full
+    assert len(rows) - len(first) == size
+    slabs = cached_reference_rows(sources["slabs"], "slab", "sessions", ())
+    assert len(slabs) > size and len(slabs) > 2 * SMALL_ROUTED_ROWS
+    shown = cached_reference_rows(sources["agg"], "agg", "sessions", ())
+    assert len(shown) > size and isinstance(shown[0]["value"], Aggregates)
+    for where, store in [("segmented", "segmented"), ("local", "windows"), ("local", "messages"),
+                         ("local", "kv"), ("local", "plans")]:  # fmt: skip
+        assert len(cached_reference_rows(sources[where], "op", store, ())) > 2 * size, store
 
 
 # ---------------------------------------------------------- property tests
