@@ -235,7 +235,7 @@ class CheckpointSource(_PickleGuard):
             slabs, count = layout
             self._state_records[(operator, state_uri)] = {
                 "num_partitions": slabs, KEY_GROUPS_FIELD: count, KEY_TYPES_FIELD: key_types,
-            }
+            }  # fmt: skip
 
     def _state(self, operator: str) -> Storage:
         uri = self.state_uri(operator)
