@@ -373,17 +373,18 @@ def render(rows, fmt, times=(), epoch_ms=False, path=None):
     return out.getvalue()
 
 
-def render_parquet(rows, path, times):
+def render_parquet(rows, path, times, group=65536):
+    """Parquet row groups of ``group`` rows, each from ``Table.from_pylist``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     writer = None
-    for at in range(0, len(rows), 65536):
-        group = rows[at : at + 65536]
-        flats = [flat(r) for r in group]
+    for at in range(0, len(rows), group):
+        part = rows[at : at + group]
+        flats = [flat(r) for r in part]
         if writer is None:
-            ints = {n for n in group[0] if n not in ("key", "value", "state")}
-            stamped = any(isinstance(r.get(n), Instant) for r in group for n in times)
+            ints = {n for n in part[0] if n not in ("key", "value", "state")}
+            stamped = any(isinstance(r.get(n), Instant) for r in part for n in times)
             instants = set(times) & ints if stamped else set()
             fields = [
                 (n, pa.timestamp("ms", tz="UTC") if n in instants
@@ -627,39 +628,12 @@ def test_parquet_is_what_a_row_at_a_time_writes(tmp_path_factory, rows, size, gr
     tmp = tmp_path_factory.mktemp("pq")
     times = ("start", "end")
     expected = tmp / "expected.parquet"
-    render_groups(rows, str(expected), times, group)
+    render_parquet(rows, str(expected), times, group)
     written = formats._write_parquet(chunks_of(rows, size), str(tmp / "got.parquet"), times,
                                      group)  # fmt: skip
     assert written == len(rows)
     assert (tmp / "got.parquet").read_bytes() == expected.read_bytes()
     assert pq.read_metadata(expected).num_row_groups == -(-len(rows) // group) or not rows
-
-
-def render_groups(rows, path, times, group):
-    """:func:`render_parquet` with row groups of ``group`` rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    writer = None
-    for at in range(0, len(rows), group):
-        part = rows[at : at + group]
-        flats = [flat(r) for r in part]
-        if writer is None:
-            ints = {n for n in part[0] if n not in ("key", "value", "state")}
-            stamped = any(isinstance(r.get(n), Instant) for r in part for n in times)
-            instants = set(times) & ints if stamped else set()
-            fields = [
-                (n, pa.timestamp("ms", tz="UTC") if n in instants
-                 else pa.int64() if n in ints else pa.string())
-                for n in flats[0]
-            ]  # fmt: skip
-            writer = pq.ParquetWriter(path, pa.schema(fields))
-        writer.write_table(pa.Table.from_pylist(flats, schema=writer.schema))
-    if writer is None:
-        empty = pa.schema([("partition", pa.int64()), ("key", pa.string()), ("value", pa.string())])
-        pq.write_table(empty.empty_table(), path)
-    else:
-        writer.close()
 
 
 SESSION_KEYS = st.one_of(st.sampled_from(["a", "b", "aa", "b\x00", "ü", ""]), st.integers(-3, 3),
